@@ -1,0 +1,23 @@
+//! dm-crypt-compatible sector encryption: cipher spec parsing, block ciphers
+//! with their chain modes, and IV generators.
+//!
+//! CONTRACT used by the crypt target and by LUKS (keep these signatures):
+//!
+//! ```ignore
+//! pub struct SectorCrypt;   // a keyed transform; Send + Sync; zeroizes keys on drop; no key in Debug
+//! impl SectorCrypt {
+//!     /// `spec` is a dm-crypt cipher spec (`aes-xts-plain64`, `capi:xts(aes)-plain64`,
+//!     /// `aes-cbc-essiv:sha256`, `serpent-xts-plain64`, `cipher_null-ecb`, ...).
+//!     /// `key` is the whole dm-crypt key (for XTS both halves).
+//!     pub fn new(spec: &str, key: &[u8], sector_size: u32, iv_large_sectors: bool)
+//!         -> Result<SectorCrypt, CryptoError>;
+//!     /// Encrypt `data` (a multiple of sector_size bytes) in place. `sector` is the
+//!     /// dm-crypt cc_sector of data[0]: 512-byte units, iv_offset already added.
+//!     pub fn encrypt(&self, data: &mut [u8], sector: u64);
+//!     pub fn decrypt(&self, data: &mut [u8], sector: u64);
+//!     /// Encrypt `src` into `dst` (same length) without modifying `src` (bounce path).
+//!     pub fn encrypt_to(&self, src: &[u8], dst: &mut [u8], sector: u64);
+//!     pub fn sector_size(&self) -> u32;
+//! }
+//! pub struct CryptoError;    // Display names the offending part of the spec; never contains key bytes
+//! ```

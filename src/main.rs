@@ -1,0 +1,5 @@
+//! The `udm` command line.
+
+fn main() {
+    std::process::exit(udm::cli_main());
+}
