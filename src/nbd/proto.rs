@@ -202,7 +202,8 @@ impl<'a> Cursor<'a> {
     }
 
     pub fn u32(&mut self) -> Option<u32> {
-        self.bytes(4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        self.bytes(4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
 
     pub fn remaining(&self) -> usize {
