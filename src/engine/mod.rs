@@ -225,10 +225,7 @@ impl Engine {
     /// flight, and count it. This is the backpressure point.
     pub fn admit(&self, client: ClientId, bytes: u64) -> Ticket {
         let mut st = lock(&self.shared.state);
-        loop {
-            let Some(c) = st.clients[client.0 as usize].as_mut() else {
-                break;
-            };
+        while let Some(c) = st.clients[client.0 as usize].as_mut() {
             if c.requests == 0
                 || (c.requests < MAX_CLIENT_REQUESTS && c.bytes + bytes <= MAX_CLIENT_BYTES)
             {

@@ -7,7 +7,7 @@ use crate::core::{DevError, Limits, WriteBuf};
 use crate::store::mem::MemStore;
 
 /// Sends (cookie, ok, data) of every finished request down a channel.
-struct Collect(Mutex<mpsc::Sender<(u64, bool, Vec<u8>)>>);
+struct Collect(Mutex<mpsc::Sender<Done>>);
 
 impl Sink for Collect {
     fn complete(&self, req: &Request, result: DevResult<()>) {
@@ -24,7 +24,9 @@ impl Sink for Collect {
     }
 }
 
-fn sink() -> (Arc<dyn Sink>, mpsc::Receiver<(u64, bool, Vec<u8>)>) {
+type Done = (u64, bool, Vec<u8>);
+
+fn sink() -> (Arc<dyn Sink>, mpsc::Receiver<Done>) {
     let (tx, rx) = mpsc::channel();
     (Arc::new(Collect(Mutex::new(tx))), rx)
 }

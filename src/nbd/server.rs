@@ -80,9 +80,10 @@ impl Listener {
                 Ok(Listener::Unix(u, p.clone()))
             }
             Listen::Tcp(a) => {
-                let addr = if a.parse::<std::net::SocketAddr>().is_ok() || a.contains("]:") {
-                    a.clone()
-                } else if a.matches(':').count() == 1 {
+                let has_port = a.parse::<std::net::SocketAddr>().is_ok()
+                    || a.contains("]:")
+                    || a.matches(':').count() == 1;
+                let addr = if has_port {
                     a.clone()
                 } else if a.starts_with('[') {
                     format!("{a}:{DEFAULT_PORT}")
