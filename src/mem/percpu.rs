@@ -252,7 +252,7 @@ mod tests {
             }
         }
         assert_eq!(c.sum(), truth);
-        assert!((c.read() - truth).abs() as u64 <= c.error_bound());
+        assert!((c.read() - truth).unsigned_abs() <= c.error_bound());
     }
 
     #[test]
