@@ -32,12 +32,16 @@
 //! among devices by [`per_device_budget`]; `--memory-budget SIZE` is parsed by
 //! [`parse_size`].
 
+pub mod blockpool;
 pub mod budget;
 pub mod bufpool;
+pub mod mempool;
 pub mod percpu;
 pub mod raw;
 
+pub use blockpool::{ArcPoolBox, BlockPool, PoolBox, RawBlockPool};
 pub use budget::{default_total_budget, parse_size, per_device_budget, total_ram_bytes, Budget};
 pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
+pub use mempool::{MemPool, PageList, BIO_MAX_VECS};
 pub use percpu::PerCpuCounter;
 pub use raw::{RawBuf, PAGE_SIZE};
