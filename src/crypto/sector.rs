@@ -413,7 +413,7 @@ mod tests {
             ("aes-cbc-plain", &key[..20], 512, "160-bit"),
             ("aes-xts-plain64", &key[..32], 768, "sector size"),
             ("aes-xts-plain64", &key[..0], 512, "needs a key"),
-            ("aes:4-xts-plain64", &key[..40], 512, "split"),
+            ("aes:4-xts-plain64", &key[..42], 512, "split"),
             ("aes-cbc-lmk", &key[..16], 512, "lmk"),
         ] {
             let e = SectorCrypt::new(spec, k, ss, false)
