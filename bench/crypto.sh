@@ -37,7 +37,7 @@ print(f"\nopenssl mean: {ossl / 1e9:.2f} GB/s\n")
 print(f"{'bench':45} {'median':>12} {'GB/s':>7} {'x openssl':>9}")
 for group in sorted(os.listdir(root)):
     gdir = os.path.join(root, group)
-    if not os.path.isdir(gdir) or group == "report":
+    if not os.path.isdir(gdir) or not group.startswith(("xts_", "ceiling")):
         continue
     for dirpath, dirs, files in sorted(os.walk(gdir)):
         if os.path.basename(dirpath) != "new" or "estimates.json" not in files:

@@ -10,7 +10,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use udm::crypto::SectorCrypt;
 
 fn xts(c: &mut Criterion) {
-    let key: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
+    let key: Vec<u8> = (0..64u8)
+        .map(|i| i.wrapping_mul(37).wrapping_add(11))
+        .collect();
     for (name, bits) in [("aes256", 64usize), ("aes128", 32)] {
         let mut g = c.benchmark_group(format!("xts_{name}"));
         g.measurement_time(Duration::from_secs(2));
@@ -32,7 +34,9 @@ fn xts(c: &mut Criterion) {
                 }
                 for (kind, sc) in &variants {
                     if *kind == "vaes" && !sc.uses_vector_kernel() {
-                        eprintln!("note: no VAES/AVX-512 on this CPU, 'vaes' runs the portable path");
+                        eprintln!(
+                            "note: no VAES/AVX-512 on this CPU, 'vaes' runs the portable path"
+                        );
                     }
                     let id = format!("{kind}/enc/ss{ss}");
                     g.bench_with_input(BenchmarkId::new(id, req), &req, |b, _| {

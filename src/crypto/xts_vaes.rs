@@ -101,9 +101,23 @@ impl VaesXts {
             unsafe {
                 tweak_batch(&self.enc2, self.rounds, ivc, &mut tweaks);
                 if self.rounds == 10 {
-                    sectors::<10>(self, sptr.add(off), dptr.add(off), ss, &tweaks[..ivc.len()], encrypt);
+                    sectors::<10>(
+                        self,
+                        sptr.add(off),
+                        dptr.add(off),
+                        ss,
+                        &tweaks[..ivc.len()],
+                        encrypt,
+                    );
                 } else {
-                    sectors::<14>(self, sptr.add(off), dptr.add(off), ss, &tweaks[..ivc.len()], encrypt);
+                    sectors::<14>(
+                        self,
+                        sptr.add(off),
+                        dptr.add(off),
+                        ss,
+                        &tweaks[..ivc.len()],
+                        encrypt,
+                    );
                 }
             }
         }
@@ -142,7 +156,10 @@ unsafe fn expand(key: &[u8], out: &mut [[u8; 16]; 15]) {
         rk[0] = k0;
         macro_rules! r128 {
             ($i:literal, $rcon:literal) => {
-                rk[$i] = mix(rk[$i - 1], _mm_shuffle_epi32::<0xff>(assist!(rk[$i - 1], $rcon)));
+                rk[$i] = mix(
+                    rk[$i - 1],
+                    _mm_shuffle_epi32::<0xff>(assist!(rk[$i - 1], $rcon)),
+                );
             };
         }
         r128!(1, 0x01);
@@ -159,21 +176,35 @@ unsafe fn expand(key: &[u8], out: &mut [[u8; 16]; 15]) {
         rk[0] = k0;
         // SAFETY: key.len() == 32 here, so bytes 16..32 exist.
         rk[1] = unsafe { _mm_loadu_si128(key.as_ptr().add(16) as *const __m128i) };
-        macro_rules! r256 {
+        macro_rules! even {
             ($i:literal, $rcon:literal) => {
-                rk[$i] = mix(rk[$i - 2], _mm_shuffle_epi32::<0xff>(assist!(rk[$i - 1], $rcon)));
-                if $i + 1 < 15 {
-                    rk[$i + 1] = mix(rk[$i - 1], _mm_shuffle_epi32::<0xaa>(assist!(rk[$i], 0)));
-                }
+                rk[$i] = mix(
+                    rk[$i - 2],
+                    _mm_shuffle_epi32::<0xff>(assist!(rk[$i - 1], $rcon)),
+                );
             };
         }
-        r256!(2, 0x01);
-        r256!(4, 0x02);
-        r256!(6, 0x04);
-        r256!(8, 0x08);
-        r256!(10, 0x10);
-        r256!(12, 0x20);
-        r256!(14, 0x40);
+        macro_rules! odd {
+            ($i:literal) => {
+                rk[$i] = mix(
+                    rk[$i - 2],
+                    _mm_shuffle_epi32::<0xaa>(assist!(rk[$i - 1], 0)),
+                );
+            };
+        }
+        even!(2, 0x01);
+        odd!(3);
+        even!(4, 0x02);
+        odd!(5);
+        even!(6, 0x04);
+        odd!(7);
+        even!(8, 0x08);
+        odd!(9);
+        even!(10, 0x10);
+        odd!(11);
+        even!(12, 0x20);
+        odd!(13);
+        even!(14, 0x40);
     }
     for (o, k) in out.iter_mut().zip(rk.iter()) {
         // SAFETY: 16-byte store into a 16-byte array.
@@ -236,7 +267,12 @@ fn bcast(s: &[[u8; 16]; 15], i: usize) -> __m512i {
 /// # Safety
 /// Requires the features of [`supported`].
 #[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes")]
-unsafe fn tweak_batch(enc2: &[[u8; 16]; 15], rounds: usize, ivs: &[Block], out: &mut [[u8; 16]; 64]) {
+unsafe fn tweak_batch(
+    enc2: &[[u8; 16]; 15],
+    rounds: usize,
+    ivs: &[Block],
+    out: &mut [[u8; 16]; 64],
+) {
     let mut k = [_mm512_setzero_si512(); 15];
     for (i, slot) in k.iter_mut().enumerate().take(rounds + 1) {
         *slot = bcast(enc2, i);
@@ -362,7 +398,11 @@ unsafe fn sectors<const NR: usize>(
             unsafe {
                 let p = src.add(off) as *const __m512i;
                 for (r, v) in d.iter_mut().enumerate() {
-                    *v = _mm512_ternarylogic_epi64::<0x96>(_mm512_loadu_si512(p.add(r)), tw[r], k[0]);
+                    *v = _mm512_ternarylogic_epi64::<0x96>(
+                        _mm512_loadu_si512(p.add(r)),
+                        tw[r],
+                        k[0],
+                    );
                 }
             }
             if encrypt {
@@ -435,7 +475,13 @@ mod tests {
             let nsec = 1 + (seed as usize * 7) % 70;
             let plain = bytes(seed + 99, ss * nsec);
             let ivs: Vec<Block> = (0..nsec)
-                .map(|i| Block::from(bytes(seed * 1000 + i as u64, 16).try_into().unwrap_or([0; 16])))
+                .map(|i| {
+                    Block::from(
+                        bytes(seed * 1000 + i as u64, 16)
+                            .try_into()
+                            .unwrap_or([0; 16]),
+                    )
+                })
                 .collect();
             let k1 = BlockCipher::new(Alg::Aes, &key[..half]).unwrap();
             let k2 = BlockCipher::new(Alg::Aes, &key[half..]).unwrap();
