@@ -1,9 +1,86 @@
-//! `udm table ...` (filled by the core work).
+//! `udm table check FILE`: parse a table and print its segments, or the
+//! error with its line and field — the way to validate a table before
+//! serving it.
+
+use std::path::PathBuf;
+
+use crate::core::table;
 
 /// Table commands.
 #[derive(clap::Subcommand, Debug)]
-pub enum Cmd {}
+pub enum Cmd {
+    /// Parse a table file and print its segments (start, length, target,
+    /// arguments), or say which line and field is wrong. Devices are not
+    /// opened. Keys of crypt lines are masked.
+    Check {
+        /// Table file in dmsetup syntax (`-` for stdin).
+        file: PathBuf,
+    },
+}
 
 pub fn run(c: Cmd) -> i32 {
-    match c {}
+    match c {
+        Cmd::Check { file } => check(&file),
+    }
+}
+
+fn check(file: &std::path::Path) -> i32 {
+    let text = if file.as_os_str() == "-" {
+        let mut s = String::new();
+        if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut s) {
+            eprintln!("udm table check: cannot read stdin: {e}");
+            return 1;
+        }
+        s
+    } else {
+        match std::fs::read_to_string(file) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("udm table check: cannot read {}: {e}", file.display());
+                return 1;
+            }
+        }
+    };
+    let text = zeroize::Zeroizing::new(text);
+    match table::parse(&text) {
+        Ok(lines) => {
+            let mut unknown = None;
+            println!(
+                "{:>12} {:>12}  {:<8} arguments",
+                "start", "length", "target"
+            );
+            for l in &lines {
+                let mut args = l.args.clone();
+                if l.target == "crypt" && args.len() > 1 && !args[1].starts_with(':') {
+                    args[1] = "0".repeat(args[1].len());
+                }
+                println!(
+                    "{:>12} {:>12}  {:<8} {}",
+                    l.start,
+                    l.len,
+                    l.target,
+                    args.join(" ")
+                );
+                if table::constructor(&l.target).is_none() && unknown.is_none() {
+                    unknown = Some((l.line_no, l.target.clone()));
+                }
+            }
+            let total: u64 = lines.iter().map(|l| l.len).sum();
+            println!(
+                "{} segment(s), {} sectors ({} bytes)",
+                lines.len(),
+                total,
+                total * 512
+            );
+            if let Some((n, t)) = unknown {
+                eprintln!("udm table check: line {n}, target: unknown target type '{t}'");
+                return 1;
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("udm table check: {}: {e}", file.display());
+            1
+        }
+    }
 }

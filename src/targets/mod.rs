@@ -72,3 +72,75 @@ impl TargetError {
 
 /// Signature every target constructor has.
 pub type Constructor = fn(TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError>;
+
+/// The constructor of a target type by name (`linear`, `striped`, ...).
+pub fn table_constructor(name: &str) -> Option<Constructor> {
+    crate::core::table::constructor(name)
+}
+
+/// Parse argument `idx` as a decimal count of 512-byte sectors.
+pub fn parse_sectors(args: &[String], idx: usize) -> Result<u64, TargetError> {
+    let s = args
+        .get(idx)
+        .ok_or_else(|| TargetError::at(idx, "missing"))?;
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(TargetError::at(
+            idx,
+            format!("expected a decimal number of 512-byte sectors, got '{s}'"),
+        ));
+    }
+    let v: u64 = s
+        .parse()
+        .map_err(|_| TargetError::at(idx, format!("'{s}' is too large")))?;
+    if v > (i64::MAX as u64) >> 9 {
+        return Err(TargetError::at(idx, format!("'{s}' is too large")));
+    }
+    Ok(v)
+}
+
+/// A device area a target maps onto: the device, the name it was given in
+/// the table (printed back by `table`), and the byte offset of the area.
+pub struct Area {
+    pub dev: Arc<dyn BlockDevice>,
+    pub name: String,
+    pub offset: u64,
+}
+
+/// Resolve `<dev> <offset>` at `dev_idx`, `dev_idx + 1` and check that an
+/// area of `len` bytes starting there lies inside the device.
+pub fn resolve_area(a: &mut TargetArgs<'_>, dev_idx: usize, len: u64) -> Result<Area, TargetError> {
+    let name = a
+        .args
+        .get(dev_idx)
+        .ok_or_else(|| TargetError::at(dev_idx, "missing device"))?
+        .clone();
+    let sectors = parse_sectors(a.args, dev_idx + 1)?;
+    let dev = a
+        .resolver
+        .resolve(&name)
+        .map_err(|e| TargetError::at(dev_idx, e))?;
+    let offset = sectors * 512;
+    let size = dev.size();
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(TargetError::at(
+            dev_idx + 1,
+            format!(
+                "area [{sectors}, +{}) sectors does not fit in {name}, which has {} sectors",
+                len / 512,
+                size / 512
+            ),
+        ));
+    }
+    Ok(Area { dev, name, offset })
+}
+
+/// Check the argument count of a target with a fixed number of arguments.
+pub fn expect_args(args: &[String], n: usize, usage: &str) -> Result<(), TargetError> {
+    if args.len() != n {
+        return Err(TargetError::line(format!(
+            "expected {n} arguments ({usage}), got {}",
+            args.len()
+        )));
+    }
+    Ok(())
+}

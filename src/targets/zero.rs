@@ -1,1 +1,50 @@
-//! `zero` target.
+//! `zero`: reads return zeros, writes and discards are dropped — a sparse
+//! device of any size for tests and for padding tables.
+
+use std::sync::Arc;
+
+use super::{expect_args, Target, TargetArgs, TargetError};
+use crate::core::{BlockDevice, DevResult, Limits, WriteBuf};
+
+pub struct Zero {
+    len: u64,
+}
+
+pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
+    expect_args(a.args, 0, "zero takes no arguments")?;
+    Ok(Arc::new(Zero { len: a.len }))
+}
+
+impl BlockDevice for Zero {
+    fn size(&self) -> u64 {
+        self.len
+    }
+    fn limits(&self) -> Limits {
+        Limits::default()
+    }
+    fn read(&self, _offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        buf.fill(0);
+        Ok(())
+    }
+    fn write(&self, _offset: u64, _data: WriteBuf<'_>, _fua: bool) -> DevResult<()> {
+        Ok(())
+    }
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+    fn discard(&self, _offset: u64, _len: u64) -> DevResult<()> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _offset: u64, _len: u64, _fua: bool) -> DevResult<()> {
+        Ok(())
+    }
+}
+
+impl Target for Zero {
+    fn type_name(&self) -> &'static str {
+        "zero"
+    }
+    fn table_params(&self, _show_keys: bool) -> String {
+        String::new()
+    }
+}
