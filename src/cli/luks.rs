@@ -18,11 +18,11 @@ use zeroize::Zeroizing;
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Create a LUKS header (cryptsetup luksFormat).
-    Format(FormatArgs),
+    Format(Box<FormatArgs>),
     /// Show the header (cryptsetup luksDump).
     Dump(DumpArgs),
     /// Add a passphrase to a free keyslot (cryptsetup luksAddKey).
-    AddKey(AddKeyArgs),
+    AddKey(Box<AddKeyArgs>),
     /// Remove the keyslot a passphrase opens (cryptsetup luksRemoveKey).
     RemoveKey(RemoveKeyArgs),
     /// Remove keyslot N (cryptsetup luksKillSlot).
@@ -189,9 +189,9 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// Run a verb; returns the process exit code (cryptsetup's codes).
 pub fn run(c: Cmd) -> i32 {
     let r = match c {
-        Cmd::Format(a) => cmd_format(a),
+        Cmd::Format(a) => cmd_format(*a),
         Cmd::Dump(a) => cmd_dump(a),
-        Cmd::AddKey(a) => cmd_add_key(a),
+        Cmd::AddKey(a) => cmd_add_key(*a),
         Cmd::RemoveKey(a) => cmd_remove_key(a),
         Cmd::KillSlot(a) => cmd_kill_slot(a),
         Cmd::TestPassphrase(a) => cmd_test(a),
@@ -231,20 +231,33 @@ fn bar(len: u64, msg: &str) -> indicatif::ProgressBar {
 fn get_hash(p: &PbkdfArgs) -> Result<HashAlg, LuksError> {
     match &p.hash {
         None => Ok(HashAlg::Sha256),
-        Some(h) => HashAlg::from_name(h).ok_or_else(|| LuksError::Usage(format!("Hash {h} is not supported (sha1, sha224, sha256, sha384, sha512)."))),
+        Some(h) => HashAlg::from_name(h).ok_or_else(|| {
+            LuksError::Usage(format!(
+                "Hash {h} is not supported (sha1, sha224, sha256, sha384, sha512)."
+            ))
+        }),
     }
 }
 
 /// Resolve PBKDF options to a KDF with costs, benchmarking unless forced.
 fn resolve_kdf(p: &PbkdfArgs, version: u8, key_len: usize) -> Result<Kdf, LuksError> {
     let hash = get_hash(p)?;
-    let name = p.pbkdf.clone().unwrap_or_else(|| if version == 1 { "pbkdf2".into() } else { "argon2id".into() });
+    let name = p.pbkdf.clone().unwrap_or_else(|| {
+        if version == 1 {
+            "pbkdf2".into()
+        } else {
+            "argon2id".into()
+        }
+    });
     let iter_time = p.iter_time.unwrap_or(2000);
     match name.as_str() {
         "pbkdf2" => {
             let iterations = match p.pbkdf_force_iterations {
                 Some(n) if n < kdf::MIN_PBKDF2_ITERATIONS => {
-                    return Err(LuksError::Usage(format!("Forced iteration count is too low for pbkdf2 (minimum is {}).", kdf::MIN_PBKDF2_ITERATIONS)));
+                    return Err(LuksError::Usage(format!(
+                        "Forced iteration count is too low for pbkdf2 (minimum is {}).",
+                        kdf::MIN_PBKDF2_ITERATIONS
+                    )));
                 }
                 Some(n) => n,
                 None => {
@@ -258,17 +271,29 @@ fn resolve_kdf(p: &PbkdfArgs, version: u8, key_len: usize) -> Result<Kdf, LuksEr
         }
         "argon2i" | "argon2id" => {
             if version == 1 {
-                return Err(LuksError::Usage("LUKS1 supports only the pbkdf2 PBKDF.".into()));
+                return Err(LuksError::Usage(
+                    "LUKS1 supports only the pbkdf2 PBKDF.".into(),
+                ));
             }
-            let kind = if name == "argon2i" { Argon2Kind::I } else { Argon2Kind::Id };
+            let kind = if name == "argon2i" {
+                Argon2Kind::I
+            } else {
+                Argon2Kind::Id
+            };
             let cpus = p.pbkdf_parallel.unwrap_or_else(kdf::default_parallel);
             let memory = p.pbkdf_memory.unwrap_or_else(kdf::default_memory_kib);
             if !(32..=kdf::MAX_ARGON2_MEMORY_KIB).contains(&memory) {
-                return Err(LuksError::Usage(format!("Requested PBKDF memory {memory} KiB is outside 32..{} KiB.", kdf::MAX_ARGON2_MEMORY_KIB)));
+                return Err(LuksError::Usage(format!(
+                    "Requested PBKDF memory {memory} KiB is outside 32..{} KiB.",
+                    kdf::MAX_ARGON2_MEMORY_KIB
+                )));
             }
             let (time, memory) = match p.pbkdf_force_iterations {
                 Some(n) if n < kdf::MIN_ARGON2_TIME => {
-                    return Err(LuksError::Usage(format!("Forced iteration count is too low for {name} (minimum is {}).", kdf::MIN_ARGON2_TIME)));
+                    return Err(LuksError::Usage(format!(
+                        "Forced iteration count is too low for {name} (minimum is {}).",
+                        kdf::MIN_ARGON2_TIME
+                    )));
                 }
                 Some(n) => (n, memory),
                 None => {
@@ -278,16 +303,27 @@ fn resolve_kdf(p: &PbkdfArgs, version: u8, key_len: usize) -> Result<Kdf, LuksEr
                     r
                 }
             };
-            let k = Kdf::Argon2 { kind, time, memory_kib: memory, cpus };
+            let k = Kdf::Argon2 {
+                kind,
+                time,
+                memory_kib: memory,
+                cpus,
+            };
             k.check("--pbkdf")?;
             Ok(k)
         }
-        other => Err(LuksError::Usage(format!("Unknown PBKDF {other} (pbkdf2, argon2i, argon2id)."))),
+        other => Err(LuksError::Usage(format!(
+            "Unknown PBKDF {other} (pbkdf2, argon2i, argon2id)."
+        ))),
     }
 }
 
 /// Read a passphrase; when prompting for a new one, ask twice.
-fn passphrase(key_file: Option<&Path>, prompt: &str, verify: bool) -> Result<Zeroizing<Vec<u8>>, LuksError> {
+fn passphrase(
+    key_file: Option<&Path>,
+    prompt: &str,
+    verify: bool,
+) -> Result<Zeroizing<Vec<u8>>, LuksError> {
     let p = read_passphrase(key_file, prompt)?;
     if key_file.is_none() && verify {
         let again = read_passphrase(None, "Verify passphrase: ")?;
@@ -305,19 +341,31 @@ fn cmd_format(a: FormatArgs) -> Result<(), LuksError> {
     let version = match a.luks_type.as_str() {
         "luks2" | "luks" => 2,
         "luks1" => 1,
-        t => return Err(LuksError::Usage(format!("Unsupported LUKS type {t} (luks1, luks2)."))),
+        t => {
+            return Err(LuksError::Usage(format!(
+                "Unsupported LUKS type {t} (luks1, luks2)."
+            )))
+        }
     };
     if a.key_size == 0 || a.key_size % 8 != 0 {
-        return Err(LuksError::Usage(format!("Key size {} must be a multiple of 8 bits.", a.key_size)));
+        return Err(LuksError::Usage(format!(
+            "Key size {} must be a multiple of 8 bits.",
+            a.key_size
+        )));
     }
     if version == 1 && a.sector_size.is_some_and(|s| s != 512) {
-        return Err(LuksError::Usage("LUKS1 supports only 512-byte sectors.".into()));
+        return Err(LuksError::Usage(
+            "LUKS1 supports only 512-byte sectors.".into(),
+        ));
     }
     if let Some(size) = a.size {
         let d = Disk::create(&a.image)?;
         d.grow_to(size)?;
     } else if !a.image.exists() {
-        return Err(LuksError::Usage(format!("Device {} does not exist; use --size to create it.", a.image.display())));
+        return Err(LuksError::Usage(format!(
+            "Device {} does not exist; use --size to create it.",
+            a.image.display()
+        )));
     }
     if !a.common.batch_mode {
         let q = format!(
@@ -328,14 +376,22 @@ fn cmd_format(a: FormatArgs) -> Result<(), LuksError> {
             return Err(LuksError::Usage("Operation aborted.".into()));
         }
     }
-    let pass = passphrase(a.common.key_file.as_deref(), &format!("Enter passphrase for {}: ", a.image.display()), true)?;
+    let pass = passphrase(
+        a.common.key_file.as_deref(),
+        &format!("Enter passphrase for {}: ", a.image.display()),
+        true,
+    )?;
     let key_len = (a.key_size / 8) as usize;
     let kdf = resolve_kdf(&a.pbkdf, version, key_len)?;
     let hash = get_hash(&a.pbkdf)?;
     let digest_iterations = if a.pbkdf.pbkdf_force_iterations.is_some() {
         kdf::MIN_PBKDF2_ITERATIONS
     } else {
-        kdf::calibrate_pbkdf2(if version == 1 { hash } else { HashAlg::Sha256 }, key_len, 125)
+        kdf::calibrate_pbkdf2(
+            if version == 1 { hash } else { HashAlg::Sha256 },
+            key_len,
+            125,
+        )
     };
     let p = FormatParams {
         version,
@@ -351,10 +407,16 @@ fn cmd_format(a: FormatArgs) -> Result<(), LuksError> {
         keyslots_size: a.luks2_keyslots_size,
     };
     let pb = bar(0, "Wiping header area");
-    let key = format::format(&a.image, a.common.header.as_deref(), &p, &pass, &mut |done, total| {
-        pb.set_length(total);
-        pb.set_position(done);
-    })?;
+    let key = format::format(
+        &a.image,
+        a.common.header.as_deref(),
+        &p,
+        &pass,
+        &mut |done, total| {
+            pb.set_length(total);
+            pb.set_position(done);
+        },
+    )?;
     pb.finish_and_clear();
     drop(key);
     Ok(())
@@ -385,13 +447,19 @@ fn hex_lines(b: &[u8], indent: &str) -> String {
 fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
     let v = load(&a.image, &a.common, false)?;
     if a.dump_volume_key {
-        let pass = read_passphrase(a.common.key_file.as_deref(), &format!("Enter passphrase for {}: ", a.image.display()))?;
+        let pass = read_passphrase(
+            a.common.key_file.as_deref(),
+            &format!("Enter passphrase for {}: ", a.image.display()),
+        )?;
         let (_, key) = v.unlock(&pass, None)?;
         let (cipher, payload) = match &v.header {
             Header::Luks1(h) => (h.cipher_spec(), u64::from(h.payload_offset)),
             Header::Luks2(h) => {
                 let s = h.meta.segments.get(&0);
-                (s.map(|s| s.encryption.clone()).unwrap_or_default(), s.map(|s| s.offset / 512).unwrap_or(0))
+                (
+                    s.map(|s| s.encryption.clone()).unwrap_or_default(),
+                    s.map(|s| s.offset / 512).unwrap_or(0),
+                )
             }
         };
         let (name, mode) = cipher.split_once('-').unwrap_or((cipher.as_str(), ""));
@@ -418,14 +486,20 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
             println!("Payload offset:\t{}", h.payload_offset);
             println!("MK bits:       \t{}", h.key_bytes * 8);
             println!("MK digest:     \t{}", hex_lines(&h.mk_digest, "\t\t"));
-            println!("MK salt:       \t{}", hex_lines(&h.mk_digest_salt, "               \t"));
+            println!(
+                "MK salt:       \t{}",
+                hex_lines(&h.mk_digest_salt, "               \t")
+            );
             println!("MK iterations: \t{}", h.mk_digest_iter);
             println!("UUID:          \t{}\n", h.uuid);
             for (i, s) in h.slots.iter().enumerate() {
                 if s.active {
                     println!("Key Slot {i}: ENABLED");
                     println!("\tIterations:         \t{}", s.iterations);
-                    println!("\tSalt:               \t{}", hex_lines(&s.salt, "\t                      \t"));
+                    println!(
+                        "\tSalt:               \t{}",
+                        hex_lines(&s.salt, "\t                      \t")
+                    );
                     println!("\tKey material offset:\t{}", s.key_offset);
                     println!("\tAF stripes:            \t{}", s.stripes);
                 } else {
@@ -435,7 +509,10 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
         }
         Header::Luks2(h) => {
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&h.meta.value).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&h.meta.value).unwrap_or_default()
+                );
                 return Ok(());
             }
             let m = &h.meta;
@@ -445,9 +522,30 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
             println!("Metadata area: \t{} [bytes]", h.bin.hdr_size);
             println!("Keyslots area: \t{} [bytes]", m.keyslots_size);
             println!("UUID:          \t{}", h.bin.uuid);
-            println!("Label:         \t{}", if h.bin.label.is_empty() { "(no label)" } else { &h.bin.label });
-            println!("Subsystem:     \t{}", if h.bin.subsystem.is_empty() { "(no subsystem)" } else { &h.bin.subsystem });
-            println!("Flags:       \t{}", if m.flags.is_empty() { "(no flags)".to_string() } else { m.flags.join(" ") });
+            println!(
+                "Label:         \t{}",
+                if h.bin.label.is_empty() {
+                    "(no label)"
+                } else {
+                    &h.bin.label
+                }
+            );
+            println!(
+                "Subsystem:     \t{}",
+                if h.bin.subsystem.is_empty() {
+                    "(no subsystem)"
+                } else {
+                    &h.bin.subsystem
+                }
+            );
+            println!(
+                "Flags:       \t{}",
+                if m.flags.is_empty() {
+                    "(no flags)".to_string()
+                } else {
+                    m.flags.join(" ")
+                }
+            );
             if !m.requirements.is_empty() {
                 println!("Requirements:\t{}", m.requirements.join(" "));
             }
@@ -468,7 +566,12 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
             for (n, k) in &m.keyslots {
                 println!("  {n}: luks2");
                 println!("\tKey:        {} bits", k.key_size * 8);
-                println!("\tPriority:   {}", ["ignored", "normal", "high"].get(k.priority as usize).unwrap_or(&"?"));
+                println!(
+                    "\tPriority:   {}",
+                    ["ignored", "normal", "high"]
+                        .get(k.priority as usize)
+                        .unwrap_or(&"?")
+                );
                 println!("\tCipher:     {}", k.area_encryption);
                 println!("\tCipher key: {} bits", k.area_key_size * 8);
                 match k.kdf {
@@ -477,7 +580,12 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
                         println!("\tHash:       {}", hash.name());
                         println!("\tIterations: {iterations}");
                     }
-                    Kdf::Argon2 { time, memory_kib, cpus, .. } => {
+                    Kdf::Argon2 {
+                        time,
+                        memory_kib,
+                        cpus,
+                        ..
+                    } => {
                         println!("\tPBKDF:      {}", k.kdf.type_name());
                         println!("\tTime cost:  {time}");
                         println!("\tMemory:     {memory_kib}");
@@ -499,7 +607,10 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
             println!("Tokens:");
             if let Some(tokens) = m.value.get("tokens").and_then(|t| t.as_object()) {
                 for (n, t) in tokens {
-                    println!("  {n}: {}", t.get("type").and_then(|x| x.as_str()).unwrap_or("?"));
+                    println!(
+                        "  {n}: {}",
+                        t.get("type").and_then(|x| x.as_str()).unwrap_or("?")
+                    );
                     if let Some(ks) = m.tokens.get(&n.parse().unwrap_or(u32::MAX)) {
                         for k in ks {
                             println!("\tKeyslot:    {k}");
@@ -522,9 +633,16 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
 
 fn cmd_add_key(a: AddKeyArgs) -> Result<(), LuksError> {
     let mut v = load(&a.image, &a.common, true)?;
-    let old = read_passphrase(a.common.key_file.as_deref(), "Enter any existing passphrase: ")?;
+    let old = read_passphrase(
+        a.common.key_file.as_deref(),
+        "Enter any existing passphrase: ",
+    )?;
     let (_, key) = v.unlock(&old, None)?;
-    let new = passphrase(a.new_key_file.as_deref(), "Enter new passphrase for key slot: ", true)?;
+    let new = passphrase(
+        a.new_key_file.as_deref(),
+        "Enter new passphrase for key slot: ",
+        true,
+    )?;
     let mut pb = a.pbkdf.clone();
     if v.version() == 1 {
         if let Header::Luks1(h) = &v.header {
@@ -542,7 +660,9 @@ fn last_slot_guard(v: &Volume, slot: u32, batch: bool) -> Result<(), LuksError> 
     if active.len() == 1 && active[0] == slot && !batch {
         let ok = confirm("This is the last keyslot. Device will become unusable after purging this key.\nAre you sure? (Type 'YES' in capital letters): ")?;
         if !ok {
-            return Err(LuksError::Usage("Operation aborted, the keyslot was NOT wiped.".into()));
+            return Err(LuksError::Usage(
+                "Operation aborted, the keyslot was NOT wiped.".into(),
+            ));
         }
     }
     Ok(())
@@ -550,7 +670,10 @@ fn last_slot_guard(v: &Volume, slot: u32, batch: bool) -> Result<(), LuksError> 
 
 fn cmd_remove_key(a: RemoveKeyArgs) -> Result<(), LuksError> {
     let mut v = load(&a.image, &a.common, true)?;
-    let pass = read_passphrase(a.common.key_file.as_deref(), "Enter passphrase to be deleted: ")?;
+    let pass = read_passphrase(
+        a.common.key_file.as_deref(),
+        "Enter passphrase to be deleted: ",
+    )?;
     let (slot, _key) = v.unlock(&pass, None)?;
     last_slot_guard(&v, slot, a.common.batch_mode)?;
     v.kill_slot(slot)?;
@@ -561,12 +684,22 @@ fn cmd_remove_key(a: RemoveKeyArgs) -> Result<(), LuksError> {
 fn cmd_kill_slot(a: KillSlotArgs) -> Result<(), LuksError> {
     let mut v = load(&a.image, &a.common, true)?;
     if !v.active_slots().contains(&a.slot) {
-        return Err(LuksError::Usage(format!("Keyslot {} is not active.", a.slot)));
+        return Err(LuksError::Usage(format!(
+            "Keyslot {} is not active.",
+            a.slot
+        )));
     }
     // As cryptsetup: unless in batch mode without a key file, prove knowledge of a remaining key.
     if a.common.key_file.is_some() || !a.common.batch_mode {
-        let pass = read_passphrase(a.common.key_file.as_deref(), "Enter any remaining passphrase: ")?;
-        let others: Vec<u32> = v.active_slots().into_iter().filter(|&s| s != a.slot).collect();
+        let pass = read_passphrase(
+            a.common.key_file.as_deref(),
+            "Enter any remaining passphrase: ",
+        )?;
+        let others: Vec<u32> = v
+            .active_slots()
+            .into_iter()
+            .filter(|&s| s != a.slot)
+            .collect();
         let mut ok = false;
         for s in others {
             if v.unlock(&pass, Some(s)).is_ok() {
@@ -587,7 +720,10 @@ fn cmd_kill_slot(a: KillSlotArgs) -> Result<(), LuksError> {
 fn cmd_test(a: TestArgs) -> Result<(), LuksError> {
     let v = load(&a.image, &a.common, false)?;
     v.check_requirements()?;
-    let pass = read_passphrase(a.common.key_file.as_deref(), &format!("Enter passphrase for {}: ", a.image.display()))?;
+    let pass = read_passphrase(
+        a.common.key_file.as_deref(),
+        &format!("Enter passphrase for {}: ", a.image.display()),
+    )?;
     let (slot, key) = v.unlock(&pass, a.key_slot)?;
     v.activation(key, slot)?;
     eprintln!("Key slot {slot} unlocked.");
@@ -598,7 +734,10 @@ fn cmd_backup(a: BackupArgs) -> Result<(), LuksError> {
     let v = load(&a.image, &a.common, false)?;
     let len = v.header_len();
     if a.header_backup_file.exists() {
-        return Err(LuksError::Usage(format!("Requested header backup file {} already exists.", a.header_backup_file.display())));
+        return Err(LuksError::Usage(format!(
+            "Requested header backup file {} already exists.",
+            a.header_backup_file.display()
+        )));
     }
     let mut buf = vec![0u8; len as usize];
     v.meta.read_at(0, &mut buf)?;
@@ -629,7 +768,10 @@ fn cmd_restore(a: BackupArgs) -> Result<(), LuksError> {
     backup.meta.read_at(0, &mut buf)?;
     let mut out = Disk::open(target, true)?;
     if out.size()? < len {
-        return Err(LuksError::Usage(format!("Device {} is too small for the {len}-byte header backup.", target.display())));
+        return Err(LuksError::Usage(format!(
+            "Device {} is too small for the {len}-byte header backup.",
+            target.display()
+        )));
     }
     out.write_at(0, &buf)?;
     out.sync()

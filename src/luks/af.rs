@@ -11,7 +11,7 @@ pub const STRIPES: u32 = 4000;
 /// The diffuse function ("H1" of the LUKS1 spec): every digest-sized chunk i
 /// becomes hash(u32be(i) || chunk), truncated to the chunk's length.
 fn diffuse(h: HashAlg, buf: &mut [u8]) {
-    let dl = h.len();
+    let dl = h.digest_len();
     for (i, chunk) in buf.chunks_mut(dl).enumerate() {
         let idx = (i as u32).to_be_bytes();
         let d = Zeroizing::new(h.digest(&[&idx, chunk]));

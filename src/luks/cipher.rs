@@ -3,6 +3,7 @@
 //! The sector transform itself is `crate::crypto::SectorCrypt`.
 
 use super::error::LuksError;
+use crate::crypto::SectorCrypt;
 
 /// Encrypt (`enc`) or decrypt key material in place.
 pub fn area_crypt(spec: &str, key: &[u8], data: &mut [u8], enc: bool) -> Result<(), LuksError> {
@@ -12,6 +13,12 @@ pub fn area_crypt(spec: &str, key: &[u8], data: &mut [u8], enc: bool) -> Result<
             data.len()
         )));
     }
-    let _ = (spec, key, enc);
-    Err(LuksError::Crypto("sector cipher not yet available".into()))
+    let c = SectorCrypt::new(spec, key, 512, false)
+        .map_err(|e| LuksError::Crypto(format!("keyslot cipher {spec}: {e}")))?;
+    if enc {
+        c.encrypt(data, 0);
+    } else {
+        c.decrypt(data, 0);
+    }
+    Ok(())
 }

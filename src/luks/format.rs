@@ -223,7 +223,7 @@ pub fn format(
         let h = luks1::Header::parse(&h.to_bytes(), meta_len)?;
         meta.write_at(0, &h.to_bytes())?;
         meta.sync()?;
-        Header::Luks1(h)
+        Header::Luks1(Box::new(h))
     } else {
         let sector = match p.sector_size {
             Some(s) => {

@@ -39,7 +39,7 @@ impl HashAlg {
     }
 
     /// Digest length in bytes.
-    pub fn len(self) -> usize {
+    pub fn digest_len(self) -> usize {
         match self {
             HashAlg::Sha1 => 20,
             HashAlg::Sha224 => 28,
@@ -101,7 +101,7 @@ mod tests {
             HashAlg::Sha512,
         ] {
             assert_eq!(HashAlg::from_name(h.name()), Some(h));
-            assert_eq!(h.digest(&[b"x"]).len(), h.len());
+            assert_eq!(h.digest(&[b"x"]).len(), h.digest_len());
         }
         assert_eq!(HashAlg::from_name("SHA256"), None);
     }

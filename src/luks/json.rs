@@ -577,7 +577,7 @@ impl Metadata {
                 ));
             }
             let digest = b64(o, "digest", &f)?;
-            if digest.len() != 20 && digest.len() != h.len() {
+            if digest.len() != 20 && digest.len() != h.digest_len() {
                 return Err(LuksError::field(
                     format!("{f}.digest"),
                     digest.len(),

@@ -18,7 +18,7 @@ use zeroize::Zeroizing;
 /// The header, by version.
 #[derive(Clone, Debug)]
 pub enum Header {
-    Luks1(luks1::Header),
+    Luks1(Box<luks1::Header>),
     Luks2(Box<luks2::Luks2>),
 }
 
@@ -61,7 +61,7 @@ impl Volume {
             }
             let mut buf = vec![0u8; luks1::HEADER_LEN];
             meta.read_at(0, &mut buf)?;
-            Header::Luks1(luks1::Header::parse(&buf, meta_size)?)
+            Header::Luks1(Box::new(luks1::Header::parse(&buf, meta_size)?))
         } else if head[..6] == luks1::MAGIC && head[6..8] != [0, 2] {
             return Err(LuksError::field(
                 "version",
