@@ -21,3 +21,33 @@
 //! }
 //! pub struct CryptoError;    // Display names the offending part of the spec; never contains key bytes
 //! ```
+
+mod block;
+mod modes;
+mod sector;
+pub mod spec;
+#[cfg(target_arch = "x86_64")]
+mod xts_vaes;
+
+pub use sector::SectorCrypt;
+pub use spec::CipherSpec;
+
+/// A cipher spec or key the crypto layer cannot use. The message names the
+/// offending part (spec, cipher, mode, key size, sector size) and never
+/// contains key bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CryptoError(String);
+
+impl CryptoError {
+    pub fn new(msg: impl Into<String>) -> CryptoError {
+        CryptoError(msg.into())
+    }
+}
+
+impl std::fmt::Display for CryptoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CryptoError {}

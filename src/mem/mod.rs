@@ -1,4 +1,13 @@
-//! The seeds' memory machinery (filled by the mem work).
+//! The seeds' memory machinery: per-core budget counter (seed 003), mempool
+//! with bulk allocation (seed 000), recycling payload buffer pool, and the
+//! fixed-size block pool with a free list through the free blocks (seed 004).
+//!
+//! Why a module of its own: every request on the data path needs memory
+//! (an NBD payload, a crypt bounce buffer, a request descriptor). Taking it
+//! from the general allocator per request costs syscalls, page faults and
+//! lock traffic, and lets a busy device take unbounded memory. These pools
+//! recycle memory, bound it per device, and still guarantee forward
+//! progress when the bound is reached.
 //!
 //! CONTRACT used by the NBD layer and the crypt target (keep these names):
 //!
@@ -18,3 +27,21 @@
 //! pub struct Budget;
 //! impl Budget { pub fn new(limit_bytes: u64) -> std::sync::Arc<Budget>; pub fn unlimited() -> std::sync::Arc<Budget>; }
 //! ```
+//!
+//! Budget sizing: [`default_total_budget`] (2 % of RAM, as dm-crypt) divided
+//! among devices by [`per_device_budget`]; `--memory-budget SIZE` is parsed by
+//! [`parse_size`].
+
+pub mod blockpool;
+pub mod budget;
+pub mod bufpool;
+pub mod mempool;
+pub mod percpu;
+pub mod raw;
+
+pub use blockpool::{ArcPoolBox, BlockPool, PoolBox, RawBlockPool};
+pub use budget::{default_total_budget, parse_size, per_device_budget, total_ram_bytes, Budget};
+pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
+pub use mempool::{MemPool, PageList, BIO_MAX_VECS};
+pub use percpu::PerCpuCounter;
+pub use raw::{RawBuf, PAGE_SIZE};
