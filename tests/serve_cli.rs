@@ -16,14 +16,24 @@ fn tool(name: &str) -> &str {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    assert!(ok, "required tool '{name}' is missing: run scripts/test.sh, which installs it");
+    assert!(
+        ok,
+        "required tool '{name}' is missing: run scripts/test.sh, which installs it"
+    );
     name
 }
 
 /// A scratch directory in tmpfs when there is one (fast), else /tmp.
 fn scratch() -> tempfile::TempDir {
-    let base = if Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" };
-    tempfile::Builder::new().prefix("udm-test-").tempdir_in(base).unwrap()
+    let base = if Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    };
+    tempfile::Builder::new()
+        .prefix("udm-test-")
+        .tempdir_in(base)
+        .unwrap()
 }
 
 /// Deterministic pseudo-random bytes (xorshift), fast enough for 256 MiB.
@@ -58,7 +68,10 @@ impl Server {
             .expect("start udm serve");
         let t = Instant::now();
         while UnixStream::connect(&sock).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(20), "udm serve did not come up");
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "udm serve did not come up"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         Server { child, sock }
@@ -77,7 +90,10 @@ impl Server {
             if let Some(st) = self.child.try_wait().unwrap() {
                 return st.code();
             }
-            assert!(t.elapsed() < Duration::from_secs(20), "udm serve ignored SIGTERM");
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "udm serve ignored SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -114,7 +130,11 @@ fn linear_table_round_trips_256_mib_with_nbdcopy() {
     let table = d.path().join("lin.table");
     std::fs::write(
         &table,
-        format!("# 256 MiB at 1 MiB into the file\n0 {} linear {} 2048\n", size / 512, backing.display()),
+        format!(
+            "# 256 MiB at 1 MiB into the file\n0 {} linear {} 2048\n",
+            size / 512,
+            backing.display()
+        ),
     )
     .unwrap();
     let srv = Server::start(d.path(), &["--table", &format!("lin={}", table.display())]);
@@ -135,9 +155,20 @@ fn linear_table_round_trips_256_mib_with_nbdcopy() {
     assert!(back == data, "nbdcopy round trip differs");
     // And the bytes sit 1 MiB into the backing file.
     let raw = std::fs::read(&backing).unwrap();
-    assert!(raw[1 << 20..(1 << 20) + size as usize] == data[..], "linear offset");
+    assert!(
+        raw[1 << 20..(1 << 20) + size as usize] == data[..],
+        "linear offset"
+    );
     // qemu-img agrees, through its own NBD client.
-    run(Command::new(tool("qemu-img")).args(["compare", "-f", "raw", "-F", "raw", src.to_str().unwrap(), &srv.uri("lin")]));
+    run(Command::new(tool("qemu-img")).args([
+        "compare",
+        "-f",
+        "raw",
+        "-F",
+        "raw",
+        src.to_str().unwrap(),
+        &srv.uri("lin"),
+    ]));
     assert_eq!(srv.stop(), Some(0), "SIGTERM exits 0");
 }
 
@@ -174,7 +205,11 @@ fn striped_three_legs_land_at_dm_stripe_offsets() {
     let src = d.path().join("src.bin");
     std::fs::write(&src, &data).unwrap();
     run(Command::new(tool("nbdcopy")).args([src.to_str().unwrap(), &srv.uri("st")]));
-    run(Command::new("nbdcopy").args(["--flush", &srv.uri("st"), d.path().join("back.bin").to_str().unwrap()]));
+    run(Command::new("nbdcopy").args([
+        "--flush",
+        &srv.uri("st"),
+        d.path().join("back.bin").to_str().unwrap(),
+    ]));
     assert!(std::fs::read(d.path().join("back.bin")).unwrap() == data);
     // Compute dm-stripe's placement independently and check every chunk.
     let leg_data: Vec<Vec<u8>> = legs.iter().map(|p| std::fs::read(p).unwrap()).collect();
@@ -183,7 +218,10 @@ fn striped_three_legs_land_at_dm_stripe_offsets() {
         let leg = c % 3;
         let row = c / 3;
         let at = (leg_off[leg] * 512) as usize + row * cb;
-        assert!(leg_data[leg][at..at + cb] == *piece, "chunk {c} not on leg {leg} row {row}");
+        assert!(
+            leg_data[leg][at..at + cb] == *piece,
+            "chunk {c} not on leg {leg} row {row}"
+        );
     }
     assert_eq!(srv.stop(), Some(0));
 }
@@ -215,11 +253,20 @@ fn fio_verify_on_linear_and_striped() {
     make_file(&a, 64 << 20);
     make_file(&b, 64 << 20);
     let lin = d.path().join("lin.table");
-    std::fs::write(&lin, format!("0 {} linear {} 0\n", (64 << 20) / 512, a.display())).unwrap();
+    std::fs::write(
+        &lin,
+        format!("0 {} linear {} 0\n", (64 << 20) / 512, a.display()),
+    )
+    .unwrap();
     let st = d.path().join("st.table");
     std::fs::write(
         &st,
-        format!("0 {} striped 2 16 {} 0 {} 0\n", (128u64 << 20) / 512, a.display(), b.display()),
+        format!(
+            "0 {} striped 2 16 {} 0 {} 0\n",
+            (128u64 << 20) / 512,
+            a.display(),
+            b.display()
+        ),
     )
     .unwrap();
     // Two servers: the striped table reuses the linear one's file.
@@ -239,10 +286,14 @@ fn list_exports_and_stacking() {
     let base = d.path().join("base.table");
     std::fs::write(&base, format!("0 16384 linear {} 0\n", f.display())).unwrap();
     let top = d.path().join("top.table");
-    std::fs::write(&top, "0 8192 linear @base 8192\n4096 0 zero\n").unwrap();
+    std::fs::write(&top, "0 8192 linear @base 8192\n4096 8 zero\n").unwrap();
     // A malformed table is refused with its line and field.
     let out = Command::new(env!("CARGO_BIN_EXE_udm"))
-        .args(["serve", "--socket", d.path().join("x.sock").to_str().unwrap()])
+        .args([
+            "serve",
+            "--socket",
+            d.path().join("x.sock").to_str().unwrap(),
+        ])
         .args(["--table", &format!("top={}", top.display())])
         .args(["--table", &format!("base={}", base.display())])
         .output()
@@ -263,7 +314,11 @@ fn list_exports_and_stacking() {
             &format!("raw={}", f.display()),
         ],
     );
-    let list = run(Command::new(tool("nbdinfo")).args(["--list", "--json", &format!("nbd+unix://?socket={}", srv.sock.display())]));
+    let list = run(Command::new(tool("nbdinfo")).args([
+        "--list",
+        "--json",
+        &format!("nbd+unix://?socket={}", srv.sock.display()),
+    ]));
     for name in ["\"top\"", "\"base\"", "\"raw\""] {
         assert!(list.contains(name), "export {name} missing from {list}");
     }
@@ -277,7 +332,10 @@ fn list_exports_and_stacking() {
     child.stdin.take().unwrap().write_all(&data).unwrap();
     assert!(child.wait().unwrap().success());
     let raw = std::fs::read(&f).unwrap();
-    assert!(raw[8192 * 512..] == data[..4 << 20], "stacked linear lands at base offset");
+    assert!(
+        raw[8192 * 512..] == data[..4 << 20],
+        "stacked linear lands at base offset"
+    );
 }
 
 #[test]
@@ -286,14 +344,29 @@ fn table_check_and_show() {
     let f = d.path().join("f.img");
     make_file(&f, 1 << 20);
     let t = d.path().join("t.table");
-    std::fs::write(&t, format!("0 1024 linear {} 1024\n1024 1024 zero\n", f.display())).unwrap();
-    let out = run(Command::new(env!("CARGO_BIN_EXE_udm")).args(["table", "check", t.to_str().unwrap()]));
+    std::fs::write(
+        &t,
+        format!("0 1024 linear {} 1024\n1024 1024 zero\n", f.display()),
+    )
+    .unwrap();
+    let out =
+        run(Command::new(env!("CARGO_BIN_EXE_udm")).args(["table", "check", t.to_str().unwrap()]));
     assert!(out.contains("2 segment(s), 2048 sectors"), "{out}");
-    let out = run(Command::new(env!("CARGO_BIN_EXE_udm")).args(["table", "show", t.to_str().unwrap()]));
-    assert_eq!(out, format!("0 1024 linear {} 1024\n1024 1024 zero \n", f.display()));
+    let out =
+        run(Command::new(env!("CARGO_BIN_EXE_udm")).args(["table", "show", t.to_str().unwrap()]));
+    assert_eq!(
+        out,
+        format!("0 1024 linear {} 1024\n1024 1024 zero \n", f.display())
+    );
     std::fs::write(&t, "0 1024 striped 2 x\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_udm")).args(["table", "show", t.to_str().unwrap()]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_udm"))
+        .args(["table", "show", t.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("line 1") && err.contains("chunk_size"), "{err}");
+    assert!(
+        err.contains("line 1") && err.contains("chunk_size"),
+        "{err}"
+    );
 }

@@ -71,7 +71,10 @@ fn demo(a: &Args) -> Result<(), String> {
     let _ = std::fs::remove_file(&sock);
     let s = sock.display();
     println!("udm demo: serving on {s}");
-    println!("  exports: 'secure' (crypt over striped, the default), 'striped' (2 legs in {})", dir.display());
+    println!(
+        "  exports: 'secure' (crypt over striped, the default), 'striped' (2 legs in {})",
+        dir.display()
+    );
     println!("  nbdinfo 'nbd+unix:///secure?socket={s}'");
     println!("  nbdinfo --list 'nbd+unix://?socket={s}'");
     println!("  nbdcopy -- [ nbdkit random size=64M ] 'nbd+unix:///secure?socket={s}'");

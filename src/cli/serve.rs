@@ -104,7 +104,8 @@ fn serve(a: Args) -> Result<(), String> {
     }
     for l in &a.luks {
         let (name, image) = name_value(l, "--luks")?;
-        let text = crate::cli::luks_table(&name, &image, a.header.as_deref(), a.key_file.as_deref())?;
+        let text =
+            crate::cli::luks_table(&name, &image, a.header.as_deref(), a.key_file.as_deref())?;
         specs.push((
             position(l),
             name,
@@ -199,7 +200,6 @@ pub fn serve_specs(
         listen,
         exports,
         threads: st.threads,
-        memory_budget: st.memory_budget,
     })
     .map_err(|e| e.to_string())
 }

@@ -55,7 +55,10 @@ fn show(file: &std::path::Path, showkeys: bool) -> i32 {
     match Registry::build(vec![("table".into(), spec)], opts) {
         Ok(r) => {
             if let Some(m) = r.entries.first().and_then(|e| e.mapped.as_ref()) {
-                print!("{}", zeroize::Zeroizing::new(m.table_text(showkeys)).as_str());
+                print!(
+                    "{}",
+                    zeroize::Zeroizing::new(m.table_text(showkeys)).as_str()
+                );
             }
             0
         }
