@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod benchmark;
+pub mod demo;
 pub mod luks;
 pub mod serve;
 pub mod table;
@@ -20,6 +21,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Serve a built-in demo stack (crypt over striped over two files) on a
+    /// Unix socket and print how to reach it.
+    Demo(demo::Args),
     /// Serve devices over NBD until SIGINT/SIGTERM.
     Serve(serve::Args),
     /// Work with dmsetup-syntax tables.
@@ -36,9 +40,35 @@ enum Command {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.cmd {
+        Command::Demo(a) => demo::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Table(c) => table::run(c),
         Command::Luks(c) => luks::run(c),
         Command::Benchmark(a) => benchmark::run(a),
     }
+}
+
+/// Log to stderr through tracing; `UDM_LOG` (or `RUST_LOG`) sets the
+/// filter, e.g. `UDM_LOG=debug`. Default: info.
+pub fn init_logging() {
+    let filter = std::env::var("UDM_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// The crypt table of an opened LUKS volume, for `serve --luks`.
+pub fn luks_table(
+    name: &str,
+    image: &str,
+    header: Option<&std::path::Path>,
+    key_file: Option<&std::path::Path>,
+) -> Result<zeroize::Zeroizing<String>, String> {
+    let _ = (header, key_file);
+    Err(format!(
+        "--luks {name}={image}: LUKS support is not built yet"
+    ))
 }
