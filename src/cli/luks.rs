@@ -650,7 +650,7 @@ fn cmd_add_key(a: AddKeyArgs) -> Result<(), LuksError> {
         }
     }
     let kdf = resolve_kdf(&pb, v.version(), key.len())?;
-    let slot = v.add_key(&key, &new, a.key_slot, kdf)?;
+    let slot = v.add_key(&key, &new, a.key_slot, kdf, get_hash(&pb)?)?;
     eprintln!("Key slot {slot} created.");
     Ok(())
 }
@@ -689,27 +689,14 @@ fn cmd_kill_slot(a: KillSlotArgs) -> Result<(), LuksError> {
             a.slot
         )));
     }
-    // As cryptsetup: unless in batch mode without a key file, prove knowledge of a remaining key.
+    // As cryptsetup: unless in batch mode without a key file, prove knowledge
+    // of a passphrase of this volume (cryptsetup accepts any active slot's).
     if a.common.key_file.is_some() || !a.common.batch_mode {
         let pass = read_passphrase(
             a.common.key_file.as_deref(),
             "Enter any remaining passphrase: ",
         )?;
-        let others: Vec<u32> = v
-            .active_slots()
-            .into_iter()
-            .filter(|&s| s != a.slot)
-            .collect();
-        let mut ok = false;
-        for s in others {
-            if v.unlock(&pass, Some(s)).is_ok() {
-                ok = true;
-                break;
-            }
-        }
-        if !ok {
-            return Err(LuksError::WrongPassphrase);
-        }
+        v.unlock(&pass, None)?;
     }
     last_slot_guard(&v, a.slot, a.common.batch_mode)?;
     v.kill_slot(a.slot)?;
