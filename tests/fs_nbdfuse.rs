@@ -136,7 +136,7 @@ fn ext4_on_a_udm_stack_through_nbdfuse_and_loop() {
         std::fs::write(mnt.join(format!("f{i}")), &data).unwrap();
         want.push(data);
     }
-    ok(&mut Command::new("umount").arg(&mnt));
+    ok(Command::new("umount").arg(&mnt));
     ok(Command::new("e2fsck").args(["-f", "-n"]).arg(&disk));
     ok(Command::new("mount")
         .args(["-o", "loop,ro"])
