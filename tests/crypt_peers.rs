@@ -73,19 +73,19 @@ fn run(cmd: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn reference(
-    op: &str,
-    spec: &str,
-    key: &[u8],
+/// The table geometry the reference needs.
+struct Geo<'a> {
+    spec: &'a str,
+    key: &'a [u8],
     ss: u32,
     large: bool,
-    sector: u64,
-    input: &Path,
-    output: &Path,
-) {
+    iv_offset: u64,
+}
+
+fn reference(op: &str, g: &Geo<'_>, input: &Path, output: &Path) {
     let jobs = serde_json::json!([{
-        "op": op, "spec": spec, "key": hex::encode(key), "ss": ss, "large": large,
-        "sector": sector, "in": input, "out": output,
+        "op": op, "spec": g.spec, "key": hex::encode(g.key), "ss": g.ss, "large": g.large,
+        "sector": g.iv_offset, "in": input, "out": output,
     }]);
     let jf = output.with_extension("json");
     std::fs::write(&jf, serde_json::to_vec(&jobs).unwrap()).unwrap();
@@ -159,7 +159,14 @@ fn target_over_file_matches_reference_both_ways() {
         let ct = dir.path().join(format!("{i}.ct"));
         std::fs::write(&ct, &file[(offset * 512) as usize..]).unwrap();
         let pt = dir.path().join(format!("{i}.pt"));
-        reference("dec", spec, &key, ss, large, iv_offset, &ct, &pt);
+        let geo = Geo {
+            spec,
+            key: &key,
+            ss,
+            large,
+            iv_offset,
+        };
+        reference("dec", &geo, &ct, &pt);
         assert!(
             std::fs::read(&pt).unwrap() == plain,
             "reference cannot read what udm wrote: {spec} case {i}"
@@ -169,7 +176,7 @@ fn target_over_file_matches_reference_both_ways() {
         let p2 = dir.path().join(format!("{i}.p2"));
         std::fs::write(&p2, &plain2).unwrap();
         let c2 = dir.path().join(format!("{i}.c2"));
-        reference("enc", spec, &key, ss, large, iv_offset, &p2, &c2);
+        reference("enc", &geo, &p2, &c2);
         let mut image = vec![0u8; (offset * 512) as usize];
         image.extend(std::fs::read(&c2).unwrap());
         std::fs::write(&img, &image).unwrap();
