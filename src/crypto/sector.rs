@@ -158,6 +158,32 @@ impl SectorCrypt {
         Ok(Tfm { kind, essiv })
     }
 
+    /// Drop the vectorised AES-XTS kernel and use the portable path (for
+    /// benchmarks and tests that compare the two).
+    #[doc(hidden)]
+    pub fn without_vector_kernel(mut self) -> SectorCrypt {
+        #[cfg(target_arch = "x86_64")]
+        for t in self.tfms.iter_mut() {
+            if let Kind::Xts { fast, .. } = &mut t.kind {
+                *fast = None;
+            }
+        }
+        self
+    }
+
+    /// Whether the vectorised AES-XTS kernel is in use.
+    pub fn uses_vector_kernel(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(Tfm {
+            kind: Kind::Xts { fast: Some(_), .. },
+            ..
+        }) = self.tfms.first()
+        {
+            return true;
+        }
+        false
+    }
+
     /// The encryption unit in bytes.
     pub fn sector_size(&self) -> u32 {
         self.sector_size
