@@ -560,3 +560,98 @@ fn header_backup_and_restore_interoperate() {
         assert!(udm::luks::open(&img, None, b"bk").is_ok());
     }
 }
+
+/// Opens table device arguments as files.
+struct Files;
+
+impl udm::targets::DeviceResolver for Files {
+    fn resolve(
+        &mut self,
+        spec: &str,
+    ) -> Result<std::sync::Arc<dyn udm::core::device::BlockDevice>, String> {
+        let flags = udm::store::file::OpenFlags {
+            read_only: false,
+            direct: false,
+        };
+        udm::store::file::FileStore::open(Path::new(spec), flags)
+            .map(|f| std::sync::Arc::new(f) as std::sync::Arc<dyn udm::core::device::BlockDevice>)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The table udm derives from a LUKS header, parsed by udm's table parser and
+/// loaded into udm's crypt target, reads what Python encrypted with
+/// cryptsetup's key and writes what Python decrypts with it.
+#[test]
+fn activation_table_serves_the_data_through_the_crypt_target() {
+    use udm::core::device::WriteBuf;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "pass", b"table");
+    for (i, case) in cases().into_iter().enumerate() {
+        let size = case.data_offset() + (4 << 20);
+        let img = sparse(d, &format!("t{i}.img"), size);
+        ok(cryptsetup()
+            .arg("luksFormat")
+            .arg("-q")
+            .args(case.format_args())
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&img));
+        let key = cs_volume_key(&img, None, &kf);
+        let plain = bytes(200 + i as u64, PLAIN_LEN);
+        let enc = py_crypt(
+            d,
+            "enc",
+            "aes-xts-plain64",
+            &key,
+            case.sector,
+            PLAIN_AT / 512,
+            &plain,
+        );
+        pwrite(&img, case.data_offset() + PLAIN_AT, &enc);
+
+        let act = udm::luks::open(&img, None, b"table").unwrap();
+        let table = act.table(img.to_str().unwrap());
+        let lines = udm::core::table::parse(&table).unwrap();
+        assert_eq!(lines.len(), 1);
+        let l = &lines[0];
+        assert_eq!(
+            (l.start, l.len * 512, l.target.as_str()),
+            (0, size - case.data_offset(), "crypt")
+        );
+        let dev = udm::targets::crypt::new(udm::targets::TargetArgs {
+            args: &l.args,
+            len: l.len * 512,
+            resolver: &mut Files,
+            options: &udm::targets::TargetOptions::default(),
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{case:?}: udm's crypt target rejects the LUKS table: {}",
+                e.msg
+            )
+        });
+        let mut got = vec![0u8; PLAIN_LEN];
+        dev.read(PLAIN_AT, &mut got).unwrap();
+        assert!(got == plain, "{case:?}: crypt target reads different data");
+
+        let plain2 = bytes(300 + i as u64, PLAIN_LEN);
+        dev.write(2 * PLAIN_AT, WriteBuf::Borrowed(&plain2), true)
+            .unwrap();
+        let raw = pread(&img, case.data_offset() + 2 * PLAIN_AT, PLAIN_LEN);
+        let back = py_crypt(
+            d,
+            "dec",
+            "aes-xts-plain64",
+            &key,
+            case.sector,
+            2 * PLAIN_AT / 512,
+            &raw,
+        );
+        assert!(
+            back == plain2,
+            "{case:?}: data written through udm does not decrypt with cryptsetup's key"
+        );
+    }
+}
