@@ -655,3 +655,127 @@ fn activation_table_serves_the_data_through_the_crypt_target() {
         );
     }
 }
+
+/// Blank what is random per volume (salts, digests) so layouts compare.
+fn layout_json(img: &Path) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_slice(
+        &ok(cryptsetup()
+            .args(["luksDump", "--dump-json-metadata"])
+            .arg(img))
+        .stdout,
+    )
+    .unwrap();
+    for group in ["keyslots", "digests"] {
+        if let Some(o) = v[group].as_object_mut() {
+            for (_, item) in o.iter_mut() {
+                for f in ["salt", "digest"] {
+                    if item.get(f).is_some() {
+                        item[f] = "-".into();
+                    }
+                }
+                if item.get("kdf").is_some() {
+                    item["kdf"]["salt"] = "-".into();
+                }
+            }
+        }
+    }
+    v
+}
+
+/// udm format and cryptsetup luksFormat with the same options produce the same
+/// layout: offsets, sizes, KDF and AF parameters, epoch, label, UUID.
+#[test]
+fn format_layout_matches_cryptsetup() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"layout");
+    let uuid = "0badc0de-1234-4abc-8def-0123456789ab";
+    let common = [
+        "--pbkdf-force-iterations=4",
+        "--pbkdf-memory=64",
+        "--pbkdf-parallel=2",
+    ];
+    let sets: Vec<Vec<&str>> = vec![
+        vec![],
+        vec!["--key-size=256", "--sector-size=512", "--label=data"],
+        vec!["--luks2-metadata-size=64k", "--luks2-keyslots-size=2m"],
+        vec![
+            "--luks2-metadata-size=256k",
+            "--cipher=aes-xts-plain64",
+            "--hash=sha512",
+        ],
+        vec!["--pbkdf=argon2i"],
+    ];
+    for (i, set) in sets.iter().enumerate() {
+        let a = sparse(d, &format!("cs{i}.img"), 24 << 20);
+        let b = d.join(format!("udm{i}.img"));
+        ok(cryptsetup()
+            .arg("luksFormat")
+            .arg("-q")
+            .args(common)
+            .args(set)
+            .arg(format!("--uuid={uuid}"))
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&a));
+        ok(udm()
+            .args(["luks", "format", "-q", "--size=24M"])
+            .args(common)
+            .args(set)
+            .arg(format!("--uuid={uuid}"))
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&b));
+        assert_eq!(layout_json(&a), layout_json(&b), "options {set:?}");
+        let head = |img: &Path| {
+            let t = String::from_utf8_lossy(&ok(cryptsetup().arg("luksDump").arg(img)).stdout)
+                .to_string();
+            t.lines().take(9).collect::<Vec<_>>().join("\n")
+        };
+        assert_eq!(head(&a), head(&b), "options {set:?}");
+    }
+    // LUKS1: same header fields apart from salts and digests.
+    for bits in ["256", "512"] {
+        let a = sparse(d, &format!("cs1-{bits}.img"), 8 << 20);
+        let b = d.join(format!("udm1-{bits}.img"));
+        let opts = ["--type=luks1", "--pbkdf-force-iterations=1000"];
+        ok(cryptsetup()
+            .arg("luksFormat")
+            .arg("-q")
+            .args(opts)
+            .arg(format!("--key-size={bits}"))
+            .arg(format!("--uuid={uuid}"))
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&a));
+        ok(udm()
+            .args(["luks", "format", "-q", "--size=8M"])
+            .args(opts)
+            .arg(format!("--key-size={bits}"))
+            .arg(format!("--uuid={uuid}"))
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&b));
+        let fields = |img: &Path| {
+            let v = udm::luks::volume::Volume::load(img, None, false).unwrap();
+            let udm::luks::volume::Header::Luks1(h) = v.header else {
+                panic!("not LUKS1")
+            };
+            let slots: Vec<_> = h
+                .slots
+                .iter()
+                .map(|s| (s.active, s.iterations, s.key_offset, s.stripes))
+                .collect();
+            (
+                h.cipher_spec(),
+                h.hash,
+                h.payload_offset,
+                h.key_bytes,
+                h.mk_digest_iter,
+                h.uuid.clone(),
+                slots,
+            )
+        };
+        assert_eq!(fields(&a), fields(&b), "LUKS1 {bits}-bit");
+    }
+}
