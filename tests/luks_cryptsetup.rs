@@ -560,3 +560,222 @@ fn header_backup_and_restore_interoperate() {
         assert!(udm::luks::open(&img, None, b"bk").is_ok());
     }
 }
+
+/// Opens table device arguments as files.
+struct Files;
+
+impl udm::targets::DeviceResolver for Files {
+    fn resolve(
+        &mut self,
+        spec: &str,
+    ) -> Result<std::sync::Arc<dyn udm::core::device::BlockDevice>, String> {
+        let flags = udm::store::file::OpenFlags {
+            read_only: false,
+            direct: false,
+        };
+        udm::store::file::FileStore::open(Path::new(spec), flags)
+            .map(|f| std::sync::Arc::new(f) as std::sync::Arc<dyn udm::core::device::BlockDevice>)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The table udm derives from a LUKS header, parsed by udm's table parser and
+/// loaded into udm's crypt target, reads what Python encrypted with
+/// cryptsetup's key and writes what Python decrypts with it.
+#[test]
+fn activation_table_serves_the_data_through_the_crypt_target() {
+    use udm::core::device::WriteBuf;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "pass", b"table");
+    for (i, case) in cases().into_iter().enumerate() {
+        let size = case.data_offset() + (4 << 20);
+        let img = sparse(d, &format!("t{i}.img"), size);
+        ok(cryptsetup()
+            .arg("luksFormat")
+            .arg("-q")
+            .args(case.format_args())
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&img));
+        let key = cs_volume_key(&img, None, &kf);
+        let plain = bytes(200 + i as u64, PLAIN_LEN);
+        let enc = py_crypt(
+            d,
+            "enc",
+            "aes-xts-plain64",
+            &key,
+            case.sector,
+            PLAIN_AT / 512,
+            &plain,
+        );
+        pwrite(&img, case.data_offset() + PLAIN_AT, &enc);
+
+        let act = udm::luks::open(&img, None, b"table").unwrap();
+        let table = act.table(img.to_str().unwrap());
+        let lines = udm::core::table::parse(&table).unwrap();
+        assert_eq!(lines.len(), 1);
+        let l = &lines[0];
+        assert_eq!(
+            (l.start, l.len * 512, l.target.as_str()),
+            (0, size - case.data_offset(), "crypt")
+        );
+        let dev = udm::targets::crypt::new(udm::targets::TargetArgs {
+            args: &l.args,
+            len: l.len * 512,
+            resolver: &mut Files,
+            options: &udm::targets::TargetOptions::default(),
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{case:?}: udm's crypt target rejects the LUKS table: {}",
+                e.msg
+            )
+        });
+        let mut got = vec![0u8; PLAIN_LEN];
+        dev.read(PLAIN_AT, &mut got).unwrap();
+        assert!(got == plain, "{case:?}: crypt target reads different data");
+
+        let plain2 = bytes(300 + i as u64, PLAIN_LEN);
+        dev.write(2 * PLAIN_AT, WriteBuf::Borrowed(&plain2), true)
+            .unwrap();
+        let raw = pread(&img, case.data_offset() + 2 * PLAIN_AT, PLAIN_LEN);
+        let back = py_crypt(
+            d,
+            "dec",
+            "aes-xts-plain64",
+            &key,
+            case.sector,
+            2 * PLAIN_AT / 512,
+            &raw,
+        );
+        assert!(
+            back == plain2,
+            "{case:?}: data written through udm does not decrypt with cryptsetup's key"
+        );
+    }
+}
+
+/// Blank what is random per volume (salts, digests) so layouts compare.
+fn layout_json(img: &Path) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_slice(
+        &ok(cryptsetup()
+            .args(["luksDump", "--dump-json-metadata"])
+            .arg(img))
+        .stdout,
+    )
+    .unwrap();
+    for group in ["keyslots", "digests"] {
+        if let Some(o) = v[group].as_object_mut() {
+            for (_, item) in o.iter_mut() {
+                for f in ["salt", "digest"] {
+                    if item.get(f).is_some() {
+                        item[f] = "-".into();
+                    }
+                }
+                if item.get("kdf").is_some() {
+                    item["kdf"]["salt"] = "-".into();
+                }
+            }
+        }
+    }
+    v
+}
+
+/// udm format and cryptsetup luksFormat with the same options produce the same
+/// layout: offsets, sizes, KDF and AF parameters, epoch, label, UUID.
+#[test]
+fn format_layout_matches_cryptsetup() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"layout");
+    let uuid = "0badc0de-1234-4abc-8def-0123456789ab";
+    let common = [
+        "--pbkdf-force-iterations=4",
+        "--pbkdf-memory=64",
+        "--pbkdf-parallel=2",
+    ];
+    let sets: Vec<Vec<&str>> = vec![
+        vec![],
+        vec!["--key-size=256", "--sector-size=512", "--label=data"],
+        vec!["--luks2-metadata-size=64k", "--luks2-keyslots-size=2m"],
+        vec![
+            "--luks2-metadata-size=256k",
+            "--cipher=aes-xts-plain64",
+            "--hash=sha512",
+        ],
+        vec!["--pbkdf=argon2i"],
+    ];
+    for (i, set) in sets.iter().enumerate() {
+        let a = sparse(d, &format!("cs{i}.img"), 24 << 20);
+        let b = d.join(format!("udm{i}.img"));
+        ok(cryptsetup()
+            .arg("luksFormat")
+            .arg("-q")
+            .args(common)
+            .args(set)
+            .arg(format!("--uuid={uuid}"))
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&a));
+        ok(udm()
+            .args(["luks", "format", "-q", "--size=24M"])
+            .args(common)
+            .args(set)
+            .arg(format!("--uuid={uuid}"))
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&b));
+        assert_eq!(layout_json(&a), layout_json(&b), "options {set:?}");
+        let head = |img: &Path| {
+            let t = String::from_utf8_lossy(&ok(cryptsetup().arg("luksDump").arg(img)).stdout)
+                .to_string();
+            t.lines().take(9).collect::<Vec<_>>().join("\n")
+        };
+        assert_eq!(head(&a), head(&b), "options {set:?}");
+    }
+    // LUKS1: same header fields apart from salts and digests.
+    for bits in ["256", "512"] {
+        let a = sparse(d, &format!("cs1-{bits}.img"), 8 << 20);
+        let b = d.join(format!("udm1-{bits}.img"));
+        let opts = ["--type=luks1", "--pbkdf-force-iterations=1000"];
+        ok(cryptsetup()
+            .arg("luksFormat")
+            .arg("-q")
+            .args(opts)
+            .arg(format!("--key-size={bits}"))
+            .arg(format!("--uuid={uuid}"))
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&a));
+        ok(udm()
+            .args(["luks", "format", "-q", "--size=8M"])
+            .args(opts)
+            .arg(format!("--key-size={bits}"))
+            .arg(format!("--uuid={uuid}"))
+            .arg("--key-file")
+            .arg(&kf)
+            .arg(&b));
+        let fields = |img: &Path| {
+            let v = udm::luks::volume::Volume::load(img, None, false).unwrap();
+            let udm::luks::volume::Header::Luks1(h) = v.header else {
+                panic!("not LUKS1")
+            };
+            let slots: Vec<_> = h
+                .slots
+                .iter()
+                .map(|s| (s.active, s.iterations, s.key_offset, s.stripes))
+                .collect();
+            (
+                h.cipher_spec(),
+                h.hash,
+                h.payload_offset,
+                h.key_bytes,
+                h.mk_digest_iter,
+                h.uuid.clone(),
+                slots,
+            )
+        };
+        assert_eq!(fields(&a), fields(&b), "LUKS1 {bits}-bit");
+    }
+}
