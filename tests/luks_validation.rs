@@ -265,3 +265,31 @@ fn mutated_headers_never_panic() {
         "no mutated header was accepted; mutation harness broken"
     );
 }
+
+/// Persistent LUKS2 flags become dm-crypt options in cryptsetup's order, and
+/// neither Debug output nor errors show the key.
+#[test]
+fn persistent_flags_map_to_crypt_options_and_keys_stay_hidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"f");
+    let img = luks2_image(d, "f.img", &kf);
+    rewrite_json(&img, &|v| {
+        v["config"]["flags"] = serde_json::json!([
+            "no-write-workqueue",
+            "allow-discards",
+            "some-future-flag",
+            "same-cpu-crypt"
+        ])
+    });
+    let act = udm::luks::open(&img, None, b"f").unwrap();
+    let key = hex::encode(act.volume_key());
+    let t = act.table("DEV");
+    let want = format!(
+        "0 {} crypt aes-xts-plain64 {key} 0 DEV 32768 4 allow_discards same_cpu_crypt no_write_workqueue sector_size:4096\n",
+        (4 << 20) / 512
+    );
+    assert_eq!(&*t, &want);
+    let dbg = format!("{act:?}");
+    assert!(!dbg.contains(&key[..16]) && dbg.contains("hidden"), "{dbg}");
+}

@@ -561,10 +561,10 @@ fn alloc_area(h: &luks2::Luks2, size: u64) -> Option<u64> {
     used.sort_unstable();
     let mut cand = start;
     for (o, e) in used {
-        if cand + size <= o {
+        if cand.saturating_add(size) <= o {
             break;
         }
         cand = cand.max(e);
     }
-    (cand + size <= end).then_some(cand)
+    (cand.saturating_add(size) <= end).then_some(cand)
 }
