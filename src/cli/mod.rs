@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod benchmark;
+pub mod demo;
 pub mod luks;
 pub mod serve;
 pub mod table;
@@ -20,6 +21,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Serve a built-in demo stack (crypt over striped over two files) on a
+    /// Unix socket and print how to reach it.
+    Demo(demo::Args),
     /// Serve devices over NBD until SIGINT/SIGTERM.
     Serve(serve::Args),
     /// Work with dmsetup-syntax tables.
@@ -36,9 +40,56 @@ enum Command {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.cmd {
+        Command::Demo(a) => demo::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Table(c) => table::run(c),
         Command::Luks(c) => luks::run(c),
         Command::Benchmark(a) => benchmark::run(a),
     }
+}
+
+/// Log to stderr through tracing; `UDM_LOG` (or `RUST_LOG`) sets the
+/// filter, e.g. `UDM_LOG=debug`. Default: info.
+pub fn init_logging() {
+    let filter = std::env::var("UDM_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// The crypt table of an opened LUKS volume, for `serve --luks`: the
+/// passphrase comes from `key_file` or the terminal, the header from the
+/// image or a detached `header` file.
+pub fn luks_table(
+    name: &str,
+    image: &str,
+    header: Option<&std::path::Path>,
+    key_file: Option<&std::path::Path>,
+) -> Result<zeroize::Zeroizing<String>, String> {
+    let img = std::path::Path::new(image);
+    let pass = crate::luks::read_passphrase(key_file, &format!("Enter passphrase for {image}: "))
+        .map_err(|e| format!("--luks {name}: {e}"))?;
+    let act =
+        crate::luks::open(img, header, &pass).map_err(|e| format!("--luks {name}={image}: {e}"))?;
+    for w in &act.warnings {
+        tracing::warn!("--luks {name}={image}: {w}");
+    }
+    tracing::info!(
+        "--luks {name}: LUKS{} volume {} opened with keyslot {}",
+        act.version,
+        act.uuid,
+        act.keyslot
+    );
+    // Table words are split at whitespace; escape it (and backslashes).
+    let mut dev = String::new();
+    for c in image.chars() {
+        if c.is_whitespace() || c == '\\' {
+            dev.push('\\');
+        }
+        dev.push(c);
+    }
+    Ok(act.table(&dev))
 }

@@ -16,11 +16,56 @@ pub enum Cmd {
         /// Table file in dmsetup syntax (`-` for stdin).
         file: PathBuf,
     },
+    /// Build the device of a table (opening its devices read-only) and
+    /// print its table as `dmsetup table` does. Crypt keys are shown as
+    /// zeros unless --showkeys.
+    Show {
+        /// Table file in dmsetup syntax.
+        file: PathBuf,
+        /// Print crypt keys instead of zeros.
+        #[arg(long)]
+        showkeys: bool,
+    },
 }
 
 pub fn run(c: Cmd) -> i32 {
     match c {
         Cmd::Check { file } => check(&file),
+        Cmd::Show { file, showkeys } => show(&file, showkeys),
+    }
+}
+
+fn show(file: &std::path::Path, showkeys: bool) -> i32 {
+    use crate::core::registry::{BuildOptions, DeviceSpec, Registry};
+    let text = match std::fs::read_to_string(file) {
+        Ok(s) => zeroize::Zeroizing::new(s),
+        Err(e) => {
+            eprintln!("udm table show: cannot read {}: {e}", file.display());
+            return 1;
+        }
+    };
+    let spec = DeviceSpec::Table {
+        text,
+        source: file.display().to_string(),
+    };
+    let opts = BuildOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    match Registry::build(vec![("table".into(), spec)], opts) {
+        Ok(r) => {
+            if let Some(m) = r.entries.first().and_then(|e| e.mapped.as_ref()) {
+                print!(
+                    "{}",
+                    zeroize::Zeroizing::new(m.table_text(showkeys)).as_str()
+                );
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("udm table show: {e}");
+            1
+        }
     }
 }
 

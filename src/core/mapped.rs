@@ -167,3 +167,50 @@ impl BlockDevice for MappedDevice {
         self.for_each_piece(offset, len, |s, off, n| s.target.write_zeroes(off, n, fua))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::table;
+    use crate::store::MemStore;
+    use crate::targets::{DeviceResolver, TargetOptions};
+
+    struct One(Arc<MemStore>);
+    impl DeviceResolver for One {
+        fn resolve(&mut self, _spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
+            Ok(self.0.clone())
+        }
+    }
+
+    #[test]
+    fn requests_split_exactly_at_segment_boundaries() {
+        let mem = Arc::new(MemStore::new(1 << 20));
+        // linear (reversed halves) | zero | error
+        let t = "0 8 linear m 8\n8 8 linear m 0\n16 8 zero\n24 8 error\n";
+        let lines = table::parse(t).unwrap();
+        let dev = table::build(&lines, &mut One(mem.clone()), &TargetOptions::default()).unwrap();
+        assert_eq!(dev.size(), 32 * 512);
+        let data: Vec<u8> = (0..16 * 512).map(|i| (i / 512) as u8 + 1).collect();
+        // One write across the first boundary.
+        dev.write(0, WriteBuf::Borrowed(&data), false).unwrap();
+        let mut raw = vec![0u8; 16 * 512];
+        mem.read(0, &mut raw).unwrap();
+        assert_eq!(&raw[..4096], &data[4096..]);
+        assert_eq!(&raw[4096..], &data[..4096]);
+        // A read across linear -> zero.
+        let mut b = vec![0xffu8; 8192];
+        dev.read(4096, &mut b).unwrap();
+        assert_eq!(&b[..4096], &data[4096..]);
+        assert!(b[4096..].iter().all(|&x| x == 0));
+        // Anything touching the error segment fails; out of range is refused.
+        assert!(dev.read(23 * 512, &mut [0u8; 1024]).is_err());
+        assert!(matches!(
+            dev.read(32 * 512, &mut [0u8; 512]),
+            Err(DevError::OutOfRange { .. })
+        ));
+        assert_eq!(
+            dev.table_text(false),
+            "0 8 linear m 8\n8 8 linear m 0\n16 8 zero \n24 8 error \n"
+        );
+    }
+}

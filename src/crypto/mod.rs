@@ -21,3 +21,60 @@
 //! }
 //! pub struct CryptoError;    // Display names the offending part of the spec; never contains key bytes
 //! ```
+
+mod block;
+mod modes;
+pub mod pool;
+mod sector;
+pub mod spec;
+// The AVX-512/VAES intrinsics are stable since Rust 1.89; the `aes` 0.9.4
+// dependency already requires 1.89, so the crate's declared 1.85 is not
+// reachable in practice. (Raising rust-version crate-wide would turn on
+// newer lints across every module.)
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::incompatible_msrv)]
+mod xts_vaes;
+
+pub use sector::SectorCrypt;
+pub use spec::CipherSpec;
+
+/// A cipher spec or key the crypto layer cannot use. The message names the
+/// offending part (spec, cipher, mode, key size, sector size) and never
+/// contains key bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CryptoError {
+    msg: String,
+    about_key: bool,
+}
+
+impl CryptoError {
+    /// An error about the cipher spec or geometry.
+    pub fn new(msg: impl Into<String>) -> CryptoError {
+        CryptoError {
+            msg: msg.into(),
+            about_key: false,
+        }
+    }
+
+    /// An error about the key (its size or presence).
+    pub fn key(msg: impl Into<String>) -> CryptoError {
+        CryptoError {
+            msg: msg.into(),
+            about_key: true,
+        }
+    }
+
+    /// Whether the key, rather than the spec, is what is wrong (a table
+    /// parser points at the key argument then).
+    pub fn about_key(&self) -> bool {
+        self.about_key
+    }
+}
+
+impl std::fmt::Display for CryptoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for CryptoError {}

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""fio (ioengine=nbd) against udm and its peers on the same tmpfs images.
+
+Each configuration is a server started on a Unix socket, measured with the
+four issue-2 jobs (1 MiB sequential read/write at QD16, 4 KiB random
+read/write at QD32), one connection each. Configurations are interleaved
+round by round so that noise from the shared machine hits them alike; the
+report gives the median of the rounds and the same-run ratio to a baseline.
+
+Usage: bench/nbd.sh [--runtime S] [--rounds N] [--only a,b] [--json FILE]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+JOBS = [
+    ("seq read 1M qd16", "read", "1M", 16),
+    ("seq write 1M qd16", "write", "1M", 16),
+    ("rand read 4k qd32", "randread", "4k", 32),
+    ("rand write 4k qd32", "randwrite", "4k", 32),
+]
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def wait_socket(path, proc, timeout=30):
+    t = time.time()
+    while time.time() - t < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early: {proc.args}")
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(path)
+            s.close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not come up: {proc.args}")
+
+
+def fio(uri, rw, bs, qd, runtime, size):
+    out = subprocess.run(
+        [
+            "fio", "--output-format=json", "--name=j", "--ioengine=nbd", f"--uri={uri}",
+            f"--rw={rw}", f"--bs={bs}", f"--iodepth={qd}", "--direct=1", "--time_based=1",
+            f"--runtime={runtime}", f"--size={size}", "--numjobs=1", "--group_reporting=1",
+        ],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    j = json.loads(out[out.index("{"):])["jobs"][0]
+    side = j["read"] if rw in ("read", "randread") else j["write"]
+    return side["bw_bytes"] / 1e6, side["iops"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runtime", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--udm", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "udm"))
+    a = ap.parse_args()
+
+    d = "/dev/shm/udm-bench"
+    os.makedirs(d, exist_ok=True)
+    sock = os.path.join(d, "bench.sock")
+    size = a.size_mib << 20
+    img = os.path.join(d, "raw.img")
+    legs = [os.path.join(d, f"leg{i}.img") for i in range(2)]
+    if not os.path.exists(img) or os.path.getsize(img) != size:
+        sh(["dd", "if=/dev/urandom", f"of={img}", "bs=1M", f"count={a.size_mib}", "status=none"])
+    for leg in legs:
+        if not os.path.exists(leg) or os.path.getsize(leg) != size // 2:
+            sh(["dd", "if=/dev/urandom", f"of={leg}", "bs=1M", f"count={a.size_mib // 2}", "status=none"])
+    sectors = size // 512
+    with open(os.path.join(d, "linear.table"), "w") as f:
+        f.write(f"0 {sectors} linear {img} 0\n")
+    with open(os.path.join(d, "striped.table"), "w") as f:
+        f.write(f"0 {sectors} striped 2 128 {legs[0]} 0 {legs[1]} 0\n")
+
+    udm = os.path.abspath(a.udm)
+    configs = {
+        "nbdkit-file": ["nbdkit", "-f", "-U", sock, "file", img],
+        "udm-file": [udm, "serve", "--socket", sock, "--file", f"bench={img}"],
+        "udm-linear": [udm, "serve", "--socket", sock, "--table", f"bench={d}/linear.table"],
+        "udm-striped": [udm, "serve", "--socket", sock, "--table", f"bench={d}/striped.table"],
+    }
+    extra = os.path.join(os.path.dirname(__file__), "nbd_configs.py")
+    if os.path.exists(extra):
+        # Further configurations (crypt, LUKS peers) added by later work.
+        ns = {"d": d, "sock": sock, "udm": udm, "size": size, "img": img}
+        exec(open(extra).read(), ns)
+        configs.update(ns.get("CONFIGS", {}))
+    if a.only:
+        keep = a.only.split(",")
+        configs = {k: v for k, v in configs.items() if k in keep}
+
+    results = {k: {job[0]: [] for job in JOBS} for k in configs}
+    for r in range(a.rounds):
+        for name, cmd in configs.items():
+            if os.path.exists(sock):
+                os.unlink(sock)
+            env = dict(os.environ, UDM_LOG="warn")
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            try:
+                wait_socket(sock, p)
+                uri = f"nbd+unix:///bench?socket={sock}" if "udm" in name else f"nbd+unix:///?socket={sock}"
+                for job in JOBS:
+                    mbs, iops = fio(uri, job[1], job[2], job[3], a.runtime, size)
+                    results[name][job[0]].append((mbs, iops))
+                    print(f"round {r + 1} {name:14} {job[0]:20} {mbs:9.0f} MB/s {iops:9.0f} IOPS", file=sys.stderr)
+            finally:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+    base = "nbdkit-file" if "nbdkit-file" in configs else next(iter(configs))
+    med = {k: {j: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for j, v in jobs.items()}
+           for k, jobs in results.items()}
+    print(f"\nMedian of {a.rounds} rounds x {a.runtime} s, one connection, image {a.size_mib} MiB in /dev/shm; "
+          f"ratio = same-run median / {base}")
+    print("| server | " + " | ".join(j[0] for j in JOBS) + " |")
+    print("|---|" + "---|" * len(JOBS))
+    for k in configs:
+        cells = []
+        for job in JOBS:
+            mbs, iops = med[k][job[0]]
+            ratio = mbs / med[base][job[0]][0] if med[base][job[0]][0] else 0
+            if job[2] == "1M":
+                cells.append(f"{mbs:.0f} MB/s ({ratio:.2f}x)")
+            else:
+                cells.append(f"{iops / 1000:.1f}k IOPS ({ratio:.2f}x)")
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"runtime": a.runtime, "rounds": a.rounds, "results": results, "median": med}, f, indent=1)
+
+
+if __name__ == "__main__":
+    for t in ("fio", "nbdkit"):
+        if not shutil.which(t):
+            sys.exit(f"{t} is missing: run scripts/test.sh (installs the peers) first")
+    main()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Run every udm test on a fresh machine: install the peers the tests talk to
+# (Debian packages) if any is missing, then format/lint checks and the whole
+# cargo test suite (unit tests, integration tests against real tools).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+need_pkgs=()
+need() { command -v "$1" >/dev/null 2>&1 || need_pkgs+=("$2"); }
+need qemu-img qemu-utils
+need cryptsetup cryptsetup-bin
+need nbdkit nbdkit
+need nbdinfo libnbd-bin
+need nbdfuse nbdfuse
+need fio fio
+need mkfs.ext4 e2fsprogs
+need fusermount3 fuse3
+need openssl openssl
+/usr/bin/python3 -c 'import nbd' 2>/dev/null || need_pkgs+=(python3-libnbd)
+/usr/bin/python3 -c 'import cryptography' 2>/dev/null || need_pkgs+=(python3-cryptography)
+if ((${#need_pkgs[@]})); then
+    echo "== installing test peers: ${need_pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy"
+cargo clippy --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --all-features 2>&1 | tee /tmp/udm-test.log
+# One closing line for the whole run.
+passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/udm-test.log | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' /tmp/udm-test.log | awk '{s+=$1} END {print s+0}')
+echo "${passed} passed, ${failed} failed"

@@ -1,0 +1,214 @@
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::*;
+use crate::core::{DevError, Limits, WriteBuf};
+use crate::store::mem::MemStore;
+
+/// Sends (cookie, ok, data) of every finished request down a channel.
+struct Collect(Mutex<mpsc::Sender<Done>>);
+
+impl Sink for Collect {
+    fn complete(&self, req: &Request, result: DevResult<()>) {
+        let data = if req.op == Op::Read {
+            req.data().to_vec()
+        } else {
+            Vec::new()
+        };
+        let _ = self
+            .0
+            .lock()
+            .unwrap()
+            .send((req.cookie, result.is_ok(), data));
+    }
+}
+
+type Done = (u64, bool, Vec<u8>);
+
+fn sink() -> (Arc<dyn Sink>, mpsc::Receiver<Done>) {
+    let (tx, rx) = mpsc::channel();
+    (Arc::new(Collect(Mutex::new(tx))), rx)
+}
+
+fn req(
+    op: Op,
+    cookie: u64,
+    offset: u64,
+    data: &[u8],
+    len: u64,
+    block: u64,
+    sink: &Arc<dyn Sink>,
+) -> Request {
+    let start = offset & !(block - 1);
+    let end = (offset + len).div_ceil(block) * block;
+    let head = (offset - start) as usize;
+    let mut buf = Vec::new();
+    if op == Op::Write {
+        buf = vec![0u8; (end - start) as usize];
+        buf[head..head + data.len()].copy_from_slice(data);
+    }
+    Request {
+        op,
+        cookie,
+        flags: 0,
+        offset,
+        len,
+        fua: false,
+        buf,
+        head,
+        sink: sink.clone(),
+    }
+}
+
+/// A MemStore whose first write to offset 0 stalls until released, to prove
+/// that later overlapping requests wait and non-overlapping ones do not.
+struct Gate {
+    inner: MemStore,
+    open: AtomicBool,
+}
+
+impl BlockDevice for Gate {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        self.inner.read(o, b)
+    }
+    fn write(&self, o: u64, d: WriteBuf<'_>, f: bool) -> DevResult<()> {
+        if o == 0 {
+            while !self.open.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.inner.write(o, d, f)
+    }
+    fn flush(&self) -> DevResult<()> {
+        self.inner.flush()
+    }
+    fn discard(&self, o: u64, l: u64) -> DevResult<()> {
+        self.inner.discard(o, l)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
+        self.inner.write_zeroes(o, l, f)
+    }
+}
+
+#[test]
+fn overlapping_requests_wait_and_others_pass() {
+    let gate = Arc::new(Gate {
+        inner: MemStore::new(1 << 20),
+        open: AtomicBool::new(false),
+    });
+    let e = Engine::new(vec![gate.clone() as Arc<dyn BlockDevice>], 2).unwrap();
+    let c = e.add_client();
+    let (s, rx) = sink();
+    e.submit(
+        e.admit(c, 512),
+        0,
+        req(Op::Write, 1, 0, &[7u8; 512], 512, 512, &s),
+    );
+    e.submit(e.admit(c, 0), 0, req(Op::Read, 2, 0, &[], 512, 512, &s));
+    e.submit(e.admit(c, 0), 0, req(Op::Flush, 3, 0, &[], 0, 512, &s));
+    e.submit(e.admit(c, 0), 0, req(Op::Read, 4, 4096, &[], 512, 512, &s));
+    // The far read finishes while the write is stalled; nothing else does.
+    let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!((cookie, ok), (4, true));
+    assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+    gate.open.store(true, Ordering::SeqCst);
+    let mut got: Vec<_> = (0..3)
+        .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+        .collect();
+    assert_eq!(got[0].0, 1, "the write finishes first");
+    got.sort_by_key(|x| x.0);
+    assert!(
+        got[1].2 == vec![7u8; 512],
+        "the read sees the earlier write"
+    );
+    e.remove_client(c);
+}
+
+#[test]
+fn partial_block_writes_are_atomic() {
+    let m: Arc<dyn BlockDevice> = Arc::new(MemStore::new(64 << 10));
+    let e = Arc::new(Engine::new(vec![m.clone()], 2).unwrap());
+    let (s, rx) = sink();
+    // 4 clients each write their own byte positions of the same block many
+    // times; lost updates would leave some position without its value.
+    let mut threads = Vec::new();
+    for t in 0..4u8 {
+        let e = e.clone();
+        let s = s.clone();
+        threads.push(std::thread::spawn(move || {
+            let c = e.add_client();
+            for round in 0..200u64 {
+                for k in 0..4u64 {
+                    let off = 1000 + u64::from(t) * 4 + k;
+                    e.submit(
+                        e.admit(c, 1),
+                        0,
+                        req(Op::Write, round, off, &[t + 1], 1, 512, &s),
+                    );
+                }
+            }
+            e.remove_client(c);
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    drop(s);
+    assert!(rx.iter().all(|r| r.1));
+    let mut back = vec![0u8; 32];
+    m.read(992, &mut back).unwrap();
+    for t in 0..4usize {
+        assert_eq!(&back[8 + t * 4..12 + t * 4], &[t as u8 + 1; 4]);
+    }
+}
+
+#[test]
+fn write_zeroes_and_reads_with_partial_blocks() {
+    let m: Arc<dyn BlockDevice> = Arc::new(MemStore::new(8192));
+    m.write(0, WriteBuf::Borrowed(&[0xAA; 8192]), false)
+        .unwrap();
+    let e = Engine::new(vec![m.clone()], 1).unwrap();
+    let c = e.add_client();
+    let (s, rx) = sink();
+    for (off, len) in [(10u64, 5u64), (500, 1100), (2048, 512), (4000, 100)] {
+        e.submit(
+            e.admit(c, 0),
+            0,
+            req(Op::WriteZeroes, off, off, &[], len, 512, &s),
+        );
+    }
+    e.submit(e.admit(c, 0), 0, req(Op::Read, 99, 3, &[], 8000, 512, &s));
+    e.remove_client(c);
+    let mut all: Vec<_> = rx.try_iter().collect();
+    all.sort_by_key(|r| r.0);
+    assert!(all.iter().all(|r| r.1));
+    let mut expect = vec![0xAAu8; 8192];
+    for (off, len) in [(10usize, 5usize), (500, 1100), (2048, 512), (4000, 100)] {
+        expect[off..off + len].fill(0);
+    }
+    let read = all.iter().find(|r| r.0 == 99).unwrap();
+    assert!(
+        read.2 == expect[3..8003],
+        "zeroed ranges and untouched bytes"
+    );
+}
+
+#[test]
+fn device_errors_reach_the_sink() {
+    let m: Arc<dyn BlockDevice> = Arc::new(MemStore::new(4096));
+    let e = Engine::new(vec![m], 1).unwrap();
+    let c = e.add_client();
+    let (s, rx) = sink();
+    e.submit(e.admit(c, 0), 0, req(Op::Read, 5, 4096, &[], 512, 512, &s));
+    let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!((cookie, ok), (5, false));
+    e.remove_client(c);
+    let _ = DevError::ReadOnly;
+}

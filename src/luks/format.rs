@@ -1,0 +1,305 @@
+//! Creating LUKS1 and LUKS2 headers with cryptsetup 2.6's layout: LUKS1
+//! keyslot areas 4 KiB-aligned from sector 8 and data at the next 1 MiB;
+//! LUKS2 two 16 KiB header copies, keyslots area up to 16 MiB and data at
+//! 16 MiB. The header is written first without keyslots, then keyslot 0 is
+//! added through the same path as `add-key`.
+
+use super::disk::Disk;
+use super::error::LuksError;
+use super::hash::HashAlg;
+use super::json::{b64_encode, Metadata};
+use super::kdf::Kdf;
+use super::keyslot;
+use super::volume::{Header, Volume};
+use super::{luks1, luks2};
+use serde_json::json;
+use std::path::Path;
+use zeroize::Zeroizing;
+
+const MIB: u64 = 1 << 20;
+
+/// Everything `format` needs, already resolved (KDF costs calibrated).
+#[derive(Clone, Debug)]
+pub struct FormatParams {
+    /// 1 or 2.
+    pub version: u8,
+    /// dm-crypt cipher spec, e.g. `aes-xts-plain64`.
+    pub cipher: String,
+    pub key_bytes: u32,
+    /// None: 4096 when the data area allows it (LUKS2), else 512.
+    pub sector_size: Option<u32>,
+    pub kdf: Kdf,
+    pub digest_iterations: u32,
+    /// LUKS1 hash-spec; LUKS2 AF/digest hash.
+    pub hash: HashAlg,
+    pub label: String,
+    pub uuid: Option<String>,
+    /// LUKS2 per-copy header size (binary + JSON).
+    pub metadata_size: u64,
+    pub keyslots_size: Option<u64>,
+}
+
+impl Default for FormatParams {
+    fn default() -> Self {
+        FormatParams {
+            version: 2,
+            cipher: "aes-xts-plain64".into(),
+            key_bytes: 64,
+            sector_size: None,
+            kdf: Kdf::Argon2 {
+                kind: super::kdf::Argon2Kind::Id,
+                time: 4,
+                memory_kib: 1024 * 1024,
+                cpus: 4,
+            },
+            digest_iterations: 1000,
+            hash: HashAlg::Sha256,
+            label: String::new(),
+            uuid: None,
+            metadata_size: 16 * 1024,
+            keyslots_size: None,
+        }
+    }
+}
+
+/// A random (version 4) UUID in text form.
+pub fn random_uuid() -> Result<String, LuksError> {
+    let mut b = keyslot::random(16)?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(&*b);
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    ))
+}
+
+fn check_uuid(u: &str) -> Result<(), LuksError> {
+    let ok = u.len() == 36
+        && u.char_indices().all(|(i, c)| {
+            if [8, 13, 18, 23].contains(&i) {
+                c == '-'
+            } else {
+                c.is_ascii_hexdigit()
+            }
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(LuksError::Usage(format!(
+            "Wrong LUKS UUID format provided: {u}"
+        )))
+    }
+}
+
+/// Sizes a format will use: (data offset bytes, metadata bytes, keyslots_size).
+pub fn layout(p: &FormatParams, detached: bool) -> Result<(u64, u64, u64), LuksError> {
+    if p.version == 1 {
+        let area = luks1::area_sectors(p.key_bytes).div_ceil(8) * 8;
+        let end = 8 + 8 * area;
+        let payload = if detached {
+            0
+        } else {
+            end.div_ceil(2048) * 2048
+        };
+        let meta = if detached {
+            (end * 512).div_ceil(4096) * 4096
+        } else {
+            payload * 512
+        };
+        return Ok((payload * 512, meta, 0));
+    }
+    let hdr = p.metadata_size;
+    if !luks2::HDR_SIZES.contains(&hdr) {
+        return Err(LuksError::Usage(format!(
+            "Unsupported LUKS2 metadata size {hdr} (16 KiB .. 4 MiB, a power of two)."
+        )));
+    }
+    let ks = match p.keyslots_size {
+        Some(k) => {
+            if k % 4096 != 0 || k == 0 || k > super::json::MAX_KEYSLOTS_SIZE {
+                return Err(LuksError::Usage(format!(
+                    "Unsupported LUKS2 keyslots size {k} (a multiple of 4096, at most 128 MiB)."
+                )));
+            }
+            k
+        }
+        None => (16 * MIB).saturating_sub(2 * hdr),
+    };
+    let meta = 2 * hdr + ks;
+    let data = if detached {
+        0
+    } else {
+        meta.div_ceil(MIB) * MIB
+    };
+    Ok((data, meta, ks))
+}
+
+/// Format `image` (header inside, or in the detached `header` file) and add
+/// keyslot 0 for `passphrase`. Returns the new volume key.
+pub fn format(
+    image: &Path,
+    header: Option<&Path>,
+    p: &FormatParams,
+    passphrase: &[u8],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Zeroizing<Vec<u8>>, LuksError> {
+    if p.key_bytes == 0 || p.key_bytes > luks1::MAX_KEY_BYTES {
+        return Err(LuksError::Usage(format!(
+            "Invalid key size {} bits.",
+            p.key_bytes * 8
+        )));
+    }
+    if let Some(u) = &p.uuid {
+        check_uuid(u)?;
+    }
+    if p.label.len() >= 48 {
+        return Err(LuksError::Usage(
+            "Label is too long (at most 47 bytes).".into(),
+        ));
+    }
+    p.kdf.check("--pbkdf")?;
+    let detached = header.is_some();
+    let (data_off, meta_len, ks_size) = layout(p, detached)?;
+    let data_size = Disk::open(image, false)?.size()?;
+    if data_size <= data_off {
+        return Err(LuksError::Usage(format!(
+            "Device {} is too small (LUKS{} needs more than {data_off} bytes; use --size).",
+            image.display(),
+            p.version
+        )));
+    }
+    let mut meta = match header {
+        Some(h) => {
+            let d = Disk::create(h)?;
+            d.grow_to(meta_len)?;
+            d
+        }
+        None => Disk::open(image, true)?,
+    };
+    let key = keyslot::random(p.key_bytes as usize)?;
+    let uuid = match &p.uuid {
+        Some(u) => u.clone(),
+        None => random_uuid()?,
+    };
+    meta.zero(0, meta_len, &mut |done| progress(done, meta_len))?;
+    let digest_salt = keyslot::random(32)?;
+    let hdr = if p.version == 1 {
+        let Kdf::Pbkdf2 { .. } = p.kdf else {
+            return Err(LuksError::Usage(
+                "LUKS1 supports only the pbkdf2 PBKDF.".into(),
+            ));
+        };
+        let (name, mode) = p
+            .cipher
+            .split_once('-')
+            .filter(|(n, m)| !n.is_empty() && !m.is_empty() && n.len() < 32 && m.len() < 32)
+            .ok_or_else(|| {
+                LuksError::Usage(format!(
+                    "Invalid cipher specification {} for LUKS1 (cipher-mode).",
+                    p.cipher
+                ))
+            })?;
+        let d = keyslot::key_digest(p.hash, &key, &digest_salt, p.digest_iterations, 20);
+        let mut dig = [0u8; 20];
+        dig.copy_from_slice(&d);
+        let mut salt = [0u8; 32];
+        salt.copy_from_slice(&digest_salt);
+        let h = luks1::Header::new(
+            name,
+            mode,
+            p.hash,
+            (data_off / 512) as u32,
+            p.key_bytes,
+            dig,
+            salt,
+            p.digest_iterations,
+            &uuid,
+        );
+        let h = luks1::Header::parse(&h.to_bytes(), meta_len)?;
+        meta.write_at(0, &h.to_bytes())?;
+        meta.sync()?;
+        Header::Luks1(Box::new(h))
+    } else {
+        let sector = match p.sector_size {
+            Some(s) => {
+                if !(512..=4096).contains(&s) || !s.is_power_of_two() {
+                    return Err(LuksError::Usage(format!(
+                        "Unsupported encryption sector size {s}."
+                    )));
+                }
+                if (data_size - data_off) % u64::from(s) != 0 {
+                    return Err(LuksError::Usage(format!(
+                        "Device size is not aligned to requested sector size {s}."
+                    )));
+                }
+                s
+            }
+            None if (data_size - data_off) % 4096 == 0 => 4096,
+            None => 512,
+        };
+        let d = keyslot::key_digest(
+            p.hash,
+            &key,
+            &digest_salt,
+            p.digest_iterations,
+            p.hash.digest_len(),
+        );
+        let value = json!({
+            "keyslots": {},
+            "tokens": {},
+            "segments": {"0": {
+                "type": "crypt",
+                "offset": data_off.to_string(),
+                "size": "dynamic",
+                "iv_tweak": "0",
+                "encryption": p.cipher,
+                "sector_size": sector,
+            }},
+            "digests": {"0": {
+                "type": "pbkdf2",
+                "keyslots": [],
+                "segments": ["0"],
+                "hash": p.hash.name(),
+                "iterations": p.digest_iterations,
+                "salt": b64_encode(&digest_salt),
+                "digest": b64_encode(&d),
+            }},
+            "config": {"json_size": (p.metadata_size - 4096).to_string(), "keyslots_size": ks_size.to_string()},
+        });
+        let meta_json = Metadata::parse(value, p.metadata_size)?;
+        let mut salts = [[0u8; 64]; 2];
+        for s in &mut salts {
+            s.copy_from_slice(&keyslot::random(64)?);
+        }
+        let mut h = luks2::Luks2 {
+            bin: luks2::BinHeader {
+                hdr_size: p.metadata_size,
+                seqid: 1,
+                label: p.label.clone(),
+                checksum_alg: HashAlg::Sha256,
+                uuid,
+                subsystem: String::new(),
+            },
+            meta: meta_json,
+            salts,
+            used_copy: 0,
+            warnings: Vec::new(),
+        };
+        h.write(&mut meta)?;
+        Header::Luks2(Box::new(h))
+    };
+    let mut vol = Volume {
+        meta,
+        data_path: image.to_path_buf(),
+        data_size,
+        detached,
+        header: hdr,
+    };
+    vol.add_key(&key, passphrase, Some(0), p.kdf, p.hash)?;
+    Ok(key)
+}

@@ -1,0 +1,434 @@
+//! The LUKS2 binary header and its two copies. Reading picks the valid copy
+//! with the highest seqid (a damaged primary falls back to the secondary with
+//! a warning); writing updates one copy at a time in cryptsetup's order so a
+//! crash leaves at most one copy inconsistent.
+
+use super::disk::Disk;
+use super::error::LuksError;
+use super::hash::HashAlg;
+use super::json::Metadata;
+use super::luks1::{cstr, put_cstr};
+
+pub const MAGIC_PRIMARY: [u8; 6] = *b"LUKS\xba\xbe";
+pub const MAGIC_SECONDARY: [u8; 6] = *b"SKUL\xba\xbe";
+pub const BIN_LEN: usize = 4096;
+const CSUM_OFF: usize = 0x1C0;
+/// Allowed per-copy header sizes (binary header + JSON area).
+pub const HDR_SIZES: [u64; 9] = [
+    16 << 10,
+    32 << 10,
+    64 << 10,
+    128 << 10,
+    256 << 10,
+    512 << 10,
+    1 << 20,
+    2 << 20,
+    4 << 20,
+];
+
+/// The fields of a binary header that are the same in both copies.
+#[derive(Clone, Debug)]
+pub struct BinHeader {
+    pub hdr_size: u64,
+    pub seqid: u64,
+    pub label: String,
+    pub checksum_alg: HashAlg,
+    pub uuid: String,
+    pub subsystem: String,
+}
+
+/// A validated LUKS2 header as read from disk.
+#[derive(Clone, Debug)]
+pub struct Luks2 {
+    pub bin: BinHeader,
+    pub meta: Metadata,
+    /// Per-copy salts, kept across rewrites as cryptsetup does.
+    pub salts: [[u8; 64]; 2],
+    /// Which copy was used (0 primary, 1 secondary).
+    pub used_copy: usize,
+    /// Problems found with the other copy (already logged via tracing).
+    pub warnings: Vec<String>,
+}
+
+fn be64(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_be_bytes(a)
+}
+
+struct Copy {
+    bin: BinHeader,
+    salt: [u8; 64],
+    meta: Metadata,
+}
+
+/// Parse one 4096-byte binary header expected at `offset` (checksum not checked).
+pub fn parse_bin(
+    b: &[u8],
+    offset: u64,
+    secondary: bool,
+) -> Result<(BinHeader, [u8; 64]), LuksError> {
+    if b.len() < BIN_LEN {
+        return Err(LuksError::field(
+            "binary header",
+            b.len(),
+            "shorter than 4096 bytes",
+        ));
+    }
+    let which = if secondary { "secondary" } else { "primary" };
+    let want = if secondary {
+        MAGIC_SECONDARY
+    } else {
+        MAGIC_PRIMARY
+    };
+    if b[..6] != want {
+        return Err(LuksError::field(
+            format!("{which} header magic"),
+            hex::encode(&b[..6]),
+            "not a LUKS2 header",
+        ));
+    }
+    let version = u16::from_be_bytes([b[6], b[7]]);
+    if version != 2 {
+        return Err(LuksError::field(
+            format!("{which} header version"),
+            version,
+            "expected 2",
+        ));
+    }
+    let hdr_size = be64(b, 8);
+    if !HDR_SIZES.contains(&hdr_size) {
+        return Err(LuksError::field(
+            format!("{which} hdr_size"),
+            hdr_size,
+            "must be 16 KiB..4 MiB, a power of two",
+        ));
+    }
+    let hdr_offset = be64(b, 0x100);
+    if hdr_offset != offset || (secondary && hdr_offset != hdr_size) {
+        return Err(LuksError::field(
+            format!("{which} hdr_offset"),
+            hdr_offset,
+            format!("does not match the copy's position {offset}"),
+        ));
+    }
+    let alg_name = cstr(b, 0x48, 32, &format!("{which} checksum_alg"))?;
+    let checksum_alg = HashAlg::from_name(&alg_name).ok_or_else(|| {
+        LuksError::field(
+            format!("{which} checksum_alg"),
+            &alg_name,
+            "unsupported hash",
+        )
+    })?;
+    let mut salt = [0u8; 64];
+    salt.copy_from_slice(&b[0x68..0xA8]);
+    Ok((
+        BinHeader {
+            hdr_size,
+            seqid: be64(b, 0x10),
+            label: cstr(b, 0x18, 48, &format!("{which} label"))?,
+            checksum_alg,
+            uuid: cstr(b, 0xA8, 40, &format!("{which} uuid"))?,
+            subsystem: cstr(b, 0xD0, 48, &format!("{which} subsystem"))?,
+        },
+        salt,
+    ))
+}
+
+/// The binary header of one copy with a zero checksum field.
+fn bin_bytes(h: &BinHeader, salt: &[u8; 64], copy: usize) -> Vec<u8> {
+    let mut b = vec![0u8; BIN_LEN];
+    b[..6].copy_from_slice(if copy == 0 {
+        &MAGIC_PRIMARY
+    } else {
+        &MAGIC_SECONDARY
+    });
+    b[6..8].copy_from_slice(&2u16.to_be_bytes());
+    b[8..16].copy_from_slice(&h.hdr_size.to_be_bytes());
+    b[16..24].copy_from_slice(&h.seqid.to_be_bytes());
+    put_cstr(&mut b, 0x18, 48, &h.label);
+    put_cstr(&mut b, 0x48, 32, h.checksum_alg.name());
+    b[0x68..0xA8].copy_from_slice(salt);
+    put_cstr(&mut b, 0xA8, 40, &h.uuid);
+    put_cstr(&mut b, 0xD0, 48, &h.subsystem);
+    let off = if copy == 0 { 0 } else { h.hdr_size };
+    b[0x100..0x108].copy_from_slice(&off.to_be_bytes());
+    b
+}
+
+fn checksum(alg: HashAlg, bin_zero_csum: &[u8], json_area: &[u8]) -> Vec<u8> {
+    alg.digest(&[bin_zero_csum, json_area])
+}
+
+/// Split the JSON area into its text, enforcing NUL termination and NUL fill.
+pub fn json_text<'a>(area: &'a [u8], which: &str) -> Result<&'a [u8], LuksError> {
+    let end = area.iter().position(|&c| c == 0).ok_or_else(|| {
+        LuksError::field(
+            format!("{which} JSON area"),
+            area.len(),
+            "JSON is not NUL-terminated within the area",
+        )
+    })?;
+    if let Some(p) = area[end..].iter().position(|&c| c != 0) {
+        return Err(LuksError::field(
+            format!("{which} JSON area"),
+            end + p,
+            "non-NUL byte after the JSON text",
+        ));
+    }
+    if area.first() != Some(&b'{') {
+        return Err(LuksError::field(
+            format!("{which} JSON area"),
+            "first byte",
+            "must start with '{'",
+        ));
+    }
+    Ok(&area[..end])
+}
+
+/// Parse and validate the JSON area of a header of `hdr_size` bytes.
+pub fn parse_json_area(area: &[u8], hdr_size: u64, which: &str) -> Result<Metadata, LuksError> {
+    let text = json_text(area, which)?;
+    let value: serde_json::Value = serde_json::from_slice(text)
+        .map_err(|e| LuksError::field(format!("{which} JSON"), e, "malformed JSON"))?;
+    Metadata::parse(value, hdr_size)
+}
+
+/// Parse and validate one copy given its 4096-byte binary header and JSON area.
+pub fn parse_copy(
+    bin: &[u8],
+    area: &[u8],
+    offset: u64,
+    secondary: bool,
+) -> Result<(BinHeader, [u8; 64], Metadata), LuksError> {
+    let which = if secondary { "secondary" } else { "primary" };
+    let (h, salt) = parse_bin(bin, offset, secondary)?;
+    if area.len() as u64 != h.hdr_size - BIN_LEN as u64 {
+        return Err(LuksError::field(
+            format!("{which} JSON area"),
+            area.len(),
+            "wrong length",
+        ));
+    }
+    let mut zeroed = bin[..BIN_LEN].to_vec();
+    zeroed[CSUM_OFF..CSUM_OFF + 64].fill(0);
+    let sum = checksum(h.checksum_alg, &zeroed, area);
+    if bin[CSUM_OFF..CSUM_OFF + sum.len()] != sum[..] {
+        return Err(LuksError::field(
+            format!("{which} header checksum"),
+            hex::encode(&bin[CSUM_OFF..CSUM_OFF + sum.len()]),
+            "does not match the header contents",
+        ));
+    }
+    let meta = parse_json_area(area, h.hdr_size, which)?;
+    Ok((h, salt, meta))
+}
+
+fn read_copy(disk: &Disk, size: u64, offset: u64, secondary: bool) -> Result<Copy, LuksError> {
+    if size < offset + BIN_LEN as u64 {
+        return Err(LuksError::field(
+            if secondary {
+                "secondary header"
+            } else {
+                "primary header"
+            },
+            offset,
+            "beyond the end of the device",
+        ));
+    }
+    let mut bin = vec![0u8; BIN_LEN];
+    disk.read_at(offset, &mut bin)?;
+    let (h, _) = parse_bin(&bin, offset, secondary)?;
+    if size < offset + h.hdr_size {
+        return Err(LuksError::field(
+            "hdr_size",
+            h.hdr_size,
+            "header copy extends beyond the device",
+        ));
+    }
+    let mut area = vec![0u8; (h.hdr_size - BIN_LEN as u64) as usize];
+    disk.read_at(offset + BIN_LEN as u64, &mut area)?;
+    let (bin, salt, meta) = parse_copy(&bin, &area, offset, secondary)?;
+    Ok(Copy { bin, salt, meta })
+}
+
+/// True if the first bytes carry a LUKS2 primary or secondary magic with version 2.
+pub fn looks_like_luks2(b: &[u8]) -> bool {
+    b.len() >= 8 && (b[..6] == MAGIC_PRIMARY || b[..6] == MAGIC_SECONDARY) && b[6..8] == [0, 2]
+}
+
+/// Read both copies and pick one (module docs). `disk` is the metadata device.
+pub fn read(disk: &Disk) -> Result<Luks2, LuksError> {
+    let size = disk.size()?;
+    let primary = read_copy(disk, size, 0, false);
+    // Where the secondary lives: after the primary if its binary header is sane, else probe.
+    let mut probe: Vec<u64> = Vec::new();
+    {
+        let mut bin = vec![0u8; BIN_LEN];
+        if size >= BIN_LEN as u64 && disk.read_at(0, &mut bin).is_ok() {
+            if let Ok((h, _)) = parse_bin(&bin, 0, false) {
+                probe.push(h.hdr_size);
+            }
+        }
+    }
+    if probe.is_empty() {
+        probe.extend_from_slice(&HDR_SIZES);
+    }
+    let mut secondary = Err(LuksError::field(
+        "secondary header",
+        "(none)",
+        "no valid secondary header found",
+    ));
+    for off in probe {
+        match read_copy(disk, size, off, true) {
+            Ok(c) => {
+                secondary = Ok(c);
+                break;
+            }
+            Err(e) => secondary = Err(e),
+        }
+    }
+    let mut warnings = Vec::new();
+    let (used, other, used_copy) = match (primary, secondary) {
+        (Ok(p), Ok(s)) => {
+            if s.bin.seqid > p.bin.seqid {
+                warnings.push(format!("LUKS2 primary header has an older seqid ({}) than the secondary ({}); using the secondary copy", p.bin.seqid, s.bin.seqid));
+                (s, Some(p), 1)
+            } else {
+                if s.bin.seqid < p.bin.seqid {
+                    warnings.push(format!(
+                        "LUKS2 secondary header has an older seqid ({}) than the primary ({})",
+                        s.bin.seqid, p.bin.seqid
+                    ));
+                }
+                (p, Some(s), 0)
+            }
+        }
+        (Ok(p), Err(e)) => {
+            warnings.push(format!(
+                "LUKS2 secondary header is damaged ({e}); using the primary copy"
+            ));
+            (p, None, 0)
+        }
+        (Err(e), Ok(s)) => {
+            warnings.push(format!(
+                "LUKS2 primary header is damaged ({e}); using the secondary copy at offset {}",
+                s.bin.hdr_size
+            ));
+            (s, None, 1)
+        }
+        (Err(e), Err(_)) => {
+            let mut b = [0u8; 8];
+            if disk.read_at(0, &mut b).is_ok() && !looks_like_luks2(&b) {
+                return Err(LuksError::NotLuks(disk.path().display().to_string()));
+            }
+            return Err(e);
+        }
+    };
+    for w in &warnings {
+        tracing::warn!("{}: {w}", disk.path().display());
+    }
+    let need = 2 * used.bin.hdr_size + used.meta.keyslots_size;
+    if size < need {
+        return Err(LuksError::field(
+            "config.keyslots_size",
+            used.meta.keyslots_size,
+            format!("metadata needs {need} bytes but the device has {size}"),
+        ));
+    }
+    let mut salts = [used.salt; 2];
+    salts[used_copy] = used.salt;
+    match other {
+        Some(o) => salts[1 - used_copy] = o.salt,
+        None => {
+            let mut s = [0u8; 64];
+            let _ = getrandom::fill(&mut s);
+            salts[1 - used_copy] = s;
+        }
+    }
+    Ok(Luks2 {
+        bin: used.bin,
+        meta: used.meta,
+        salts,
+        used_copy,
+        warnings,
+    })
+}
+
+impl Luks2 {
+    /// Write both copies with seqid + 1: for each copy, binary header with zero
+    /// checksum, JSON area, binary header with checksum, sync; primary first.
+    pub fn write(&mut self, disk: &mut Disk) -> Result<(), LuksError> {
+        let json = self.meta.to_bytes();
+        let area_len = (self.bin.hdr_size - BIN_LEN as u64) as usize;
+        if json.len() >= area_len {
+            return Err(LuksError::Usage(format!(
+                "LUKS2 metadata ({} bytes) does not fit the {area_len}-byte JSON area; use a larger --luks2-metadata-size",
+                json.len()
+            )));
+        }
+        let mut area = vec![0u8; area_len];
+        area[..json.len()].copy_from_slice(&json);
+        self.bin.seqid = self.bin.seqid.saturating_add(1);
+        for copy in 0..2 {
+            let off = if copy == 0 { 0 } else { self.bin.hdr_size };
+            let mut bin = bin_bytes(&self.bin, &self.salts[copy], copy);
+            disk.write_at(off, &bin)?;
+            disk.write_at(off + BIN_LEN as u64, &area)?;
+            let sum = checksum(self.bin.checksum_alg, &bin, &area);
+            bin[CSUM_OFF..CSUM_OFF + sum.len()].copy_from_slice(&sum);
+            disk.write_at(off, &bin)?;
+            disk.sync()?;
+        }
+        self.used_copy = 0;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_area_rules() {
+        assert!(json_text(b"{}\0\0", "p").is_ok());
+        assert!(json_text(b"{}}}", "p")
+            .unwrap_err()
+            .to_string()
+            .contains("NUL-terminated"));
+        assert!(json_text(b"{}\0x", "p")
+            .unwrap_err()
+            .to_string()
+            .contains("non-NUL"));
+        assert!(json_text(b" {}\0", "p").is_err());
+    }
+
+    #[test]
+    fn bin_header_round_trip_and_checks() {
+        let h = BinHeader {
+            hdr_size: 16384,
+            seqid: 7,
+            label: "lbl".into(),
+            checksum_alg: HashAlg::Sha256,
+            uuid: "u".into(),
+            subsystem: String::new(),
+        };
+        let b = bin_bytes(&h, &[3u8; 64], 1);
+        let (p, salt) = parse_bin(&b, 16384, true).unwrap();
+        assert_eq!((p.seqid, p.label.as_str(), salt[0]), (7, "lbl", 3));
+        assert!(parse_bin(&b, 32768, true)
+            .unwrap_err()
+            .to_string()
+            .contains("hdr_offset"));
+        assert!(parse_bin(&b, 16384, false)
+            .unwrap_err()
+            .to_string()
+            .contains("magic"));
+        let mut bad = b.clone();
+        bad[8..16].copy_from_slice(&12345u64.to_be_bytes());
+        assert!(parse_bin(&bad, 16384, true)
+            .unwrap_err()
+            .to_string()
+            .contains("hdr_size"));
+    }
+}

@@ -1,0 +1,570 @@
+//! A LUKS volume on disk: its metadata device (the image, or a detached header
+//! file), its data device, and the operations that read or change keyslots.
+//! Every change orders its writes so that a crash at any point leaves all
+//! previously valid passphrases working: new key material is written before a
+//! header references it, and old material is wiped only after no header does.
+
+use super::disk::Disk;
+use super::error::LuksError;
+use super::hash::HashAlg;
+use super::json::b64_encode;
+use super::kdf::Kdf;
+use super::keyslot::{self, ct_eq, SlotParams};
+use super::{luks1, luks2, Activation, MappedSegment};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use zeroize::Zeroizing;
+
+/// The header, by version.
+#[derive(Clone, Debug)]
+pub enum Header {
+    Luks1(Box<luks1::Header>),
+    Luks2(Box<luks2::Luks2>),
+}
+
+/// An opened (not yet unlocked) LUKS volume.
+#[derive(Debug)]
+pub struct Volume {
+    pub meta: Disk,
+    pub data_path: PathBuf,
+    pub data_size: u64,
+    pub detached: bool,
+    pub header: Header,
+}
+
+/// LUKS2 config flags that become dm-crypt options, in cryptsetup's order.
+const FLAG_OPTIONS: [(&str, &str); 5] = [
+    ("allow-discards", "allow_discards"),
+    ("same-cpu-crypt", "same_cpu_crypt"),
+    ("submit-from-crypt-cpus", "submit_from_crypt_cpus"),
+    ("no-read-workqueue", "no_read_workqueue"),
+    ("no-write-workqueue", "no_write_workqueue"),
+];
+
+impl Volume {
+    /// Read and validate the header of `image` (or of the detached `header`).
+    pub fn load(image: &Path, header: Option<&Path>, write: bool) -> Result<Volume, LuksError> {
+        let meta_path = header.unwrap_or(image);
+        let meta = Disk::open(meta_path, write)?;
+        let meta_size = meta.size()?;
+        let mut head = [0u8; 8];
+        if meta_size >= 8 {
+            meta.read_at(0, &mut head)?;
+        }
+        let hdr = if luks1::Header::is_luks1(&head) {
+            if meta_size < luks1::HEADER_LEN as u64 {
+                return Err(LuksError::field(
+                    "header",
+                    meta_size,
+                    "device smaller than a LUKS1 header",
+                ));
+            }
+            let mut buf = vec![0u8; luks1::HEADER_LEN];
+            meta.read_at(0, &mut buf)?;
+            Header::Luks1(Box::new(luks1::Header::parse(&buf, meta_size)?))
+        } else if head[..6] == luks1::MAGIC && head[6..8] != [0, 2] {
+            return Err(LuksError::field(
+                "version",
+                u16::from_be_bytes([head[6], head[7]]),
+                "unsupported LUKS version",
+            ));
+        } else {
+            Header::Luks2(Box::new(luks2::read(&meta)?))
+        };
+        let (data_size, detached) = match header {
+            Some(_) => (Disk::open(image, false)?.size()?, true),
+            None => (meta_size, false),
+        };
+        Ok(Volume {
+            meta,
+            data_path: image.to_path_buf(),
+            data_size,
+            detached,
+            header: hdr,
+        })
+    }
+
+    pub fn version(&self) -> u8 {
+        match self.header {
+            Header::Luks1(_) => 1,
+            Header::Luks2(_) => 2,
+        }
+    }
+
+    pub fn uuid(&self) -> &str {
+        match &self.header {
+            Header::Luks1(h) => &h.uuid,
+            Header::Luks2(h) => &h.bin.uuid,
+        }
+    }
+
+    /// Warnings from reading the header (e.g. damaged primary copy).
+    pub fn warnings(&self) -> Vec<String> {
+        match &self.header {
+            Header::Luks1(_) => Vec::new(),
+            Header::Luks2(h) => h.warnings.clone(),
+        }
+    }
+
+    /// Active keyslot numbers.
+    pub fn active_slots(&self) -> Vec<u32> {
+        match &self.header {
+            Header::Luks1(h) => (0..8u32).filter(|&i| h.slots[i as usize].active).collect(),
+            Header::Luks2(h) => h.meta.keyslots.keys().copied().collect(),
+        }
+    }
+
+    /// Bytes of the metadata area (what header-backup copies; for LUKS1, as
+    /// cryptsetup, the keyslot areas' end rounded up to 4 KiB).
+    pub fn header_len(&self) -> u64 {
+        match &self.header {
+            Header::Luks1(h) => (h.areas_end() * 512).div_ceil(4096) * 4096,
+            Header::Luks2(h) => 2 * h.bin.hdr_size + h.meta.keyslots_size,
+        }
+    }
+
+    /// Refuse headers whose requirement flags udm does not implement.
+    pub fn check_requirements(&self) -> Result<(), LuksError> {
+        if let Header::Luks2(h) = &self.header {
+            if let Some(r) = h.meta.requirements.first() {
+                return Err(LuksError::Requirement(r.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    fn slot_params(&self, slot: u32) -> Option<SlotParams<'_>> {
+        match &self.header {
+            Header::Luks1(h) => {
+                let s = h.slots.get(slot as usize).filter(|s| s.active)?;
+                Some(SlotParams {
+                    kdf: Kdf::Pbkdf2 {
+                        hash: h.hash,
+                        iterations: s.iterations,
+                    },
+                    salt: &s.salt,
+                    af_hash: h.hash,
+                    stripes: s.stripes,
+                    offset: u64::from(s.key_offset) * 512,
+                    encryption: "",
+                    area_key_size: h.key_bytes as usize,
+                    key_size: h.key_bytes as usize,
+                })
+            }
+            Header::Luks2(h) => {
+                let k = h.meta.keyslots.get(&slot)?;
+                Some(SlotParams {
+                    kdf: k.kdf,
+                    salt: &k.salt,
+                    af_hash: k.af_hash,
+                    stripes: k.stripes,
+                    offset: k.area_offset,
+                    encryption: &k.area_encryption,
+                    area_key_size: k.area_key_size as usize,
+                    key_size: k.key_size as usize,
+                })
+            }
+        }
+    }
+
+    fn luks1_spec(&self) -> String {
+        match &self.header {
+            Header::Luks1(h) => h.cipher_spec(),
+            Header::Luks2(_) => String::new(),
+        }
+    }
+
+    /// True if `key` is this volume's (segment) key.
+    pub fn check_key(&self, key: &[u8]) -> bool {
+        match &self.header {
+            Header::Luks1(h) => {
+                key.len() == h.key_bytes as usize
+                    && ct_eq(
+                        &keyslot::key_digest(h.hash, key, &h.mk_digest_salt, h.mk_digest_iter, 20),
+                        &h.mk_digest,
+                    )
+            }
+            Header::Luks2(h) => match h.meta.segment_digest() {
+                Some((_, d)) => ct_eq(
+                    &keyslot::key_digest(d.hash, key, &d.salt, d.iterations, d.digest.len()),
+                    &d.digest,
+                ),
+                None => false,
+            },
+        }
+    }
+
+    /// Keyslots to try, in cryptsetup's order (LUKS2: high priority first; priority 0 only by number).
+    fn try_order(&self, only: Option<u32>) -> Vec<u32> {
+        if let Some(s) = only {
+            return vec![s];
+        }
+        match &self.header {
+            Header::Luks1(_) => self.active_slots(),
+            Header::Luks2(h) => {
+                let mut v: Vec<(u32, u32)> = h
+                    .meta
+                    .keyslots
+                    .iter()
+                    .filter(|(_, k)| k.priority > 0)
+                    .map(|(n, k)| (*n, k.priority))
+                    .collect();
+                v.sort_by_key(|&(n, p)| (std::cmp::Reverse(p), n));
+                v.into_iter().map(|(n, _)| n).collect()
+            }
+        }
+    }
+
+    /// Find the keyslot `passphrase` opens and return it with the volume key.
+    pub fn unlock(
+        &self,
+        passphrase: &[u8],
+        only: Option<u32>,
+    ) -> Result<(u32, Zeroizing<Vec<u8>>), LuksError> {
+        let spec = self.luks1_spec();
+        for slot in self.try_order(only) {
+            let Some(mut p) = self.slot_params(slot) else {
+                if only.is_some() {
+                    return Err(LuksError::Usage(format!("Keyslot {slot} is not active.")));
+                }
+                continue;
+            };
+            if self.version() == 1 {
+                p.encryption = &spec;
+            }
+            let key = keyslot::unlock(&self.meta, &p, passphrase)?;
+            if self.check_key(&key) {
+                return Ok((slot, key));
+            }
+        }
+        Err(LuksError::WrongPassphrase)
+    }
+
+    /// The dm-crypt mapping for `key` (already verified).
+    pub fn activation(
+        &self,
+        key: Zeroizing<Vec<u8>>,
+        keyslot: u32,
+    ) -> Result<Activation, LuksError> {
+        self.check_requirements()?;
+        let dev_sectors = self.data_size / 512;
+        let mut segments = Vec::new();
+        let mut options = Vec::new();
+        match &self.header {
+            Header::Luks1(h) => {
+                let off = u64::from(h.payload_offset);
+                if dev_sectors <= off {
+                    return Err(LuksError::field(
+                        "payload-offset",
+                        off,
+                        format!("data device has only {dev_sectors} sectors"),
+                    ));
+                }
+                segments.push(MappedSegment {
+                    cipher: h.cipher_spec(),
+                    offset_sectors: off,
+                    len_sectors: dev_sectors - off,
+                    sector_size: 512,
+                    iv_offset: 0,
+                });
+            }
+            Header::Luks2(h) => {
+                let regular: Vec<_> = h
+                    .meta
+                    .segments
+                    .iter()
+                    .filter(|(_, s)| !s.is_backup())
+                    .collect();
+                if regular.is_empty() {
+                    return Err(LuksError::field(
+                        "segments",
+                        "{}",
+                        "no data segment to activate",
+                    ));
+                }
+                let single = regular.len() == 1;
+                for (n, s) in regular {
+                    if s.kind != "crypt" {
+                        return Err(LuksError::Unsupported(format!(
+                            "segments.{n}.type = {}",
+                            s.kind
+                        )));
+                    }
+                    if s.integrity {
+                        return Err(LuksError::Unsupported(format!(
+                            "segments.{n}.integrity (authenticated encryption)"
+                        )));
+                    }
+                    let off = s.offset / 512;
+                    let len = match s.size {
+                        Some(b) => b / 512,
+                        None => {
+                            if dev_sectors <= off {
+                                return Err(LuksError::field(
+                                    format!("segments.{n}.offset"),
+                                    s.offset,
+                                    format!("data device has only {} bytes", self.data_size),
+                                ));
+                            }
+                            dev_sectors - off
+                        }
+                    };
+                    if off + len > dev_sectors {
+                        return Err(LuksError::field(
+                            format!("segments.{n}.size"),
+                            len * 512,
+                            format!(
+                                "segment ends beyond the data device ({} bytes)",
+                                self.data_size
+                            ),
+                        ));
+                    }
+                    if (len * 512) % u64::from(s.sector_size) != 0 {
+                        return Err(LuksError::field(
+                            format!("segments.{n}.size"),
+                            len * 512,
+                            format!(
+                                "device size is not aligned to the {}-byte sector size",
+                                s.sector_size
+                            ),
+                        ));
+                    }
+                    let iv_offset = if single { 0 } else { s.iv_tweak };
+                    segments.push(MappedSegment {
+                        cipher: s.encryption.clone(),
+                        offset_sectors: off,
+                        len_sectors: len,
+                        sector_size: s.sector_size,
+                        iv_offset,
+                    });
+                }
+                for (flag, opt) in FLAG_OPTIONS {
+                    if h.meta.flags.iter().any(|f| f == flag) {
+                        options.push(opt);
+                    }
+                }
+            }
+        }
+        Ok(Activation {
+            key,
+            segments,
+            options,
+            keyslot,
+            version: self.version(),
+            uuid: self.uuid().to_string(),
+            warnings: self.warnings(),
+        })
+    }
+
+    fn write_header(&mut self) -> Result<(), LuksError> {
+        match &mut self.header {
+            Header::Luks1(h) => {
+                let b = h.to_bytes();
+                self.meta.write_at(0, &b)?;
+                self.meta.sync()
+            }
+            Header::Luks2(h) => h.write(&mut self.meta),
+        }
+    }
+
+    /// First free keyslot number.
+    fn free_slot(&self) -> Option<u32> {
+        match &self.header {
+            Header::Luks1(h) => (0..8u32).find(|&i| !h.slots[i as usize].active),
+            Header::Luks2(h) => (0..super::json::MAX_KEYSLOTS).find(|i| {
+                !h.meta.keyslots.contains_key(i) && !h.meta.other_keyslots.contains_key(i)
+            }),
+        }
+    }
+
+    /// Add a keyslot for `passphrase` holding the verified `key`; returns its
+    /// number. `af_hash` is the LUKS2 AF hash (LUKS1 always uses its header hash).
+    pub fn add_key(
+        &mut self,
+        key: &[u8],
+        passphrase: &[u8],
+        slot: Option<u32>,
+        kdf: Kdf,
+        af_hash: HashAlg,
+    ) -> Result<u32, LuksError> {
+        self.check_requirements()?;
+        if !self.check_key(key) {
+            return Err(LuksError::Usage(
+                "volume key does not match the header digest".into(),
+            ));
+        }
+        kdf.check("new keyslot kdf")?;
+        let slot = match slot {
+            Some(s) => {
+                if self.active_slots().contains(&s)
+                    || matches!(&self.header, Header::Luks2(h) if h.meta.other_keyslots.contains_key(&s))
+                {
+                    return Err(LuksError::Usage(format!(
+                        "Key slot {s} is full, please select another one."
+                    )));
+                }
+                let max = if self.version() == 1 {
+                    8
+                } else {
+                    super::json::MAX_KEYSLOTS
+                };
+                if s >= max {
+                    return Err(LuksError::Usage(format!(
+                        "Key slot {s} is invalid (0..{}).",
+                        max - 1
+                    )));
+                }
+                s
+            }
+            None => self
+                .free_slot()
+                .ok_or_else(|| LuksError::Usage("All key slots full.".into()))?,
+        };
+        let salt = keyslot::random(32)?;
+        match &mut self.header {
+            Header::Luks1(h) => {
+                let Kdf::Pbkdf2 { iterations, .. } = kdf else {
+                    return Err(LuksError::Usage(
+                        "LUKS1 keyslots only support pbkdf2".into(),
+                    ));
+                };
+                let spec = h.cipher_spec();
+                let s = &h.slots[slot as usize];
+                let p = SlotParams {
+                    kdf: Kdf::Pbkdf2 {
+                        hash: h.hash,
+                        iterations,
+                    },
+                    salt: &salt,
+                    af_hash: h.hash,
+                    stripes: s.stripes,
+                    offset: u64::from(s.key_offset) * 512,
+                    encryption: &spec,
+                    area_key_size: h.key_bytes as usize,
+                    key_size: h.key_bytes as usize,
+                };
+                let material = keyslot::seal(&p, passphrase, key)?;
+                let off = p.offset;
+                self.meta.write_at(off, &material)?;
+                self.meta.sync()?;
+                let s = &mut h.slots[slot as usize];
+                s.active = true;
+                s.iterations = iterations;
+                s.salt.copy_from_slice(&salt);
+            }
+            Header::Luks2(h) => {
+                let hdr_size = h.bin.hdr_size;
+                let (digest_id, _) = h.meta.segment_digest().ok_or_else(|| {
+                    LuksError::field("digests", "{}", "no digest bound to segment 0")
+                })?;
+                let (encryption, area_key_size) = match h.meta.keyslots.values().next() {
+                    Some(k) => (k.area_encryption.clone(), k.area_key_size),
+                    None => {
+                        let seg = h.meta.segments.get(&0).ok_or_else(|| {
+                            LuksError::field("segments.0", "(missing)", "no segment")
+                        })?;
+                        (seg.encryption.clone(), key.len() as u32)
+                    }
+                };
+                let key_size = key.len();
+                let size = (key_size as u64 * u64::from(super::af::STRIPES)).div_ceil(4096) * 4096;
+                let offset = alloc_area(h, size).ok_or_else(|| {
+                    LuksError::Usage("No space for new keyslot in the LUKS2 keyslots area.".into())
+                })?;
+                let p = SlotParams {
+                    kdf,
+                    salt: &salt,
+                    af_hash,
+                    stripes: super::af::STRIPES,
+                    offset,
+                    encryption: &encryption,
+                    area_key_size: area_key_size as usize,
+                    key_size,
+                };
+                let material = keyslot::seal(&p, passphrase, key)?;
+                let kdf_json = match kdf {
+                    Kdf::Pbkdf2 { hash, iterations } => {
+                        json!({"type": "pbkdf2", "hash": hash.name(), "iterations": iterations, "salt": b64_encode(&salt)})
+                    }
+                    Kdf::Argon2 {
+                        time,
+                        memory_kib,
+                        cpus,
+                        ..
+                    } => {
+                        json!({"type": kdf.type_name(), "time": time, "memory": memory_kib, "cpus": cpus, "salt": b64_encode(&salt)})
+                    }
+                };
+                let ks = json!({
+                    "type": "luks2",
+                    "key_size": key_size,
+                    "af": {"type": "luks1", "stripes": super::af::STRIPES, "hash": af_hash.name()},
+                    "area": {"type": "raw", "offset": offset.to_string(), "size": size.to_string(), "encryption": encryption, "key_size": area_key_size},
+                    "kdf": kdf_json,
+                });
+                let new_meta = h.meta.with_keyslot(hdr_size, slot, ks, digest_id)?;
+                // Material first, header second: a crash in between leaves an unreferenced area.
+                self.meta.write_at(offset, &material)?;
+                self.meta.sync()?;
+                h.meta = new_meta;
+            }
+        }
+        self.write_header()?;
+        Ok(slot)
+    }
+
+    /// Remove keyslot `slot`: un-reference it in the header, then wipe its area.
+    pub fn kill_slot(&mut self, slot: u32) -> Result<(), LuksError> {
+        self.check_requirements()?;
+        if !self.active_slots().contains(&slot) {
+            return Err(LuksError::Usage(format!("Keyslot {slot} is not active.")));
+        }
+        let (off, len) = match &mut self.header {
+            Header::Luks1(h) => {
+                let s = &mut h.slots[slot as usize];
+                s.active = false;
+                s.iterations = 0;
+                s.salt = [0; 32];
+                (
+                    u64::from(s.key_offset) * 512,
+                    luks1::area_sectors(h.key_bytes) * 512,
+                )
+            }
+            Header::Luks2(h) => {
+                let k = &h.meta.keyslots[&slot];
+                let area = (k.area_offset, k.area_size);
+                h.meta = h.meta.without_keyslot(h.bin.hdr_size, slot)?;
+                area
+            }
+        };
+        self.write_header()?;
+        self.meta.zero(off, len, &mut |_| {})?;
+        self.meta.sync()
+    }
+}
+
+/// First fit for a new keyslot area of `size` bytes.
+fn alloc_area(h: &luks2::Luks2, size: u64) -> Option<u64> {
+    let start = 2 * h.bin.hdr_size;
+    let end = start + h.meta.keyslots_size;
+    let mut used: Vec<(u64, u64)> = Vec::new();
+    if let Some(ks) = h.meta.value.get("keyslots").and_then(|v| v.as_object()) {
+        for k in ks.values() {
+            let a = &k["area"];
+            let o = a["offset"].as_str().and_then(super::json::parse_u64str);
+            let s = a["size"].as_str().and_then(super::json::parse_u64str);
+            if let (Some(o), Some(s)) = (o, s) {
+                used.push((o, o.saturating_add(s)));
+            }
+        }
+    }
+    used.sort_unstable();
+    let mut cand = start;
+    for (o, e) in used {
+        if cand.saturating_add(size) <= o {
+            break;
+        }
+        cand = cand.max(e);
+    }
+    (cand.saturating_add(size) <= end).then_some(cand)
+}

@@ -1,0 +1,124 @@
+//! One type for a client connection over a Unix or TCP socket, so the
+//! handshake and the transmission code do not care which it is. Reads and
+//! writes go through `&Sock`, so a reader thread and worker threads share
+//! one descriptor without cloning it.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+#[derive(Debug)]
+pub enum Sock {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Sock {
+    pub fn shutdown(&self, how: Shutdown) {
+        // The peer may already be gone; shutting a dead socket is harmless.
+        let _ = match self {
+            Sock::Unix(s) => s.shutdown(how),
+            Sock::Tcp(s) => s.shutdown(how),
+        };
+    }
+
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Sock::Unix(s) => s.set_write_timeout(t),
+            Sock::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    pub fn peer(&self) -> String {
+        match self {
+            Sock::Unix(_) => "unix".to_string(),
+            Sock::Tcp(s) => s
+                .peer_addr()
+                .map_or_else(|_| "tcp".to_string(), |a| a.to_string()),
+        }
+    }
+
+    /// Read exactly `buf.len()` bytes. `Ok(false)` on a clean end of stream
+    /// before the first byte (the client went away between messages).
+    pub fn read_full(&self, buf: &mut [u8]) -> io::Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            let n = match (&*self).read(&mut buf[got..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if n == 0 {
+                if got == 0 {
+                    return Ok(false);
+                }
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "client closed the connection in the middle of a message",
+                ));
+            }
+            got += n;
+        }
+        Ok(true)
+    }
+
+    /// Read exactly `buf.len()` bytes; end of stream is an error.
+    pub fn read_exact(&self, buf: &mut [u8]) -> io::Result<()> {
+        if buf.is_empty() || self.read_full(buf)? {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "client closed the connection",
+            ))
+        }
+    }
+
+    /// Read and throw away `n` bytes (an oversize or refused payload).
+    pub fn skip(&self, mut n: u64) -> io::Result<()> {
+        let mut sink = [0u8; 16 << 10];
+        while n > 0 {
+            let k = (n as usize).min(sink.len());
+            self.read_exact(&mut sink[..k])?;
+            n -= k as u64;
+        }
+        Ok(())
+    }
+
+    /// Write every byte of `bufs` (one `writev` in the common case).
+    pub fn write_all_vectored(&self, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+        IoSlice::advance_slices(&mut bufs, 0);
+        while !bufs.is_empty() {
+            let r = match self {
+                Sock::Unix(s) => (&*s).write_vectored(bufs),
+                Sock::Tcp(s) => (&*s).write_vectored(bufs),
+            };
+            match r {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "client stopped accepting data",
+                    ))
+                }
+                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn write_all(&self, buf: &[u8]) -> io::Result<()> {
+        self.write_all_vectored(&mut [IoSlice::new(buf)])
+    }
+}
+
+impl Read for &Sock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match *self {
+            Sock::Unix(s) => (&*s).read(buf),
+            Sock::Tcp(s) => (&*s).read(buf),
+        }
+    }
+}
