@@ -32,20 +32,20 @@ fn sink() -> (Arc<dyn Sink>, mpsc::Receiver<Done>) {
 }
 
 fn req(
+    e: &Engine,
     op: Op,
     cookie: u64,
     offset: u64,
     data: &[u8],
     len: u64,
-    block: u64,
     sink: &Arc<dyn Sink>,
 ) -> Request {
-    let start = offset & !(block - 1);
-    let end = (offset + len).div_ceil(block) * block;
-    let head = (offset - start) as usize;
-    let mut buf = Vec::new();
+    let (mut buf, head) = if matches!(op, Op::Read | Op::Write) {
+        e.buffer(0, offset, len)
+    } else {
+        (Buf::empty(), 0)
+    };
     if op == Op::Write {
-        buf = vec![0u8; (end - start) as usize];
         buf[head..head + data.len()].copy_from_slice(data);
     }
     Request {
@@ -109,11 +109,11 @@ fn overlapping_requests_wait_and_others_pass() {
     e.submit(
         e.admit(c, 512),
         0,
-        req(Op::Write, 1, 0, &[7u8; 512], 512, 512, &s),
+        req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s),
     );
-    e.submit(e.admit(c, 0), 0, req(Op::Read, 2, 0, &[], 512, 512, &s));
-    e.submit(e.admit(c, 0), 0, req(Op::Flush, 3, 0, &[], 0, 512, &s));
-    e.submit(e.admit(c, 0), 0, req(Op::Read, 4, 4096, &[], 512, 512, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 2, 0, &[], 512, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Flush, 3, 0, &[], 0, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 4, 4096, &[], 512, &s));
     // The far read finishes while the write is stalled; nothing else does.
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (4, true));
@@ -150,7 +150,7 @@ fn partial_block_writes_are_atomic() {
                     e.submit(
                         e.admit(c, 1),
                         0,
-                        req(Op::Write, round, off, &[t + 1], 1, 512, &s),
+                        req(&e, Op::Write, round, off, &[t + 1], 1, &s),
                     );
                 }
             }
@@ -181,10 +181,10 @@ fn write_zeroes_and_reads_with_partial_blocks() {
         e.submit(
             e.admit(c, 0),
             0,
-            req(Op::WriteZeroes, off, off, &[], len, 512, &s),
+            req(&e, Op::WriteZeroes, off, off, &[], len, &s),
         );
     }
-    e.submit(e.admit(c, 0), 0, req(Op::Read, 99, 3, &[], 8000, 512, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 99, 3, &[], 8000, &s));
     e.remove_client(c);
     let mut all: Vec<_> = rx.try_iter().collect();
     all.sort_by_key(|r| r.0);
@@ -206,7 +206,7 @@ fn device_errors_reach_the_sink() {
     let e = Engine::new(vec![m], 1).unwrap();
     let c = e.add_client();
     let (s, rx) = sink();
-    e.submit(e.admit(c, 0), 0, req(Op::Read, 5, 4096, &[], 512, 512, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 5, 4096, &[], 512, &s));
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (5, false));
     e.remove_client(c);
