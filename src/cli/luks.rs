@@ -444,8 +444,29 @@ fn hex_lines(b: &[u8], indent: &str) -> String {
     s
 }
 
+/// Append one formatted line to a String.
+macro_rules! p {
+    ($o:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($o, $($arg)*);
+    }};
+}
+
+/// Write collected output to stdout; a closed pipe ends quietly.
+fn emit(o: &str) -> Result<(), LuksError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(o.as_bytes()).and_then(|_| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(LuksError::io("cannot write to standard output", e)),
+    }
+}
+
 fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
     let v = load(&a.image, &a.common, false)?;
+    // Collected first and written once: a closed pipe (`| head`) is not an error worth a panic.
+    let mut o = Zeroizing::new(String::new());
     if a.dump_volume_key {
         let pass = read_passphrase(
             a.common.key_file.as_deref(),
@@ -470,59 +491,63 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
             key.len() * 8,
             hex_lines(&key, "\t\t")
         ));
-        print!("{}", &*text);
-        return Ok(());
+        o.push_str(&text);
+        return emit(&o);
     }
     match &v.header {
         Header::Luks1(h) => {
             if a.json {
                 return Err(LuksError::Usage("LUKS1 has no JSON metadata.".into()));
             }
-            println!("LUKS header information for {}\n", a.image.display());
-            println!("Version:       \t1");
-            println!("Cipher name:   \t{}", h.cipher_name);
-            println!("Cipher mode:   \t{}", h.cipher_mode);
-            println!("Hash spec:     \t{}", h.hash.name());
-            println!("Payload offset:\t{}", h.payload_offset);
-            println!("MK bits:       \t{}", h.key_bytes * 8);
-            println!("MK digest:     \t{}", hex_lines(&h.mk_digest, "\t\t"));
-            println!(
+            p!(o, "LUKS header information for {}\n", a.image.display());
+            p!(o, "Version:       \t1");
+            p!(o, "Cipher name:   \t{}", h.cipher_name);
+            p!(o, "Cipher mode:   \t{}", h.cipher_mode);
+            p!(o, "Hash spec:     \t{}", h.hash.name());
+            p!(o, "Payload offset:\t{}", h.payload_offset);
+            p!(o, "MK bits:       \t{}", h.key_bytes * 8);
+            p!(o, "MK digest:     \t{}", hex_lines(&h.mk_digest, "\t\t"));
+            p!(
+                o,
                 "MK salt:       \t{}",
                 hex_lines(&h.mk_digest_salt, "               \t")
             );
-            println!("MK iterations: \t{}", h.mk_digest_iter);
-            println!("UUID:          \t{}\n", h.uuid);
+            p!(o, "MK iterations: \t{}", h.mk_digest_iter);
+            p!(o, "UUID:          \t{}\n", h.uuid);
             for (i, s) in h.slots.iter().enumerate() {
                 if s.active {
-                    println!("Key Slot {i}: ENABLED");
-                    println!("\tIterations:         \t{}", s.iterations);
-                    println!(
+                    p!(o, "Key Slot {i}: ENABLED");
+                    p!(o, "\tIterations:         \t{}", s.iterations);
+                    p!(
+                        o,
                         "\tSalt:               \t{}",
                         hex_lines(&s.salt, "\t                      \t")
                     );
-                    println!("\tKey material offset:\t{}", s.key_offset);
-                    println!("\tAF stripes:            \t{}", s.stripes);
+                    p!(o, "\tKey material offset:\t{}", s.key_offset);
+                    p!(o, "\tAF stripes:            \t{}", s.stripes);
                 } else {
-                    println!("Key Slot {i}: DISABLED");
+                    p!(o, "Key Slot {i}: DISABLED");
                 }
             }
         }
         Header::Luks2(h) => {
             if a.json {
-                println!(
+                p!(
+                    o,
                     "{}",
                     serde_json::to_string_pretty(&h.meta.value).unwrap_or_default()
                 );
-                return Ok(());
+                return emit(&o);
             }
             let m = &h.meta;
-            println!("LUKS header information");
-            println!("Version:       \t2");
-            println!("Epoch:         \t{}", h.bin.seqid);
-            println!("Metadata area: \t{} [bytes]", h.bin.hdr_size);
-            println!("Keyslots area: \t{} [bytes]", m.keyslots_size);
-            println!("UUID:          \t{}", h.bin.uuid);
-            println!(
+            p!(o, "LUKS header information");
+            p!(o, "Version:       \t2");
+            p!(o, "Epoch:         \t{}", h.bin.seqid);
+            p!(o, "Metadata area: \t{} [bytes]", h.bin.hdr_size);
+            p!(o, "Keyslots area: \t{} [bytes]", m.keyslots_size);
+            p!(o, "UUID:          \t{}", h.bin.uuid);
+            p!(
+                o,
                 "Label:         \t{}",
                 if h.bin.label.is_empty() {
                     "(no label)"
@@ -530,7 +555,8 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
                     &h.bin.label
                 }
             );
-            println!(
+            p!(
+                o,
                 "Subsystem:     \t{}",
                 if h.bin.subsystem.is_empty() {
                     "(no subsystem)"
@@ -538,7 +564,8 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
                     &h.bin.subsystem
                 }
             );
-            println!(
+            p!(
+                o,
                 "Flags:       \t{}",
                 if m.flags.is_empty() {
                     "(no flags)".to_string()
@@ -547,38 +574,39 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
                 }
             );
             if !m.requirements.is_empty() {
-                println!("Requirements:\t{}", m.requirements.join(" "));
+                p!(o, "Requirements:\t{}", m.requirements.join(" "));
             }
-            println!("\nData segments:");
+            p!(o, "\nData segments:");
             for (n, s) in &m.segments {
-                println!("  {n}: {}", s.kind);
-                println!("\toffset: {} [bytes]", s.offset);
+                p!(o, "  {n}: {}", s.kind);
+                p!(o, "\toffset: {} [bytes]", s.offset);
                 match s.size {
-                    Some(z) => println!("\tlength: {z} [bytes]"),
-                    None => println!("\tlength: (whole device)"),
+                    Some(z) => p!(o, "\tlength: {z} [bytes]"),
+                    None => p!(o, "\tlength: (whole device)"),
                 }
                 if s.kind == "crypt" {
-                    println!("\tcipher: {}", s.encryption);
-                    println!("\tsector: {} [bytes]", s.sector_size);
+                    p!(o, "\tcipher: {}", s.encryption);
+                    p!(o, "\tsector: {} [bytes]", s.sector_size);
                 }
             }
-            println!("\nKeyslots:");
+            p!(o, "\nKeyslots:");
             for (n, k) in &m.keyslots {
-                println!("  {n}: luks2");
-                println!("\tKey:        {} bits", k.key_size * 8);
-                println!(
+                p!(o, "  {n}: luks2");
+                p!(o, "\tKey:        {} bits", k.key_size * 8);
+                p!(
+                    o,
                     "\tPriority:   {}",
                     ["ignored", "normal", "high"]
                         .get(k.priority as usize)
                         .unwrap_or(&"?")
                 );
-                println!("\tCipher:     {}", k.area_encryption);
-                println!("\tCipher key: {} bits", k.area_key_size * 8);
+                p!(o, "\tCipher:     {}", k.area_encryption);
+                p!(o, "\tCipher key: {} bits", k.area_key_size * 8);
                 match k.kdf {
                     Kdf::Pbkdf2 { hash, iterations } => {
-                        println!("\tPBKDF:      pbkdf2");
-                        println!("\tHash:       {}", hash.name());
-                        println!("\tIterations: {iterations}");
+                        p!(o, "\tPBKDF:      pbkdf2");
+                        p!(o, "\tHash:       {}", hash.name());
+                        p!(o, "\tIterations: {iterations}");
                     }
                     Kdf::Argon2 {
                         time,
@@ -586,49 +614,54 @@ fn cmd_dump(a: DumpArgs) -> Result<(), LuksError> {
                         cpus,
                         ..
                     } => {
-                        println!("\tPBKDF:      {}", k.kdf.type_name());
-                        println!("\tTime cost:  {time}");
-                        println!("\tMemory:     {memory_kib}");
-                        println!("\tThreads:    {cpus}");
+                        p!(o, "\tPBKDF:      {}", k.kdf.type_name());
+                        p!(o, "\tTime cost:  {time}");
+                        p!(o, "\tMemory:     {memory_kib}");
+                        p!(o, "\tThreads:    {cpus}");
                     }
                 }
-                println!("\tSalt:       {}", hex_lines(&k.salt, "\t            "));
-                println!("\tAF stripes: {}", k.stripes);
-                println!("\tAF hash:    {}", k.af_hash.name());
-                println!("\tArea offset:{} [bytes]", k.area_offset);
-                println!("\tArea length:{} [bytes]", k.area_size);
+                p!(o, "\tSalt:       {}", hex_lines(&k.salt, "\t            "));
+                p!(o, "\tAF stripes: {}", k.stripes);
+                p!(o, "\tAF hash:    {}", k.af_hash.name());
+                p!(o, "\tArea offset:{} [bytes]", k.area_offset);
+                p!(o, "\tArea length:{} [bytes]", k.area_size);
                 if let Some((d, _)) = m.digest_of(*n) {
-                    println!("\tDigest ID:  {d}");
+                    p!(o, "\tDigest ID:  {d}");
                 }
             }
             for (n, t) in &m.other_keyslots {
-                println!("  {n}: {t} (not used by udm)");
+                p!(o, "  {n}: {t} (not used by udm)");
             }
-            println!("Tokens:");
+            p!(o, "Tokens:");
             if let Some(tokens) = m.value.get("tokens").and_then(|t| t.as_object()) {
                 for (n, t) in tokens {
-                    println!(
+                    p!(
+                        o,
                         "  {n}: {}",
                         t.get("type").and_then(|x| x.as_str()).unwrap_or("?")
                     );
                     if let Some(ks) = m.tokens.get(&n.parse().unwrap_or(u32::MAX)) {
                         for k in ks {
-                            println!("\tKeyslot:    {k}");
+                            p!(o, "\tKeyslot:    {k}");
                         }
                     }
                 }
             }
-            println!("Digests:");
+            p!(o, "Digests:");
             for (n, d) in &m.digests {
-                println!("  {n}: pbkdf2");
-                println!("\tHash:       {}", d.hash.name());
-                println!("\tIterations: {}", d.iterations);
-                println!("\tSalt:       {}", hex_lines(&d.salt, "\t            "));
-                println!("\tDigest:     {}", hex_lines(&d.digest, "\t            "));
+                p!(o, "  {n}: pbkdf2");
+                p!(o, "\tHash:       {}", d.hash.name());
+                p!(o, "\tIterations: {}", d.iterations);
+                p!(o, "\tSalt:       {}", hex_lines(&d.salt, "\t            "));
+                p!(
+                    o,
+                    "\tDigest:     {}",
+                    hex_lines(&d.digest, "\t            ")
+                );
             }
         }
     }
-    Ok(())
+    emit(&o)
 }
 
 fn cmd_add_key(a: AddKeyArgs) -> Result<(), LuksError> {
@@ -650,7 +683,7 @@ fn cmd_add_key(a: AddKeyArgs) -> Result<(), LuksError> {
         }
     }
     let kdf = resolve_kdf(&pb, v.version(), key.len())?;
-    let slot = v.add_key(&key, &new, a.key_slot, kdf)?;
+    let slot = v.add_key(&key, &new, a.key_slot, kdf, get_hash(&pb)?)?;
     eprintln!("Key slot {slot} created.");
     Ok(())
 }
@@ -689,27 +722,14 @@ fn cmd_kill_slot(a: KillSlotArgs) -> Result<(), LuksError> {
             a.slot
         )));
     }
-    // As cryptsetup: unless in batch mode without a key file, prove knowledge of a remaining key.
+    // As cryptsetup: unless in batch mode without a key file, prove knowledge
+    // of a passphrase of this volume (cryptsetup accepts any active slot's).
     if a.common.key_file.is_some() || !a.common.batch_mode {
         let pass = read_passphrase(
             a.common.key_file.as_deref(),
             "Enter any remaining passphrase: ",
         )?;
-        let others: Vec<u32> = v
-            .active_slots()
-            .into_iter()
-            .filter(|&s| s != a.slot)
-            .collect();
-        let mut ok = false;
-        for s in others {
-            if v.unlock(&pass, Some(s)).is_ok() {
-                ok = true;
-                break;
-            }
-        }
-        if !ok {
-            return Err(LuksError::WrongPassphrase);
-        }
+        v.unlock(&pass, None)?;
     }
     last_slot_guard(&v, a.slot, a.common.batch_mode)?;
     v.kill_slot(a.slot)?;

@@ -48,7 +48,7 @@ impl BlockCipher {
     /// accepts (never the key).
     pub fn new(alg: Alg, key: &[u8]) -> Result<BlockCipher, CryptoError> {
         let bad = |accepted: &str| {
-            CryptoError::new(format!(
+            CryptoError::key(format!(
                 "{}: a {}-bit key is not valid (accepted: {accepted})",
                 alg.name(),
                 key.len() * 8

@@ -24,9 +24,15 @@
 
 mod block;
 mod modes;
+pub mod pool;
 mod sector;
 pub mod spec;
+// The AVX-512/VAES intrinsics are stable since Rust 1.89; the `aes` 0.9.4
+// dependency already requires 1.89, so the crate's declared 1.85 is not
+// reachable in practice. (Raising rust-version crate-wide would turn on
+// newer lints across every module.)
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::incompatible_msrv)]
 mod xts_vaes;
 
 pub use sector::SectorCrypt;
@@ -36,17 +42,38 @@ pub use spec::CipherSpec;
 /// offending part (spec, cipher, mode, key size, sector size) and never
 /// contains key bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CryptoError(String);
+pub struct CryptoError {
+    msg: String,
+    about_key: bool,
+}
 
 impl CryptoError {
+    /// An error about the cipher spec or geometry.
     pub fn new(msg: impl Into<String>) -> CryptoError {
-        CryptoError(msg.into())
+        CryptoError {
+            msg: msg.into(),
+            about_key: false,
+        }
+    }
+
+    /// An error about the key (its size or presence).
+    pub fn key(msg: impl Into<String>) -> CryptoError {
+        CryptoError {
+            msg: msg.into(),
+            about_key: true,
+        }
+    }
+
+    /// Whether the key, rather than the spec, is what is wrong (a table
+    /// parser points at the key argument then).
+    pub fn about_key(&self) -> bool {
+        self.about_key
     }
 }
 
 impl std::fmt::Display for CryptoError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.msg)
     }
 }
 

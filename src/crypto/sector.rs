@@ -86,12 +86,12 @@ impl SectorCrypt {
         }
         let kc = parsed.keycount as usize;
         if parsed.alg != Alg::Null && key.is_empty() {
-            return Err(CryptoError::new(format!(
+            return Err(CryptoError::key(format!(
                 "cipher spec '{spec}' needs a key, but the key is empty"
             )));
         }
         if key.len() % kc != 0 {
-            return Err(CryptoError::new(format!(
+            return Err(CryptoError::key(format!(
                 "key of {} bits cannot be split into {kc} equal keys (cipher spec '{spec}')",
                 key.len() * 8
             )));
@@ -115,21 +115,28 @@ impl SectorCrypt {
     }
 
     fn tfm(spec_text: &str, spec: &CipherSpec, key: &[u8]) -> Result<Tfm, CryptoError> {
-        let ctx = |e: CryptoError| CryptoError::new(format!("cipher spec '{spec_text}': {e}"));
+        let ctx = |e: CryptoError| {
+            let msg = format!("cipher spec '{spec_text}': {e}");
+            if e.about_key() {
+                CryptoError::key(msg)
+            } else {
+                CryptoError::new(msg)
+            }
+        };
         let kind = match (spec.alg, spec.chain) {
             (Alg::Null, _) => Kind::Null,
             (alg, Chain::Ecb) => Kind::Ecb(BlockCipher::new(alg, key).map_err(ctx)?),
             (alg, Chain::Cbc) => Kind::Cbc(BlockCipher::new(alg, key).map_err(ctx)?),
             (alg, Chain::Xts) => {
                 if key.len() % 2 != 0 {
-                    return Err(CryptoError::new(format!(
+                    return Err(CryptoError::key(format!(
                         "cipher spec '{spec_text}': an XTS key must have two halves of equal size, got {} bits",
                         key.len() * 8
                     )));
                 }
                 let (a, b) = key.split_at(key.len() / 2);
                 let k1 = BlockCipher::new(alg, a).map_err(|e| {
-                    CryptoError::new(format!(
+                    CryptoError::key(format!(
                         "cipher spec '{spec_text}': XTS key of {} bits: each half {e}",
                         key.len() * 8
                     ))
@@ -156,6 +163,32 @@ impl SectorCrypt {
             None
         };
         Ok(Tfm { kind, essiv })
+    }
+
+    /// Drop the vectorised AES-XTS kernel and use the portable path (for
+    /// benchmarks and tests that compare the two).
+    #[doc(hidden)]
+    pub fn without_vector_kernel(mut self) -> SectorCrypt {
+        #[cfg(target_arch = "x86_64")]
+        for t in self.tfms.iter_mut() {
+            if let Kind::Xts { fast, .. } = &mut t.kind {
+                *fast = None;
+            }
+        }
+        self
+    }
+
+    /// Whether the vectorised AES-XTS kernel is in use.
+    pub fn uses_vector_kernel(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(Tfm {
+            kind: Kind::Xts { fast: Some(_), .. },
+            ..
+        }) = self.tfms.first()
+        {
+            return true;
+        }
+        false
     }
 
     /// The encryption unit in bytes.

@@ -242,7 +242,13 @@ pub fn format(
             None if (data_size - data_off) % 4096 == 0 => 4096,
             None => 512,
         };
-        let d = keyslot::key_digest(HashAlg::Sha256, &key, &digest_salt, p.digest_iterations, 32);
+        let d = keyslot::key_digest(
+            p.hash,
+            &key,
+            &digest_salt,
+            p.digest_iterations,
+            p.hash.digest_len(),
+        );
         let value = json!({
             "keyslots": {},
             "tokens": {},
@@ -258,7 +264,7 @@ pub fn format(
                 "type": "pbkdf2",
                 "keyslots": [],
                 "segments": ["0"],
-                "hash": "sha256",
+                "hash": p.hash.name(),
                 "iterations": p.digest_iterations,
                 "salt": b64_encode(&digest_salt),
                 "digest": b64_encode(&d),
@@ -294,6 +300,6 @@ pub fn format(
         detached,
         header: hdr,
     };
-    vol.add_key(&key, passphrase, Some(0), p.kdf)?;
+    vol.add_key(&key, passphrase, Some(0), p.kdf, p.hash)?;
     Ok(key)
 }

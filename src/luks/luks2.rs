@@ -62,7 +62,19 @@ struct Copy {
     meta: Metadata,
 }
 
-fn parse_bin(b: &[u8], offset: u64, secondary: bool) -> Result<(BinHeader, [u8; 64]), LuksError> {
+/// Parse one 4096-byte binary header expected at `offset` (checksum not checked).
+pub fn parse_bin(
+    b: &[u8],
+    offset: u64,
+    secondary: bool,
+) -> Result<(BinHeader, [u8; 64]), LuksError> {
+    if b.len() < BIN_LEN {
+        return Err(LuksError::field(
+            "binary header",
+            b.len(),
+            "shorter than 4096 bytes",
+        ));
+    }
     let which = if secondary { "secondary" } else { "primary" };
     let want = if secondary {
         MAGIC_SECONDARY
@@ -174,6 +186,14 @@ pub fn json_text<'a>(area: &'a [u8], which: &str) -> Result<&'a [u8], LuksError>
     Ok(&area[..end])
 }
 
+/// Parse and validate the JSON area of a header of `hdr_size` bytes.
+pub fn parse_json_area(area: &[u8], hdr_size: u64, which: &str) -> Result<Metadata, LuksError> {
+    let text = json_text(area, which)?;
+    let value: serde_json::Value = serde_json::from_slice(text)
+        .map_err(|e| LuksError::field(format!("{which} JSON"), e, "malformed JSON"))?;
+    Metadata::parse(value, hdr_size)
+}
+
 /// Parse and validate one copy given its 4096-byte binary header and JSON area.
 pub fn parse_copy(
     bin: &[u8],
@@ -200,10 +220,7 @@ pub fn parse_copy(
             "does not match the header contents",
         ));
     }
-    let text = json_text(area, which)?;
-    let value: serde_json::Value = serde_json::from_slice(text)
-        .map_err(|e| LuksError::field(format!("{which} JSON"), e, "malformed JSON"))?;
-    let meta = Metadata::parse(value, h.hdr_size)?;
+    let meta = parse_json_area(area, h.hdr_size, which)?;
     Ok((h, salt, meta))
 }
 

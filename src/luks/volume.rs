@@ -114,10 +114,10 @@ impl Volume {
         }
     }
 
-    /// Bytes of the metadata area (what header-backup copies).
+    /// Bytes of the metadata area (what header-backup copies; for LUKS1, as
+    /// cryptsetup, the keyslot areas' end rounded up to 4 KiB).
     pub fn header_len(&self) -> u64 {
         match &self.header {
-            Header::Luks1(h) if h.payload_offset != 0 => u64::from(h.payload_offset) * 512,
             Header::Luks1(h) => (h.areas_end() * 512).div_ceil(4096) * 4096,
             Header::Luks2(h) => 2 * h.bin.hdr_size + h.meta.keyslots_size,
         }
@@ -377,13 +377,15 @@ impl Volume {
         }
     }
 
-    /// Add a keyslot for `passphrase` holding the verified `key`; returns its number.
+    /// Add a keyslot for `passphrase` holding the verified `key`; returns its
+    /// number. `af_hash` is the LUKS2 AF hash (LUKS1 always uses its header hash).
     pub fn add_key(
         &mut self,
         key: &[u8],
         passphrase: &[u8],
         slot: Option<u32>,
         kdf: Kdf,
+        af_hash: HashAlg,
     ) -> Result<u32, LuksError> {
         self.check_requirements()?;
         if !self.check_key(key) {
@@ -469,7 +471,6 @@ impl Volume {
                 let offset = alloc_area(h, size).ok_or_else(|| {
                     LuksError::Usage("No space for new keyslot in the LUKS2 keyslots area.".into())
                 })?;
-                let af_hash = HashAlg::Sha256;
                 let p = SlotParams {
                     kdf,
                     salt: &salt,
@@ -560,10 +561,10 @@ fn alloc_area(h: &luks2::Luks2, size: u64) -> Option<u64> {
     used.sort_unstable();
     let mut cand = start;
     for (o, e) in used {
-        if cand + size <= o {
+        if cand.saturating_add(size) <= o {
             break;
         }
         cand = cand.max(e);
     }
-    (cand + size <= end).then_some(cand)
+    (cand.saturating_add(size) <= end).then_some(cand)
 }
