@@ -212,3 +212,59 @@ fn device_errors_reach_the_sink() {
     e.remove_client(c);
     let _ = DevError::ReadOnly;
 }
+
+/// A device whose reads take 5 ms, so a queue builds up.
+struct SlowRead(MemStore);
+
+impl BlockDevice for SlowRead {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn limits(&self) -> Limits {
+        self.0.limits()
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        std::thread::sleep(Duration::from_millis(5));
+        self.0.read(o, b)
+    }
+    fn write(&self, o: u64, d: WriteBuf<'_>, f: bool) -> DevResult<()> {
+        self.0.write(o, d, f)
+    }
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+    fn discard(&self, _: u64, _: u64) -> DevResult<()> {
+        Ok(())
+    }
+    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
+        self.0.write_zeroes(o, l, f)
+    }
+}
+
+#[test]
+fn a_busy_client_does_not_starve_another() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(SlowRead(MemStore::new(1 << 20)));
+    let e = Engine::new(vec![dev], 1).unwrap();
+    let (s, rx) = sink();
+    let busy = e.add_client();
+    let other = e.add_client();
+    for i in 0..30 {
+        e.submit(
+            e.admit(busy, 4096),
+            0,
+            req(&e, Op::Read, i, 0, &[], 4096, &s),
+        );
+    }
+    e.submit(
+        e.admit(other, 4096),
+        0,
+        req(&e, Op::Read, 1000, 0, &[], 4096, &s),
+    );
+    let order: Vec<u64> = (0..31)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap().0)
+        .collect();
+    let pos = order.iter().position(|&c| c == 1000).unwrap();
+    assert!(pos <= 2, "the other client's read finished {pos}th of 31");
+    e.remove_client(busy);
+    e.remove_client(other);
+}
