@@ -47,7 +47,7 @@ use crate::core::device::write_zeroes_by_writing;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::crypto::pool::CryptPool;
 use crate::crypto::SectorCrypt;
-use crate::mem::{Budget, BufPool, PooledBuf};
+use crate::mem::{mempool, Budget, MemPool, PageList};
 
 /// Requests at least this large are split across the worker pool.
 const SPLIT_MIN: usize = 128 << 10;
@@ -79,7 +79,10 @@ pub struct Crypt {
     opts: CryptOptions,
     sc: SectorCrypt,
     pool: Option<Arc<CryptPool>>,
-    bounce_pool: OnceLock<Arc<BufPool>>,
+    bounce_pool: OnceLock<Arc<MemPool>>,
+    /// Bounce pages in one bulk call (seed 000) or one at a time (the
+    /// ablation; see `mem::mempool::set_bulk_bounce_default`).
+    bulk_bounce: bool,
 }
 
 impl std::fmt::Debug for Crypt {
@@ -285,6 +288,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         sc,
         pool,
         bounce_pool: OnceLock::new(),
+        bulk_bounce: mempool::bulk_bounce_default(),
     }))
 }
 
@@ -294,12 +298,22 @@ impl Crypt {
         self.opts
     }
 
-    /// A bounce buffer of `len` bytes for a borrowed write. The single place
-    /// that decides where encryption buffers come from.
-    fn bounce(&self, len: usize) -> PooledBuf {
-        self.bounce_pool
-            .get_or_init(|| BufPool::new(Budget::unlimited()))
-            .get(len)
+    /// The bounce pages for `len` bytes of a borrowed write. The single place
+    /// that decides where encryption buffers come from: dm-crypt's page
+    /// mempool (reserve of 256 pages, per-device budget), all pages in one
+    /// bulk call (seed 000) unless the one-at-a-time ablation is selected.
+    fn bounce(&self, len: usize) -> PageList {
+        let pool = self.bounce_pool.get_or_init(|| {
+            let budget =
+                crate::mem::per_device_budget(crate::mem::default_total_budget(), 1, false);
+            MemPool::pages(Budget::new(budget))
+        });
+        let n = len.div_ceil(pool.elem_size());
+        if self.bulk_bounce {
+            pool.alloc_bulk(n)
+        } else {
+            pool.alloc_each(n)
+        }
     }
 
     fn check(&self, offset: u64, len: usize) -> DevResult<()> {
@@ -366,18 +380,23 @@ impl Crypt {
         Ok(())
     }
 
-    /// Encrypt a borrowed piece into bounce buffers and write it at target
-    /// offset `at`.
+    /// Encrypt a borrowed piece into bounce pages and write it at target
+    /// offset `at` with one vectored write per piece of at most 1 MiB.
     fn write_borrowed(&self, at: u64, src: &[u8], fua: bool) -> DevResult<()> {
         let mut done = 0usize;
         for piece in src.chunks(BOUNCE_MAX) {
             let pos = at + done as u64;
-            let mut bounce = self.bounce(piece.len());
-            self.sc
-                .encrypt_to(piece, &mut bounce[..], self.cc_sector(pos));
-            self.area.dev.write(
+            let mut pages = self.bounce(piece.len());
+            let page = pages.pool().elem_size();
+            let per_page = (page / 512) as u64;
+            let first = self.cc_sector(pos);
+            for (i, (dst, s)) in pages.iter_mut().zip(piece.chunks(page)).enumerate() {
+                let sector = first.wrapping_add(i as u64 * per_page);
+                self.sc.encrypt_to(s, &mut dst[..s.len()], sector);
+            }
+            self.area.dev.write_vectored(
                 self.area.offset + pos,
-                WriteBuf::Owned(&mut bounce[..]),
+                &pages.io_slices(piece.len()),
                 fua,
             )?;
             done += piece.len();
