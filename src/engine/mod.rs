@@ -233,7 +233,7 @@ impl Engine {
     pub fn buffer(&self, export: usize, offset: u64, len: u64) -> (Buf, usize) {
         let g = &self.shared.geometry[export];
         let start = g.down(offset);
-        let end = g.up(offset.saturating_add(len));
+        let end = g.widened_end(offset.saturating_add(len));
         let b = buf::get_buf(&self.shared.pools[export], (end - start) as usize);
         (b, (offset - start) as usize)
     }
