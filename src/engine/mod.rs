@@ -241,7 +241,10 @@ impl Engine {
     /// Register a client (a connection) for fair scheduling.
     pub fn add_client(&self) -> ClientId {
         let mut st = lock(&self.shared.state);
-        let q = ClientQ::default();
+        let q = ClientQ {
+            ready: VecDeque::with_capacity(MAX_CLIENT_REQUESTS as usize),
+            ..ClientQ::default()
+        };
         if let Some(i) = st.free_clients.pop() {
             st.clients[i as usize] = Some(q);
             ClientId(i)
