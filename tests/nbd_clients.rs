@@ -177,7 +177,8 @@ fn qemu_img_convert_and_compare() {
 fn fio_nbd_engine_with_crc32c_verify_four_jobs() {
     need("fio");
     let srv = Server::start(vec![export("f", mem(64 << 20), false)], 0);
-    let out = run(Command::new("fio").args([
+    let work = tempfile::tempdir().unwrap();
+    let out = run(Command::new("fio").current_dir(work.path()).args([
         "--name=verify",
         "--ioengine=nbd",
         &format!("--uri={}", srv.uri("f")),
@@ -190,6 +191,7 @@ fn fio_nbd_engine_with_crc32c_verify_four_jobs() {
         "--iodepth=16",
         "--verify=crc32c",
         "--verify_fatal=1",
+        "--verify_state_save=0",
         "--do_verify=1",
         "--group_reporting",
     ]));

@@ -222,6 +222,7 @@ pub fn constructor(name: &str) -> Option<targets::Constructor> {
         "striped" => targets::striped::new,
         "zero" => targets::zero::new,
         "error" => targets::error::new,
+        "crypt" => targets::crypt::new,
         _ => return None,
     })
 }

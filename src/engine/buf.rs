@@ -1,16 +1,45 @@
-//! The one place payload buffers come from. Every request buffer is taken
-//! here so that switching the allocation strategy (the recycling
-//! `crate::mem::BufPool`) touches one function, not the I/O path.
+//! The one place payload buffers come from: the device's recycling
+//! [`BufPool`] (seed 000/003), so steady-state requests allocate nothing
+//! and a device's in-flight payload memory is bounded by its budget.
+//! Taking a buffer may block when the device is over budget; only
+//! connection readers take buffers, never workers, so a waiting reader
+//! never stops the work that would give memory back.
 
-/// A payload buffer: derefs to `[u8]`, returns its memory when dropped.
-pub type Buf = Vec<u8>;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
-/// A buffer of exactly `len` bytes (contents unspecified to callers).
-pub fn get_buf(len: usize) -> Buf {
-    vec![0u8; len]
+use crate::mem::{BufPool, PooledBuf};
+
+/// A payload buffer (or none, for requests without data).
+pub struct Buf(Option<PooledBuf>);
+
+impl Buf {
+    /// No buffer; never allocates.
+    pub fn empty() -> Buf {
+        Buf(None)
+    }
 }
 
-/// An empty buffer for requests that carry no data; never allocates.
-pub fn no_buf() -> Buf {
-    Vec::new()
+/// A buffer of exactly `len` bytes from `pool` (contents unspecified).
+pub fn get_buf(pool: &Arc<BufPool>, len: usize) -> Buf {
+    Buf(Some(pool.get(len)))
+}
+
+impl Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Some(b) => b,
+            None => &[],
+        }
+    }
+}
+
+impl DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            Some(b) => b,
+            None => &mut [],
+        }
+    }
 }

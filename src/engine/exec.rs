@@ -7,7 +7,6 @@
 
 use crate::core::{BlockDevice, DevError, DevResult, WriteBuf};
 
-use super::buf::get_buf;
 use super::{Op, Request};
 
 /// What the engine caches about an export's device, read once.
@@ -41,7 +40,8 @@ impl Geometry {
     }
 }
 
-/// Run `req` on `dev`. For a read, fills `req.buf` (allocating it) so that
+/// Run `req` on `dev`. Data requests carry a buffer laid out over the
+/// block-widened range ([`super::Engine::buffer`]); a read fills it so that
 /// the client's bytes are `req.buf[req.head..req.head + req.len]`.
 pub(crate) fn execute(
     dev: &dyn BlockDevice,
@@ -64,9 +64,10 @@ pub(crate) fn execute(
         Op::Read => {
             let start = g.down(req.offset);
             let total = (g.up(end) - start) as usize;
-            req.head = (req.offset - start) as usize;
-            if req.buf.len() != total {
-                req.buf = get_buf(total);
+            if req.buf.len() != total || req.head as u64 != req.offset - start {
+                return Err(DevError::Target(
+                    "internal error: read buffer does not match the request".into(),
+                ));
             }
             let mut pos = 0;
             while pos < total {

@@ -29,6 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::core::{BlockDevice, DevResult};
+use crate::mem::{default_total_budget, per_device_budget, Budget, BufPool};
 
 pub use buf::Buf;
 use exec::Geometry;
@@ -151,6 +152,7 @@ struct Shared {
     done: Condvar,
     devices: Vec<Arc<dyn BlockDevice>>,
     geometry: Vec<Geometry>,
+    pools: Vec<Arc<BufPool>>,
 }
 
 /// The worker pool and request scheduler. Cheap to share (`Arc`).
@@ -165,8 +167,24 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 
 impl Engine {
     /// An engine serving `devices` (export `i` is `devices[i]`) with
-    /// `threads` workers (0 = number of cores).
+    /// `threads` workers (0 = number of cores); each device gets a buffer
+    /// pool with the default memory budget (2 % of RAM shared out).
     pub fn new(devices: Vec<Arc<dyn BlockDevice>>, threads: usize) -> std::io::Result<Engine> {
+        let share = per_device_budget(default_total_budget(), devices.len(), false);
+        let pools = devices
+            .iter()
+            .map(|_| BufPool::new(Budget::new(share)))
+            .collect();
+        Engine::with_pools(devices, pools, threads)
+    }
+
+    /// Like [`Engine::new`] with one buffer pool per device given.
+    pub fn with_pools(
+        devices: Vec<Arc<dyn BlockDevice>>,
+        pools: Vec<Arc<BufPool>>,
+        threads: usize,
+    ) -> std::io::Result<Engine> {
+        assert_eq!(devices.len(), pools.len(), "one buffer pool per device");
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(2, |n| n.get())
         } else {
@@ -187,6 +205,7 @@ impl Engine {
             done: Condvar::new(),
             devices,
             geometry,
+            pools,
         });
         let mut workers = Vec::with_capacity(threads);
         for i in 0..threads {
@@ -206,6 +225,17 @@ impl Engine {
     /// Logical block size of export `export` (what requests are widened to).
     pub fn block_size(&self, export: usize) -> u64 {
         self.shared.geometry.get(export).map_or(512, |g| g.block)
+    }
+
+    /// A buffer for a data request on `[offset, offset+len)` of `export`,
+    /// laid out over the block-widened range, and where the client's bytes
+    /// start in it. Blocks while the device is over its memory budget.
+    pub fn buffer(&self, export: usize, offset: u64, len: u64) -> (Buf, usize) {
+        let g = &self.shared.geometry[export];
+        let start = g.down(offset);
+        let end = g.up(offset.saturating_add(len));
+        let b = buf::get_buf(&self.shared.pools[export], (end - start) as usize);
+        (b, (offset - start) as usize)
     }
 
     /// Register a client (a connection) for fair scheduling.

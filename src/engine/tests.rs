@@ -32,20 +32,20 @@ fn sink() -> (Arc<dyn Sink>, mpsc::Receiver<Done>) {
 }
 
 fn req(
+    e: &Engine,
     op: Op,
     cookie: u64,
     offset: u64,
     data: &[u8],
     len: u64,
-    block: u64,
     sink: &Arc<dyn Sink>,
 ) -> Request {
-    let start = offset & !(block - 1);
-    let end = (offset + len).div_ceil(block) * block;
-    let head = (offset - start) as usize;
-    let mut buf = Vec::new();
+    let (mut buf, head) = if matches!(op, Op::Read | Op::Write) {
+        e.buffer(0, offset, len)
+    } else {
+        (Buf::empty(), 0)
+    };
     if op == Op::Write {
-        buf = vec![0u8; (end - start) as usize];
         buf[head..head + data.len()].copy_from_slice(data);
     }
     Request {
@@ -109,11 +109,11 @@ fn overlapping_requests_wait_and_others_pass() {
     e.submit(
         e.admit(c, 512),
         0,
-        req(Op::Write, 1, 0, &[7u8; 512], 512, 512, &s),
+        req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s),
     );
-    e.submit(e.admit(c, 0), 0, req(Op::Read, 2, 0, &[], 512, 512, &s));
-    e.submit(e.admit(c, 0), 0, req(Op::Flush, 3, 0, &[], 0, 512, &s));
-    e.submit(e.admit(c, 0), 0, req(Op::Read, 4, 4096, &[], 512, 512, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 2, 0, &[], 512, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Flush, 3, 0, &[], 0, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 4, 4096, &[], 512, &s));
     // The far read finishes while the write is stalled; nothing else does.
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (4, true));
@@ -150,7 +150,7 @@ fn partial_block_writes_are_atomic() {
                     e.submit(
                         e.admit(c, 1),
                         0,
-                        req(Op::Write, round, off, &[t + 1], 1, 512, &s),
+                        req(&e, Op::Write, round, off, &[t + 1], 1, &s),
                     );
                 }
             }
@@ -181,10 +181,10 @@ fn write_zeroes_and_reads_with_partial_blocks() {
         e.submit(
             e.admit(c, 0),
             0,
-            req(Op::WriteZeroes, off, off, &[], len, 512, &s),
+            req(&e, Op::WriteZeroes, off, off, &[], len, &s),
         );
     }
-    e.submit(e.admit(c, 0), 0, req(Op::Read, 99, 3, &[], 8000, 512, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 99, 3, &[], 8000, &s));
     e.remove_client(c);
     let mut all: Vec<_> = rx.try_iter().collect();
     all.sort_by_key(|r| r.0);
@@ -206,9 +206,65 @@ fn device_errors_reach_the_sink() {
     let e = Engine::new(vec![m], 1).unwrap();
     let c = e.add_client();
     let (s, rx) = sink();
-    e.submit(e.admit(c, 0), 0, req(Op::Read, 5, 4096, &[], 512, 512, &s));
+    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 5, 4096, &[], 512, &s));
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (5, false));
     e.remove_client(c);
     let _ = DevError::ReadOnly;
+}
+
+/// A device whose reads take 5 ms, so a queue builds up.
+struct SlowRead(MemStore);
+
+impl BlockDevice for SlowRead {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn limits(&self) -> Limits {
+        self.0.limits()
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        std::thread::sleep(Duration::from_millis(5));
+        self.0.read(o, b)
+    }
+    fn write(&self, o: u64, d: WriteBuf<'_>, f: bool) -> DevResult<()> {
+        self.0.write(o, d, f)
+    }
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+    fn discard(&self, _: u64, _: u64) -> DevResult<()> {
+        Ok(())
+    }
+    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
+        self.0.write_zeroes(o, l, f)
+    }
+}
+
+#[test]
+fn a_busy_client_does_not_starve_another() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(SlowRead(MemStore::new(1 << 20)));
+    let e = Engine::new(vec![dev], 1).unwrap();
+    let (s, rx) = sink();
+    let busy = e.add_client();
+    let other = e.add_client();
+    for i in 0..30 {
+        e.submit(
+            e.admit(busy, 4096),
+            0,
+            req(&e, Op::Read, i, 0, &[], 4096, &s),
+        );
+    }
+    e.submit(
+        e.admit(other, 4096),
+        0,
+        req(&e, Op::Read, 1000, 0, &[], 4096, &s),
+    );
+    let order: Vec<u64> = (0..31)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap().0)
+        .collect();
+    let pos = order.iter().position(|&c| c == 1000).unwrap();
+    assert!(pos <= 2, "the other client's read finished {pos}th of 31");
+    e.remove_client(busy);
+    e.remove_client(other);
 }

@@ -39,7 +39,9 @@ pub mod mempool;
 pub mod percpu;
 pub mod raw;
 
-pub use blockpool::{ArcPoolBox, BlockPool, PoolBox, RawBlockPool};
+pub use blockpool::{
+    ArcPoolBox, BlockPool, LocalBlockCache, LocalBox, LocalPool, PoolBox, RawBlockPool,
+};
 pub use budget::{default_total_budget, parse_size, per_device_budget, total_ram_bytes, Budget};
 pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
 pub use mempool::{MemPool, PageList, BIO_MAX_VECS};

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::core::DevResult;
-use crate::engine::buf::{get_buf, no_buf};
+use crate::engine::Buf;
 use crate::engine::{Engine, Op, Request, Sink};
 
 use super::handshake::{is_read_only, Negotiated};
@@ -164,7 +164,6 @@ fn reader_loop(
     let size = ex.device.size();
     let read_only = is_read_only(ex);
     let fast_zero = ex.device.limits().write_zeroes;
-    let block = engine.block_size(neg.export);
     let structured = neg.structured;
     let sink: Arc<dyn Sink> = conn.clone();
     let sock = &conn.sock;
@@ -212,7 +211,8 @@ fn reader_loop(
                     conn.send_read(h.cookie, h.offset, &[]);
                 } else {
                     let t = engine.admit(client, len);
-                    engine.submit(t, neg.export, request(Op::Read, no_buf(), 0));
+                    let (buf, head) = engine.buffer(neg.export, h.offset, len);
+                    engine.submit(t, neg.export, request(Op::Read, buf, head));
                 }
             }
             CMD_WRITE => {
@@ -239,12 +239,10 @@ fn reader_loop(
                     conn.send_ok(h.cookie);
                 } else {
                     let t = engine.admit(client, len);
-                    // Lay the payload out over whole device blocks so a
-                    // partial-block write needs no second buffer.
-                    let start = h.offset & !(block - 1);
-                    let end = (h.offset + len + block - 1) & !(block - 1);
-                    let head = (h.offset - start) as usize;
-                    let mut buf = get_buf((end - start) as usize);
+                    // The payload lands straight in a buffer laid out over
+                    // whole device blocks, so a partial-block write needs
+                    // no second buffer and no copy.
+                    let (mut buf, head) = engine.buffer(neg.export, h.offset, len);
                     if let Err(e) = sock.read_exact(&mut buf[head..head + len as usize]) {
                         engine.cancel(t);
                         return Err(e);
@@ -258,7 +256,7 @@ fn reader_loop(
                     conn.send_error(h.cookie, EINVAL, false, "");
                 } else {
                     let t = engine.admit(client, 0);
-                    engine.submit(t, neg.export, request(Op::Flush, no_buf(), 0));
+                    engine.submit(t, neg.export, request(Op::Flush, Buf::empty(), 0));
                 }
             }
             CMD_TRIM | CMD_WRITE_ZEROES => {
@@ -286,7 +284,7 @@ fn reader_loop(
                 } else {
                     let op = if zero { Op::WriteZeroes } else { Op::Trim };
                     let t = engine.admit(client, 0);
-                    engine.submit(t, neg.export, request(op, no_buf(), 0));
+                    engine.submit(t, neg.export, request(op, Buf::empty(), 0));
                 }
             }
             CMD_CACHE => {

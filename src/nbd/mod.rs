@@ -12,4 +12,7 @@ pub mod proto;
 pub mod server;
 pub mod sock;
 
-pub use server::{serve, serve_with_shutdown, Export, Listen, ServerConfig, DEFAULT_PORT};
+pub use server::{
+    serve, serve_with, serve_with_shutdown, Export, Listen, ServeOptions, ServerConfig,
+    DEFAULT_PORT,
+};

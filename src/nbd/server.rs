@@ -18,6 +18,7 @@ use std::thread::JoinHandle;
 
 use crate::core::BlockDevice;
 use crate::engine::Engine;
+use crate::mem::{per_device_budget, Budget, BufPool};
 
 use super::conn::{transmission, Conn};
 use super::handshake::negotiate;
@@ -47,6 +48,17 @@ pub struct ServerConfig {
     pub exports: Vec<Export>,
     /// Worker threads; 0 = number of cores.
     pub threads: usize,
+}
+
+/// Optional knobs of [`serve_with`].
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Total in-flight payload memory for all exports (divided equally);
+    /// `None`: 2 % of RAM, at least 16 MiB per export.
+    pub memory_budget: Option<u64>,
+    /// Stop when this becomes true (checked every 100 ms) instead of on
+    /// SIGINT/SIGTERM; no signal handlers are installed then.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 /// The IANA port of NBD.
@@ -202,6 +214,29 @@ impl Drop for Pipe {
 
 /// Serve until SIGINT or SIGTERM, then shut down cleanly (see module doc).
 pub fn serve(cfg: ServerConfig) -> io::Result<()> {
+    serve_with(cfg, ServeOptions::default())
+}
+
+/// Like [`serve`], but stops when `stop` becomes true (checked at least
+/// every 100 ms) and installs no signal handlers. For embedding and tests.
+pub fn serve_with_shutdown(cfg: ServerConfig, stop: Arc<AtomicBool>) -> io::Result<()> {
+    serve_with(
+        cfg,
+        ServeOptions {
+            stop: Some(stop),
+            ..ServeOptions::default()
+        },
+    )
+}
+
+/// [`serve`] with options.
+pub fn serve_with(cfg: ServerConfig, opts: ServeOptions) -> io::Result<()> {
+    // SIGPIPE would kill us when a client vanishes; we handle EPIPE.
+    // SAFETY: setting a signal disposition to ignore is always sound.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    if let Some(stop) = &opts.stop {
+        return run(cfg, stop, None, opts.memory_budget);
+    }
     let pipe = Pipe::new()?;
     SIGNALLED.store(false, Ordering::SeqCst);
     SIGNAL_FD.store(pipe.w, Ordering::SeqCst);
@@ -218,24 +253,18 @@ pub fn serve(cfg: ServerConfig) -> io::Result<()> {
             }
         }
     }
-    // SIGPIPE would kill us when a client vanishes; we handle EPIPE.
-    // SAFETY: setting a signal disposition to ignore is always sound.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-    let stop = Arc::new(AtomicBool::new(false));
-    let r = run(cfg, &stop, Some(&pipe));
+    let stop = AtomicBool::new(false);
+    let r = run(cfg, &stop, Some(&pipe), opts.memory_budget);
     SIGNAL_FD.store(-1, Ordering::SeqCst);
     r
 }
 
-/// Like [`serve`], but stops when `stop` becomes true (checked at least
-/// every 100 ms) and installs no signal handlers. For embedding and tests.
-pub fn serve_with_shutdown(cfg: ServerConfig, stop: Arc<AtomicBool>) -> io::Result<()> {
-    // SAFETY: setting a signal disposition to ignore is always sound.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-    run(cfg, &stop, None)
-}
-
-fn run(cfg: ServerConfig, stop: &AtomicBool, pipe: Option<&Pipe>) -> io::Result<()> {
+fn run(
+    cfg: ServerConfig,
+    stop: &AtomicBool,
+    pipe: Option<&Pipe>,
+    memory_budget: Option<u64>,
+) -> io::Result<()> {
     if cfg.exports.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -245,10 +274,18 @@ fn run(cfg: ServerConfig, stop: &AtomicBool, pipe: Option<&Pipe>) -> io::Result<
     let listener = Listener::bind(&cfg.listen)?;
     listener.set_nonblocking()?;
     let exports = Arc::new(cfg.exports);
-    let engine = Arc::new(Engine::new(
-        exports.iter().map(|e| e.device.clone()).collect(),
-        cfg.threads,
-    )?);
+    let devices: Vec<_> = exports.iter().map(|e| e.device.clone()).collect();
+    let engine = Arc::new(match memory_budget {
+        None => Engine::new(devices, cfg.threads)?,
+        Some(total) => {
+            let share = per_device_budget(total, devices.len(), true);
+            let pools = devices
+                .iter()
+                .map(|_| BufPool::new(Budget::new(share)))
+                .collect();
+            Engine::with_pools(devices, pools, cfg.threads)?
+        }
+    });
     let shutting_down = Arc::new(AtomicBool::new(false));
     // Connections: a handle to shut the socket's read side, and the thread.
     let conns: Arc<Mutex<Vec<(u64, Sock)>>> = Arc::new(Mutex::new(Vec::new()));
