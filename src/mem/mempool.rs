@@ -28,6 +28,7 @@
 //! complete.
 
 use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -39,6 +40,20 @@ use super::raw::RawBuf;
 pub const BIO_MAX_VECS: usize = 256;
 
 const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+static BULK_BOUNCE: AtomicBool = AtomicBool::new(true);
+
+/// Choose how crypt targets created from now on take their write bounce
+/// pages: `true` (default) in one bulk call, `false` one at a time — the
+/// seed's "before", kept for the ablation benchmark.
+pub fn set_bulk_bounce_default(bulk: bool) {
+    BULK_BOUNCE.store(bulk, Ordering::Relaxed);
+}
+
+/// See [`set_bulk_bounce_default`].
+pub fn bulk_bounce_default() -> bool {
+    BULK_BOUNCE.load(Ordering::Relaxed)
+}
 
 struct State {
     reserve: Vec<RawBuf>,

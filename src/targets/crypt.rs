@@ -43,7 +43,7 @@ use crate::core::device::write_zeroes_by_writing;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::crypto::pool::CryptPool;
 use crate::crypto::SectorCrypt;
-use crate::mem::{Budget, BufPool, PooledBuf};
+use crate::mem::{mempool, Budget, MemPool, PageList};
 
 /// Requests at least this large are split across the worker pool.
 const SPLIT_MIN: usize = 128 << 10;
@@ -75,7 +75,10 @@ pub struct Crypt {
     opts: CryptOptions,
     sc: SectorCrypt,
     pool: Option<Arc<CryptPool>>,
-    bounce_pool: OnceLock<Arc<BufPool>>,
+    bounce_pool: OnceLock<Arc<MemPool>>,
+    /// Bounce pages in one bulk call (seed 000) or one at a time (the
+    /// ablation; see `mem::mempool::set_bulk_bounce_default`).
+    bulk_bounce: bool,
 }
 
 impl std::fmt::Debug for Crypt {
@@ -281,6 +284,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         sc,
         pool,
         bounce_pool: OnceLock::new(),
+        bulk_bounce: mempool::bulk_bounce_default(),
     }))
 }
 
@@ -296,12 +300,75 @@ impl Crypt {
         self.opts
     }
 
-    /// A bounce buffer of `len` bytes for a borrowed write. The single place
-    /// that decides where encryption buffers come from.
-    fn bounce(&self, len: usize) -> PooledBuf {
-        self.bounce_pool
-            .get_or_init(|| BufPool::new(Budget::unlimited()))
-            .get(len)
+    /// The bounce pages for `len` bytes of a borrowed write. The single place
+    /// that decides where encryption buffers come from: dm-crypt's page
+    /// mempool (reserve of 256 pages, per-device budget), all pages in one
+    /// bulk call (seed 000) unless the one-at-a-time ablation is selected.
+    fn bounce(&self, len: usize) -> PageList {
+        let pool = self.bounce_pool.get_or_init(|| {
+            let budget =
+                crate::mem::per_device_budget(crate::mem::default_total_budget(), 1, false);
+            MemPool::pages(Budget::new(budget))
+        });
+        let n = len.div_ceil(pool.elem_size());
+        if self.bulk_bounce {
+            pool.alloc_bulk(n)
+        } else {
+            pool.alloc_each(n)
+        }
+    }
+
+    /// Encrypt `src` (at cc_sector `sector`) into the bounce pages, split
+    /// across the worker pool like [`Crypt::transform`] when large enough.
+    fn encrypt_into_pages(&self, src: &[u8], pages: &mut PageList, sector: u64) -> DevResult<()> {
+        let page = pages.pool().elem_size();
+        let per_page = (page / 512) as u64;
+        type Job<'a> = (&'a [u8], &'a mut [u8], u64);
+        let jobs = pages
+            .iter_mut()
+            .zip(src.chunks(page))
+            .enumerate()
+            .map(|(i, (dst, s))| {
+                (
+                    s,
+                    &mut dst[..s.len()],
+                    sector.wrapping_add(i as u64 * per_page),
+                )
+            });
+        let pool = self
+            .pool
+            .as_ref()
+            .filter(|_| !self.opts.no_write_workqueue && src.len() >= SPLIT_MIN);
+        let Some(pool) = pool else {
+            for (s, d, sec) in jobs {
+                self.transform_one(Some(s), d, sec, Op::Encrypt);
+            }
+            return Ok(());
+        };
+        let parts = pool.parallelism().min(src.len() / PART_MIN).max(1);
+        let per = src.len().div_ceil(page).div_ceil(parts);
+        let mut groups: Vec<Mutex<Vec<Job<'_>>>> = (0..parts)
+            .map(|_| Mutex::new(Vec::with_capacity(per)))
+            .collect();
+        for (i, job) in jobs.enumerate() {
+            groups[i / per]
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(job);
+        }
+        let ok = pool.run(groups.len(), &|g| {
+            let jobs = std::mem::take(&mut *groups[g].lock().unwrap_or_else(|e| e.into_inner()));
+            for (s, d, sec) in jobs {
+                self.transform_one(Some(s), d, sec, Op::Encrypt);
+            }
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(DevError::Target(
+                "crypt: a worker failed while encrypting".into(),
+            ))
+        }
     }
 
     fn check(&self, offset: u64, len: usize) -> DevResult<()> {
@@ -426,21 +493,16 @@ impl BlockDevice for Crypt {
                 for piece in src.chunks(BOUNCE_MAX) {
                     let mut bounce = self.bounce(piece.len());
                     let at = offset + done as u64;
-                    self.transform(
-                        Some(piece),
-                        &mut bounce[..],
-                        self.cc_sector(at),
-                        Op::Encrypt,
-                    )?;
+                    self.encrypt_into_pages(piece, &mut bounce, self.cc_sector(at))?;
                     // FUA on a split write: the last piece carries it after
                     // a flush of the earlier ones.
                     let last = done + piece.len() == src.len();
                     if last && fua && pieces > 1 {
                         self.area.dev.flush()?;
                     }
-                    self.area.dev.write(
+                    self.area.dev.write_vectored(
                         self.area.offset + at,
-                        WriteBuf::Owned(&mut bounce[..]),
+                        &bounce.io_slices(piece.len()),
                         fua && last,
                     )?;
                     done += piece.len();
