@@ -132,3 +132,8 @@ fn client_vanishing_mid_request() {
 fn block_status_reports_all_data() {
     case("block_status");
 }
+
+#[test]
+fn kernel_style_simple_replies_and_unaligned_io() {
+    case("simple_replies");
+}

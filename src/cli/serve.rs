@@ -196,10 +196,16 @@ pub fn serve_specs(
             read_only: st.read_only,
         })
         .collect();
-    crate::nbd::serve(ServerConfig {
-        listen,
-        exports,
-        threads: st.threads,
-    })
+    crate::nbd::server::serve_with(
+        ServerConfig {
+            listen,
+            exports,
+            threads: st.threads,
+        },
+        crate::nbd::server::ServeOptions {
+            memory_budget: st.memory_budget,
+            ..Default::default()
+        },
+    )
     .map_err(|e| e.to_string())
 }

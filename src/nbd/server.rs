@@ -391,6 +391,9 @@ fn connection(sock: Sock, exports: &[Export], engine: &Engine, shutting_down: &A
     let peer = sock.peer();
     // A client that stops reading replies must not hold a worker forever.
     let _ = sock.set_write_timeout(Some(std::time::Duration::from_secs(60)));
+    // Haggling takes milliseconds; a client silent for long during it is
+    // holding a thread for nothing. (Transmission may idle forever.)
+    let _ = sock.set_read_timeout(Some(std::time::Duration::from_secs(120)));
     let neg = match negotiate(&sock, exports, shutting_down) {
         Ok(Some(n)) => n,
         Ok(None) => return,
@@ -400,6 +403,10 @@ fn connection(sock: Sock, exports: &[Export], engine: &Engine, shutting_down: &A
             return;
         }
     };
+    if let Err(e) = sock.set_read_timeout(None) {
+        tracing::info!("client {peer}: {e}");
+        return;
+    }
     let ex = &exports[neg.export];
     tracing::debug!("client {peer}: serving export {:?}", ex.name);
     let conn = Arc::new(Conn::new(sock, neg.structured));

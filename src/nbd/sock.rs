@@ -30,6 +30,13 @@ impl Sock {
         }
     }
 
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Sock::Unix(s) => s.set_read_timeout(t),
+            Sock::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
     pub fn peer(&self) -> String {
         match self {
             Sock::Unix(_) => "unix".to_string(),

@@ -310,7 +310,32 @@ def case_block_status():
     h.shutdown()
 
 
+def case_simple_replies():
+    """As a kernel client: no structured replies, 512-byte-ish I/O on a
+    4096-byte-block device, errors as simple replies."""
+    h = nbd.NBD()
+    h.set_strict_mode(0)
+    h.set_request_structured_replies(False)
+    h.set_export_name("b4k")
+    h.connect_unix(SOCK)
+    assert not h.get_structured_replies_negotiated()
+    data = os.urandom(512 * 5)
+    h.pwrite(data, 4096 - 1024)  # spans three device blocks, unaligned
+    assert h.pread(512 * 5, 4096 - 1024) == data
+    assert h.pread(512, 4096 - 1536) == b"\0" * 512, "bytes before the write changed"
+    expect_errno(lambda: h.pread(512, h.get_size()), errno.EINVAL, "simple-reply read error")
+    # The stream is still in sync after an errored simple-reply read.
+    assert h.pread(100, 4096 - 1000) == data[24:124]
+    h.zero(700, 4096 + 100)
+    # Written: [3072, 5632); zeroed: [4196, 4896); read back [4096, 4996).
+    want = data[1024:1124] + b"\0" * 700 + data[1824:1924]
+    assert h.pread(900, 4096) == want, "write-zeroes with partial blocks"
+    h.flush()
+    h.shutdown()
+
+
 CASES = {
+    "simple_replies": case_simple_replies,
     "out_of_range": case_out_of_range,
     "oversize": case_oversize,
     "unknown_command_and_flags": case_unknown_command_and_flags,
