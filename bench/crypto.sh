@@ -6,8 +6,11 @@
 # AES-256-XTS throughput (criterion median) for 512- and 4096-byte sectors
 # and its ratio to the mean of the two OpenSSL figures.
 #
-# Usage: bench/crypto.sh [criterion filter]   (default: the 1 MiB requests
-# plus 4 KiB and 64 KiB at both sector sizes)
+# Then (unless CRYPT_TARGET=0) runs benches/crypto_target.rs and prints the
+# crypt target over the in-memory store against the bare cipher of the same
+# run, and 2 versus 1 crypt threads for one QD1 stream of 1 MiB writes.
+#
+# Usage: bench/crypto.sh [criterion filter]   (default: every cipher bench)
 set -eu
 cd "$(dirname "$0")/.."
 filter="${1:-xts_aes256/|ceiling}"
@@ -22,6 +25,7 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //
 echo "openssl: $(openssl version)"
 o1=$(ossl)
 echo "openssl speed -evp aes-256-xts -bytes 8192 (before): $o1 B/s"
+rm -rf target/criterion/xts_* target/criterion/ceiling target/criterion/crypt_target
 cargo bench --bench crypto_xts -- "$filter" >/tmp/udm-crypto-bench.$$ 2>&1 || {
     cat /tmp/udm-crypto-bench.$$
     exit 1
@@ -49,4 +53,33 @@ for group in sorted(os.listdir(root)):
         med = json.load(open(os.path.join(dirpath, "estimates.json")))["median"]["point_estimate"]
         gbs = int(size) / med  # bytes per ns = GB/s
         print(f"{bench:45} {med/1000:10.1f}us {gbs:7.2f} {gbs * 1e9 / ossl:9.2f}")
+PY
+
+[ "${CRYPT_TARGET:-1}" = 0 ] && exit 0
+echo
+echo "crypt target over MemStore (load before: $(cut -d' ' -f1-3 /proc/loadavg))"
+cargo bench --bench crypto_target >/tmp/udm-crypto-bench.$$ 2>&1 || {
+    cat /tmp/udm-crypto-bench.$$
+    exit 1
+}
+rm -f /tmp/udm-crypto-bench.$$
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+python3 - <<'PY'
+import json, os
+root = "target/criterion/crypt_target"
+def gbs(name):
+    p = os.path.join(root, name, "new", "estimates.json")
+    med = json.load(open(p))["median"]["point_estimate"]
+    return (1 << 20) / med
+names = sorted(d for d in os.listdir(root) if d != "report")
+for n in names:
+    print(f"{n:45} {gbs(n):7.2f} GB/s")
+print()
+for ss in (512, 4096):
+    sfx = f"ss{ss}_1048576"
+    print(f"ss {ss}: target(1 thread) / cipher: write {gbs('mem_t1_write_' + sfx) / gbs('cipher_alone_enc_' + sfx):.2f}, "
+          f"read {gbs('mem_t1_read_' + sfx) / gbs('cipher_alone_dec_' + sfx):.2f}")
+    print(f"ss {ss}: 2 threads / 1 thread, QD1 1 MiB writes: MemStore {gbs('mem_t2_write_' + sfx) / gbs('mem_t1_write_' + sfx):.2f}, "
+          f"null device {gbs('null_t2_write_' + sfx) / gbs('null_t1_write_' + sfx):.2f}; "
+          f"reads (MemStore) {gbs('mem_t2_read_' + sfx) / gbs('mem_t1_read_' + sfx):.2f}")
 PY

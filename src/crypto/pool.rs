@@ -224,6 +224,32 @@ mod tests {
         assert!(pool.run(4, &|_| {}));
     }
 
+    /// Part 0 (the caller) waits for part 1 to start: this only finishes
+    /// quickly if part 1 really runs on another thread at the same time.
+    #[test]
+    fn parts_run_concurrently() {
+        let pool = CryptPool::new(2, "t").unwrap();
+        let started = AtomicBool::new(false);
+        let saw = AtomicBool::new(false);
+        let t0 = std::time::Instant::now();
+        assert!(pool.run(2, &|i| {
+            if i == 1 {
+                started.store(true, Ordering::SeqCst);
+            } else {
+                while !started.load(Ordering::SeqCst)
+                    && t0.elapsed() < std::time::Duration::from_secs(5)
+                {
+                    std::hint::spin_loop();
+                }
+                saw.store(started.load(Ordering::SeqCst), Ordering::SeqCst);
+            }
+        }));
+        assert!(
+            saw.load(Ordering::SeqCst),
+            "part 1 did not run while part 0 was running"
+        );
+    }
+
     #[test]
     fn single_thread_means_no_pool() {
         assert!(CryptPool::new(1, "t").is_none());

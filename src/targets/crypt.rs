@@ -11,8 +11,12 @@
 //!   borrowed buffer is never modified and is encrypted into a bounce buffer
 //!   (one function, [`Crypt::bounce`], so the allocation policy lives in one
 //!   place);
-//! - a large request is split across the crypto worker pool (seed 002) and
-//!   goes down only when all its sectors are done;
+//! - a large request is cut into one part per crypto thread (seed 002); each
+//!   thread encrypts its part and writes it down (or reads its part and
+//!   decrypts it), so both the cipher and the lower device's copy run in
+//!   parallel, and the request completes only when every part has: one QD1
+//!   stream uses every core, and no write is reordered against a later
+//!   request (the next request is not accepted before this one completes);
 //! - discards pass down only with `allow_discards`; write-zeroes is emulated
 //!   by encrypting zeros (dm-crypt does not pass it down either); flush and
 //!   FUA pass down.
@@ -288,12 +292,6 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     }))
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Op {
-    Encrypt,
-    Decrypt,
-}
-
 impl Crypt {
     /// The options this target was built with.
     pub fn options(&self) -> CryptOptions {
@@ -318,59 +316,6 @@ impl Crypt {
         }
     }
 
-    /// Encrypt `src` (at cc_sector `sector`) into the bounce pages, split
-    /// across the worker pool like [`Crypt::transform`] when large enough.
-    fn encrypt_into_pages(&self, src: &[u8], pages: &mut PageList, sector: u64) -> DevResult<()> {
-        let page = pages.pool().elem_size();
-        let per_page = (page / 512) as u64;
-        type Job<'a> = (&'a [u8], &'a mut [u8], u64);
-        let jobs = pages
-            .iter_mut()
-            .zip(src.chunks(page))
-            .enumerate()
-            .map(|(i, (dst, s))| {
-                (
-                    s,
-                    &mut dst[..s.len()],
-                    sector.wrapping_add(i as u64 * per_page),
-                )
-            });
-        let pool = self
-            .pool
-            .as_ref()
-            .filter(|_| !self.opts.no_write_workqueue && src.len() >= SPLIT_MIN);
-        let Some(pool) = pool else {
-            for (s, d, sec) in jobs {
-                self.transform_one(Some(s), d, sec, Op::Encrypt);
-            }
-            return Ok(());
-        };
-        let parts = pool.parallelism().min(src.len() / PART_MIN).max(1);
-        let per = src.len().div_ceil(page).div_ceil(parts);
-        let mut groups: Vec<Mutex<Vec<Job<'_>>>> = (0..parts)
-            .map(|_| Mutex::new(Vec::with_capacity(per)))
-            .collect();
-        for (i, job) in jobs.enumerate() {
-            groups[i / per]
-                .get_mut()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(job);
-        }
-        let ok = pool.run(groups.len(), &|g| {
-            let jobs = std::mem::take(&mut *groups[g].lock().unwrap_or_else(|e| e.into_inner()));
-            for (s, d, sec) in jobs {
-                self.transform_one(Some(s), d, sec, Op::Encrypt);
-            }
-        });
-        if ok {
-            Ok(())
-        } else {
-            Err(DevError::Target(
-                "crypt: a worker failed while encrypting".into(),
-            ))
-        }
-    }
-
     fn check(&self, offset: u64, len: usize) -> DevResult<()> {
         let ss = u64::from(self.opts.sector_size);
         if offset % ss != 0 || len as u64 % ss != 0 {
@@ -388,69 +333,86 @@ impl Crypt {
         (offset / 512).wrapping_add(self.iv_offset)
     }
 
-    /// Transform `dst` (from `src` when given) whose first byte is at
-    /// cc_sector `sector`, split across the pool when large enough.
-    fn transform(&self, src: Option<&[u8]>, dst: &mut [u8], sector: u64, op: Op) -> DevResult<()> {
-        let may_split = match op {
-            Op::Encrypt => !self.opts.no_write_workqueue,
-            Op::Decrypt => !self.opts.no_read_workqueue,
-        };
-        let pool = self
-            .pool
-            .as_ref()
-            .filter(|_| may_split && dst.len() >= SPLIT_MIN);
-        let Some(pool) = pool else {
-            self.transform_one(src, dst, sector, op);
-            return Ok(());
+    /// How a request of `len` bytes is cut for the pool: (bytes per part,
+    /// number of parts). One part when the pool is off for this direction
+    /// or the request is small.
+    fn plan(&self, len: usize, may_split: bool) -> (usize, usize) {
+        let threads = match &self.pool {
+            Some(p) if may_split && len >= SPLIT_MIN => p.parallelism(),
+            _ => 1,
         };
         let ss = self.opts.sector_size as usize;
-        let sectors = dst.len() / ss;
-        let parts = pool.parallelism().min(dst.len() / PART_MIN).max(1);
-        let per = sectors.div_ceil(parts) * ss;
-        let step = u64::from(self.opts.sector_size / 512);
-        type Part<'a> = (Option<&'a [u8]>, &'a mut [u8], u64);
-        let mut list: Vec<Mutex<Option<Part<'_>>>> = Vec::with_capacity(parts);
-        let mut rest = dst;
-        let mut src_rest = src;
-        let mut s = sector;
-        while !rest.is_empty() {
-            let n = per.min(rest.len());
-            let (head, tail) = rest.split_at_mut(n);
-            let sh = src_rest.map(|x| {
-                let (h, t) = x.split_at(n);
-                src_rest = Some(t);
-                h
-            });
-            list.push(Mutex::new(Some((sh, head, s))));
-            s = s.wrapping_add((n / ss) as u64 * step);
-            rest = tail;
-        }
-        let ok = pool.run(list.len(), &|i| {
-            let part = list[i].lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some((src, dst, sector)) = part {
-                self.transform_one(src, dst, sector, op);
-            }
-        });
-        if ok {
-            Ok(())
-        } else {
-            Err(DevError::Target(
-                "crypt: a worker failed while encrypting".into(),
-            ))
-        }
+        let parts = threads.min(len / PART_MIN).max(1);
+        let per = (len / ss).div_ceil(parts).max(1) * ss;
+        (per, len.div_ceil(per).max(1))
     }
 
-    fn transform_one(&self, src: Option<&[u8]>, dst: &mut [u8], sector: u64, op: Op) {
-        match (op, src) {
-            (Op::Encrypt, Some(s)) => self.sc.encrypt_to(s, dst, sector),
-            (Op::Encrypt, None) => self.sc.encrypt(dst, sector),
-            (Op::Decrypt, Some(s)) => {
-                dst.copy_from_slice(s);
-                self.sc.decrypt(dst, sector)
+    /// Run `f(i)` for parts `0..n`, on the pool when there is more than one;
+    /// the first error wins. Returns only when every part has finished, so
+    /// a request completes as a whole (seed 002: no reordering).
+    fn run_parts(&self, n: usize, f: &(dyn Fn(usize) -> DevResult<()> + Sync)) -> DevResult<()> {
+        let pool = match &self.pool {
+            Some(p) if n > 1 => p,
+            _ => {
+                for i in 0..n {
+                    f(i)?;
+                }
+                return Ok(());
             }
-            (Op::Decrypt, None) => self.sc.decrypt(dst, sector),
+        };
+        let first_err: Mutex<Option<DevError>> = Mutex::new(None);
+        let ok = pool.run(n, &|i| {
+            if let Err(e) = f(i) {
+                first_err
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+            }
+        });
+        if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
         }
+        if !ok {
+            return Err(DevError::Target(
+                "crypt: a worker thread failed while processing the request".into(),
+            ));
+        }
+        Ok(())
     }
+
+    /// Encrypt a borrowed piece into bounce pages and write it at target
+    /// offset `at` with one vectored write per piece of at most 1 MiB.
+    fn write_borrowed(&self, at: u64, src: &[u8], fua: bool) -> DevResult<()> {
+        let mut done = 0usize;
+        for piece in src.chunks(BOUNCE_MAX) {
+            let pos = at + done as u64;
+            let mut pages = self.bounce(piece.len());
+            let page = pages.pool().elem_size();
+            let per_page = (page / 512) as u64;
+            let first = self.cc_sector(pos);
+            for (i, (dst, s)) in pages.iter_mut().zip(piece.chunks(page)).enumerate() {
+                let sector = first.wrapping_add(i as u64 * per_page);
+                self.sc.encrypt_to(s, &mut dst[..s.len()], sector);
+            }
+            self.area.dev.write_vectored(
+                self.area.offset + pos,
+                &pages.io_slices(piece.len()),
+                fua,
+            )?;
+            done += piece.len();
+        }
+        Ok(())
+    }
+}
+
+type Parts<'a> = Vec<Mutex<Option<&'a mut [u8]>>>;
+
+fn parts_of(buf: &mut [u8], per: usize) -> Parts<'_> {
+    buf.chunks_mut(per).map(|c| Mutex::new(Some(c))).collect()
+}
+
+fn take<'a>(parts: &Parts<'a>, i: usize) -> Option<&'a mut [u8]> {
+    parts[i].lock().unwrap_or_else(|p| p.into_inner()).take()
 }
 
 impl BlockDevice for Crypt {
@@ -471,44 +433,51 @@ impl BlockDevice for Crypt {
         .stack(self.area.dev.limits())
     }
 
+    /// Each part is read from the device and decrypted in place by the
+    /// thread that owns it, so reading and decrypting both run in parallel.
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len())?;
         tracing::trace!(offset, len = buf.len(), "crypt read");
-        self.area.dev.read(self.area.offset + offset, buf)?;
-        self.transform(None, buf, self.cc_sector(offset), Op::Decrypt)
+        let (per, n) = self.plan(buf.len(), !self.opts.no_read_workqueue);
+        let parts = parts_of(buf, per);
+        self.run_parts(n, &|i| {
+            let Some(p) = take(&parts, i) else {
+                return Ok(());
+            };
+            let at = offset + (i * per) as u64;
+            self.area.dev.read(self.area.offset + at, p)?;
+            self.sc.decrypt(p, self.cc_sector(at));
+            Ok(())
+        })
     }
 
+    /// Each part is encrypted (in place, or into a bounce buffer for a
+    /// borrowed one) and written down by the thread that owns it; the call
+    /// returns when all parts are on the device (with FUA each part is
+    /// durable).
     fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
         self.check(offset, data.len())?;
         tracing::trace!(offset, len = data.len(), fua, "crypt write");
-        let dev_off = self.area.offset + offset;
+        let (per, n) = self.plan(data.len(), !self.opts.no_write_workqueue);
         match data {
             WriteBuf::Owned(buf) => {
-                self.transform(None, buf, self.cc_sector(offset), Op::Encrypt)?;
-                self.area.dev.write(dev_off, WriteBuf::Owned(buf), fua)
+                let parts = parts_of(buf, per);
+                self.run_parts(n, &|i| {
+                    let Some(p) = take(&parts, i) else {
+                        return Ok(());
+                    };
+                    let at = offset + (i * per) as u64;
+                    self.sc.encrypt(p, self.cc_sector(at));
+                    self.area
+                        .dev
+                        .write(self.area.offset + at, WriteBuf::Owned(p), fua)
+                })
             }
-            WriteBuf::Borrowed(src) => {
-                let mut done = 0usize;
-                let pieces = src.len().div_ceil(BOUNCE_MAX);
-                for piece in src.chunks(BOUNCE_MAX) {
-                    let mut bounce = self.bounce(piece.len());
-                    let at = offset + done as u64;
-                    self.encrypt_into_pages(piece, &mut bounce, self.cc_sector(at))?;
-                    // FUA on a split write: the last piece carries it after
-                    // a flush of the earlier ones.
-                    let last = done + piece.len() == src.len();
-                    if last && fua && pieces > 1 {
-                        self.area.dev.flush()?;
-                    }
-                    self.area.dev.write_vectored(
-                        self.area.offset + at,
-                        &bounce.io_slices(piece.len()),
-                        fua && last,
-                    )?;
-                    done += piece.len();
-                }
-                Ok(())
-            }
+            WriteBuf::Borrowed(src) => self.run_parts(n, &|i| {
+                let start = (i * per).min(src.len());
+                let end = (start + per).min(src.len());
+                self.write_borrowed(offset + start as u64, &src[start..end], fua)
+            }),
         }
     }
 

@@ -1,0 +1,123 @@
+//! The crypt target over the in-memory store: 1 MiB requests, single
+//! thread, against the bare cipher in the same run; and one QD1 stream of
+//! 1 MiB writes with 1 versus 2 crypt threads (seed 002). The store alone
+//! and a null device (no copy at all) are measured too, to show what the
+//! lower device's copy costs. bench/crypto.sh prints the ratios.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use udm::core::{BlockDevice, DevResult, Limits, WriteBuf};
+use udm::crypto::SectorCrypt;
+use udm::store::MemStore;
+use udm::targets::{crypt, DeviceResolver, Target, TargetArgs, TargetOptions};
+
+const REQ: usize = 1 << 20;
+/// Device size: 8 MiB, so the store's memory stays in the last-level cache
+/// (a DRAM-sized store measures memory bandwidth, not the target).
+const DEV: u64 = 8 << 20;
+
+/// Accepts writes without copying, reads leave the buffer as it is.
+struct NullDev;
+impl BlockDevice for NullDev {
+    fn size(&self) -> u64 {
+        DEV
+    }
+    fn limits(&self) -> Limits {
+        Limits::default()
+    }
+    fn read(&self, _offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        black_box(buf);
+        Ok(())
+    }
+    fn write(&self, _offset: u64, data: WriteBuf<'_>, _fua: bool) -> DevResult<()> {
+        black_box(data.as_slice());
+        Ok(())
+    }
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+    fn discard(&self, _offset: u64, _len: u64) -> DevResult<()> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _offset: u64, _len: u64, _fua: bool) -> DevResult<()> {
+        Ok(())
+    }
+}
+
+struct One(Arc<dyn BlockDevice>);
+impl DeviceResolver for One {
+    fn resolve(&mut self, _spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+const KEY: &str = "7f1c2b3a4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7a8b9cadbecfd0e1f2\
+                   03142536475869708a9bacbdcedfe0f1021324354657687980a1b2c3d4e5f6a7";
+
+fn target(dev: Arc<dyn BlockDevice>, ss: u32, threads: usize) -> Arc<dyn Target> {
+    let line = format!("aes-xts-plain64 {KEY} 0 dev 0 1 sector_size:{ss}");
+    let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+    crypt::new(TargetArgs {
+        args: &args,
+        len: DEV,
+        resolver: &mut One(dev),
+        options: &TargetOptions {
+            crypt_threads: threads,
+        },
+    })
+    .expect("crypt table")
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("crypt_target");
+    g.measurement_time(Duration::from_secs(3));
+    g.warm_up_time(Duration::from_millis(500));
+    g.throughput(Throughput::Bytes(REQ as u64));
+    let mut buf = vec![0x33u8; REQ];
+    let key = hex::decode(KEY).unwrap();
+    for ss in [512u32, 4096] {
+        let sc = SectorCrypt::new("aes-xts-plain64", &key, ss, false).unwrap();
+        g.bench_function(format!("cipher_alone_enc_ss{ss}/{REQ}"), |b| {
+            b.iter(|| sc.encrypt(black_box(&mut buf), 8))
+        });
+        g.bench_function(format!("cipher_alone_dec_ss{ss}/{REQ}"), |b| {
+            b.iter(|| sc.decrypt(black_box(&mut buf), 8))
+        });
+        for threads in [1usize, 2] {
+            let mem: Arc<dyn BlockDevice> = Arc::new(MemStore::new(DEV));
+            let t = target(mem, ss, threads);
+            let mut at = 0u64;
+            g.bench_function(format!("mem_t{threads}_write_ss{ss}/{REQ}"), |b| {
+                b.iter(|| {
+                    t.write(at, WriteBuf::Owned(&mut buf), false).unwrap();
+                    at = (at + REQ as u64) % DEV;
+                })
+            });
+            g.bench_function(format!("mem_t{threads}_read_ss{ss}/{REQ}"), |b| {
+                b.iter(|| {
+                    t.read(at, &mut buf).unwrap();
+                    at = (at + REQ as u64) % DEV;
+                })
+            });
+            let t = target(Arc::new(NullDev), ss, threads);
+            g.bench_function(format!("null_t{threads}_write_ss{ss}/{REQ}"), |b| {
+                b.iter(|| t.write(0, WriteBuf::Owned(&mut buf), false).unwrap())
+            });
+        }
+    }
+    let mem = MemStore::new(DEV);
+    let mut at = 0u64;
+    g.bench_function(format!("memstore_alone_write/{REQ}"), |b| {
+        b.iter(|| {
+            mem.write(at, WriteBuf::Owned(&mut buf), false).unwrap();
+            at = (at + REQ as u64) % DEV;
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
