@@ -59,7 +59,8 @@ def fmt(ns):
 def gain(before, after):
     if before is None or after is None or after == 0:
         return "-"
-    return f"{before/after:.1f}x"
+    r = before / after
+    return f"{r:.2f}x" if r < 2 else f"{r:.1f}x"
 
 print("\n## seed 000: allocate the 256 bounce pages of a 1 MiB write (median)")
 b, a = med("mempool_alloc_256_pages/one_at_a_time"), med("mempool_alloc_256_pages/bulk")
