@@ -96,6 +96,15 @@ if os.path.isdir(os.path.join(base, "crypt_write_1mib_borrowed")):
     mib = lambda ns: "-" if ns is None else f"{1e9/ns:.0f} MiB/s"
     print("| before: pages one at a time | after: bulk | gain |\n|---|---|---|")
     print(f"| {fmt(b)} ({mib(b)}) | {fmt(a)} ({mib(a)}) | {gain(b, a)} |")
+    try:
+        with open(os.path.join(base, "crypt_write_1mib_borrowed", "interleaved.json")) as fh:
+            j = json.load(fh)
+        b, a = j["one_at_a_time_ns"], j["bulk_ns"]
+        print(f"\ninterleaved (ABBA, {j['rounds']} writes each, per-write median):\n")
+        print("| before: pages one at a time | after: bulk | gain |\n|---|---|---|")
+        print(f"| {fmt(b)} ({mib(b)}) | {fmt(a)} ({mib(a)}) | {gain(b, a)} |")
+    except OSError:
+        pass
 PY
 
 if [ "$callgrind" = 1 ]; then
