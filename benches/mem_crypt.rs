@@ -5,9 +5,9 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use udm::core::{BlockDevice, WriteBuf};
 use udm::mem::mempool::set_bulk_bounce_default;
 use udm::store::MemStore;
@@ -65,6 +65,57 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// The same comparison interleaved: writes alternate between the two
+/// targets (ABBA order) and each write is timed, so load changes on a
+/// shared machine hit both sides equally. Medians go to
+/// target/criterion/crypt_write_1mib_borrowed/interleaved.json for
+/// bench/mem.sh.
+fn interleaved() {
+    let data: Vec<u8> = (0..IO).map(|i| (i * 7 + 3) as u8).collect();
+    let each = target(false);
+    let bulk = target(true);
+    for t in [&each, &bulk] {
+        for off in (0..SIZE).step_by(IO) {
+            t.write(off, WriteBuf::Borrowed(&data), false).unwrap();
+        }
+    }
+    let rounds = 2000usize;
+    let (mut te, mut tb) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+    let mut off = 0u64;
+    for r in 0..rounds {
+        let order: [(&Arc<dyn Target>, bool); 2] = if r % 2 == 0 {
+            [(&each, false), (&bulk, true)]
+        } else {
+            [(&bulk, true), (&each, false)]
+        };
+        for (t, is_bulk) in order {
+            let t0 = Instant::now();
+            t.write(off, WriteBuf::Borrowed(black_box(&data)), false)
+                .unwrap();
+            let ns = t0.elapsed().as_nanos() as f64;
+            if is_bulk {
+                tb.push(ns)
+            } else {
+                te.push(ns)
+            }
+        }
+        off = (off + IO as u64) % SIZE;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (me, mb) = (median(&mut te), median(&mut tb));
+    println!("interleaved 1 MiB borrowed writes, {rounds} each: one at a time {me:.0} ns, bulk {mb:.0} ns (median)");
+    let dir = std::path::Path::new("target/criterion/crypt_write_1mib_borrowed");
+    if std::fs::create_dir_all(dir).is_ok() {
+        let _ = std::fs::write(
+            dir.join("interleaved.json"),
+            format!("{{\"rounds\": {rounds}, \"one_at_a_time_ns\": {me}, \"bulk_ns\": {mb}}}\n"),
+        );
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
@@ -73,4 +124,8 @@ criterion_group! {
         .sample_size(40);
     targets = bench
 }
-criterion_main!(benches);
+fn main() {
+    benches();
+    interleaved();
+    Criterion::default().configure_from_args().final_summary();
+}

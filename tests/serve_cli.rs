@@ -239,6 +239,7 @@ fn fio_verify(uri: &str, size_per_job_mib: u64) {
         &format!("--offset_increment={size_per_job_mib}M"),
         "--verify=crc32c",
         "--do_verify=1",
+        "--verify_state_save=0",
         "--group_reporting",
     ]));
     assert!(out.contains("err= 0"), "fio reported errors:\n{out}");

@@ -164,27 +164,7 @@ pub struct BackupArgs {
     pub common: Common,
 }
 
-/// A size with an optional binary suffix (k, m, g, t; case-insensitive).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_lowercase() {
-                'k' => 1u64 << 10,
-                'm' => 1 << 20,
-                'g' => 1 << 30,
-                't' => 1 << 40,
-                _ => return Err(format!("unknown size suffix in {s:?}")),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("invalid size {s:?}"))
-}
+use crate::mem::parse_size;
 
 /// Run a verb; returns the process exit code (cryptsetup's codes).
 pub fn run(c: Cmd) -> i32 {

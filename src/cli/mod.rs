@@ -74,9 +74,8 @@ pub fn luks_table(
         .map_err(|e| format!("--luks {name}: {e}"))?;
     let act =
         crate::luks::open(img, header, &pass).map_err(|e| format!("--luks {name}={image}: {e}"))?;
-    for w in &act.warnings {
-        tracing::warn!("--luks {name}={image}: {w}");
-    }
+    // Header warnings (e.g. a damaged primary copy) were logged by the
+    // LUKS reader itself.
     tracing::info!(
         "--luks {name}: LUKS{} volume {} opened with keyslot {}",
         act.version,

@@ -17,6 +17,9 @@ pub(crate) struct Geometry {
     /// Largest single device call, a multiple of `block`.
     pub max_io: usize,
     pub discard: bool,
+    /// Device size; a device whose size is not a multiple of `block` has a
+    /// short last block, and widened ranges stop at the end of the device.
+    pub size: u64,
 }
 
 impl Geometry {
@@ -28,6 +31,7 @@ impl Geometry {
             block,
             max_io,
             discard: l.discard,
+            size: dev.size(),
         }
     }
 
@@ -37,6 +41,16 @@ impl Geometry {
 
     pub fn up(&self, x: u64) -> u64 {
         x.saturating_add(self.block - 1) & !(self.block - 1)
+    }
+
+    /// End of the block-widened range for a request ending at `end`.
+    pub fn widened_end(&self, end: u64) -> u64 {
+        self.up(end).min(self.size.max(end))
+    }
+
+    /// Length of the block starting at `start` (short at the device end).
+    fn block_len(&self, start: u64) -> usize {
+        self.block.min(self.size.saturating_sub(start)).max(1) as usize
     }
 }
 
@@ -55,63 +69,38 @@ pub(crate) fn execute(
         .ok_or(DevError::OutOfRange {
             offset: req.offset,
             len: req.len,
-            size: dev.size(),
+            size: g.size,
         })?;
     if req.len == 0 && req.op != Op::Flush {
         return Ok(());
     }
+    if scratch.len() < g.block as usize {
+        scratch.resize(g.block as usize, 0);
+    }
     match req.op {
-        Op::Read => {
+        Op::Read | Op::Write => {
             let start = g.down(req.offset);
-            let total = (g.up(end) - start) as usize;
+            let total = (g.widened_end(end) - start) as usize;
             if req.buf.len() != total || req.head as u64 != req.offset - start {
                 return Err(DevError::Target(
-                    "internal error: read buffer does not match the request".into(),
+                    "internal error: request buffer does not match the request".into(),
                 ));
             }
-            let mut pos = 0;
-            while pos < total {
-                let n = (total - pos).min(g.max_io);
-                dev.read(start + pos as u64, &mut req.buf[pos..pos + n])?;
-                pos += n;
-            }
-            Ok(())
-        }
-        Op::Write => {
-            // The connection laid the payload out over the widened range.
-            let start = g.down(req.offset);
-            let total = req.buf.len();
-            let head = req.head;
-            let tail_start = head + req.len as usize;
-            let block = g.block as usize;
-            if head > 0 || tail_start < total {
-                if scratch.len() < block {
-                    scratch.resize(block, 0);
-                }
-                let blk = &mut scratch[..block];
-                let mut first_loaded = false;
-                if head > 0 {
-                    dev.read(start, blk)?;
-                    req.buf[..head].copy_from_slice(&blk[..head]);
-                    first_loaded = true;
-                }
-                if tail_start < total {
-                    let last = total - block;
-                    if !(first_loaded && last == 0) {
-                        dev.read(start + last as u64, blk)?;
-                    }
-                    req.buf[tail_start..].copy_from_slice(&blk[tail_start - last..]);
-                }
+            if req.op == Op::Write {
+                fill_partial_blocks(dev, g, req, start, scratch)?;
             }
             let mut pos = 0;
             while pos < total {
                 let n = (total - pos).min(g.max_io);
-                let last = pos + n == total;
-                dev.write(
-                    start + pos as u64,
-                    WriteBuf::Owned(&mut req.buf[pos..pos + n]),
-                    req.fua && last,
-                )?;
+                let at = start + pos as u64;
+                let chunk = &mut req.buf[pos..pos + n];
+                if req.op == Op::Read {
+                    dev.read(at, chunk)?;
+                } else {
+                    // FUA on every piece: with a striped device each piece
+                    // may land on a different leg.
+                    dev.write(at, WriteBuf::Owned(chunk), req.fua)?;
+                }
                 pos += n;
             }
             Ok(())
@@ -120,7 +109,7 @@ pub(crate) fn execute(
         Op::Trim => {
             // A hint: only whole blocks inside the range are discarded.
             let s = g.up(req.offset);
-            let e = g.down(end);
+            let e = if end == g.size { end } else { g.down(end) };
             if g.discard && s < e {
                 dev.discard(s, e - s)?;
                 if req.fua {
@@ -130,32 +119,72 @@ pub(crate) fn execute(
             Ok(())
         }
         Op::WriteZeroes => {
-            let s = g.up(req.offset);
-            let e = g.down(end);
+            let first = g.down(req.offset);
+            let last = g.down(end - 1);
+            let covers = |b: u64| req.offset <= b && end >= b + g.block_len(b) as u64;
+            // Whole blocks in the middle: the device's own write-zeroes.
+            let s = if covers(first) {
+                first
+            } else {
+                first + g.block
+            };
+            let e = if covers(last) {
+                end.max(last + g.block_len(last) as u64)
+            } else {
+                last
+            };
             if s < e {
                 dev.write_zeroes(s, e - s, req.fua)?;
             }
             // Partial blocks at either end: read, zero the part, write.
-            let first = g.down(req.offset);
-            let last = g.down(end - 1);
-            let first_partial = !(req.offset == first && end >= first + g.block);
-            let last_partial = last != first && end != last + g.block;
-            let block = g.block as usize;
-            for (blk_start, partial) in [(first, first_partial), (last, last_partial)] {
-                if !partial {
+            for b in [first, last] {
+                if covers(b) || (b == last && last == first && b != first) {
                     continue;
                 }
-                let zs = req.offset.max(blk_start);
-                let ze = end.min(blk_start + g.block);
-                if scratch.len() < block {
-                    scratch.resize(block, 0);
+                let blen = g.block_len(b);
+                let blk = &mut scratch[..blen];
+                dev.read(b, blk)?;
+                let zs = (req.offset.max(b) - b) as usize;
+                let ze = (end.min(b + blen as u64) - b) as usize;
+                blk[zs..ze].fill(0);
+                dev.write(b, WriteBuf::Owned(blk), req.fua)?;
+                if first == last {
+                    break;
                 }
-                let blk = &mut scratch[..block];
-                dev.read(blk_start, blk)?;
-                blk[(zs - blk_start) as usize..(ze - blk_start) as usize].fill(0);
-                dev.write(blk_start, WriteBuf::Owned(blk), req.fua)?;
             }
             Ok(())
         }
     }
+}
+
+/// Complete the head and tail blocks of a write that does not cover them
+/// with the device's current bytes (the client's bytes are already in
+/// place at `req.head`).
+fn fill_partial_blocks(
+    dev: &dyn BlockDevice,
+    g: &Geometry,
+    req: &mut Request,
+    start: u64,
+    scratch: &mut [u8],
+) -> DevResult<()> {
+    let total = req.buf.len();
+    let head = req.head;
+    let tail_start = head + req.len as usize;
+    let mut first_loaded = None;
+    if head > 0 {
+        let blen = g.block_len(start);
+        dev.read(start, &mut scratch[..blen])?;
+        req.buf[..head].copy_from_slice(&scratch[..head]);
+        first_loaded = Some(blen);
+    }
+    if tail_start < total {
+        let last = g.down(start + total as u64 - 1) - start;
+        let blen = total - last as usize;
+        if !(last == 0 && first_loaded == Some(blen)) {
+            dev.read(start + last, &mut scratch[..blen])?;
+        }
+        let from = tail_start - last as usize;
+        req.buf[tail_start..].copy_from_slice(&scratch[from..blen]);
+    }
+    Ok(())
 }

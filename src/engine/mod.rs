@@ -233,7 +233,7 @@ impl Engine {
     pub fn buffer(&self, export: usize, offset: u64, len: u64) -> (Buf, usize) {
         let g = &self.shared.geometry[export];
         let start = g.down(offset);
-        let end = g.up(offset.saturating_add(len));
+        let end = g.widened_end(offset.saturating_add(len));
         let b = buf::get_buf(&self.shared.pools[export], (end - start) as usize);
         (b, (offset - start) as usize)
     }
@@ -241,7 +241,10 @@ impl Engine {
     /// Register a client (a connection) for fair scheduling.
     pub fn add_client(&self) -> ClientId {
         let mut st = lock(&self.shared.state);
-        let q = ClientQ::default();
+        let q = ClientQ {
+            ready: VecDeque::with_capacity(MAX_CLIENT_REQUESTS as usize),
+            ..ClientQ::default()
+        };
         if let Some(i) = st.free_clients.pop() {
             st.clients[i as usize] = Some(q);
             ClientId(i)

@@ -268,3 +268,45 @@ fn a_busy_client_does_not_starve_another() {
     e.remove_client(busy);
     e.remove_client(other);
 }
+
+#[test]
+fn device_with_a_short_last_block() {
+    // 1000 bytes with 512-byte blocks: the last block is 488 bytes long.
+    let m: Arc<dyn BlockDevice> = Arc::new(MemStore::new(1000));
+    m.write(0, WriteBuf::Borrowed(&[0xAA; 1000]), false)
+        .unwrap();
+    let e = Engine::new(vec![m.clone()], 1).unwrap();
+    let c = e.add_client();
+    let (s, rx) = sink();
+    e.submit(
+        e.admit(c, 50),
+        0,
+        req(&e, Op::Write, 1, 900, &[1u8; 50], 50, &s),
+    );
+    e.submit(
+        e.admit(c, 0),
+        0,
+        req(&e, Op::WriteZeroes, 2, 990, &[], 10, &s),
+    );
+    e.submit(
+        e.admit(c, 0),
+        0,
+        req(&e, Op::WriteZeroes, 3, 500, &[], 20, &s),
+    );
+    e.submit(e.admit(c, 100), 0, req(&e, Op::Read, 4, 900, &[], 100, &s));
+    e.remove_client(c);
+    let all: Vec<_> = rx.try_iter().collect();
+    assert!(
+        all.iter().all(|r| r.1),
+        "a request failed at the device end"
+    );
+    let mut expect = vec![0xAAu8; 1000];
+    expect[900..950].fill(1);
+    expect[990..1000].fill(0);
+    expect[500..520].fill(0);
+    let read = all.iter().find(|r| r.0 == 4).unwrap();
+    assert!(read.2 == expect[900..1000]);
+    let mut back = vec![0u8; 1000];
+    m.read(0, &mut back).unwrap();
+    assert!(back == expect);
+}

@@ -166,8 +166,10 @@ pub fn calibrate_pbkdf2(hash: HashAlg, key_len: usize, target_ms: u32) -> u32 {
 }
 
 /// Argon2 costs that take about `target_ms` with at most `max_memory_kib`
-/// (cryptsetup's approach: keep memory, raise time; lower memory only when the
-/// minimum time cost is already too slow). Returns (time, memory_kib).
+/// (cryptsetup's approach: prefer memory, then raise the time cost; lower
+/// memory only when the minimum time cost is already too slow). Starts with a
+/// small trial so calibration never touches more memory than it will choose.
+/// Returns (time, memory_kib).
 pub fn calibrate_argon2(
     kind: Argon2Kind,
     max_memory_kib: u32,
@@ -175,8 +177,11 @@ pub fn calibrate_argon2(
     key_len: usize,
     target_ms: u32,
 ) -> (u32, u32) {
-    let mut memory = max_memory_kib.max(8 * cpus).max(32);
+    let floor = (8 * cpus).max(32);
+    let max = max_memory_kib.max(floor);
+    let mut memory = max.min(64 * 1024);
     let mut out = vec![0u8; key_len.max(4)];
+    let target = f64::from(target_ms.max(1));
     for _ in 0..8 {
         let kdf = Kdf::Argon2 {
             kind,
@@ -192,21 +197,24 @@ pub fn calibrate_argon2(
             return (MIN_ARGON2_TIME, memory);
         }
         let ms = elapsed_ms(t).max(0.001);
-        let target = f64::from(target_ms);
-        if ms <= target {
-            let time = (f64::from(MIN_ARGON2_TIME) * target / ms) as u64;
-            let max_time = MAX_ARGON2_WORK / u64::from(memory);
-            return (
-                time.clamp(u64::from(MIN_ARGON2_TIME), max_time.max(4)) as u32,
-                memory,
-            );
+        if ms > target {
+            if memory <= floor {
+                return (MIN_ARGON2_TIME, memory);
+            }
+            memory = ((f64::from(memory) * target / ms) as u32).max(floor);
+            continue;
         }
-        let next = (f64::from(memory) * target / ms) as u32;
-        let floor = (8 * cpus).max(32);
-        if memory <= floor {
-            return (MIN_ARGON2_TIME, memory);
+        let grow = (f64::from(memory) * target / ms).min(f64::from(max)) as u32;
+        if memory < max && grow > memory {
+            memory = grow;
+            continue;
         }
-        memory = next.max(floor);
+        let time = (f64::from(MIN_ARGON2_TIME) * target / ms) as u64;
+        let max_time = MAX_ARGON2_WORK / u64::from(memory);
+        return (
+            time.clamp(u64::from(MIN_ARGON2_TIME), max_time.max(4)) as u32,
+            memory,
+        );
     }
     (MIN_ARGON2_TIME, memory)
 }

@@ -20,7 +20,7 @@ use crate::engine::{Engine, Op, Request, Sink};
 use super::handshake::{is_read_only, Negotiated};
 use super::proto::*;
 use super::server::Export;
-use super::sock::Sock;
+use super::sock::{Reader, Sock};
 
 /// A connection as seen by the workers that reply on it.
 pub struct Conn {
@@ -167,9 +167,10 @@ fn reader_loop(
     let structured = neg.structured;
     let sink: Arc<dyn Sink> = conn.clone();
     let sock = &conn.sock;
+    let mut input = Reader::new();
     let mut hb = [0u8; REQUEST_LEN];
     loop {
-        if !sock.read_full(&mut hb)? {
+        if !input.read_full(sock, &mut hb)? {
             return Ok(());
         }
         let h = RequestHeader::decode(&hb);
@@ -233,7 +234,7 @@ fn reader_loop(
                 if let Some(e) = err {
                     // The payload is already on the wire: consume it so the
                     // stream stays in sync, then refuse the request.
-                    sock.skip(len)?;
+                    input.skip(sock, len)?;
                     conn.send_error(h.cookie, e, false, "");
                 } else if len == 0 {
                     conn.send_ok(h.cookie);
@@ -243,7 +244,7 @@ fn reader_loop(
                     // whole device blocks, so a partial-block write needs
                     // no second buffer and no copy.
                     let (mut buf, head) = engine.buffer(neg.export, h.offset, len);
-                    if let Err(e) = sock.read_exact(&mut buf[head..head + len as usize]) {
+                    if let Err(e) = input.read_exact(sock, &mut buf[head..head + len as usize]) {
                         engine.cancel(t);
                         return Err(e);
                     }

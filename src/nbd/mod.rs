@@ -5,6 +5,19 @@
 //! (option haggling), [`conn`] (one connection's transmission phase),
 //! [`server`] (listen/accept/shutdown), [`sock`] (the socket type). Request
 //! execution, ordering and fairness live in [`crate::engine`].
+//!
+//! Copies per byte (why the buffers are laid out as they are):
+//! - write: socket → pooled buffer (the kernel's `read`), then the store's
+//!   `pwrite` (buffer → page cache): 2, none in udm. The buffer is handed to
+//!   the device as `WriteBuf::Owned`, so crypt encrypts it in place. Bytes
+//!   that arrived in the same segment as their request header (small
+//!   pipelined writes; at most 16 KiB per batch) pass through the
+//!   connection's header buffer: one more memcpy, traded for one `read`
+//!   syscall per batch of headers instead of one per request.
+//! - read: the store's `pread` into a pooled buffer, then one `writev` of
+//!   reply header + data to the socket: 2, none in udm.
+//! - partial-block writes: only the padding bytes of the head/tail blocks
+//!   are copied (device → scratch → buffer); the client's bytes are not.
 
 pub mod conn;
 pub mod handshake;
