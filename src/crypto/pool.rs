@@ -15,10 +15,10 @@
 //! every part has finished, which is what makes lending stack data to other
 //! threads sound (see `run`).
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{JoinHandle, Thread};
 
 /// Completion state of one `run` call; lives on the submitter's stack.
@@ -41,9 +41,17 @@ struct Job {
 // submitter waits for `remaining == 0` before returning (see `run`).
 unsafe impl Send for Job {}
 
+/// The job queue: a ring that keeps its capacity, so handing out jobs
+/// never allocates once it has grown (a channel would allocate a block
+/// every few dozen messages).
+struct Queue {
+    jobs: Mutex<(VecDeque<Job>, bool)>, // (jobs, closed)
+    ready: Condvar,
+}
+
 /// Worker threads for splitting requests.
 pub struct CryptPool {
-    tx: Mutex<Option<Sender<Job>>>,
+    queue: Arc<Queue>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -66,14 +74,16 @@ impl CryptPool {
         if threads <= 1 {
             return None;
         }
-        let (tx, rx) = channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(Queue {
+            jobs: Mutex::new((VecDeque::with_capacity(4 * threads), false)),
+            ready: Condvar::new(),
+        });
         let mut workers = Vec::with_capacity(threads - 1);
         for i in 0..threads - 1 {
-            let rx = rx.clone();
+            let q = queue.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
-                .spawn(move || worker(rx));
+                .spawn(move || worker(q));
             match spawned {
                 Ok(h) => workers.push(h),
                 Err(e) => {
@@ -85,10 +95,7 @@ impl CryptPool {
         if workers.is_empty() {
             return None;
         }
-        Some(Arc::new(CryptPool {
-            tx: Mutex::new(Some(tx)),
-            workers,
-        }))
+        Some(Arc::new(CryptPool { queue, workers }))
     }
 
     /// Threads that work on one request (workers plus the submitter).
@@ -120,20 +127,20 @@ impl CryptPool {
         };
         let mut sent = 1;
         {
-            let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(tx) = tx.as_ref() {
+            let mut q = self.queue.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            if !q.1 {
                 for index in 1..n {
-                    let job = Job {
+                    q.0.push_back(Job {
                         f: fp,
                         index,
                         latch: &latch,
-                    };
-                    if tx.send(job).is_err() {
-                        break;
-                    }
+                    });
                     sent += 1;
                 }
             }
+        }
+        if sent > 1 {
+            self.queue.ready.notify_all();
         }
         // Parts that could not be queued run here, after ours.
         let own = catch_unwind(AssertUnwindSafe(|| f(0))).is_ok();
@@ -150,13 +157,18 @@ impl CryptPool {
     }
 }
 
-fn worker(rx: Arc<Mutex<Receiver<Job>>>) {
+fn worker(q: Arc<Queue>) {
     loop {
         let job = {
-            let rx = rx.lock().unwrap_or_else(|e| e.into_inner());
-            match rx.recv() {
-                Ok(j) => j,
-                Err(_) => return,
+            let mut g = q.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(j) = g.0.pop_front() {
+                    break j;
+                }
+                if g.1 {
+                    return;
+                }
+                g = q.ready.wait(g).unwrap_or_else(|e| e.into_inner());
             }
         };
         // SAFETY: the submitter keeps `*job.f` and `*job.latch` alive until
@@ -179,8 +191,9 @@ fn worker(rx: Arc<Mutex<Receiver<Job>>>) {
 
 impl Drop for CryptPool {
     fn drop(&mut self) {
-        // Closing the channel ends every worker's loop.
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // Closing the queue ends every worker's loop once it is empty.
+        self.queue.jobs.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+        self.queue.ready.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }

@@ -38,6 +38,7 @@
 //! schedules (wiped on drop); `table` prints it only when asked; it never
 //! appears in logs, errors or Debug output.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use zeroize::Zeroizing;
@@ -47,6 +48,7 @@ use crate::core::device::write_zeroes_by_writing;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::crypto::pool::CryptPool;
 use crate::crypto::SectorCrypt;
+use crate::mem::blockpool::BlockPool;
 use crate::mem::{mempool, Budget, MemPool, PageList};
 
 /// Requests at least this large are split across the worker pool.
@@ -55,6 +57,8 @@ const SPLIT_MIN: usize = 128 << 10;
 const PART_MIN: usize = 64 << 10;
 /// Largest piece of a borrowed write encrypted into one bounce buffer.
 const BOUNCE_MAX: usize = 1 << 20;
+/// Most parts one request is split into (bounds the per-request state).
+const MAX_PARTS: usize = 64;
 
 /// Optional parameters (dm-crypt feature args).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -80,6 +84,9 @@ pub struct Crypt {
     sc: SectorCrypt,
     pool: Option<Arc<CryptPool>>,
     bounce_pool: OnceLock<Arc<MemPool>>,
+    /// Per-request state of split requests, from a fixed-size block pool
+    /// (seed 004) instead of the general allocator.
+    io_pool: BlockPool<CryptIo>,
     /// Bounce pages in one bulk call (seed 000) or one at a time (the
     /// ablation; see `mem::mempool::set_bulk_bounce_default`).
     bulk_bounce: bool,
@@ -288,6 +295,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         sc,
         pool,
         bounce_pool: OnceLock::new(),
+        io_pool: BlockPool::new(),
         bulk_bounce: mempool::bulk_bounce_default(),
     }))
 }
@@ -342,7 +350,7 @@ impl Crypt {
             _ => 1,
         };
         let ss = self.opts.sector_size as usize;
-        let parts = threads.min(len / PART_MIN).max(1);
+        let parts = threads.min(len / PART_MIN).clamp(1, MAX_PARTS);
         let per = (len / ss).div_ceil(parts).max(1) * ss;
         (per, len.div_ceil(per).max(1))
     }
@@ -405,14 +413,51 @@ impl Crypt {
     }
 }
 
-type Parts<'a> = Vec<Mutex<Option<&'a mut [u8]>>>;
-
-fn parts_of(buf: &mut [u8], per: usize) -> Parts<'_> {
-    buf.chunks_mut(per).map(|c| Mutex::new(Some(c))).collect()
+/// The per-request state of a split request: where its buffer lies and
+/// which parts have been handed to a thread. It lives in the target's
+/// block pool for the duration of one request.
+struct CryptIo {
+    base: *mut u8,
+    len: usize,
+    per: usize,
+    taken: [AtomicBool; MAX_PARTS],
 }
 
-fn take<'a>(parts: &Parts<'a>, i: usize) -> Option<&'a mut [u8]> {
-    parts[i].lock().unwrap_or_else(|p| p.into_inner()).take()
+// SAFETY: `base` points into the buffer of the request that owns this
+// descriptor; the request outlives every use (run_parts returns only when
+// all parts are done), and `take` hands each disjoint part out at most
+// once, so sharing the descriptor between the request's threads is sound.
+unsafe impl Send for CryptIo {}
+// SAFETY: as above; the only shared mutation is through the atomics.
+unsafe impl Sync for CryptIo {}
+
+impl CryptIo {
+    fn new(buf: &mut [u8], per: usize) -> CryptIo {
+        CryptIo {
+            base: buf.as_mut_ptr(),
+            len: buf.len(),
+            per,
+            taken: std::array::from_fn(|_| AtomicBool::new(false)),
+        }
+    }
+
+    /// Part `i` (bytes `[i*per, min((i+1)*per, len))`), the first time it is
+    /// asked for; `None` after that or past the end.
+    // Handing out `&mut` from `&self` is the point: each part exactly once.
+    #[allow(clippy::mut_from_ref)]
+    fn take(&self, i: usize) -> Option<&mut [u8]> {
+        let start = i.checked_mul(self.per)?;
+        if i >= MAX_PARTS || start >= self.len || self.taken[i].swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let n = self.per.min(self.len - start);
+        // SAFETY: `[start, start + n)` lies inside the buffer `base..base+len`
+        // that the request borrows mutably for longer than `&self` (the
+        // descriptor is dropped before the request returns); parts are
+        // disjoint and the swap above hands each out only once, so no two
+        // live `&mut` overlap.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.base.add(start), n) })
+    }
 }
 
 impl BlockDevice for Crypt {
@@ -439,9 +484,9 @@ impl BlockDevice for Crypt {
         self.check(offset, buf.len())?;
         tracing::trace!(offset, len = buf.len(), "crypt read");
         let (per, n) = self.plan(buf.len(), !self.opts.no_read_workqueue);
-        let parts = parts_of(buf, per);
+        let io = self.io_pool.alloc(CryptIo::new(buf, per));
         self.run_parts(n, &|i| {
-            let Some(p) = take(&parts, i) else {
+            let Some(p) = io.take(i) else {
                 return Ok(());
             };
             let at = offset + (i * per) as u64;
@@ -461,9 +506,9 @@ impl BlockDevice for Crypt {
         let (per, n) = self.plan(data.len(), !self.opts.no_write_workqueue);
         match data {
             WriteBuf::Owned(buf) => {
-                let parts = parts_of(buf, per);
+                let io = self.io_pool.alloc(CryptIo::new(buf, per));
                 self.run_parts(n, &|i| {
-                    let Some(p) = take(&parts, i) else {
+                    let Some(p) = io.take(i) else {
                         return Ok(());
                     };
                     let at = offset + (i * per) as u64;
