@@ -62,6 +62,47 @@ def fio(uri, rw, bs, qd, runtime, size):
     return side["bw_bytes"] / 1e6, side["iops"]
 
 
+def crypt_configs(d, sock, udm, size_mib):
+    """A LUKS1 aes-xts-plain64 image (the format all three servers read),
+    served by udm as a crypt table and as --luks, by nbdkit's luks filter
+    and by qemu-nbd's luks driver; plus qemu-nbd raw as a second peer."""
+    img = os.path.join(d, "luks1.img")
+    pw = os.path.join(d, "pass.txt")
+    with open(pw, "w") as f:
+        f.write("benchpass")
+    if not os.path.exists(img) or os.path.getsize(img) != size_mib << 20:
+        sh(["truncate", "-s", f"{size_mib}M", img])
+        sh(["cryptsetup", "luksFormat", "--batch-mode", "--type", "luks1", "--pbkdf-force-iterations", "1000",
+            "-c", "aes-xts-plain64", "-s", "512", "--key-file", pw, img])
+    dump = subprocess.run(["cryptsetup", "luksDump", "--dump-volume-key", "--batch-mode", "--key-file", pw, img],
+                          check=True, capture_output=True, text=True).stdout
+    offset = int(next(l for l in dump.splitlines() if l.startswith("Payload offset:")).split(":")[1])
+    key_lines, grab = [], False
+    for line in dump.splitlines():
+        if line.startswith("MK dump:"):
+            grab = True
+            line = line.split(":", 1)[1]
+        elif grab and not line.startswith((" ", "\t")):
+            break
+        if grab:
+            key_lines.append(line.strip())
+    key = "".join(" ".join(key_lines).split())
+    sectors = (size_mib << 20) // 512 - offset
+    table = os.path.join(d, "crypt.table")
+    with open(table, "w") as f:
+        f.write(f"0 {sectors} crypt aes-xts-plain64 {key} 0 {img} {offset}\n")
+    os.chmod(table, 0o600)
+    raw = os.path.join(d, "raw.img")
+    return {
+        "qemu-nbd-file": ["qemu-nbd", "-t", "-f", "raw", "-k", sock, "-x", "", raw],
+        "udm-crypt": [udm, "serve", "--socket", sock, "--table", f"bench={table}"],
+        "udm-luks": [udm, "serve", "--socket", sock, "--luks", f"bench={img}", "--key-file", pw],
+        "nbdkit-luks": ["nbdkit", "-f", "-U", sock, "file", img, "--filter=luks", f"passphrase=+{pw}"],
+        "qemu-nbd-luks": ["qemu-nbd", "-t", "-k", sock, "-x", "", "--object", f"secret,id=sec0,file={pw}",
+                          "--image-opts", f"driver=luks,key-secret=sec0,file.driver=file,file.filename={img}"],
+    }
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runtime", type=int, default=10)
@@ -69,6 +110,7 @@ def main():
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
+    ap.add_argument("--no-crypt", action="store_true", help="skip the crypt/LUKS configurations")
     ap.add_argument("--udm", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "udm"))
     a = ap.parse_args()
 
@@ -96,12 +138,8 @@ def main():
         "udm-linear": [udm, "serve", "--socket", sock, "--table", f"bench={d}/linear.table"],
         "udm-striped": [udm, "serve", "--socket", sock, "--table", f"bench={d}/striped.table"],
     }
-    extra = os.path.join(os.path.dirname(__file__), "nbd_configs.py")
-    if os.path.exists(extra):
-        # Further configurations (crypt, LUKS peers) added by later work.
-        ns = {"d": d, "sock": sock, "udm": udm, "size": size, "img": img}
-        exec(open(extra).read(), ns)
-        configs.update(ns.get("CONFIGS", {}))
+    if not a.no_crypt:
+        configs.update(crypt_configs(d, sock, udm, a.size_mib))
     if a.only:
         keep = a.only.split(",")
         configs = {k: v for k, v in configs.items() if k in keep}
@@ -117,7 +155,7 @@ def main():
                 wait_socket(sock, p)
                 uri = f"nbd+unix:///bench?socket={sock}" if "udm" in name else f"nbd+unix:///?socket={sock}"
                 for job in JOBS:
-                    mbs, iops = fio(uri, job[1], job[2], job[3], a.runtime, size)
+                    mbs, iops = fio(uri, job[1], job[2], job[3], a.runtime, size // 2)
                     results[name][job[0]].append((mbs, iops))
                     print(f"round {r + 1} {name:14} {job[0]:20} {mbs:9.0f} MB/s {iops:9.0f} IOPS", file=sys.stderr)
             finally:
@@ -150,7 +188,7 @@ def main():
 
 
 if __name__ == "__main__":
-    for t in ("fio", "nbdkit"):
+    for t in ("fio", "nbdkit", "qemu-nbd", "cryptsetup"):
         if not shutil.which(t):
             sys.exit(f"{t} is missing: run scripts/test.sh (installs the peers) first")
     main()
