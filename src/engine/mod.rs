@@ -35,6 +35,18 @@ pub use buf::Buf;
 use exec::Geometry;
 use order::{Kind, Span};
 
+/// Reads and writes up to this size whose turn has come when they arrive
+/// run on the submitting thread (the connection's reader) instead of a
+/// worker: for a 4 KiB request the hand-off (queue, wake a worker, switch)
+/// costs more than the I/O itself. Larger requests, and any request that
+/// must wait for an earlier one, go to the shared workers.
+pub const INLINE_MAX: u64 = 64 << 10;
+
+thread_local! {
+    /// Partial-block scratch for requests run inline by a reader thread.
+    static INLINE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Most requests one client may have admitted at once.
 pub const MAX_CLIENT_REQUESTS: u32 = 128;
 /// Most payload bytes one client may have admitted at once (a single
@@ -283,8 +295,20 @@ impl Engine {
     }
 
     /// Queue an admitted request on export `export`. It runs once every
-    /// earlier conflicting request of that export has finished.
+    /// earlier conflicting request of that export has finished, on a worker.
     pub fn submit(&self, t: Ticket, export: usize, req: Request) {
+        self.submit_with(t, export, req, false)
+    }
+
+    /// Like [`Engine::submit`], but a small read or write whose turn has
+    /// already come runs right here on the calling thread (a connection's
+    /// reader), which saves the hand-off to a worker ([`INLINE_MAX`]). Each
+    /// connection has its own reader, so this delays only its own client.
+    pub fn submit_or_run(&self, t: Ticket, export: usize, req: Request) {
+        self.submit_with(t, export, req, true)
+    }
+
+    fn submit_with(&self, t: Ticket, export: usize, req: Request, may_inline: bool) {
         let g = &self.shared.geometry[export];
         let kind = req.op.kind();
         let span = if kind == Kind::Flush {
@@ -296,16 +320,22 @@ impl Engine {
         } else {
             Span::widened(kind, req.offset, req.len, g.block)
         };
-        let mut st = lock(&self.shared.state);
-        let st = &mut *st;
+        let inline = may_inline && req.len <= INLINE_MAX && matches!(req.op, Op::Read | Op::Write);
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
         let mut deps = 0;
         for &e in &st.inflight[export] {
             if order::conflicts(&st.slots[e as usize].span, &span) {
                 deps += 1;
             }
         }
+        let (queued, now) = if inline && deps == 0 {
+            (None, Some(req))
+        } else {
+            (Some(req), None)
+        };
         let slot = Slot {
-            req: Some(req),
+            req: queued,
             export: export as u32,
             client: t.client,
             bytes: t.bytes,
@@ -321,6 +351,26 @@ impl Engine {
             st.slots.len() as u32 - 1
         };
         st.inflight[export].push(id);
+        if let Some(mut req) = now {
+            // Its turn has come and it is small: run it on this thread. The
+            // slot stays registered, so later conflicting requests of any
+            // client wait for it exactly as for a worker-run request.
+            drop(guard);
+            let dev = self.shared.devices[export].as_ref();
+            let res = INLINE_SCRATCH.with(|s| {
+                exec::execute(
+                    dev,
+                    &self.shared.geometry[export],
+                    &mut req,
+                    &mut s.borrow_mut(),
+                )
+            });
+            req.sink.complete(&req, res);
+            drop(req);
+            let mut st = lock(&self.shared.state);
+            finish(&mut st, &self.shared, id);
+            return;
+        }
         if deps == 0 {
             make_ready(st, id);
             self.shared.work.notify_one();

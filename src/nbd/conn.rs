@@ -213,7 +213,7 @@ fn reader_loop(
                 } else {
                     let t = engine.admit(client, len);
                     let (buf, head) = engine.buffer(neg.export, h.offset, len);
-                    engine.submit(t, neg.export, request(Op::Read, buf, head));
+                    engine.submit_or_run(t, neg.export, request(Op::Read, buf, head));
                 }
             }
             CMD_WRITE => {
@@ -248,7 +248,7 @@ fn reader_loop(
                         engine.cancel(t);
                         return Err(e);
                     }
-                    engine.submit(t, neg.export, request(Op::Write, buf, head));
+                    engine.submit_or_run(t, neg.export, request(Op::Write, buf, head));
                 }
             }
             CMD_DISC => return Ok(()),
