@@ -79,7 +79,9 @@ fn demo(a: &Args) -> Result<(), String> {
     println!("  nbdinfo --list 'nbd+unix://?socket={s}'");
     println!("  nbdcopy -- [ nbdkit random size=64M ] 'nbd+unix:///secure?socket={s}'");
     println!("  qemu-img info 'nbd+unix:///secure?socket={s}'");
-    println!("  mkdir -p /tmp/udm-mnt && nbdfuse /tmp/udm-mnt/disk 'nbd+unix:///secure?socket={s}' &");
+    println!(
+        "  mkdir -p /tmp/udm-mnt && nbdfuse /tmp/udm-mnt/disk 'nbd+unix:///secure?socket={s}' &"
+    );
     println!("    then: mkfs.ext4 -F /tmp/udm-mnt/disk && mount -o loop /tmp/udm-mnt/disk /mnt");
     println!("  stop with Ctrl-C (in-flight requests finish, data is flushed)");
     serve_specs(
