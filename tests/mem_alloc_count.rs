@@ -97,6 +97,29 @@ fn bufpool_steady_state_makes_no_heap_allocations() {
     assert!(n >= 1, "counting allocator saw nothing");
 }
 
+/// The class cache's list is reserved in full when the pool is made (and
+/// keeps that capacity through `trim`), so a burst of returned buffers never
+/// makes the list itself grow: the count on the free side is exact.
+#[test]
+fn bufpool_burst_returns_never_grow_the_cache_list() {
+    let pool = BufPool::new(Budget::new(256 << 20));
+    for round in 0..2 {
+        let mut held: Vec<_> = (0..256).map(|_| pool.get(4096)).collect();
+        let ((), n) = counted(|| {
+            for b in held.drain(..) {
+                drop(b);
+            }
+        });
+        assert_eq!(
+            n, 0,
+            "round {round}: returning 256 buffers allocated {n} times"
+        );
+        assert_eq!(pool.cached_bytes(), 256 * 4096, "round {round}");
+        pool.trim();
+        assert_eq!(pool.cached_bytes(), 0);
+    }
+}
+
 #[test]
 fn mempool_bulk_steady_state_makes_no_heap_allocations() {
     let pool = MemPool::pages(Budget::new(256 << 20));

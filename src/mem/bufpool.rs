@@ -114,13 +114,16 @@ impl BufPool {
             .map(|i| {
                 let size = class_size(i);
                 let min = class_min(size);
+                let cache_max = (CACHE_BYTES_PER_CLASS / size).max(4);
                 Class {
                     size,
                     min,
-                    cache_max: (CACHE_BYTES_PER_CLASS / size).max(4),
+                    cache_max,
                     state: Mutex::new(ClassState {
                         reserve: (0..min).map(|_| RawBuf::new(size)).collect(),
-                        cache: Vec::new(),
+                        // Full capacity up front: the list never grows (no
+                        // allocator call) when a burst returns more buffers.
+                        cache: Vec::with_capacity(cache_max),
                     }),
                 }
             })
@@ -204,7 +207,8 @@ impl BufPool {
             if i == keep {
                 continue;
             }
-            let freed = std::mem::take(&mut c.lock().cache);
+            // Drain, not take: the cache keeps its reserved capacity.
+            let freed: Vec<RawBuf> = c.lock().cache.drain(..).collect();
             if !freed.is_empty() {
                 let bytes = (freed.len() * c.size) as u64;
                 drop(freed);
