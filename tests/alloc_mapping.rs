@@ -1,36 +1,15 @@
 //! Seed 001: remapping through linear and striped targets allocates
 //! nothing per request — proven with a counting global allocator.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
 use std::sync::Arc;
 
+use common::alloc::{allocs, Counting};
 use udm::core::mapped::{MappedDevice, Segment};
 use udm::core::{BlockDevice, WriteBuf};
 use udm::store::MemStore;
 use udm::targets::{self, DeviceResolver, TargetArgs, TargetOptions};
-
-struct Counting;
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; it only
-// counts allocations on the side.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -64,7 +43,7 @@ fn build(target: &str, args: &[&str], len: u64, legs: &mut Mem) -> MappedDevice 
 
 fn count(dev: &MappedDevice, reqs: &[(u64, usize)]) -> u64 {
     let mut buf = vec![0u8; 1 << 20];
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = allocs();
     for _ in 0..100 {
         for &(off, len) in reqs {
             dev.write(off, WriteBuf::Owned(&mut buf[..len]), false)
@@ -74,7 +53,7 @@ fn count(dev: &MappedDevice, reqs: &[(u64, usize)]) -> u64 {
             dev.read(off, &mut buf[..len]).unwrap();
         }
     }
-    ALLOCS.load(Ordering::Relaxed) - before
+    allocs() - before
 }
 
 #[test]
@@ -129,13 +108,13 @@ fn crypt_requests_split_across_threads_without_allocating() {
         dev.write(0, WriteBuf::Owned(&mut buf), false).unwrap();
         dev.read(0, &mut buf).unwrap();
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = allocs();
     for i in 0..200u64 {
         let off = (i % 7) << 20;
         dev.write(off, WriteBuf::Owned(&mut buf), false).unwrap();
         dev.read(off, &mut buf).unwrap();
         dev.read(off + 4096, &mut buf[..4096]).unwrap();
     }
-    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    let n = allocs() - before;
     assert_eq!(n, 0, "{n} allocations in 600 crypt requests");
 }

@@ -7,39 +7,12 @@
 //! `openssl enc` refuses XTS). These tests FAIL if python3-cryptography or openssl is
 //! missing (install: `apt-get install python3-cryptography libgcrypt20 openssl`).
 
-use std::path::Path;
+mod common;
+
 use std::process::Command;
 
+use common::*;
 use udm::crypto::SectorCrypt;
-
-/// Deterministic bytes (xorshift), so a failure reproduces.
-fn bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-fn python_ref(jobs: &serde_json::Value, dir: &Path) {
-    let jf = dir.join("jobs.json");
-    std::fs::write(&jf, serde_json::to_vec(jobs).unwrap()).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/crypt/dmcrypt_ref.py");
-    let out = Command::new("/usr/bin/python3")
-        .arg(&script)
-        .arg(&jf)
-        .output()
-        .expect("cannot run /usr/bin/python3 (needed for the compatibility tests)");
-    assert!(
-        out.status.success(),
-        "dmcrypt_ref.py failed (is python3-cryptography installed? apt-get install python3-cryptography):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 struct Case {
     spec: String,
@@ -149,15 +122,21 @@ fn cipher_matrix_matches_python_and_libgcrypt_both_directions() {
         for op in ["enc", "dec"] {
             // "dec" decrypts the plaintext as if it were ciphertext: the
             // reverse direction, checked against udm's decrypt.
-            jobs.push(serde_json::json!({
-                "op": op, "spec": c.spec, "key": hex::encode(&c.key), "ss": c.ss,
-                "large": c.large, "sector": c.sector,
-                "in": p, "out": dir.path().join(format!("{i}.{op}")),
-            }));
+            let geo = Geo {
+                spec: &c.spec,
+                key: &c.key,
+                ss: c.ss,
+                large: c.large,
+                iv_offset: c.sector,
+            };
+            jobs.push(ref_job(op, &geo, &p, &dir.path().join(format!("{i}.{op}"))));
         }
     }
     let t = std::time::Instant::now();
-    python_ref(&serde_json::Value::Array(jobs), dir.path());
+    dmcrypt_ref(
+        &serde_json::Value::Array(jobs),
+        &dir.path().join("jobs.json"),
+    );
     eprintln!("reference took {:?}", t.elapsed());
     for (i, c) in cases.iter().enumerate() {
         let what = format!(
@@ -192,7 +171,7 @@ fn cipher_matrix_matches_python_and_libgcrypt_both_directions() {
 
 fn openssl(args: &[&str], input: &[u8]) -> Vec<u8> {
     use std::io::Write;
-    let mut child = Command::new("openssl")
+    let mut child = Command::new(need("openssl"))
         .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -13,22 +13,15 @@
 //! Needs /usr/bin/python3 with python3-cryptography, libgcrypt20 and qemu-img
 //! (qemu-utils); the tests FAIL if any is missing.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use udm::core::{BlockDevice, WriteBuf};
-use udm::store::file::{FileStore, OpenFlags};
-use udm::targets::{crypt, DeviceResolver, Target, TargetArgs, TargetOptions};
-
-struct Files;
-impl DeviceResolver for Files {
-    fn resolve(&mut self, spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        FileStore::open(Path::new(spec), OpenFlags::default())
-            .map(|f| Arc::new(f) as Arc<dyn BlockDevice>)
-            .map_err(|e| e.to_string())
-    }
-}
+use common::*;
+use udm::core::WriteBuf;
+use udm::targets::{crypt, Target, TargetArgs, TargetOptions};
 
 fn target(line: &str, len: u64, threads: usize) -> Arc<dyn Target> {
     let args: Vec<String> = line.split_whitespace().map(String::from).collect();
@@ -43,57 +36,10 @@ fn target(line: &str, len: u64, threads: usize) -> Arc<dyn Target> {
     .unwrap_or_else(|e| panic!("table '{}...': {e:?}", &line[..20.min(line.len())]))
 }
 
-fn bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/crypt")
-        .join(name)
-}
-
-fn run(cmd: &mut Command, what: &str) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {what} (is it installed?): {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The table geometry the reference needs.
-struct Geo<'a> {
-    spec: &'a str,
-    key: &'a [u8],
-    ss: u32,
-    large: bool,
-    iv_offset: u64,
-}
-
 fn reference(op: &str, g: &Geo<'_>, input: &Path, output: &Path) {
-    let jobs = serde_json::json!([{
-        "op": op, "spec": g.spec, "key": hex::encode(g.key), "ss": g.ss, "large": g.large,
-        "sector": g.iv_offset, "in": input, "out": output,
-    }]);
-    let jf = output.with_extension("json");
-    std::fs::write(&jf, serde_json::to_vec(&jobs).unwrap()).unwrap();
-    run(
-        Command::new("/usr/bin/python3")
-            .arg(script("dmcrypt_ref.py"))
-            .arg(&jf),
-        "dmcrypt_ref.py (needs python3-cryptography)",
+    dmcrypt_ref(
+        &serde_json::json!([ref_job(op, g, input, output)]),
+        &output.with_extension("json"),
     );
 }
 
@@ -196,6 +142,7 @@ fn qemu_secret(pw: &Path) -> String {
 
 #[test]
 fn luks1_images_of_qemu_img_through_the_target() {
+    need("qemu-img");
     let dir = tempfile::tempdir().unwrap();
     let pw = dir.path().join("pw");
     std::fs::write(&pw, b"udm test passphrase").unwrap();
@@ -216,22 +163,19 @@ fn luks1_images_of_qemu_img_through_the_target() {
         if ivgen == "essiv" {
             opts.push_str(",ivgen-hash-alg=sha256");
         }
-        run(
-            Command::new("qemu-img")
-                .args([
-                    "create",
-                    "-q",
-                    "-f",
-                    "luks",
-                    "--object",
-                    &qemu_secret(&pw),
-                    "-o",
-                    &opts,
-                ])
-                .arg(&img)
-                .arg(size.to_string()),
-            "qemu-img create -f luks",
-        );
+        run(Command::new("qemu-img")
+            .args([
+                "create",
+                "-q",
+                "-f",
+                "luks",
+                "--object",
+                &qemu_secret(&pw),
+                "-o",
+                &opts,
+            ])
+            .arg(&img)
+            .arg(size.to_string()));
         // qemu writes the payload through its luks driver.
         let plain = bytes(300 + i as u64, size);
         let raw = dir.path().join(format!("{i}.raw"));
@@ -240,28 +184,20 @@ fn luks1_images_of_qemu_img_through_the_target() {
             "driver=luks,key-secret=sec0,file.filename={}",
             img.display()
         );
-        run(
-            Command::new("qemu-img")
-                .args([
-                    "convert",
-                    "-n",
-                    "-f",
-                    "raw",
-                    "--object",
-                    &qemu_secret(&pw),
-                    "--target-image-opts",
-                ])
-                .arg(&raw)
-                .arg(&target_opts),
-            "qemu-img convert (write through luks)",
-        );
-        let out = run(
-            Command::new("/usr/bin/python3")
-                .arg(script("luks1_key.py"))
-                .arg(&img)
-                .arg(&pw),
-            "luks1_key.py",
-        );
+        run(Command::new("qemu-img")
+            .args([
+                "convert",
+                "-n",
+                "-f",
+                "raw",
+                "--object",
+                &qemu_secret(&pw),
+                "--target-image-opts",
+            ])
+            .arg(&raw)
+            .arg(&target_opts));
+        let out = python("crypt/luks1_key.py", &[&img, &pw]);
+        let out = String::from_utf8_lossy(&out.stdout);
         let mut it = out.split_whitespace();
         let (spec, key, payload) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
         let line = format!("{spec} {key} 0 {} {payload}", img.display());
@@ -277,20 +213,17 @@ fn luks1_images_of_qemu_img_through_the_target() {
         t.write(0, WriteBuf::Borrowed(&plain2), true).unwrap();
         drop(t);
         let out2 = dir.path().join(format!("{i}.out"));
-        run(
-            Command::new("qemu-img")
-                .args([
-                    "convert",
-                    "--object",
-                    &qemu_secret(&pw),
-                    "--image-opts",
-                    &target_opts,
-                    "-O",
-                    "raw",
-                ])
-                .arg(&out2),
-            "qemu-img convert (read through luks)",
-        );
+        run(Command::new("qemu-img")
+            .args([
+                "convert",
+                "--object",
+                &qemu_secret(&pw),
+                "--image-opts",
+                &target_opts,
+                "-O",
+                "raw",
+            ])
+            .arg(&out2));
         assert!(
             std::fs::read(&out2).unwrap() == plain2,
             "qemu cannot read what udm wrote: {alg}-{mode}-{ivgen} ({spec})"

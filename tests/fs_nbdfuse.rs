@@ -2,45 +2,13 @@
 //! file, the kernel's loop driver turns it into a block device, and ext4
 //! is made, mounted, filled, checked with e2fsck and read back.
 
-use std::os::unix::net::UnixStream;
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-fn tool(name: &str) {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {name}"))
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "required tool '{name}' is missing: run scripts/test.sh, which installs it"
-    );
-}
-
-fn ok(cmd: &mut Command) {
-    let out = cmd.output().expect("run");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use common::*;
 
 struct Cleanup(Vec<Box<dyn FnMut()>>);
 impl Drop for Cleanup {
@@ -61,18 +29,12 @@ fn ext4_on_a_udm_stack_through_nbdfuse_and_loop() {
         "mount",
         "umount",
     ] {
-        tool(t);
+        need(t);
     }
-    let d = tempfile::Builder::new()
-        .prefix("udm-fs-")
-        .tempdir_in("/dev/shm")
-        .unwrap();
+    let d = scratch("udm-fs-");
     let p = d.path();
     for i in 0..2 {
-        std::fs::File::create(p.join(format!("leg{i}.img")))
-            .unwrap()
-            .set_len(64 << 20)
-            .unwrap();
+        sparse(p, &format!("leg{i}.img"), 64 << 20);
     }
     let table = p.join("st.table");
     std::fs::write(
@@ -87,13 +49,10 @@ fn ext4_on_a_udm_stack_through_nbdfuse_and_loop() {
     .unwrap();
     let sock = p.join("s.sock");
     let mut cleanup = Cleanup(Vec::new());
-    let mut server = Command::new(env!("CARGO_BIN_EXE_udm"))
-        .args(["serve", "--socket", sock.to_str().unwrap()])
-        .args(["--table", &format!("disk={}", table.display())])
-        .env("UDM_LOG", "warn")
-        .spawn()
-        .unwrap();
-    wait_for("udm serve", || UnixStream::connect(&sock).is_ok());
+    let mut server = Some(UdmServe::start(
+        &sock,
+        &["--table", &format!("disk={}", table.display())],
+    ));
 
     let fuse_dir = p.join("fuse");
     std::fs::create_dir(&fuse_dir).unwrap();
@@ -102,24 +61,23 @@ fn ext4_on_a_udm_stack_through_nbdfuse_and_loop() {
         .arg("-P")
         .arg(&pidfile)
         .arg(fuse_dir.join("disk"))
-        .arg(format!("nbd+unix:///disk?socket={}", sock.display()))
+        .arg(server.as_ref().unwrap().uri("disk"))
         .spawn()
         .unwrap();
-    wait_for("nbdfuse", || pidfile.exists());
+    wait_for("nbdfuse", Duration::from_secs(30), || pidfile.exists());
     let fd = fuse_dir.clone();
     cleanup.0.push(Box::new(move || {
         let _ = Command::new("fusermount3").arg("-u").arg(&fd).status();
         let _ = fuse.wait();
-        let _ = server.kill();
-        let _ = server.wait();
+        drop(server.take());
     }));
     let disk = fuse_dir.join("disk");
     assert_eq!(std::fs::metadata(&disk).unwrap().len(), 128 << 20);
 
-    ok(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&disk));
+    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&disk));
     let mnt = p.join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    ok(Command::new("mount")
+    run(Command::new("mount")
         .args(["-o", "loop"])
         .arg(&disk)
         .arg(&mnt));
@@ -136,9 +94,9 @@ fn ext4_on_a_udm_stack_through_nbdfuse_and_loop() {
         std::fs::write(mnt.join(format!("f{i}")), &data).unwrap();
         want.push(data);
     }
-    ok(Command::new("umount").arg(&mnt));
-    ok(Command::new("e2fsck").args(["-f", "-n"]).arg(&disk));
-    ok(Command::new("mount")
+    run(Command::new("umount").arg(&mnt));
+    run(Command::new("e2fsck").args(["-f", "-n"]).arg(&disk));
+    run(Command::new("mount")
         .args(["-o", "loop,ro"])
         .arg(&disk)
         .arg(&mnt));

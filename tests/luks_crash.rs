@@ -3,9 +3,9 @@
 //! "dies" there), and the volume must still open with every passphrase that
 //! was valid before — in udm and in cryptsetup. FAILS if cryptsetup is missing.
 
-#[path = "luks/common.rs"]
 mod common;
 
+use common::luks::*;
 use common::*;
 use std::path::Path;
 use udm::luks::hash::HashAlg;
@@ -62,20 +62,17 @@ fn add_and_kill_survive_a_crash_between_any_two_writes() {
     let k1 = write_file(d, "k1", b"old-1");
     for luks in ["luks1", "luks2"] {
         let tpl = d.join(format!("{luks}.img"));
-        ok(udm()
-            .args([
-                "luks",
-                "format",
-                "-q",
+        udm_format(
+            &tpl,
+            &[
                 "--size=20M",
-                "--pbkdf=pbkdf2",
-                "--pbkdf-force-iterations=1000",
-            ])
-            .arg(format!("--type={luks}"))
-            .arg("--key-file")
-            .arg(&k0)
-            .arg(&tpl));
-        ok(cryptsetup()
+                FAST_PBKDF[0],
+                FAST_PBKDF[1],
+                &format!("--type={luks}"),
+            ],
+            &k0,
+        );
+        run(cryptsetup()
             .args([
                 "luksAddKey",
                 "-q",
@@ -141,18 +138,7 @@ fn key_material_is_written_before_the_header_references_it() {
     let d = dir.path();
     let k0 = write_file(d, "k0", b"p");
     let img = d.join("v.img");
-    ok(udm()
-        .args([
-            "luks",
-            "format",
-            "-q",
-            "--size=20M",
-            "--pbkdf=pbkdf2",
-            "--pbkdf-force-iterations=1000",
-            "--key-file",
-        ])
-        .arg(&k0)
-        .arg(&img));
+    udm_format(&img, &["--size=20M", FAST_PBKDF[0], FAST_PBKDF[1]], &k0);
     let before = pread(&img, 0, 32768);
     let mut v = Volume::load(&img, None, true).unwrap();
     let (_, key) = v.unlock(b"p", None).unwrap();

@@ -4,9 +4,9 @@
 //! one are honoured by the other. FAILS if cryptsetup or python3-cryptography
 //! is missing (apt-get install cryptsetup-bin python3-cryptography).
 
-#[path = "luks/common.rs"]
 mod common;
 
+use common::luks::*;
 use common::*;
 use std::path::Path;
 use udm::crypto::SectorCrypt;
@@ -36,13 +36,7 @@ fn cryptsetup_volumes_open_in_udm_with_same_key_and_data() {
     for (i, case) in cases().into_iter().enumerate() {
         let size = case.data_offset() + (4 << 20);
         let img = sparse(d, &format!("cs{i}.img"), size);
-        ok(cryptsetup()
-            .arg("luksFormat")
-            .arg("-q")
-            .args(case.format_args())
-            .arg("--key-file")
-            .arg(&kf)
-            .arg(&img));
+        cs_format(&img, &case.format_args(), &kf);
         let cs_key = cs_volume_key(&img, None, &kf);
         assert_eq!(cs_key.len() as u32 * 8, case.key_bits, "{case:?}");
 
@@ -89,15 +83,14 @@ fn udm_volumes_pass_cryptsetup_with_same_key_and_data() {
     for (i, case) in cases().into_iter().enumerate() {
         let size = case.data_offset() + (4 << 20);
         let img = d.join(format!("u{i}.img"));
-        ok(udm()
+        run(udm()
             .args(["luks", "format", "--batch-mode"])
             .arg(format!("--size={size}"))
             .args(case.format_args())
             .arg("--key-file")
             .arg(&kf)
             .arg(&img));
-        let dump = ok(cryptsetup().arg("luksDump").arg(&img));
-        let text = String::from_utf8_lossy(&dump.stdout);
+        let text = cs_dump(&img);
         if case.luks == 2 {
             assert!(
                 text.contains(&format!("PBKDF:      {}", case.pbkdf)),
@@ -134,7 +127,7 @@ fn udm_volumes_pass_cryptsetup_with_same_key_and_data() {
         let act = udm::luks::open(&img, None, b"udm pass").unwrap();
         assert_eq!(act.volume_key(), &cs_key[..], "{case:?}");
         // udm's own dump prints the same key.
-        let o = ok(udm()
+        let o = run(udm()
             .args(["luks", "dump", "--dump-volume-key", "--key-file"])
             .arg(&kf)
             .arg(&img));
@@ -165,7 +158,7 @@ fn udm_volumes_pass_cryptsetup_with_same_key_and_data() {
 }
 
 fn cs_add_key(img: &Path, old: &Path, new: &Path) {
-    ok(cryptsetup()
+    run(cryptsetup()
         .args([
             "luksAddKey",
             "-q",
@@ -202,7 +195,7 @@ fn keyslot_changes_interoperate_both_ways() {
 
         // cryptsetup changes a udm volume.
         let img = d.join(format!("udm{luks}.img"));
-        ok(udm()
+        run(udm()
             .args(["luks", "format", "-q"])
             .arg(format!("--size={size}"))
             .args(case.format_args())
@@ -211,7 +204,7 @@ fn keyslot_changes_interoperate_both_ways() {
             .arg(&img));
         cs_add_key(&img, &k0, &k1);
         assert_eq!(udm::luks::open(&img, None, b"second").unwrap().keyslot, 1);
-        ok(cryptsetup().args(["luksKillSlot", "-q"]).arg(&img).arg("0"));
+        run(cryptsetup().args(["luksKillSlot", "-q"]).arg(&img).arg("0"));
         assert!(matches!(
             udm::luks::open(&img, None, b"first"),
             Err(udm::luks::LuksError::WrongPassphrase)
@@ -220,22 +213,16 @@ fn keyslot_changes_interoperate_both_ways() {
 
         // udm changes a cryptsetup volume.
         let img = sparse(d, &format!("cs{luks}.img"), size);
-        ok(cryptsetup()
-            .arg("luksFormat")
-            .arg("-q")
-            .args(case.format_args())
-            .arg("--key-file")
-            .arg(&k0)
-            .arg(&img));
+        cs_format(&img, &case.format_args(), &k0);
         let key = cs_volume_key(&img, None, &k0);
-        ok(udm()
+        run(udm()
             .args(["luks", "add-key"])
             .arg(&img)
             .arg(&k1)
             .arg("--key-file")
             .arg(&k0)
             .args(&pb));
-        ok(udm()
+        run(udm()
             .args(["luks", "add-key", "--key-slot=5"])
             .arg(&img)
             .arg(&k2)
@@ -244,14 +231,13 @@ fn keyslot_changes_interoperate_both_ways() {
             .args(&pb));
         assert!(cs_test(&img, None, &k1) && cs_test(&img, None, &k2));
         assert_eq!(cs_volume_key(&img, None, &k2), key);
-        let dump =
-            String::from_utf8_lossy(&ok(cryptsetup().arg("luksDump").arg(&img)).stdout).to_string();
+        let dump = cs_dump(&img);
         if luks == 1 {
             assert!(dump.contains("Key Slot 5: ENABLED"), "{dump}");
         } else {
             assert!(dump.contains("  5: luks2"), "{dump}");
         }
-        ok(udm()
+        run(udm()
             .args(["luks", "kill-slot", "--key-file"])
             .arg(&k1)
             .arg(&img)
@@ -281,13 +267,13 @@ fn keyslot_changes_interoperate_both_ways() {
             !o.status.success(),
             "killing the last slot without --batch-mode must not proceed"
         );
-        ok(udm()
+        run(udm()
             .args(["luks", "remove-key", "--batch-mode", "--key-file"])
             .arg(&k1)
             .arg(&img));
         assert!(!cs_test(&img, None, &k1));
         // cryptsetup still reads the now keyless header.
-        ok(cryptsetup().arg("luksDump").arg(&img));
+        run(cryptsetup().arg("luksDump").arg(&img));
         let o = udm()
             .args(["luks", "test-passphrase", "--key-file"])
             .arg(&k1)
@@ -304,16 +290,7 @@ fn zeroed_primary_header_opens_from_secondary_and_says_so() {
     let d = dir.path();
     let kf = write_file(d, "k", b"pw");
     let img = sparse(d, "z.img", 20 << 20);
-    ok(cryptsetup()
-        .args([
-            "luksFormat",
-            "-q",
-            "--pbkdf=pbkdf2",
-            "--pbkdf-force-iterations=1000",
-            "--key-file",
-        ])
-        .arg(&kf)
-        .arg(&img));
+    cs_format(&img, &FAST_PBKDF, &kf);
     let key = cs_volume_key(&img, None, &kf);
     pwrite(&img, 0, &vec![0u8; 16384]);
     let act = udm::luks::open(&img, None, b"pw").unwrap();
@@ -325,7 +302,7 @@ fn zeroed_primary_header_opens_from_secondary_and_says_so() {
         "{:?}",
         act.warnings
     );
-    let o = ok(udm()
+    let o = run(udm()
         .args(["luks", "test-passphrase", "--key-file"])
         .arg(&kf)
         .arg(&img));
@@ -337,16 +314,7 @@ fn zeroed_primary_header_opens_from_secondary_and_says_so() {
 
     // A checksum mismatch (one flipped JSON byte) is handled the same way.
     let img2 = sparse(d, "c.img", 20 << 20);
-    ok(cryptsetup()
-        .args([
-            "luksFormat",
-            "-q",
-            "--pbkdf=pbkdf2",
-            "--pbkdf-force-iterations=1000",
-            "--key-file",
-        ])
-        .arg(&kf)
-        .arg(&img2));
+    cs_format(&img2, &FAST_PBKDF, &kf);
     let mut b = pread(&img2, 4096, 1);
     b[0] ^= 0x20;
     pwrite(&img2, 4096, &b);
@@ -359,17 +327,7 @@ fn zeroed_primary_header_opens_from_secondary_and_says_so() {
 
     // udm rewriting the header repairs the primary copy; cryptsetup sees a clean header.
     let k1 = write_file(d, "k1", b"pw1");
-    ok(udm()
-        .args([
-            "luks",
-            "add-key",
-            "--pbkdf=pbkdf2",
-            "--pbkdf-force-iterations=1000",
-            "--key-file",
-        ])
-        .arg(&kf)
-        .arg(&img)
-        .arg(&k1));
+    udm_add_key(&img, &kf, &k1, &FAST_PBKDF);
     let act = udm::luks::open(&img, None, b"pw1").unwrap();
     assert!(act.warnings.is_empty(), "{:?}", act.warnings);
     assert!(cs_test(&img, None, &k1) && cs_test(&img, None, &kf));
@@ -382,7 +340,7 @@ fn detached_headers_both_ways() {
     let kf = write_file(d, "k", b"detached");
     let data = sparse(d, "data.img", 8 << 20);
     let hdr = d.join("hdr.img");
-    ok(cryptsetup()
+    run(cryptsetup()
         .args([
             "luksFormat",
             "-q",
@@ -407,7 +365,7 @@ fn detached_headers_both_ways() {
 
     let data2 = sparse(d, "data2.img", 8 << 20);
     let hdr2 = d.join("hdr2.img");
-    ok(udm()
+    run(udm()
         .args([
             "luks",
             "format",
@@ -438,64 +396,27 @@ fn tokens_survive_udm_rewrites() {
     let kf = write_file(d, "k", b"tok");
     let k1 = write_file(d, "k1", b"tok1");
     let img = sparse(d, "t.img", 20 << 20);
-    ok(cryptsetup()
-        .args([
-            "luksFormat",
-            "-q",
-            "--pbkdf=pbkdf2",
-            "--pbkdf-force-iterations=1000",
-            "--key-file",
-        ])
-        .arg(&kf)
-        .arg(&img));
+    cs_format(&img, &FAST_PBKDF, &kf);
     let tok = write_file(
         d,
         "tok.json",
         br#"{"type":"x-udm-test","keyslots":["0"],"payload":{"nested":[1,"two",null]},"z":"last"}"#,
     );
-    ok(cryptsetup()
+    run(cryptsetup()
         .args(["token", "import", "--json-file"])
         .arg(&tok)
         .arg(&img));
-    let before: serde_json::Value = serde_json::from_slice(
-        &ok(cryptsetup()
-            .args(["luksDump", "--dump-json-metadata"])
-            .arg(&img))
-        .stdout,
-    )
-    .unwrap();
-    ok(udm()
-        .args([
-            "luks",
-            "add-key",
-            "--pbkdf=pbkdf2",
-            "--pbkdf-force-iterations=1000",
-            "--key-file",
-        ])
-        .arg(&kf)
-        .arg(&img)
-        .arg(&k1));
-    let after: serde_json::Value = serde_json::from_slice(
-        &ok(cryptsetup()
-            .args(["luksDump", "--dump-json-metadata"])
-            .arg(&img))
-        .stdout,
-    )
-    .unwrap();
+    let before = cs_json(&img);
+    udm_add_key(&img, &kf, &k1, &FAST_PBKDF);
+    let after = cs_json(&img);
     assert_eq!(before["tokens"], after["tokens"]);
     // Killing slot 0 un-assigns it from the token but keeps the token itself.
-    ok(udm()
+    run(udm()
         .args(["luks", "kill-slot", "--key-file"])
         .arg(&k1)
         .arg(&img)
         .arg("0"));
-    let after: serde_json::Value = serde_json::from_slice(
-        &ok(cryptsetup()
-            .args(["luksDump", "--dump-json-metadata"])
-            .arg(&img))
-        .stdout,
-    )
-    .unwrap();
+    let after = cs_json(&img);
     assert_eq!(
         after["tokens"]["0"]["payload"],
         before["tokens"]["0"]["payload"]
@@ -510,28 +431,25 @@ fn header_backup_and_restore_interoperate() {
     let kf = write_file(d, "k", b"bk");
     for luks in ["luks1", "luks2"] {
         let img = d.join(format!("{luks}.img"));
-        ok(udm()
-            .args([
-                "luks",
-                "format",
-                "-q",
+        udm_format(
+            &img,
+            &[
                 "--size=20M",
-                "--pbkdf=pbkdf2",
-                "--pbkdf-force-iterations=1000",
-            ])
-            .arg(format!("--type={luks}"))
-            .arg("--key-file")
-            .arg(&kf)
-            .arg(&img));
+                FAST_PBKDF[0],
+                FAST_PBKDF[1],
+                &format!("--type={luks}"),
+            ],
+            &kf,
+        );
         let bk = d.join(format!("{luks}.bk"));
-        ok(udm()
+        run(udm()
             .args(["luks", "header-backup", "--header-backup-file"])
             .arg(&bk)
             .arg(&img));
         // cryptsetup accepts udm's backup as a detached header.
         assert!(cs_test(&img, Some(&bk), &kf));
         let cs_bk = d.join(format!("{luks}.csbk"));
-        ok(cryptsetup()
+        run(cryptsetup()
             .args(["luksHeaderBackup", "--header-backup-file"])
             .arg(&cs_bk)
             .arg(&img));
@@ -547,7 +465,7 @@ fn header_backup_and_restore_interoperate() {
         );
         pwrite(&img, 0, &vec![0u8; 1 << 20]);
         assert!(udm::luks::open(&img, None, b"bk").is_err());
-        ok(udm()
+        run(udm()
             .args([
                 "luks",
                 "header-restore",
@@ -558,24 +476,6 @@ fn header_backup_and_restore_interoperate() {
             .arg(&img));
         assert!(cs_test(&img, None, &kf));
         assert!(udm::luks::open(&img, None, b"bk").is_ok());
-    }
-}
-
-/// Opens table device arguments as files.
-struct Files;
-
-impl udm::targets::DeviceResolver for Files {
-    fn resolve(
-        &mut self,
-        spec: &str,
-    ) -> Result<std::sync::Arc<dyn udm::core::device::BlockDevice>, String> {
-        let flags = udm::store::file::OpenFlags {
-            read_only: false,
-            direct: false,
-        };
-        udm::store::file::FileStore::open(Path::new(spec), flags)
-            .map(|f| std::sync::Arc::new(f) as std::sync::Arc<dyn udm::core::device::BlockDevice>)
-            .map_err(|e| e.to_string())
     }
 }
 
@@ -591,13 +491,7 @@ fn activation_table_serves_the_data_through_the_crypt_target() {
     for (i, case) in cases().into_iter().enumerate() {
         let size = case.data_offset() + (4 << 20);
         let img = sparse(d, &format!("t{i}.img"), size);
-        ok(cryptsetup()
-            .arg("luksFormat")
-            .arg("-q")
-            .args(case.format_args())
-            .arg("--key-file")
-            .arg(&kf)
-            .arg(&img));
+        cs_format(&img, &case.format_args(), &kf);
         let key = cs_volume_key(&img, None, &kf);
         let plain = bytes(200 + i as u64, PLAIN_LEN);
         let enc = py_crypt(
@@ -658,13 +552,7 @@ fn activation_table_serves_the_data_through_the_crypt_target() {
 
 /// Blank what is random per volume (salts, digests) so layouts compare.
 fn layout_json(img: &Path) -> serde_json::Value {
-    let mut v: serde_json::Value = serde_json::from_slice(
-        &ok(cryptsetup()
-            .args(["luksDump", "--dump-json-metadata"])
-            .arg(img))
-        .stdout,
-    )
-    .unwrap();
+    let mut v = cs_json(img);
     for group in ["keyslots", "digests"] {
         if let Some(o) = v[group].as_object_mut() {
             for (_, item) in o.iter_mut() {
@@ -709,7 +597,7 @@ fn format_layout_matches_cryptsetup() {
     for (i, set) in sets.iter().enumerate() {
         let a = sparse(d, &format!("cs{i}.img"), 24 << 20);
         let b = d.join(format!("udm{i}.img"));
-        ok(cryptsetup()
+        run(cryptsetup()
             .arg("luksFormat")
             .arg("-q")
             .args(common)
@@ -718,7 +606,7 @@ fn format_layout_matches_cryptsetup() {
             .arg("--key-file")
             .arg(&kf)
             .arg(&a));
-        ok(udm()
+        run(udm()
             .args(["luks", "format", "-q", "--size=24M"])
             .args(common)
             .args(set)
@@ -728,8 +616,7 @@ fn format_layout_matches_cryptsetup() {
             .arg(&b));
         assert_eq!(layout_json(&a), layout_json(&b), "options {set:?}");
         let head = |img: &Path| {
-            let t = String::from_utf8_lossy(&ok(cryptsetup().arg("luksDump").arg(img)).stdout)
-                .to_string();
+            let t = cs_dump(img);
             t.lines().take(9).collect::<Vec<_>>().join("\n")
         };
         assert_eq!(head(&a), head(&b), "options {set:?}");
@@ -739,7 +626,7 @@ fn format_layout_matches_cryptsetup() {
         let a = sparse(d, &format!("cs1-{bits}.img"), 8 << 20);
         let b = d.join(format!("udm1-{bits}.img"));
         let opts = ["--type=luks1", "--pbkdf-force-iterations=1000"];
-        ok(cryptsetup()
+        run(cryptsetup()
             .arg("luksFormat")
             .arg("-q")
             .args(opts)
@@ -748,7 +635,7 @@ fn format_layout_matches_cryptsetup() {
             .arg("--key-file")
             .arg(&kf)
             .arg(&a));
-        ok(udm()
+        run(udm()
             .args(["luks", "format", "-q", "--size=8M"])
             .args(opts)
             .arg(format!("--key-size={bits}"))

@@ -3,7 +3,6 @@
 //! written through nbdkit) open and decrypt in udm. FAILS if qemu-img,
 //! nbdkit or nbdcopy is missing (apt-get install qemu-utils nbdkit libnbd-bin).
 
-#[path = "luks/common.rs"]
 mod common;
 
 use common::*;
@@ -40,7 +39,7 @@ fn udm_read(img: &Path, pass: &[u8]) -> Vec<u8> {
 
 fn qemu_read(img: &Path, pwfile: &Path, out: &Path) -> Vec<u8> {
     need("qemu-img");
-    ok(Command::new("qemu-img")
+    run(Command::new("qemu-img")
         .arg("convert")
         .arg("--object")
         .arg(format!("secret,id=s0,file={}", pwfile.display()))
@@ -54,16 +53,16 @@ fn qemu_read(img: &Path, pwfile: &Path, out: &Path) -> Vec<u8> {
     std::fs::read(out).unwrap()
 }
 
-fn nbdkit_run(img: &Path, pwfile: &Path, run: &str) {
+fn nbdkit_run(img: &Path, pwfile: &Path, script: &str) {
     need("nbdkit");
     need("nbdcopy");
-    ok(Command::new("nbdkit")
+    run(Command::new("nbdkit")
         .args(["-U", "-", "file"])
         .arg(format!("file={}", img.display()))
         .arg("--filter=luks")
         .arg(format!("passphrase=+{}", pwfile.display()))
         .arg("--run")
-        .arg(run));
+        .arg(script));
 }
 
 #[test]
@@ -74,7 +73,7 @@ fn udm_luks1_reads_back_in_qemu_and_nbdkit() {
     for bits in [256u32, 512] {
         let img = d.join(format!("u{bits}.img"));
         let size = 4096 * 512 + DATA as u64;
-        ok(udm()
+        run(udm()
             .args([
                 "luks",
                 "format",
@@ -124,7 +123,7 @@ fn qemu_created_luks_opens_in_udm() {
         let plain = bytes(3, DATA);
         let raw = write_file(d, "plain.raw", &plain);
         let img = d.join(format!("q-{cipher}.luks"));
-        ok(Command::new("qemu-img")
+        run(Command::new("qemu-img")
             .args(["convert", "-f", "raw", "-O", "luks", "--object"])
             .arg(format!("secret,id=s0,file={}", pw.display()))
             .arg("-o")
@@ -142,7 +141,7 @@ fn qemu_created_luks_opens_in_udm() {
         );
         // udm add-key on a qemu volume; qemu opens with the new passphrase.
         let pw2 = write_file(d, "pw2", b"second");
-        ok(udm()
+        run(udm()
             .args([
                 "luks",
                 "add-key",

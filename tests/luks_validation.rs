@@ -3,9 +3,9 @@
 //! real headers never panic, hang or allocate without bound. FAILS if
 //! cryptsetup is missing (it makes the base images).
 
-#[path = "luks/common.rs"]
 mod common;
 
+use common::luks::*;
 use common::*;
 use sha2::Digest;
 use std::path::Path;
@@ -36,16 +36,7 @@ fn rewrite_json(img: &Path, edit: &dyn Fn(&mut serde_json::Value)) {
 
 fn luks2_image(d: &Path, name: &str, kf: &Path) -> std::path::PathBuf {
     let img = sparse(d, name, 20 << 20);
-    ok(cryptsetup()
-        .args([
-            "luksFormat",
-            "-q",
-            "--pbkdf=pbkdf2",
-            "--pbkdf-force-iterations=1000",
-            "--key-file",
-        ])
-        .arg(kf)
-        .arg(&img));
+    cs_format(&img, &FAST_PBKDF, kf);
     img
 }
 
@@ -83,7 +74,7 @@ fn requirement_flags_are_refused_by_name() {
         show(&o)
     );
     // dump still works, and shows the requirement.
-    let o = ok(udm().args(["luks", "dump"]).arg(&img));
+    let o = run(udm().args(["luks", "dump"]).arg(&img));
     assert!(String::from_utf8_lossy(&o.stdout).contains("online-reencrypt-v2"));
 }
 
@@ -173,16 +164,11 @@ fn mutated_headers_never_panic() {
     let kf = write_file(d, "k", b"m");
     let img2 = luks2_image(d, "m2.img", &kf);
     let img1 = sparse(d, "m1.img", 4 << 20);
-    ok(cryptsetup()
-        .args([
-            "luksFormat",
-            "-q",
-            "--type=luks1",
-            "--pbkdf-force-iterations=1000",
-            "--key-file",
-        ])
-        .arg(&kf)
-        .arg(&img1));
+    cs_format(
+        &img1,
+        &["--type=luks1", "--pbkdf-force-iterations=1000"],
+        &kf,
+    );
     let l1 = pread(&img1, 0, 1024);
     let bin = pread(&img2, 0, 4096);
     let area = pread(&img2, 4096, 12288);

@@ -4,11 +4,12 @@
 //! The 4096-byte-block export also checks that the server never hands the
 //! device a misaligned request.
 
-mod nbd_support;
+mod common;
 
 use std::sync::Arc;
 
-use nbd_support::*;
+use common::nbd::*;
+use common::*;
 use udm::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use udm::store::mem::MemStore;
 
@@ -77,8 +78,9 @@ fn server() -> Server {
 fn case(name: &str) {
     need("nbdsh");
     let srv = server();
+    let script = std::env::var("NBD_SCRIPT").unwrap_or("bad_input.py".into());
     let out = python(
-        &std::env::var("NBD_SCRIPT").unwrap_or("bad_input.py".into()),
+        &format!("nbd/{script}"),
         &[srv.socket.to_str().unwrap(), name],
     );
     assert!(

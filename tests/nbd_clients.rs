@@ -1,11 +1,12 @@
 //! The server against real NBD clients: nbdinfo, nbdcopy, qemu-img, fio.
 
-mod nbd_support;
+mod common;
 
 use std::process::Command;
 use std::sync::Arc;
 
-use nbd_support::*;
+use common::nbd::*;
+use common::*;
 use udm::core::{BlockDevice, WriteBuf};
 use udm::store::file::{FileStore, OpenFlags};
 use udm::store::mem::MemStore;
@@ -112,17 +113,13 @@ fn nbdcopy_round_trip_is_byte_identical() {
     need("nbdcopy");
     const SIZE: usize = 64 << 20;
     let dir = tempfile::tempdir().unwrap();
-    let backing = dir.path().join("disk.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len(SIZE as u64)
-        .unwrap();
+    let backing = sparse(dir.path(), "disk.img", SIZE as u64);
     let dev: Arc<dyn BlockDevice> =
         Arc::new(FileStore::open(&backing, OpenFlags::default()).unwrap());
     let srv = Server::start(vec![export("disk", dev, false)], 0);
     let src = dir.path().join("in.bin");
     let back = dir.path().join("out.bin");
-    let data = random_bytes(SIZE, 42);
+    let data = fast_bytes(42, SIZE);
     std::fs::write(&src, &data).unwrap();
     run(Command::new("nbdcopy").arg(&src).arg(srv.uri("disk")));
     run(Command::new("nbdcopy").arg(srv.uri("disk")).arg(&back));
@@ -146,7 +143,7 @@ fn qemu_img_convert_and_compare() {
     let srv = Server::start(vec![export("q", m.clone(), false)], 2);
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src.raw");
-    let mut data = random_bytes(SIZE, 7);
+    let mut data = fast_bytes(7, SIZE);
     data[(4 << 20)..(6 << 20)].fill(0); // a zero run for qemu's zero detection
     std::fs::write(&src, &data).unwrap();
     run(Command::new("qemu-img")

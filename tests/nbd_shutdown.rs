@@ -2,15 +2,16 @@
 //! export is flushed after the last write, and the server returns Ok —
 //! both for the stop flag and for a real SIGTERM delivered to `serve`.
 
-mod nbd_support;
+mod common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nbd_support::*;
+use common::nbd::*;
+use common::*;
 use udm::core::{BlockDevice, DevResult, Limits, WriteBuf};
 use udm::nbd::{serve, Listen, ServerConfig};
 use udm::store::mem::MemStore;
@@ -69,28 +70,14 @@ fn slow() -> Arc<Slow> {
 fn connect(path: &std::path::Path) -> UnixStream {
     let mut s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).unwrap();
-    s.write_all(&3u32.to_be_bytes()).unwrap();
-    let mut opt = [0u8; 16];
-    opt[0..8].copy_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
-    opt[8..12].copy_from_slice(&1u32.to_be_bytes());
-    s.write_all(&opt).unwrap();
-    let mut info = [0u8; 10];
-    s.read_exact(&mut info).unwrap();
+    handshake(&mut s);
     s
 }
 
 /// Send 4 writes of 4 KiB at distinct offsets (they run in parallel).
 fn send_writes(s: &mut UnixStream) {
     for i in 0..4u64 {
-        let mut b = [0u8; 28];
-        b[0..4].copy_from_slice(&0x2560_9513u32.to_be_bytes());
-        b[6..8].copy_from_slice(&1u16.to_be_bytes());
-        b[8..16].copy_from_slice(&i.to_be_bytes());
-        b[16..24].copy_from_slice(&(i * 4096).to_be_bytes());
-        b[24..28].copy_from_slice(&4096u32.to_be_bytes());
-        s.write_all(&b).unwrap();
+        s.write_all(&request(1, i, i * 4096, 4096)).unwrap();
         s.write_all(&[i as u8 + 1; 4096]).unwrap();
     }
 }
@@ -107,14 +94,9 @@ fn replies_until_eof(s: &mut UnixStream) -> Vec<u64> {
 }
 
 fn wait_started(dev: &Slow) {
-    let t0 = Instant::now();
-    while dev.started.load(Ordering::SeqCst) == 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "writes never started"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for("the writes to start", Duration::from_secs(10), || {
+        dev.started.load(Ordering::SeqCst) > 0
+    });
 }
 
 fn check_after(dev: &Slow, answered: &[u64]) {
@@ -161,14 +143,9 @@ fn sigterm_finishes_in_flight_requests_flushes_and_returns_ok() {
         threads: 4,
     };
     let t = std::thread::spawn(move || serve(cfg));
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "server never listened"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("the server to listen", Duration::from_secs(10), || {
+        sock.exists()
+    });
     let mut s = connect(&sock);
     send_writes(&mut s);
     wait_started(&dev);

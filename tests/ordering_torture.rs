@@ -3,32 +3,17 @@
 //! a row, every read checked against a sequential model
 //! (tests/torture/ordering.py, driven through python3-libnbd).
 
-use std::os::unix::net::UnixStream;
-use std::process::Command;
-use std::time::{Duration, Instant};
+mod common;
+
+use common::*;
 
 #[test]
 fn ordering_torture_100_runs() {
-    let py = "/usr/bin/python3";
-    let has_nbd = Command::new(py)
-        .args(["-c", "import nbd"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        has_nbd,
-        "python3-libnbd is missing: run scripts/test.sh, which installs it"
-    );
-    let d = tempfile::Builder::new()
-        .prefix("udm-torture-")
-        .tempdir_in("/dev/shm")
-        .unwrap();
+    need_python_module("nbd", "python3-libnbd");
+    let d = scratch("udm-torture-");
     let p = d.path();
     for i in 0..2 {
-        std::fs::File::create(p.join(format!("leg{i}.img")))
-            .unwrap()
-            .set_len(32 << 20)
-            .unwrap();
+        sparse(p, &format!("leg{i}.img"), 32 << 20);
     }
     let sectors = (64u64 << 20) / 512;
     std::fs::write(
@@ -49,46 +34,25 @@ fn ordering_torture_100_runs() {
     )
     .unwrap();
     let sock = p.join("s.sock");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_udm"))
-        .args([
-            "serve",
-            "--socket",
-            sock.to_str().unwrap(),
-            "--threads",
-            "4",
-        ])
-        .arg("--table")
-        .arg(format!("secure={}", p.join("crypt.table").display()))
-        .arg("--table")
-        .arg(format!("striped={}", p.join("striped.table").display()))
-        .env("UDM_LOG", "warn")
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while UnixStream::connect(&sock).is_err() {
-        if let Some(st) = server.try_wait().unwrap() {
-            panic!("udm serve exited: {st}");
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "udm serve did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = Command::new(py)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/torture/ordering.py"
-        ))
-        .arg(format!("nbd+unix:///secure?socket={}", sock.display()))
-        .args(["100", "4", "200", "1"])
-        .output()
-        .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
+    let server = UdmServe::start(
+        &sock,
+        &[
+            "--threads".to_string(),
+            "4".to_string(),
+            "--table".to_string(),
+            format!("secure={}", p.join("crypt.table").display()),
+            "--table".to_string(),
+            format!("striped={}", p.join("striped.table").display()),
+        ],
+    );
+    let out = python(
+        "torture/ordering.py",
+        &[server.uri("secure").as_str(), "100", "4", "200", "1"],
+    );
+    drop(server);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && stdout.contains("100 passed, 0 failed"),
+        stdout.contains("100 passed, 0 failed"),
         "torture failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );

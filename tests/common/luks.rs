@@ -1,40 +1,15 @@
-//! Helpers shared by the LUKS integration tests: running cryptsetup and udm,
-//! reading cryptsetup's view of a volume key, and an independent dm-crypt
-//! transform (tests/crypt/dmcrypt_ref.py, Python `cryptography`) so data
-//! checks never rely on udm's own cipher code alone.
-#![allow(dead_code)]
+//! LUKS helpers: cryptsetup as the peer (formatting, its view of the
+//! volume key and metadata, whether it accepts a passphrase) and the spread
+//! of volume options the LUKS tests cover.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::Command;
 
-/// Fail loudly when a peer tool is missing (never skip).
-pub fn need(tool: &str) {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(ok, "required tool `{tool}` is not installed (apt-get install cryptsetup-bin qemu-utils nbdkit libnbd-bin python3-cryptography)");
-}
+use super::{dmcrypt_ref, need, ref_job, run, run_text, udm, write_file, Geo};
 
-pub fn show(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// Run and require success.
-pub fn ok(cmd: &mut Command) -> Output {
-    let o = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(o.status.success(), "{cmd:?} failed:\n{}", show(&o));
-    o
-}
+/// A cheap PBKDF for volumes whose KDF is not what a test is about.
+pub const FAST_PBKDF: [&str; 2] = ["--pbkdf=pbkdf2", "--pbkdf-force-iterations=1000"];
 
 pub fn cryptsetup() -> Command {
     need("cryptsetup");
@@ -42,36 +17,6 @@ pub fn cryptsetup() -> Command {
     // Image files need no locking directory of their own; keep runs independent.
     c.env("LC_ALL", "C");
     c
-}
-
-pub fn udm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_udm"))
-}
-
-/// Deterministic bytes (xorshift).
-pub fn bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-pub fn write_file(dir: &Path, name: &str, data: &[u8]) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, data).unwrap();
-    p
-}
-
-pub fn sparse(dir: &Path, name: &str, size: u64) -> PathBuf {
-    let p = dir.join(name);
-    let f = std::fs::File::create(&p).unwrap();
-    f.set_len(size).unwrap();
-    p
 }
 
 /// The volume key as cryptsetup reports it (`luksDump --dump-volume-key`).
@@ -83,7 +28,7 @@ pub fn cs_volume_key(img: &Path, header: Option<&Path>, key_file: &Path) -> Vec<
         c.arg("--header").arg(h);
     }
     c.arg(img);
-    let o = ok(&mut c);
+    let o = run(&mut c);
     parse_mk_dump(&String::from_utf8_lossy(&o.stdout))
 }
 
@@ -109,7 +54,7 @@ pub fn cs_test(img: &Path, header: Option<&Path>, key_file: &Path) -> bool {
     c.output().unwrap().status.success()
 }
 
-/// dm-crypt transform by the independent Python implementation.
+/// dm-crypt transform of `data` by the independent Python implementation.
 pub fn py_crypt(
     dir: &Path,
     op: &str,
@@ -119,40 +64,20 @@ pub fn py_crypt(
     sector: u64,
     data: &[u8],
 ) -> Vec<u8> {
-    need("/usr/bin/python3");
     let inp = write_file(dir, "py_in.bin", data);
     let out = dir.join("py_out.bin");
-    let jobs = serde_json::json!([{
-        "op": op, "spec": spec, "key": hex::encode(key), "ss": ss, "large": false,
-        "sector": sector, "in": inp, "out": out,
-    }]);
-    let jf = write_file(dir, "py_jobs.json", &serde_json::to_vec(&jobs).unwrap());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/crypt/dmcrypt_ref.py");
-    let o = Command::new("/usr/bin/python3")
-        .arg(script)
-        .arg(jf)
-        .output()
-        .expect("cannot run /usr/bin/python3");
-    assert!(
-        o.status.success(),
-        "dmcrypt_ref.py failed (apt-get install python3-cryptography):\n{}",
-        show(&o)
+    let geo = Geo {
+        spec,
+        key,
+        ss,
+        large: false,
+        iv_offset: sector,
+    };
+    dmcrypt_ref(
+        &serde_json::json!([ref_job(op, &geo, &inp, &out)]),
+        &dir.join("py_jobs.json"),
     );
     std::fs::read(out).unwrap()
-}
-
-pub fn pwrite(path: &Path, off: u64, data: &[u8]) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.write_all_at(data, off).unwrap();
-}
-
-pub fn pread(path: &Path, off: u64, len: usize) -> Vec<u8> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(path).unwrap();
-    let mut b = vec![0u8; len];
-    f.read_exact_at(&mut b, off).unwrap();
-    b
 }
 
 /// One combination of volume options.
@@ -250,4 +175,52 @@ pub fn cases() -> Vec<Case> {
             hash: "sha1",
         },
     ]
+}
+
+/// `cryptsetup luksFormat -q OPTS --key-file KEY_FILE IMG`.
+pub fn cs_format<S: AsRef<OsStr>>(img: &Path, opts: &[S], key_file: &Path) {
+    run(cryptsetup()
+        .arg("luksFormat")
+        .arg("-q")
+        .args(opts)
+        .arg("--key-file")
+        .arg(key_file)
+        .arg(img));
+}
+
+/// `cryptsetup luksDump IMG` as text.
+pub fn cs_dump(img: &Path) -> String {
+    run_text(cryptsetup().arg("luksDump").arg(img))
+}
+
+/// The LUKS2 JSON metadata as cryptsetup reads it.
+pub fn cs_json(img: &Path) -> serde_json::Value {
+    serde_json::from_slice(
+        &run(cryptsetup()
+            .args(["luksDump", "--dump-json-metadata"])
+            .arg(img))
+        .stdout,
+    )
+    .unwrap()
+}
+
+/// `udm luks format -q OPTS --key-file KEY_FILE IMG`.
+pub fn udm_format<S: AsRef<OsStr>>(img: &Path, opts: &[S], key_file: &Path) {
+    run(udm()
+        .args(["luks", "format", "-q"])
+        .args(opts)
+        .arg("--key-file")
+        .arg(key_file)
+        .arg(img));
+}
+
+/// `udm luks add-key OPTS --key-file KEY_FILE IMG NEW_KEY_FILE`.
+pub fn udm_add_key<S: AsRef<OsStr>>(img: &Path, key_file: &Path, new_key_file: &Path, opts: &[S]) {
+    run(udm()
+        .args(["luks", "add-key"])
+        .args(opts)
+        .arg("--key-file")
+        .arg(key_file)
+        .arg(img)
+        .arg(new_key_file));
 }

@@ -1,9 +1,10 @@
-//! Shared helpers of the NBD integration tests: an in-process server on a
-//! Unix socket (or TCP) and checks that the client tools exist.
-#![allow(dead_code)]
+//! NBD helpers: udm's server in-process (on a Unix socket or TCP, stopped
+//! by its shutdown flag) and the few raw protocol frames the tests that
+//! count allocations or time shutdowns send without a client library.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -84,55 +85,29 @@ impl Drop for Server {
     }
 }
 
-/// Fail loudly (never skip) when a client tool is missing.
-pub fn need(tool: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "required tool `{tool}` is not installed (apt: qemu-utils libnbd-bin python3-libnbd fio nbdkit)"
-    );
+/// Fixed-newstyle handshake for the default export ("") on a raw socket:
+/// NBD_OPT_EXPORT_NAME, reply without the 124 zero bytes.
+pub fn handshake(s: &mut UnixStream) {
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    // Client flags: FIXED_NEWSTYLE | NO_ZEROES.
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    let mut opt = [0u8; 16];
+    opt[0..8].copy_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
+    opt[8..12].copy_from_slice(&1u32.to_be_bytes());
+    s.write_all(&opt).unwrap();
+    // Export size and transmission flags.
+    let mut info = [0u8; 10];
+    s.read_exact(&mut info).unwrap();
 }
 
-/// Run a command; panic with its output unless it succeeds.
-pub fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// Run one of the python-libnbd scripts under tests/nbd/ with Debian's
-/// python (which has the libnbd bindings).
-pub fn python(script: &str, args: &[&str]) -> Output {
-    assert!(
-        Path::new("/usr/bin/python3").exists(),
-        "/usr/bin/python3 is required (with python3-libnbd)"
-    );
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/nbd")
-        .join(script);
-    run(Command::new("/usr/bin/python3").arg(path).args(args))
-}
-
-/// Deterministic pseudo-random bytes (xorshift), no extra crate needed.
-pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = Vec::with_capacity(n + 8);
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
+/// A 28-byte request header (compact form, no flags).
+pub fn request(cmd: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
+    let mut b = [0u8; 28];
+    b[0..4].copy_from_slice(&0x2560_9513u32.to_be_bytes());
+    b[6..8].copy_from_slice(&cmd.to_be_bytes());
+    b[8..16].copy_from_slice(&cookie.to_be_bytes());
+    b[16..24].copy_from_slice(&offset.to_be_bytes());
+    b[24..28].copy_from_slice(&len.to_be_bytes());
+    b
 }
