@@ -51,3 +51,19 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(p, l) }
     }
 }
+
+/// Allocations made while `f` runs: the fewest of `runs` runs, and every
+/// run's count. Why the fewest: the counter is process-wide (allocations on
+/// worker threads must count), so it also sees the test harness's own
+/// bookkeeping around starting a test thread — a few allocations, once, that
+/// land in whichever run is under way. A path that allocates per request
+/// shows in every run.
+pub fn fewest_allocs(runs: usize, mut f: impl FnMut()) -> (u64, Vec<u64>) {
+    let mut all = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let before = allocs();
+        f();
+        all.push(allocs() - before);
+    }
+    (all.iter().copied().min().unwrap_or(0), all)
+}
