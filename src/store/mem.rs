@@ -246,52 +246,7 @@ impl BlockDevice for MemStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// XOR with a keystream that depends on the byte's position in the
-    /// request, so a piece passed with a wrong `at` gives wrong bytes.
-    struct Xor {
-        g: usize,
-        calls: std::cell::Cell<usize>,
-    }
-    impl Xor {
-        fn new(g: usize) -> Xor {
-            Xor {
-                g,
-                calls: std::cell::Cell::new(0),
-            }
-        }
-        fn ks(pos: usize) -> u8 {
-            (pos as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2]
-        }
-    }
-    impl Transform for Xor {
-        fn granularity(&self) -> usize {
-            self.g
-        }
-        fn apply(&self, at: usize, src: &[u8], dst: &mut [u8]) -> DevResult<()> {
-            assert_eq!(src.len(), dst.len());
-            assert!(whole_units(self, at, src.len()), "piece {at}+{}", src.len());
-            self.calls.set(self.calls.get() + 1);
-            for (i, (d, s)) in dst.iter_mut().zip(src).enumerate() {
-                *d = s ^ Self::ks(at + i);
-            }
-            Ok(())
-        }
-        fn apply_in_place(&self, at: usize, buf: &mut [u8]) -> DevResult<()> {
-            assert!(whole_units(self, at, buf.len()));
-            for (i, b) in buf.iter_mut().enumerate() {
-                *b ^= Self::ks(at + i);
-            }
-            Ok(())
-        }
-    }
-
-    fn xored(data: &[u8]) -> Vec<u8> {
-        data.iter()
-            .enumerate()
-            .map(|(i, b)| b ^ Xor::ks(i))
-            .collect()
-    }
+    use crate::core::device::testing::{xored, Xor};
 
     #[test]
     fn transformed_io_matches_plain_io_across_regions() {
