@@ -286,7 +286,8 @@ mod tests {
         dev.read(at, &mut plain).unwrap();
         assert!(plain == xored(&data));
         let mut back = vec![0u8; data.len()];
-        dev.read_transformed(at, &mut back, &Xor::new(4096)).unwrap();
+        dev.read_transformed(at, &mut back, &Xor::new(4096))
+            .unwrap();
         assert!(back == data);
         dev.read_transformed(4096, &mut back[..8192], &Xor::new(4096))
             .unwrap();

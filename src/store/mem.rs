@@ -261,7 +261,8 @@ mod tests {
             assert!(m.direct_access());
             let len = data.len() - data.len() % g;
             let t = Xor::new(g);
-            m.write_transformed(offset, &data[..len], false, &t).unwrap();
+            m.write_transformed(offset, &data[..len], false, &t)
+                .unwrap();
             if offset % g as u64 == 0 {
                 // One call per region piece: direct access was used.
                 let pieces = (offset as usize + len).div_ceil(REGION) - offset as usize / REGION;
