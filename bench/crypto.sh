@@ -90,6 +90,9 @@ for ss in (512, 4096):
           f"write owned {r('direct_t1_write_owned_' + sfx, enc)}, "
           f"write borrowed {r('direct_t1_write_borrowed_' + sfx, enc)}, "
           f"read {r('direct_t1_read_' + sfx, dec)}")
+    print(f"ss {ss}: target(1 thread) / cipher out of place into memory, direct access: "
+          f"write owned {r('direct_t1_write_owned_' + sfx, 'cipher_to_memory_enc_' + sfx)}, "
+          f"read {r('direct_t1_read_' + sfx, 'cipher_to_memory_dec_' + sfx)}")
     print(f"ss {ss}: target(1 thread) / cipher, copying store (ablation): "
           f"write owned {r('copy_t1_write_owned_' + sfx, enc)}, "
           f"write borrowed {r('copy_t1_write_borrowed_' + sfx, enc)}, "
