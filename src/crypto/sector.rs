@@ -15,6 +15,7 @@ use super::block::{Block, BlockCipher};
 use super::modes;
 use super::spec::{self, Alg, Chain, CipherSpec, IvMode};
 use super::CryptoError;
+use crate::mem::Locked;
 
 /// One transform (one `keycount` slot).
 struct Tfm {
@@ -40,11 +41,12 @@ enum Kind {
 
 /// A keyed dm-crypt sector transform (see the module contract in
 /// [`crate::crypto`]). Key material lives only in the cipher key schedules,
-/// which are wiped on drop.
+/// each on pages of its own that are locked into RAM where permitted and
+/// wiped on drop ([`Locked`]).
 pub struct SectorCrypt {
     spec_text: String,
     spec: CipherSpec,
-    tfms: Box<[Tfm]>,
+    tfms: Box<[Locked<Tfm>]>,
     sector_size: u32,
     /// sector_size / 512.
     step: u64,
@@ -100,7 +102,7 @@ impl SectorCrypt {
         let mut tfms = Vec::with_capacity(kc);
         for i in 0..kc {
             let k = &key[i * sub..(i + 1) * sub];
-            tfms.push(Self::tfm(spec, &parsed, k)?);
+            tfms.push(Locked::new(Self::tfm(spec, &parsed, k)?));
         }
         let step = u64::from(sector_size / 512);
         Ok(SectorCrypt {
@@ -184,7 +186,7 @@ impl SectorCrypt {
         if let Some(Tfm {
             kind: Kind::Xts { fast: Some(_), .. },
             ..
-        }) = self.tfms.first()
+        }) = self.tfms.first().map(|t| &**t)
         {
             return true;
         }
