@@ -10,7 +10,7 @@
 //! caller's bytes (which must not change) or *hands over* a buffer the engine
 //! owns (an NBD payload). A transforming target such as `crypt` encrypts a
 //! handed-over buffer in place and needs a bounce buffer only for a borrowed
-//! one. Because both variants are plain slices, a target can split one
+//! one (and none at all over a device with direct access, below). Because both variants are plain slices, a target can split one
 //! request's CPU work across cores with `split_at_mut`, without copying.
 //!
 //! Direct access ([`Transform`], [`BlockDevice::read_transformed`],
