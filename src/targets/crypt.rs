@@ -43,8 +43,9 @@
 //! - `high_priority`: accepted, no userspace meaning: udm's threads run at
 //!   the server's scheduling priority.
 //!
-//! Key hygiene: the key is kept only in zeroizing storage and in the cipher
-//! schedules (wiped on drop); `table` prints it only when asked; it never
+//! Key hygiene: the key bytes and the cipher schedules live on pages of
+//! their own that are locked into RAM where permitted and wiped on drop
+//! (`mem::secret`); `table` prints the key only when asked; it never
 //! appears in logs, errors or Debug output.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,7 +59,7 @@ use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::crypto::pool::CryptPool;
 use crate::crypto::SectorCrypt;
 use crate::mem::blockpool::BlockPool;
-use crate::mem::{mempool, Budget, MemPool, PageList};
+use crate::mem::{mempool, Budget, MemPool, PageList, SecretBytes};
 
 /// Requests at least this large are split across the worker pool.
 const SPLIT_MIN: usize = 128 << 10;
@@ -85,7 +86,8 @@ pub struct CryptOptions {
 /// A `crypt` segment.
 pub struct Crypt {
     cipher: String,
-    key: Zeroizing<Vec<u8>>,
+    /// Kept only for `table --showkeys`; on locked pages, wiped on drop.
+    key: SecretBytes,
     iv_offset: u64,
     area: Area,
     len: u64,
@@ -253,6 +255,16 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         )));
     }
     let key = parse_key(&a.args[1])?;
+    let key = SecretBytes::new(&key).ok_or_else(|| {
+        TargetError::at(
+            1,
+            format!(
+                "a key of {} bits is longer than udm supports ({} bits)",
+                key.len() * 8,
+                crate::mem::secret::SECRET_MAX * 8
+            ),
+        )
+    })?;
     let iv_offset = parse_u64(a.args, 2, "iv_offset")?;
     if iv_offset % step != 0 {
         return Err(TargetError::at(
