@@ -8,7 +8,10 @@
 #
 # Then (unless CRYPT_TARGET=0) runs benches/crypto_target.rs and prints the
 # crypt target over the in-memory store against the bare cipher of the same
-# run, and 2 versus 1 crypt threads for one QD1 stream of 1 MiB writes.
+# run (direct access: the cipher moves the bytes; and the ablation over a
+# store without direct access: cipher, then copy), and 2 versus 1 crypt
+# threads for one QD1 stream of 1 MiB writes.
+# CRYPT_TARGET=only skips the cipher-vs-OpenSSL part.
 #
 # Usage: bench/crypto.sh [criterion filter]   (default: every cipher bench)
 set -eu
@@ -23,6 +26,7 @@ ossl() {
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cpus, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "openssl: $(openssl version)"
+if [ "${CRYPT_TARGET:-1}" != only ]; then
 o1=$(ossl)
 echo "openssl speed -evp aes-256-xts -bytes 8192 (before): $o1 B/s"
 rm -rf target/criterion/xts_* target/criterion/ceiling target/criterion/crypt_target
@@ -54,10 +58,12 @@ for group in sorted(os.listdir(root)):
         gbs = int(size) / med  # bytes per ns = GB/s
         print(f"{bench:45} {med/1000:10.1f}us {gbs:7.2f} {gbs * 1e9 / ossl:9.2f}")
 PY
+fi
 
 [ "${CRYPT_TARGET:-1}" = 0 ] && exit 0
 echo
 echo "crypt target over MemStore (load before: $(cut -d' ' -f1-3 /proc/loadavg))"
+rm -rf target/criterion/crypt_target
 cargo bench --bench crypto_target >/tmp/udm-crypto-bench.$$ 2>&1 || {
     cat /tmp/udm-crypto-bench.$$
     exit 1
@@ -75,11 +81,26 @@ names = sorted(d for d in os.listdir(root) if d != "report")
 for n in names:
     print(f"{n:45} {gbs(n):7.2f} GB/s")
 print()
+def r(a, b):
+    return f"{gbs(a) / gbs(b):.2f}"
 for ss in (512, 4096):
     sfx = f"ss{ss}_1048576"
-    print(f"ss {ss}: target(1 thread) / cipher: write {gbs('mem_t1_write_' + sfx) / gbs('cipher_alone_enc_' + sfx):.2f}, "
-          f"read {gbs('mem_t1_read_' + sfx) / gbs('cipher_alone_dec_' + sfx):.2f}")
-    print(f"ss {ss}: 2 threads / 1 thread, QD1 1 MiB writes: MemStore {gbs('mem_t2_write_' + sfx) / gbs('mem_t1_write_' + sfx):.2f}, "
-          f"null device {gbs('null_t2_write_' + sfx) / gbs('null_t1_write_' + sfx):.2f}; "
-          f"reads (MemStore) {gbs('mem_t2_read_' + sfx) / gbs('mem_t1_read_' + sfx):.2f}")
+    enc, dec = "cipher_alone_enc_" + sfx, "cipher_alone_dec_" + sfx
+    print(f"ss {ss}: target(1 thread) / cipher, direct access: "
+          f"write owned {r('direct_t1_write_owned_' + sfx, enc)}, "
+          f"write borrowed {r('direct_t1_write_borrowed_' + sfx, enc)}, "
+          f"read {r('direct_t1_read_' + sfx, dec)}")
+    print(f"ss {ss}: target(1 thread) / cipher out of place into memory, direct access: "
+          f"write owned {r('direct_t1_write_owned_' + sfx, 'cipher_to_memory_enc_' + sfx)}, "
+          f"read {r('direct_t1_read_' + sfx, 'cipher_to_memory_dec_' + sfx)}")
+    print(f"ss {ss}: target(1 thread) / cipher, copying store (ablation): "
+          f"write owned {r('copy_t1_write_owned_' + sfx, enc)}, "
+          f"write borrowed {r('copy_t1_write_borrowed_' + sfx, enc)}, "
+          f"read {r('copy_t1_read_' + sfx, dec)}")
+    print(f"ss {ss}: 2 threads / 1 thread, QD1 1 MiB writes: "
+          f"direct owned {r('direct_t2_write_owned_' + sfx, 'direct_t1_write_owned_' + sfx)}, "
+          f"direct borrowed {r('direct_t2_write_borrowed_' + sfx, 'direct_t1_write_borrowed_' + sfx)}, "
+          f"copying {r('copy_t2_write_owned_' + sfx, 'copy_t1_write_owned_' + sfx)}, "
+          f"null device {r('null_t2_write_' + sfx, 'null_t1_write_' + sfx)}; "
+          f"reads direct {r('direct_t2_read_' + sfx, 'direct_t1_read_' + sfx)}")
 PY

@@ -105,6 +105,16 @@ if os.path.isdir(os.path.join(base, "crypt_write_1mib_borrowed")):
         print(f"| {fmt(b)} ({mib(b)}) | {fmt(a)} ({mib(a)}) | {gain(b, a)} |")
     except OSError:
         pass
+    for w in (4, 64):
+        try:
+            with open(os.path.join(base, "crypt_write_1mib_borrowed", f"concurrent_{w}.json")) as fh:
+                j = json.load(fh)
+        except OSError:
+            continue
+        b, a = j["one_at_a_time_mbs"], j["bulk_mbs"]
+        print(f"\n{w} concurrent writers (ABBA rounds, {j['rounds']} each, median round throughput):\n")
+        print("| before: pages one at a time | after: bulk | gain |\n|---|---|---|")
+        print(f"| {b:.0f} MB/s | {a:.0f} MB/s | {a / b:.2f}x |")
 PY
 
 if [ "$callgrind" = 1 ]; then

@@ -27,7 +27,9 @@ impl DeviceResolver for One {
 
 fn target(bulk: bool) -> Arc<dyn Target> {
     set_bulk_bounce_default(bulk);
-    let store: Arc<dyn BlockDevice> = Arc::new(MemStore::new(SIZE));
+    // Not direct access: over a direct store a borrowed write needs no
+    // bounce pages, and this bench is about them.
+    let store: Arc<dyn BlockDevice> = Arc::new(MemStore::without_direct_access(SIZE));
     let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 ram 0")
         .split_whitespace()
         .map(String::from)
@@ -116,6 +118,71 @@ fn interleaved() {
     }
 }
 
+/// Many writers at once (the seed's QD64 fio job, in process): `writers`
+/// threads each write `per` borrowed 1 MiB requests to their own part of the
+/// device, all at the same time, so the bounce-page allocations of
+/// concurrent requests meet on the pool. One round times all writes of one
+/// target; rounds alternate ABBA between the two targets; the median round
+/// gives MB/s. Results go to
+/// target/criterion/crypt_write_1mib_borrowed/concurrent_<writers>.json.
+fn concurrent(writers: usize) {
+    let data: Vec<u8> = (0..IO).map(|i| (i * 7 + 3) as u8).collect();
+    let each = target(false);
+    let bulk = target(true);
+    for t in [&each, &bulk] {
+        for off in (0..SIZE).step_by(IO) {
+            t.write(off, WriteBuf::Borrowed(&data), false).unwrap();
+        }
+    }
+    let per = 256 / writers;
+    let part = SIZE / writers as u64;
+    let round = |t: &Arc<dyn Target>| -> f64 {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for w in 0..writers {
+                let (t, data) = (t.clone(), &data);
+                s.spawn(move || {
+                    let base = w as u64 * part;
+                    for k in 0..per as u64 {
+                        let off = base + (k * IO as u64) % part;
+                        t.write(off, WriteBuf::Borrowed(black_box(data)), false)
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        t0.elapsed().as_nanos() as f64
+    };
+    let rounds = 60usize;
+    let (mut te, mut tb) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+    for r in 0..rounds {
+        if r % 2 == 0 {
+            te.push(round(&each));
+            tb.push(round(&bulk));
+        } else {
+            tb.push(round(&bulk));
+            te.push(round(&each));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let bytes = (writers * per * IO) as f64;
+    let (me, mb) = (bytes / median(&mut te) * 1e3, bytes / median(&mut tb) * 1e3);
+    println!(
+        "{writers} concurrent writers, 1 MiB borrowed writes, {rounds} rounds of {} MiB each: one at a time {me:.0} MB/s, bulk {mb:.0} MB/s (median round)",
+        writers * per
+    );
+    let dir = std::path::Path::new("target/criterion/crypt_write_1mib_borrowed");
+    if std::fs::create_dir_all(dir).is_ok() {
+        let _ = std::fs::write(
+            dir.join(format!("concurrent_{writers}.json")),
+            format!("{{\"writers\": {writers}, \"rounds\": {rounds}, \"one_at_a_time_mbs\": {me}, \"bulk_mbs\": {mb}}}\n"),
+        );
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
@@ -127,5 +194,7 @@ criterion_group! {
 fn main() {
     benches();
     interleaved();
+    concurrent(4);
+    concurrent(64);
     Criterion::default().configure_from_args().final_summary();
 }

@@ -10,12 +10,21 @@
 //! caller's bytes (which must not change) or *hands over* a buffer the engine
 //! owns (an NBD payload). A transforming target such as `crypt` encrypts a
 //! handed-over buffer in place and needs a bounce buffer only for a borrowed
-//! one. Because both variants are plain slices, a target can split one
+//! one (and none at all over a device with direct access, below). Because both variants are plain slices, a target can split one
 //! request's CPU work across cores with `split_at_mut`, without copying.
+//!
+//! Direct access ([`Transform`], [`BlockDevice::read_transformed`],
+//! [`BlockDevice::write_transformed`]) is the userspace analogue of the
+//! kernel's DAX `direct_access`: a device whose data lives in memory lets
+//! the caller's transform move the bytes between the caller's buffer and
+//! that memory. Why: an out-of-place cipher pass costs the same as an
+//! in-place one, so a crypt target over an in-memory store can encrypt
+//! straight into the store (and decrypt straight out of it) instead of
+//! running the cipher *and* a memcpy over every byte.
 
 use std::io::IoSlice;
 
-use super::error::DevResult;
+use super::error::{DevError, DevResult};
 
 /// Sizes and capabilities a device advertises. Stacked devices combine the
 /// limits of what is below them with their own ([`Limits::stack`]).
@@ -118,6 +127,91 @@ impl<'a> WriteBuf<'a> {
     }
 }
 
+/// A byte transform applied while data moves between a caller's buffer and
+/// a device's memory (direct access). The crypt target implements it with
+/// its cipher: encryption for writes, decryption for reads.
+///
+/// A device may cut a request into pieces (at its own lock or page
+/// boundaries) and call the transform once per piece; `at` is the piece's
+/// byte offset within the request. Every piece's `at` and length are
+/// multiples of [`Transform::granularity`] — a device that cannot honour
+/// that for a request must not call `apply` with such a piece (it falls back
+/// to [`read_transformed_by_reading`] / [`write_transformed_by_writing`],
+/// whose pieces always are whole units).
+pub trait Transform {
+    /// The unit the transform must see whole (the crypt sector size); a
+    /// power of two.
+    fn granularity(&self) -> usize;
+
+    /// Transform `src` into `dst` (same length; they never overlap).
+    fn apply(&self, at: usize, src: &[u8], dst: &mut [u8]) -> DevResult<()>;
+
+    /// Transform `buf` in place (used by the fallbacks, which have no
+    /// second buffer).
+    fn apply_in_place(&self, at: usize, buf: &mut [u8]) -> DevResult<()>;
+}
+
+/// Whether a piece at `at` of `len` bytes is whole units of `t`.
+#[inline]
+pub fn whole_units(t: &dyn Transform, at: usize, len: usize) -> bool {
+    let g = t.granularity();
+    g != 0 && at % g == 0 && len % g == 0
+}
+
+/// Largest piece [`write_transformed_by_writing`] transforms at once; it
+/// lives on the stack, so the fallback allocates nothing.
+const FALLBACK_BOUNCE: usize = 16 << 10;
+
+/// The generic `read_transformed`: read the bytes into `buf`, then apply the
+/// transform in place. Correct for every device; no faster than a plain
+/// read followed by the transform.
+pub fn read_transformed_by_reading(
+    dev: &(impl BlockDevice + ?Sized),
+    offset: u64,
+    buf: &mut [u8],
+    t: &dyn Transform,
+) -> DevResult<()> {
+    if !whole_units(t, 0, buf.len()) {
+        return Err(DevError::Misaligned {
+            offset,
+            len: buf.len() as u64,
+            align: t.granularity() as u32,
+        });
+    }
+    dev.read(offset, buf)?;
+    t.apply_in_place(0, buf)
+}
+
+/// The generic `write_transformed`: transform `src` piece by piece into a
+/// stack buffer and write each piece (with `fua` on every piece, so the
+/// whole range is durable on return when asked). Correct for every device,
+/// allocates nothing; slower than a device's own direct access.
+pub fn write_transformed_by_writing(
+    dev: &(impl BlockDevice + ?Sized),
+    offset: u64,
+    src: &[u8],
+    fua: bool,
+    t: &dyn Transform,
+) -> DevResult<()> {
+    let g = t.granularity();
+    if !whole_units(t, 0, src.len()) || g > FALLBACK_BOUNCE {
+        return Err(DevError::Misaligned {
+            offset,
+            len: src.len() as u64,
+            align: g as u32,
+        });
+    }
+    let mut bounce = [0u8; FALLBACK_BOUNCE];
+    let step = FALLBACK_BOUNCE - FALLBACK_BOUNCE % g;
+    for (k, piece) in src.chunks(step).enumerate() {
+        let at = k * step;
+        let dst = &mut bounce[..piece.len()];
+        t.apply(at, piece, dst)?;
+        dev.write(offset + at as u64, WriteBuf::Borrowed(dst), fua)?;
+    }
+    Ok(())
+}
+
 /// A block device: anything that serves reads and writes by byte offset.
 ///
 /// Contract for implementors:
@@ -151,6 +245,46 @@ pub trait BlockDevice: Send + Sync {
             pos += b.len() as u64;
         }
         Ok(())
+    }
+
+    /// Whether this device implements [`read_transformed`] and
+    /// [`write_transformed`] by direct access to its memory, i.e. calling
+    /// them is cheaper than a plain read/write plus the transform. Callers
+    /// (crypt) use them only when this is true.
+    ///
+    /// Why a method and not a [`Limits`] field: limits are copied and
+    /// stacked by wrapping devices (`..lower.limits()`); a capability that
+    /// needs an implementation must not be inherited by a wrapper that does
+    /// not forward the calls. Only a device that overrides the two methods
+    /// says `true`; every other device keeps the default `false`.
+    ///
+    /// [`read_transformed`]: BlockDevice::read_transformed
+    /// [`write_transformed`]: BlockDevice::write_transformed
+    fn direct_access(&self) -> bool {
+        false
+    }
+
+    /// Read `buf.len()` bytes at `offset` through `t`: `buf` receives the
+    /// transform of the stored bytes (`apply(at, stored, buf_piece)`).
+    /// `buf.len()` is a multiple of `t.granularity()`. The default reads
+    /// into `buf` and transforms in place ([`read_transformed_by_reading`]),
+    /// so it is correct for every device.
+    fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
+        read_transformed_by_reading(self, offset, buf, t)
+    }
+
+    /// Write the transform of `src` at `offset` (`apply(at, src_piece,
+    /// stored)`); `src` is not modified; durable on return when `fua`.
+    /// `src.len()` is a multiple of `t.granularity()`. The default goes
+    /// through a stack bounce buffer ([`write_transformed_by_writing`]).
+    fn write_transformed(
+        &self,
+        offset: u64,
+        src: &[u8],
+        fua: bool,
+        t: &dyn Transform,
+    ) -> DevResult<()> {
+        write_transformed_by_writing(self, offset, src, fua, t)
     }
 
     /// Make every completed write durable.
@@ -188,4 +322,57 @@ pub fn write_zeroes_by_writing(
         pos += n as u64;
     }
     Ok(())
+}
+
+/// A position-dependent test transform, shared by the unit tests of the
+/// devices that implement direct access.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// XOR with a keystream that depends on the byte's position in the
+    /// request, so a piece passed with a wrong `at` gives wrong bytes.
+    pub struct Xor {
+        pub g: usize,
+        pub calls: std::cell::Cell<usize>,
+    }
+    impl Xor {
+        pub fn new(g: usize) -> Xor {
+            Xor {
+                g,
+                calls: std::cell::Cell::new(0),
+            }
+        }
+        pub fn ks(pos: usize) -> u8 {
+            (pos as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2]
+        }
+    }
+    impl Transform for Xor {
+        fn granularity(&self) -> usize {
+            self.g
+        }
+        fn apply(&self, at: usize, src: &[u8], dst: &mut [u8]) -> DevResult<()> {
+            assert_eq!(src.len(), dst.len());
+            assert!(whole_units(self, at, src.len()), "piece {at}+{}", src.len());
+            self.calls.set(self.calls.get() + 1);
+            for (i, (d, s)) in dst.iter_mut().zip(src).enumerate() {
+                *d = s ^ Self::ks(at + i);
+            }
+            Ok(())
+        }
+        fn apply_in_place(&self, at: usize, buf: &mut [u8]) -> DevResult<()> {
+            assert!(whole_units(self, at, buf.len()));
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b ^= Self::ks(at + i);
+            }
+            Ok(())
+        }
+    }
+
+    pub fn xored(data: &[u8]) -> Vec<u8> {
+        data.iter()
+            .enumerate()
+            .map(|(i, b)| b ^ Xor::ks(i))
+            .collect()
+    }
 }

@@ -3,9 +3,16 @@
 //! boundaries, as dm core does with its clones — but without cloning: each
 //! piece is a sub-slice of the caller's buffer (seed 001), so routing costs a
 //! binary search and no allocation.
+//!
+//! Direct access (see [`crate::core::device::Transform`]) is forwarded when
+//! every segment offers it and the request lies inside one segment (the
+//! common case, and the only one where forwarding is free); a request that
+//! crosses a segment boundary takes the generic path, because a boundary
+//! need not fall on a whole unit of the transform.
 
 use std::sync::Arc;
 
+use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::targets::Target;
 
@@ -21,6 +28,8 @@ pub struct MappedDevice {
     segments: Vec<Segment>,
     size: u64,
     limits: Limits,
+    /// Every segment offers direct access (fixed at construction).
+    direct: bool,
 }
 
 impl MappedDevice {
@@ -35,10 +44,12 @@ impl MappedDevice {
                 Some(acc) => acc.stack(l),
             });
         }
+        let direct = !segments.is_empty() && segments.iter().all(|s| s.target.direct_access());
         MappedDevice {
             segments,
             size,
             limits: limits.unwrap_or_default(),
+            direct,
         }
     }
 
@@ -152,6 +163,36 @@ impl BlockDevice for MappedDevice {
         )
     }
 
+    fn direct_access(&self) -> bool {
+        self.direct
+    }
+
+    fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
+        self.check(offset, buf.len() as u64)?;
+        if let Some(s) = self.segments.get(self.find(offset)) {
+            if offset + buf.len() as u64 <= s.start + s.len {
+                return s.target.read_transformed(offset - s.start, buf, t);
+            }
+        }
+        read_transformed_by_reading(self, offset, buf, t)
+    }
+
+    fn write_transformed(
+        &self,
+        offset: u64,
+        src: &[u8],
+        fua: bool,
+        t: &dyn Transform,
+    ) -> DevResult<()> {
+        self.check(offset, src.len() as u64)?;
+        if let Some(s) = self.segments.get(self.find(offset)) {
+            if offset + src.len() as u64 <= s.start + s.len {
+                return s.target.write_transformed(offset - s.start, src, fua, t);
+            }
+        }
+        write_transformed_by_writing(self, offset, src, fua, t)
+    }
+
     fn flush(&self) -> DevResult<()> {
         for s in &self.segments {
             s.target.flush()?;
@@ -212,5 +253,52 @@ mod tests {
             dev.table_text(false),
             "0 8 linear m 8\n8 8 linear m 0\n16 8 zero \n24 8 error \n"
         );
+    }
+
+    #[test]
+    fn direct_access_is_forwarded_through_linear_segments() {
+        use crate::core::device::testing::{xored, Xor};
+        let mem = Arc::new(MemStore::new(1 << 20));
+        // Two linear segments, the halves swapped on the store.
+        let t = "0 512 linear m 512\n512 512 linear m 0\n";
+        let dev = table::build(
+            &table::parse(t).unwrap(),
+            &mut One(mem.clone()),
+            &TargetOptions::default(),
+        )
+        .unwrap();
+        assert!(dev.direct_access());
+        assert!(dev.segments()[0].target.direct_access());
+        let data: Vec<u8> = (0..96 << 10).map(|i| (i % 241) as u8).collect();
+        // Inside the first segment: forwarded, one call per store region.
+        let x = Xor::new(4096);
+        dev.write_transformed(4096, &data[..64 << 10], false, &x)
+            .unwrap();
+        assert_eq!(x.calls.get(), 2, "direct pieces at the store's regions");
+        let mut raw = vec![0u8; 64 << 10];
+        mem.read((256 << 10) + 4096, &mut raw).unwrap();
+        assert!(raw == xored(&data[..64 << 10]));
+        // Across the segment boundary: the generic path, same bytes.
+        let at = (256 << 10) - (32 << 10);
+        dev.write_transformed(at, &data, false, &Xor::new(4096))
+            .unwrap();
+        let mut plain = vec![0u8; data.len()];
+        dev.read(at, &mut plain).unwrap();
+        assert!(plain == xored(&data));
+        let mut back = vec![0u8; data.len()];
+        dev.read_transformed(at, &mut back, &Xor::new(4096))
+            .unwrap();
+        assert!(back == data);
+        dev.read_transformed(4096, &mut back[..8192], &Xor::new(4096))
+            .unwrap();
+        assert!(back[..8192] == data[..8192]);
+        // A table with a segment that has no direct access does not offer it.
+        let z = table::build(
+            &table::parse("0 8 linear m 0\n8 8 zero\n").unwrap(),
+            &mut One(mem.clone()),
+            &TargetOptions::default(),
+        )
+        .unwrap();
+        assert!(!z.direct_access());
     }
 }

@@ -11,42 +11,90 @@
 //! - threads are created once (per target), not per request: spawning costs
 //!   more than encrypting a megabyte.
 //!
+//! - parts are claimed from a shared counter by the submitter and by the
+//!   workers it enlisted, and the submitter takes back the tickets no
+//!   worker picked up once every part is claimed: a worker that wakes late
+//!   (tens of microseconds on a VM) costs the request nothing;
+//! - idle workers and waiting submitters spin briefly before sleeping, so a
+//!   stream of back-to-back requests never pays a wake-up.
+//!
 //! Work is handed over as a borrowed closure; the submitter blocks until
-//! every part has finished, which is what makes lending stack data to other
-//! threads sound (see `run`).
+//! every helper has finished, which is what makes lending stack data to
+//! other threads sound (see `run`).
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
 
-/// Completion state of one `run` call; lives on the submitter's stack.
-struct Latch {
-    remaining: AtomicUsize,
+/// How long an idle worker, and a submitter waiting for its helpers, spin
+/// before sleeping. Waking a sleeping thread costs tens of microseconds on
+/// a virtual machine (an inter-processor interrupt through the host), as
+/// much as encrypting half a megabyte; a stream of back-to-back requests
+/// finds a spinning worker instead. Bounded, so an idle device costs no CPU.
+const SPIN: Duration = Duration::from_micros(30);
+
+/// One `run` call; lives on the submitter's stack.
+struct Request {
+    /// `&'scope (dyn Fn(usize) + Sync)` with the lifetime erased.
+    f: *const (dyn Fn(usize) + Sync + 'static),
+    n: usize,
+    /// Next part index to claim: the submitter and every helper claim parts
+    /// from here until none is left, so a helper that starts late simply
+    /// gets fewer parts instead of delaying the request.
+    next: AtomicUsize,
+    /// Helper tickets not finished (queued or running).
+    outstanding: AtomicUsize,
     panicked: AtomicBool,
     waiter: Thread,
 }
 
-/// One part of a request handed to a worker.
-struct Job {
-    /// `&'scope (dyn Fn(usize) + Sync)` with the lifetime erased.
-    f: *const (dyn Fn(usize) + Sync + 'static),
-    index: usize,
-    latch: *const Latch,
+impl Request {
+    /// Claim and run parts until none is left.
+    fn work(&self) {
+        // SAFETY: see `Job`: the closure outlives every helper's use.
+        let f = unsafe { &*self.f };
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.n {
+                return;
+            }
+            if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+                self.panicked.store(true, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
-// SAFETY: the pointers refer to a closure that is `Sync` and a latch whose
-// fields are atomics or `Thread` (Sync); both outlive the job because the
-// submitter waits for `remaining == 0` before returning (see `run`).
+/// A helper ticket: "claim parts of this request".
+struct Job {
+    req: *const Request,
+}
+
+// SAFETY: the request (and the closure it points to) is only touched while
+// its submitter waits in `run`, which returns only after `outstanding`
+// reached zero, i.e. after every ticket was either finished by a worker or
+// taken back out of the queue by the submitter; the closure is Sync and the
+// request's fields are atomics or `Thread` (Sync).
 unsafe impl Send for Job {}
 
 /// The job queue: a ring that keeps its capacity, so handing out jobs
 /// never allocates once it has grown (a channel would allocate a block
 /// every few dozen messages).
 struct Queue {
-    jobs: Mutex<(VecDeque<Job>, bool)>, // (jobs, closed)
+    jobs: Mutex<Jobs>,
     ready: Condvar,
+    /// Jobs in the ring, readable without the lock by spinning workers.
+    queued: AtomicUsize,
+}
+
+struct Jobs {
+    ring: VecDeque<Job>,
+    closed: bool,
+    /// Workers blocked on `ready` (the rest are running or spinning).
+    sleeping: usize,
 }
 
 /// Worker threads for splitting requests.
@@ -75,8 +123,13 @@ impl CryptPool {
             return None;
         }
         let queue = Arc::new(Queue {
-            jobs: Mutex::new((VecDeque::with_capacity(4 * threads), false)),
+            jobs: Mutex::new(Jobs {
+                ring: VecDeque::with_capacity(4 * threads),
+                closed: false,
+                sleeping: 0,
+            }),
             ready: Condvar::new(),
+            queued: AtomicUsize::new(0),
         });
         let mut workers = Vec::with_capacity(threads - 1);
         for i in 0..threads - 1 {
@@ -103,86 +156,109 @@ impl CryptPool {
         self.workers.len() + 1
     }
 
-    /// Call `f(i)` for every `i` in `0..n`: index 0 on the calling thread,
-    /// the rest on workers; returns when all calls have returned. Returns
-    /// `false` if any call panicked.
+    /// Call `f(i)` for every `i` in `0..n`, spread over the calling thread
+    /// and the workers; returns when all calls have returned. Returns
+    /// `false` if any call panicked. Parts are claimed one at a time, so
+    /// giving more parts than threads balances uneven progress.
     pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
         if n == 0 {
             return true;
         }
-        let latch = Latch {
-            remaining: AtomicUsize::new(n - 1),
-            panicked: AtomicBool::new(false),
-            waiter: std::thread::current(),
-        };
         // SAFETY: erasing the closure's lifetime is sound because this
-        // function does not return before every job has signalled the latch
-        // (the wait loop below), after which no worker touches `f` or
-        // `latch` again (the worker clones the waiter handle first).
+        // function does not return before `outstanding` is zero (the wait
+        // below), after which no worker touches the request or `f` again
+        // (a worker clones the waiter handle before its final decrement).
         let fp: *const (dyn Fn(usize) + Sync + 'static) = unsafe {
             std::mem::transmute::<
                 *const (dyn Fn(usize) + Sync + '_),
                 *const (dyn Fn(usize) + Sync + 'static),
             >(f)
         };
-        let mut sent = 1;
-        {
+        let tickets = self.workers.len().min(n - 1);
+        let req = Request {
+            f: fp,
+            n,
+            next: AtomicUsize::new(0),
+            outstanding: AtomicUsize::new(tickets),
+            panicked: AtomicBool::new(false),
+            waiter: std::thread::current(),
+        };
+        let mut sent = 0;
+        let mut wake = 0;
+        if tickets > 0 {
             let mut q = self.queue.jobs.lock().unwrap_or_else(|e| e.into_inner());
-            if !q.1 {
-                for index in 1..n {
-                    q.0.push_back(Job {
-                        f: fp,
-                        index,
-                        latch: &latch,
-                    });
-                    sent += 1;
+            if !q.closed {
+                for _ in 0..tickets {
+                    q.ring.push_back(Job { req: &req });
                 }
+                sent = tickets;
+                self.queue.queued.fetch_add(tickets, Ordering::Release);
+                wake = q.sleeping.min(tickets);
             }
         }
-        if sent > 1 {
-            self.queue.ready.notify_all();
+        for _ in 0..wake {
+            self.queue.ready.notify_one();
         }
-        // Parts that could not be queued run here, after ours.
-        let own = catch_unwind(AssertUnwindSafe(|| f(0))).is_ok();
-        for index in sent..n {
-            if catch_unwind(AssertUnwindSafe(|| f(index))).is_err() {
-                latch.panicked.store(true, Ordering::Relaxed);
+        req.work();
+        // Every part is claimed. Take back tickets no worker has picked up
+        // yet (a worker that is slow to wake must not delay us), then wait
+        // for the helpers still running a part.
+        let mut unclaimed = tickets - sent;
+        if sent > 0 {
+            let mut q = self.queue.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let before = q.ring.len();
+            q.ring.retain(|j| !std::ptr::eq(j.req, &req));
+            let removed = before - q.ring.len();
+            self.queue.queued.fetch_sub(removed, Ordering::Relaxed);
+            unclaimed += removed;
+        }
+        if unclaimed > 0 {
+            req.outstanding.fetch_sub(unclaimed, Ordering::AcqRel);
+        }
+        let t0 = Instant::now();
+        while req.outstanding.load(Ordering::Acquire) != 0 {
+            if t0.elapsed() < SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park_timeout(Duration::from_millis(10));
             }
-            latch.remaining.fetch_sub(1, Ordering::AcqRel);
         }
-        while latch.remaining.load(Ordering::Acquire) != 0 {
-            std::thread::park();
-        }
-        own && !latch.panicked.load(Ordering::Relaxed)
+        !req.panicked.load(Ordering::Relaxed)
     }
 }
 
 fn worker(q: Arc<Queue>) {
     loop {
+        // Spin briefly for the next job before taking the lock to sleep.
+        let t0 = Instant::now();
+        while q.queued.load(Ordering::Acquire) == 0 && t0.elapsed() < SPIN {
+            std::hint::spin_loop();
+        }
         let job = {
             let mut g = q.jobs.lock().unwrap_or_else(|e| e.into_inner());
             loop {
-                if let Some(j) = g.0.pop_front() {
+                if let Some(j) = g.ring.pop_front() {
+                    q.queued.fetch_sub(1, Ordering::Relaxed);
                     break j;
                 }
-                if g.1 {
+                if g.closed {
                     return;
                 }
+                g.sleeping += 1;
                 g = q.ready.wait(g).unwrap_or_else(|e| e.into_inner());
+                g.sleeping -= 1;
             }
         };
-        // SAFETY: the submitter keeps `*job.f` and `*job.latch` alive until
-        // `remaining` reaches zero, which happens only after our decrement
-        // below; we clone the waiter handle before decrementing and do not
-        // touch the latch afterwards.
+        // SAFETY: the submitter keeps the request alive until
+        // `outstanding` reaches zero, which happens only after our
+        // decrement below (this ticket left the queue, so the submitter
+        // cannot take it back); we clone the waiter handle before
+        // decrementing and do not touch the request afterwards.
         unsafe {
-            let f = &*job.f;
-            let latch = &*job.latch;
-            if catch_unwind(AssertUnwindSafe(|| f(job.index))).is_err() {
-                latch.panicked.store(true, Ordering::Relaxed);
-            }
-            let waiter = latch.waiter.clone();
-            if latch.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let req = &*job.req;
+            req.work();
+            let waiter = req.waiter.clone();
+            if req.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 {
                 waiter.unpark();
             }
         }
@@ -192,7 +268,11 @@ fn worker(q: Arc<Queue>) {
 impl Drop for CryptPool {
     fn drop(&mut self) {
         // Closing the queue ends every worker's loop once it is empty.
-        self.queue.jobs.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+        self.queue
+            .jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .closed = true;
         self.queue.ready.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();

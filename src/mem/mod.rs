@@ -38,6 +38,7 @@ pub mod bufpool;
 pub mod mempool;
 pub mod percpu;
 pub mod raw;
+pub mod secret;
 
 pub use blockpool::{
     ArcPoolBox, BlockPool, LocalBlockCache, LocalBox, LocalPool, PoolBox, RawBlockPool,
@@ -47,3 +48,4 @@ pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
 pub use mempool::{MemPool, PageList, BIO_MAX_VECS};
 pub use percpu::PerCpuCounter;
 pub use raw::{RawBuf, PAGE_SIZE};
+pub use secret::{Locked, SecretBytes};

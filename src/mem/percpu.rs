@@ -8,8 +8,9 @@
 //! from dm-crypt by switching to `percpu_counter_read_positive`.
 //!
 //! Layout: a folded global `count` plus one cache-line-padded delta per
-//! shard. A thread adds to its own shard (chosen once per thread, round
-//! robin, so threads spread over shards like CPUs do); when the shard's
+//! shard. A thread adds to the shard of the CPU it is running on (read
+//! from glibc's rseq area; a round-robin thread index where that is
+//! missing); when the shard's
 //! delta would reach `±batch` it is folded into `count` under the lock.
 //! Every shard's delta therefore stays strictly inside `(-batch, batch)`, so
 //! the lock-free [`PerCpuCounter::read`] differs from the true sum by at most
@@ -53,6 +54,25 @@ fn thread_index() -> usize {
         c.set(v);
         v
     })
+}
+
+/// The shard to count on: the CPU this thread runs on, as the kernel's
+/// per-CPU counters do, so threads on different cores never write the same
+/// cache line, and threads sharing a core (more threads than cores) share
+/// a shard without contending. glibc answers `sched_getcpu` from the rseq
+/// area the kernel keeps current (a load, no system call). Where that is
+/// unavailable, a round-robin thread index stands in. A migration between
+/// reading the CPU and updating the shard is harmless: the update is a
+/// compare-exchange, so it only costs a shared cache line once.
+#[inline]
+fn shard_hint() -> usize {
+    // SAFETY: sched_getcpu takes no arguments and has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    if cpu >= 0 {
+        cpu as usize
+    } else {
+        thread_index()
+    }
 }
 
 /// Online CPUs (at least 1).
@@ -103,10 +123,11 @@ impl PerCpuCounter {
         (self.batch as u64 - 1) * self.shards.len() as u64
     }
 
-    /// Add `amount` (may be negative) on this thread's shard.
+    /// Add `amount` (may be negative) on the shard of the CPU this thread
+    /// runs on.
     #[inline]
     pub fn add(&self, amount: i64) {
-        self.add_on(thread_index(), amount)
+        self.add_on(shard_hint(), amount)
     }
 
     /// Add on a chosen shard (tests and benchmarks pin shards with this).

@@ -6,15 +6,24 @@
 //! constructor follows `crypt_ctr` (options parsed first, the same checks and
 //! the same canonical `table` output), the I/O path follows `crypt_map` with
 //! userspace in mind:
-//! - reads read into the caller's buffer and decrypt in place;
-//! - writes of an engine-owned buffer encrypt in place and pass it down; a
-//!   borrowed buffer is never modified and is encrypted into a bounce buffer
-//!   (one function, [`Crypt::bounce`], so the allocation policy lives in one
-//!   place);
+//! - when the lower device offers direct access (an in-memory store, also
+//!   through linear segments; [`BlockDevice::direct_access`]), the cipher
+//!   itself moves the bytes: a write encrypts from the caller's buffer
+//!   straight into the store's memory, a read decrypts from the store's
+//!   memory straight into the caller's buffer. An out-of-place cipher pass
+//!   costs what an in-place one does, so this removes the lower device's
+//!   memcpy from every byte — and a borrowed write needs no bounce buffer
+//!   (the caller's bytes are only read);
+//! - otherwise (files, anything else) reads read into the caller's buffer
+//!   and decrypt in place; writes of an engine-owned buffer encrypt in place
+//!   and pass it down; a borrowed buffer is never modified and is encrypted
+//!   into a bounce buffer (one function, [`Crypt::bounce`], so the
+//!   allocation policy lives in one place);
 //! - a large request is cut into one part per crypto thread (seed 002); each
 //!   thread encrypts its part and writes it down (or reads its part and
-//!   decrypts it), so both the cipher and the lower device's copy run in
-//!   parallel, and the request completes only when every part has: one QD1
+//!   decrypts it) — with direct access, encrypts its part into the store —
+//!   so both the cipher and the lower device's copy run in parallel, and
+//!   the request completes only when every part has: one QD1
 //!   stream uses every core, and no write is reordered against a later
 //!   request (the next request is not accepted before this one completes);
 //! - discards pass down only with `allow_discards`; write-zeroes is emulated
@@ -34,8 +43,9 @@
 //! - `high_priority`: accepted, no userspace meaning: udm's threads run at
 //!   the server's scheduling priority.
 //!
-//! Key hygiene: the key is kept only in zeroizing storage and in the cipher
-//! schedules (wiped on drop); `table` prints it only when asked; it never
+//! Key hygiene: the key bytes and the cipher schedules live on pages of
+//! their own that are locked into RAM where permitted and wiped on drop
+//! (`mem::secret`); `table` prints the key only when asked; it never
 //! appears in logs, errors or Debug output.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,12 +54,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use zeroize::Zeroizing;
 
 use super::{parse_sectors, resolve_area, Area, Target, TargetArgs, TargetError};
-use crate::core::device::write_zeroes_by_writing;
+use crate::core::device::{whole_units, write_zeroes_by_writing, Transform};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::crypto::pool::CryptPool;
 use crate::crypto::SectorCrypt;
 use crate::mem::blockpool::BlockPool;
-use crate::mem::{mempool, Budget, MemPool, PageList};
+use crate::mem::{mempool, Budget, MemPool, PageList, SecretBytes};
 
 /// Requests at least this large are split across the worker pool.
 const SPLIT_MIN: usize = 128 << 10;
@@ -76,7 +86,8 @@ pub struct CryptOptions {
 /// A `crypt` segment.
 pub struct Crypt {
     cipher: String,
-    key: Zeroizing<Vec<u8>>,
+    /// Kept only for `table --showkeys`; on locked pages, wiped on drop.
+    key: SecretBytes,
     iv_offset: u64,
     area: Area,
     len: u64,
@@ -244,6 +255,16 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         )));
     }
     let key = parse_key(&a.args[1])?;
+    let key = SecretBytes::new(&key).ok_or_else(|| {
+        TargetError::at(
+            1,
+            format!(
+                "a key of {} bits is longer than udm supports ({} bits)",
+                key.len() * 8,
+                crate::mem::secret::SECRET_MAX * 8
+            ),
+        )
+    })?;
     let iv_offset = parse_u64(a.args, 2, "iv_offset")?;
     if iv_offset % step != 0 {
         return Err(TargetError::at(
@@ -413,6 +434,63 @@ impl Crypt {
     }
 }
 
+/// The cipher as a direct-access transform over one part of a request, so
+/// a device with direct access runs it between the caller's buffer and its
+/// memory. `first` is the dm-crypt cc_sector of the part's first byte; a
+/// piece at byte `at` of the part starts at cc_sector `first + at / 512`.
+struct Cipher<'a> {
+    sc: &'a SectorCrypt,
+    first: u64,
+    encrypt: bool,
+}
+
+impl Cipher<'_> {
+    /// The cc_sector of a piece, refusing pieces that are not whole sectors
+    /// (a device bug; the cipher must never see part of a sector).
+    fn sector(&self, at: usize, len: usize) -> DevResult<u64> {
+        if !whole_units(self, at, len) {
+            return Err(DevError::Target(format!(
+                "crypt: the lower device passed a piece [{at}, +{len}) that is not whole {}-byte sectors",
+                self.sc.sector_size()
+            )));
+        }
+        Ok(self.first.wrapping_add((at / 512) as u64))
+    }
+}
+
+impl Transform for Cipher<'_> {
+    fn granularity(&self) -> usize {
+        self.sc.sector_size() as usize
+    }
+
+    fn apply(&self, at: usize, src: &[u8], dst: &mut [u8]) -> DevResult<()> {
+        let sector = self.sector(at, src.len())?;
+        if src.len() != dst.len() {
+            return Err(DevError::Target(format!(
+                "crypt: the lower device passed buffers of {} and {} bytes",
+                src.len(),
+                dst.len()
+            )));
+        }
+        if self.encrypt {
+            self.sc.encrypt_to(src, dst, sector);
+        } else {
+            self.sc.decrypt_to(src, dst, sector);
+        }
+        Ok(())
+    }
+
+    fn apply_in_place(&self, at: usize, buf: &mut [u8]) -> DevResult<()> {
+        let sector = self.sector(at, buf.len())?;
+        if self.encrypt {
+            self.sc.encrypt(buf, sector);
+        } else {
+            self.sc.decrypt(buf, sector);
+        }
+        Ok(())
+    }
+}
+
 /// The per-request state of a split request: where its buffer lies and
 /// which parts have been handed to a thread. It lives in the target's
 /// block pool for the duration of one request.
@@ -478,32 +556,64 @@ impl BlockDevice for Crypt {
         .stack(self.area.dev.limits())
     }
 
-    /// Each part is read from the device and decrypted in place by the
-    /// thread that owns it, so reading and decrypting both run in parallel.
+    /// Each part is decrypted by the thread that owns it: straight out of
+    /// the device's memory with direct access, else read from the device
+    /// and decrypted in place; either way the data movement and the cipher
+    /// of different parts run in parallel.
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len())?;
         tracing::trace!(offset, len = buf.len(), "crypt read");
         let (per, n) = self.plan(buf.len(), !self.opts.no_read_workqueue);
+        let direct = self.area.dev.direct_access();
         let io = self.io_pool.alloc(CryptIo::new(buf, per));
         self.run_parts(n, &|i| {
             let Some(p) = io.take(i) else {
                 return Ok(());
             };
             let at = offset + (i * per) as u64;
+            if direct {
+                let t = Cipher {
+                    sc: &self.sc,
+                    first: self.cc_sector(at),
+                    encrypt: false,
+                };
+                return self.area.dev.read_transformed(self.area.offset + at, p, &t);
+            }
             self.area.dev.read(self.area.offset + at, p)?;
             self.sc.decrypt(p, self.cc_sector(at));
             Ok(())
         })
     }
 
-    /// Each part is encrypted (in place, or into a bounce buffer for a
-    /// borrowed one) and written down by the thread that owns it; the call
-    /// returns when all parts are on the device (with FUA each part is
-    /// durable).
+    /// Each part is encrypted and written down by the thread that owns it:
+    /// with direct access straight from the caller's buffer (owned or
+    /// borrowed, never modified) into the device's memory; otherwise in
+    /// place for an owned buffer, or into a bounce buffer for a borrowed
+    /// one. The call returns when all parts are on the device (with FUA
+    /// each part is durable).
     fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
         self.check(offset, data.len())?;
         tracing::trace!(offset, len = data.len(), fua, "crypt write");
         let (per, n) = self.plan(data.len(), !self.opts.no_write_workqueue);
+        if self.area.dev.direct_access() {
+            let src = data.as_slice();
+            return self.run_parts(n, &|i| {
+                let start = (i * per).min(src.len());
+                let end = (start + per).min(src.len());
+                if start == end {
+                    return Ok(());
+                }
+                let at = offset + start as u64;
+                let t = Cipher {
+                    sc: &self.sc,
+                    first: self.cc_sector(at),
+                    encrypt: true,
+                };
+                self.area
+                    .dev
+                    .write_transformed(self.area.offset + at, &src[start..end], fua, &t)
+            });
+        }
         match data {
             WriteBuf::Owned(buf) => {
                 let io = self.io_pool.alloc(CryptIo::new(buf, per));
@@ -767,5 +877,172 @@ mod tests {
             assert!(z.iter().all(|&b| b == 0));
             t.flush().unwrap();
         }
+    }
+
+    /// Forwards to a store and counts the plain data calls, to show which
+    /// path the target took.
+    struct Spy(MemStore, std::sync::atomic::AtomicUsize);
+    impl BlockDevice for Spy {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn limits(&self) -> Limits {
+            self.0.limits()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.read(offset, buf)
+        }
+        fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.write(offset, data, fua)
+        }
+        fn write_vectored(
+            &self,
+            offset: u64,
+            bufs: &[std::io::IoSlice<'_>],
+            fua: bool,
+        ) -> DevResult<()> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.write_vectored(offset, bufs, fua)
+        }
+        fn direct_access(&self) -> bool {
+            self.0.direct_access()
+        }
+        fn read_transformed(
+            &self,
+            offset: u64,
+            buf: &mut [u8],
+            t: &dyn Transform,
+        ) -> DevResult<()> {
+            self.0.read_transformed(offset, buf, t)
+        }
+        fn write_transformed(
+            &self,
+            offset: u64,
+            src: &[u8],
+            fua: bool,
+            t: &dyn Transform,
+        ) -> DevResult<()> {
+            self.0.write_transformed(offset, src, fua, t)
+        }
+        fn flush(&self) -> DevResult<()> {
+            self.0.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+            self.0.discard(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+            self.0.write_zeroes(offset, len, fua)
+        }
+    }
+
+    /// The direct path (cipher straight into / out of the store) must put
+    /// on the store exactly the bytes the copying path puts there, and read
+    /// them back, for every cipher family, sector size, iv_offset, thread
+    /// count, buffer ownership, and requests across the store's regions.
+    #[test]
+    fn direct_access_stores_the_same_bytes_as_the_copying_path() {
+        const STORE: u64 = 3 << 20;
+        const LEN: u64 = (3 << 20) - 8192;
+        let keys =
+            |n: usize| -> String { (0..n).map(|i| format!("{:02x}", i * 37 % 256)).collect() };
+        for (spec, klen) in [
+            ("aes-xts-plain64", 64),
+            ("aes-xts-plain64", 32),
+            ("aes-cbc-essiv:sha256", 32),
+            ("serpent-xts-plain64", 64),
+            ("twofish-cbc-plain64be", 32),
+            ("aes:4-cbc-plain", 64),
+        ] {
+            for ss in [512u32, 4096] {
+                for iv_offset in [0u64, 24] {
+                    for threads in [1usize, 2] {
+                        let line = format!(
+                            "{spec} {} {iv_offset} mem 16 1 sector_size:{ss}",
+                            keys(klen)
+                        );
+                        let direct = Arc::new(Spy(MemStore::new(STORE), Default::default()));
+                        let copying = Arc::new(MemStore::without_direct_access(STORE));
+                        let mk = |d: Arc<dyn BlockDevice>| {
+                            let args: Vec<String> =
+                                line.split_whitespace().map(String::from).collect();
+                            new(TargetArgs {
+                                args: &args,
+                                len: LEN,
+                                resolver: &mut One(d),
+                                options: &TargetOptions {
+                                    crypt_threads: threads,
+                                },
+                            })
+                            .unwrap()
+                        };
+                        let (td, tc) = (mk(direct.clone()), mk(copying.clone()));
+                        let what =
+                            format!("{spec} ss {ss} iv_offset {iv_offset} threads {threads}");
+                        let data: Vec<u8> = (0..LEN as usize)
+                            .map(|i| (i * 7 + i / 4099) as u8)
+                            .collect();
+                        // (offset, length, owned): whole device, pieces over
+                        // region boundaries, a small one.
+                        for (off, len, owned) in [
+                            (0usize, LEN as usize, true),
+                            (60 << 10, 200 << 10, false),
+                            ((1 << 20) - 4096, (1 << 20) + 8192, false),
+                            (8192, 4096, true),
+                            ((2 << 20) + 4096, 300 << 10, true),
+                        ] {
+                            for t in [&td, &tc] {
+                                let src = data[off..off + len].to_vec();
+                                let mut own = src.clone();
+                                if owned {
+                                    t.write(off as u64, WriteBuf::Owned(&mut own), false)
+                                        .unwrap();
+                                } else {
+                                    t.write(off as u64, WriteBuf::Borrowed(&own), false)
+                                        .unwrap();
+                                    assert!(own == src, "{what}: borrowed buffer modified");
+                                }
+                                let mut back = vec![0u8; len];
+                                t.read(off as u64, &mut back).unwrap();
+                                assert!(back == src, "{what}: read back at {off}+{len}");
+                            }
+                            let (mut a, mut b) =
+                                (vec![0u8; STORE as usize], vec![0u8; STORE as usize]);
+                            direct.0.read(0, &mut a).unwrap();
+                            copying.read(0, &mut b).unwrap();
+                            assert!(a == b, "{what}: stores differ after {off}+{len}");
+                        }
+                        assert_eq!(
+                            direct.1.load(Ordering::Relaxed),
+                            0,
+                            "{what}: the direct store saw plain reads or writes"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cipher_transform_refuses_partial_sectors() {
+        let key = hex::decode(KEY).unwrap();
+        let sc = SectorCrypt::new("aes-xts-plain64", &key, 4096, false).unwrap();
+        let t = Cipher {
+            sc: &sc,
+            first: 0,
+            encrypt: true,
+        };
+        let src = vec![0u8; 8192];
+        let mut dst = vec![0u8; 8192];
+        assert!(t.apply(512, &src[..4096], &mut dst[..4096]).is_err());
+        assert!(t.apply(0, &src[..1024], &mut dst[..1024]).is_err());
+        assert!(t.apply(0, &src, &mut dst[..4096]).is_err());
+        assert!(t.apply_in_place(4096, &mut dst[..100]).is_err());
+        // A piece at 4096 is the sector with cc_sector 8.
+        t.apply(4096, &src[..4096], &mut dst[..4096]).unwrap();
+        let mut want = vec![0u8; 4096];
+        sc.encrypt(&mut want, 8);
+        assert_eq!(dst[..4096], want[..]);
     }
 }

@@ -1,10 +1,13 @@
 //! `linear <dev> <offset>`: the segment maps onto a contiguous area of one
 //! device. The request is passed down as it is, with its offset shifted:
-//! no copy, no allocation (seed 001).
+//! no copy, no allocation (seed 001). Direct access (a crypt target above
+//! encrypting straight into an in-memory store below) is forwarded the same
+//! way: the offset shift changes nothing about which bytes form a piece.
 
 use std::sync::Arc;
 
 use super::{expect_args, resolve_area, Area, Target, TargetArgs, TargetError};
+use crate::core::device::Transform;
 use crate::core::{BlockDevice, DevResult, Limits, WriteBuf};
 
 pub struct Linear {
@@ -44,6 +47,25 @@ impl BlockDevice for Linear {
         self.area
             .dev
             .write_vectored(self.area.offset + offset, bufs, fua)
+    }
+    fn direct_access(&self) -> bool {
+        self.area.dev.direct_access()
+    }
+    fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
+        self.area
+            .dev
+            .read_transformed(self.area.offset + offset, buf, t)
+    }
+    fn write_transformed(
+        &self,
+        offset: u64,
+        src: &[u8],
+        fua: bool,
+        t: &dyn Transform,
+    ) -> DevResult<()> {
+        self.area
+            .dev
+            .write_transformed(self.area.offset + offset, src, fua, t)
     }
     fn flush(&self) -> DevResult<()> {
         self.area.dev.flush()

@@ -5,6 +5,11 @@
 //!
 //! A request is cut exactly at chunk boundaries and each piece is a
 //! sub-slice of the caller's buffer: no copy, no allocation (seed 001).
+//!
+//! Direct access ([`BlockDevice::direct_access`]) is not offered, even over
+//! in-memory legs: a chunk of 512-byte sectors need not be a whole number
+//! of a transform's units (crypt sectors up to 4 KiB), and no caller needs
+//! it today (crypt over striped takes its copying path, which is correct).
 
 use std::sync::Arc;
 
