@@ -63,7 +63,7 @@ fi
 [ "${CRYPT_TARGET:-1}" = 0 ] && exit 0
 echo
 echo "crypt target over MemStore (load before: $(cut -d' ' -f1-3 /proc/loadavg))"
-rm -rf target/criterion/crypt_target
+rm -rf target/criterion/crypt_target target/criterion/crypt_streams
 cargo bench --bench crypto_target >/tmp/udm-crypto-bench.$$ 2>&1 || {
     cat /tmp/udm-crypto-bench.$$
     exit 1
@@ -103,4 +103,11 @@ for ss in (512, 4096):
           f"copying {r('copy_t2_write_owned_' + sfx, 'copy_t1_write_owned_' + sfx)}, "
           f"null device {r('null_t2_write_' + sfx, 'null_t1_write_' + sfx)}; "
           f"reads direct {r('direct_t2_read_' + sfx, 'direct_t1_read_' + sfx)}")
+sroot = "target/criterion/crypt_streams"
+def sgbs(name):
+    p = os.path.join(sroot, name, "new", "estimates.json")
+    return (4 << 20) / json.load(open(p))["median"]["point_estimate"]
+if os.path.isdir(sroot):
+    t1, t2 = sgbs("direct_t1_write_4streams_ss512_4194304"), sgbs("direct_t2_write_4streams_ss512_4194304")
+    print(f"4 QD1 streams of 1 MiB writes, ss 512, direct: 1 thread {t1:.2f} GB/s, 2 threads {t2:.2f} GB/s, ratio {t2 / t1:.2f}")
 PY

@@ -150,5 +150,44 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// Four QD1 streams at once (four threads, each writing 1 MiB requests to
+/// its own quarter of the device), crypt target with 1 vs 2 crypt threads:
+/// when the streams already keep every core busy, splitting each request
+/// must not cost throughput (seed 002's second measurement).
+fn streams(c: &mut Criterion) {
+    const STREAMS: usize = 4;
+    let mut g = c.benchmark_group("crypt_streams");
+    g.measurement_time(Duration::from_secs(3));
+    g.warm_up_time(Duration::from_millis(500));
+    g.throughput(Throughput::Bytes((STREAMS * REQ) as u64));
+    for threads in [1usize, 2] {
+        let t = target(Arc::new(MemStore::new(DEV)), 512, threads);
+        let part = DEV / STREAMS as u64;
+        g.bench_function(
+            format!("direct_t{threads}_write_4streams_ss512/{}", STREAMS * REQ),
+            |b| {
+                b.iter_custom(|iters| {
+                    let start = std::time::Instant::now();
+                    std::thread::scope(|s| {
+                        for w in 0..STREAMS as u64 {
+                            let t = &t;
+                            s.spawn(move || {
+                                let mut buf = vec![0x5au8; REQ];
+                                for k in 0..iters {
+                                    let off = w * part + (k * REQ as u64) % part;
+                                    t.write(off, WriteBuf::Owned(black_box(&mut buf)), false)
+                                        .unwrap();
+                                }
+                            });
+                        }
+                    });
+                    start.elapsed()
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, streams);
 criterion_main!(benches);
