@@ -334,6 +334,11 @@ fn mul_xk_var(v: __m512i, kv: __m512i, kc: __m512i, poly: __m512i) -> __m512i {
     _mm512_ternarylogic_epi64::<0x96>(left, up, red)
 }
 
+/// Software prefetch distance: out of place, the destination (store
+/// memory) is usually not in the core's cache, and asking for its lines
+/// (for writing) a few groups ahead hides the read-for-ownership misses.
+const PREFETCH_AHEAD: usize = 4096;
+
 /// Blocks per group: eight registers of four blocks (512 bytes), enough
 /// independent AES chains to hide the round latency.
 const REGS: usize = 8;
@@ -451,6 +456,7 @@ unsafe fn sectors<const NR: usize>(
     let gen = TweakGen::new(k[NR]);
     let k0x = _mm512_xor_si512(k[0], k[NR]);
     let groups = ss / (REGS * 64);
+    let out_of_place = !std::ptr::eq(src, dst);
     let mut tw = gen.first(&tweaks[0]);
     for s in 0..n {
         for g in 0..groups {
@@ -464,6 +470,15 @@ unsafe fn sectors<const NR: usize>(
                 for (r, v) in d.iter_mut().enumerate() {
                     *v =
                         _mm512_ternarylogic_epi64::<0x96>(_mm512_loadu_si512(p.add(r)), tw[r], k0x);
+                }
+            }
+            if out_of_place {
+                for line in 0..REGS {
+                    let ahead = off + PREFETCH_AHEAD + line * 64;
+                    // Prefetches never fault, so addresses past the end are
+                    // harmless; `wrapping_add` keeps the arithmetic defined.
+                    _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(ahead) as *const i8);
+                    _mm_prefetch::<_MM_HINT_ET0>(dst.wrapping_add(ahead) as *const i8);
                 }
             }
             let next = if g + 1 < groups {
