@@ -260,7 +260,7 @@ mod tests {
         use crate::core::device::testing::{xored, Xor};
         let mem = Arc::new(MemStore::new(1 << 20));
         // Two linear segments, the halves swapped on the store.
-        let t = "0 512 linear m 512\n512 512 linear m 0\n";
+        let t = "0 1024 linear m 1024\n1024 1024 linear m 0\n";
         let dev = table::build(
             &table::parse(t).unwrap(),
             &mut One(mem.clone()),
@@ -270,16 +270,19 @@ mod tests {
         assert!(dev.direct_access());
         assert!(dev.segments()[0].target.direct_access());
         let data: Vec<u8> = (0..96 << 10).map(|i| (i % 241) as u8).collect();
-        // Inside the first segment: forwarded, one call per store region.
+        // Inside the first segment, across a lock region of the store (its
+        // regions are 256 KiB: store offset 768 KiB is a boundary):
+        // forwarded, one call per store region.
+        let w = (256 << 10) - (32 << 10);
         let x = Xor::new(4096);
-        dev.write_transformed(4096, &data[..64 << 10], false, &x)
+        dev.write_transformed(w, &data[..64 << 10], false, &x)
             .unwrap();
         assert_eq!(x.calls.get(), 2, "direct pieces at the store's regions");
         let mut raw = vec![0u8; 64 << 10];
-        mem.read((256 << 10) + 4096, &mut raw).unwrap();
+        mem.read((512 << 10) + w, &mut raw).unwrap();
         assert!(raw == xored(&data[..64 << 10]));
         // Across the segment boundary: the generic path, same bytes.
-        let at = (256 << 10) - (32 << 10);
+        let at = (512 << 10) - (32 << 10);
         dev.write_transformed(at, &data, false, &Xor::new(4096))
             .unwrap();
         let mut plain = vec![0u8; data.len()];
@@ -289,7 +292,7 @@ mod tests {
         dev.read_transformed(at, &mut back, &Xor::new(4096))
             .unwrap();
         assert!(back == data);
-        dev.read_transformed(4096, &mut back[..8192], &Xor::new(4096))
+        dev.read_transformed(w, &mut back[..8192], &Xor::new(4096))
             .unwrap();
         assert!(back[..8192] == data[..8192]);
         // A table with a segment that has no direct access does not offer it.

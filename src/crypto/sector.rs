@@ -217,21 +217,7 @@ impl SectorCrypt {
     /// Encrypt `src` into `dst` (same length, whole sectors); `src` is not
     /// modified.
     pub fn encrypt_to(&self, src: &[u8], dst: &mut [u8], sector: u64) {
-        let n = src.len().min(dst.len());
-        debug_assert_eq!(src.len(), dst.len());
-        #[cfg(target_arch = "x86_64")]
-        if self.tfms.len() == 1 {
-            if let Kind::Xts {
-                fast: Some(fast), ..
-            } = &self.tfms[0].kind
-            {
-                let whole = n - n % self.sector_size as usize;
-                self.fast_xts(fast, Some(&src[..whole]), &mut dst[..whole], sector, true);
-                return;
-            }
-        }
-        dst[..n].copy_from_slice(&src[..n]);
-        self.process(&mut dst[..n], sector, true);
+        self.transform_to(src, dst, sector, true)
     }
 
     /// Decrypt `src` into `dst` (same length, whole sectors); `src` is not
@@ -240,6 +226,10 @@ impl SectorCrypt {
     /// in-memory store cost no more than the cipher); the portable modes
     /// copy and decrypt in place.
     pub fn decrypt_to(&self, src: &[u8], dst: &mut [u8], sector: u64) {
+        self.transform_to(src, dst, sector, false)
+    }
+
+    fn transform_to(&self, src: &[u8], dst: &mut [u8], sector: u64, encrypt: bool) {
         let n = src.len().min(dst.len());
         debug_assert_eq!(src.len(), dst.len());
         #[cfg(target_arch = "x86_64")]
@@ -249,12 +239,18 @@ impl SectorCrypt {
             } = &self.tfms[0].kind
             {
                 let whole = n - n % self.sector_size as usize;
-                self.fast_xts(fast, Some(&src[..whole]), &mut dst[..whole], sector, false);
+                self.fast_xts(
+                    fast,
+                    Some(&src[..whole]),
+                    &mut dst[..whole],
+                    sector,
+                    encrypt,
+                );
                 return;
             }
         }
         dst[..n].copy_from_slice(&src[..n]);
-        self.process(&mut dst[..n], sector, false);
+        self.process(&mut dst[..n], sector, encrypt);
     }
 
     /// IV sector of the unit at cc_sector `cc`.
