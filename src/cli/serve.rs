@@ -54,6 +54,10 @@ pub struct Args {
     /// Open files with O_DIRECT (bypass the page cache).
     #[arg(long)]
     pub direct: bool,
+    /// Never map files on tmpfs (by default they are mapped, so the crypt
+    /// target encrypts straight into the file's pages).
+    #[arg(long)]
+    pub no_mmap: bool,
 }
 
 /// Split `NAME=VALUE`.
@@ -139,6 +143,7 @@ fn serve(a: Args) -> Result<(), String> {
         &Settings {
             read_only: a.read_only,
             direct: a.direct,
+            no_mmap: a.no_mmap,
             threads: a.threads,
             crypt_threads: a.crypt_threads,
             memory_budget: budget,
@@ -151,6 +156,7 @@ fn serve(a: Args) -> Result<(), String> {
 pub struct Settings {
     pub read_only: bool,
     pub direct: bool,
+    pub no_mmap: bool,
     pub threads: usize,
     pub crypt_threads: usize,
     pub memory_budget: Option<u64>,
@@ -167,6 +173,7 @@ pub fn serve_specs(
         BuildOptions {
             read_only: st.read_only,
             direct: st.direct,
+            no_mmap: st.no_mmap,
             target: TargetOptions {
                 crypt_threads: st.crypt_threads,
             },

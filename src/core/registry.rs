@@ -34,6 +34,8 @@ pub enum DeviceSpec {
 pub struct BuildOptions {
     pub read_only: bool,
     pub direct: bool,
+    /// Never map tmpfs files (see `store::file`).
+    pub no_mmap: bool,
     pub target: TargetOptions,
 }
 
@@ -162,6 +164,7 @@ impl Builder {
             OpenFlags {
                 read_only: self.opts.read_only,
                 direct: self.opts.direct,
+                no_map: self.opts.no_mmap,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -1,6 +1,13 @@
 //! A regular file or block device, accessed by offset with positional
 //! syscalls so that any number of threads share one descriptor without a
 //! lock. Flush is `fdatasync`; FUA is a write followed by `fdatasync`.
+//!
+//! A file on tmpfs is also mapped (unless the caller says not to), which
+//! gives it direct access: the crypt target encrypts straight into the
+//! file's pages instead of into a buffer that `pwrite` then copies (see
+//! `filemap.rs` for why only tmpfs, and how SIGBUS is kept from crashing
+//! udm). Plain reads and writes keep the positional syscalls: they copy
+//! once either way.
 
 use std::fs::{File, OpenOptions};
 use std::io::IoSlice;
@@ -8,10 +15,12 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use super::filemap::{on_tmpfs, FileMap};
+use super::MemStore;
+use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 
 /// A file or block device as a [`BlockDevice`].
-#[derive(Debug)]
 pub struct FileStore {
     file: File,
     path: PathBuf,
@@ -19,6 +28,21 @@ pub struct FileStore {
     read_only: bool,
     block_device: bool,
     direct: bool,
+    /// The file's pages, mapped, when it lives on tmpfs: direct access.
+    /// Abandoned (for the syscalls) after the first SIGBUS in it.
+    map: Option<MemStore>,
+}
+
+impl std::fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore")
+            .field("path", &self.path)
+            .field("size", &self.size)
+            .field("read_only", &self.read_only)
+            .field("direct", &self.direct)
+            .field("mapped", &self.mapped().is_some())
+            .finish()
+    }
 }
 
 /// How to open a [`FileStore`].
@@ -28,6 +52,9 @@ pub struct OpenFlags {
     /// O_DIRECT: bypass the page cache. Buffers and offsets must then be
     /// aligned to the logical block size, which the engine guarantees.
     pub direct: bool,
+    /// Never map the file, even on tmpfs (keep `pread`/`pwrite` for
+    /// everything; for ablations and the cautious).
+    pub no_map: bool,
 }
 
 impl FileStore {
@@ -56,6 +83,14 @@ impl FileStore {
                 ),
             ));
         };
+        let map = if !block_device && !flags.direct && !flags.no_map && on_tmpfs(&file) {
+            usize::try_from(size)
+                .ok()
+                .and_then(|len| FileMap::new(&file, len, !flags.read_only).ok().flatten())
+                .map(MemStore::map_file)
+        } else {
+            None
+        };
         Ok(FileStore {
             file,
             path: path.to_path_buf(),
@@ -63,7 +98,24 @@ impl FileStore {
             read_only: flags.read_only,
             block_device,
             direct: flags.direct,
+            map,
         })
+    }
+
+    /// The mapping, while it has taken no fault.
+    fn mapped(&self) -> Option<&MemStore> {
+        self.map.as_ref().filter(|m| m.faults() == 0)
+    }
+
+    /// The request that saw a SIGBUS in the mapping fails with this.
+    fn lost_pages(&self) -> DevError {
+        DevError::Io(std::io::Error::other(format!(
+            "{}: pages of the file vanished under udm while it was mapped (another \
+             program truncated it, or its tmpfs is full); the request failed and udm \
+             uses read/write calls on it from now on; free space on the filesystem \
+             or stop whatever shrinks the file",
+            self.path.display()
+        )))
     }
 
     pub fn path(&self) -> &Path {
@@ -192,6 +244,47 @@ impl BlockDevice for FileStore {
         Ok(())
     }
 
+    fn direct_access(&self) -> bool {
+        self.mapped().is_some()
+    }
+
+    /// Through the mapping when there is one: the transform reads the
+    /// file's pages. Any SIGBUS during the call fails it.
+    fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
+        let Some(m) = self.mapped() else {
+            return read_transformed_by_reading(self, offset, buf, t);
+        };
+        let res = m.read_transformed(offset, buf, t);
+        if m.faults() != 0 {
+            return Err(self.lost_pages());
+        }
+        res
+    }
+
+    /// Through the mapping when there is one: the transform writes the
+    /// file's pages, then `fdatasync` if FUA. Any SIGBUS during the call
+    /// fails it.
+    fn write_transformed(
+        &self,
+        offset: u64,
+        src: &[u8],
+        fua: bool,
+        t: &dyn Transform,
+    ) -> DevResult<()> {
+        self.check_writable()?;
+        let Some(m) = self.mapped() else {
+            return write_transformed_by_writing(self, offset, src, fua, t);
+        };
+        m.write_transformed(offset, src, false, t)?;
+        if m.faults() != 0 {
+            return Err(self.lost_pages());
+        }
+        if fua {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
     fn flush(&self) -> DevResult<()> {
         if self.read_only {
             return Ok(());
@@ -273,7 +366,7 @@ mod tests {
             tmp.path(),
             OpenFlags {
                 read_only: true,
-                direct: false,
+                ..OpenFlags::default()
             },
         )
         .unwrap();
@@ -296,5 +389,164 @@ mod tests {
         assert!(b[..4096].iter().all(|&x| x == 0xAA));
         assert!(b[4096..12288].iter().all(|&x| x == 0));
         assert!(b[12288..].iter().all(|&x| x == 0xAA));
+    }
+
+    /// A scratch file on tmpfs (the mapped path); Linux always has
+    /// /dev/shm, and a test that cannot reach the mapped path must fail.
+    fn shm_file(len: u64) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new_in("/dev/shm")
+            .expect("these tests need a tmpfs at /dev/shm");
+        assert!(on_tmpfs(f.as_file()), "/dev/shm is not tmpfs");
+        f.as_file().set_len(len).unwrap();
+        f
+    }
+
+    #[test]
+    fn tmpfs_files_are_mapped_and_agree_with_the_syscalls() {
+        use crate::core::device::testing::{xored, Xor};
+        let tmp = shm_file(1 << 20);
+        let s = FileStore::open(tmp.path(), OpenFlags::default()).unwrap();
+        assert!(s.direct_access(), "a tmpfs file is mapped");
+        let data: Vec<u8> = (0..(600 << 10)).map(|i| (i % 251) as u8).collect();
+        let t = Xor::new(4096);
+        s.write_transformed(64 << 10, &data, true, &t).unwrap();
+        // What the mapping wrote, the syscalls (and other programs) see.
+        let mut plain = vec![0u8; data.len()];
+        s.read(64 << 10, &mut plain).unwrap();
+        assert!(plain == xored(&data));
+        let mut back = vec![0u8; data.len()];
+        s.read_transformed(64 << 10, &mut back, &t).unwrap();
+        assert!(back == data);
+        // And the reverse: a pwrite is visible through the mapping.
+        s.write(0, WriteBuf::Borrowed(&xored(&data[..8192])), false)
+            .unwrap();
+        let mut b = vec![0u8; 8192];
+        s.read_transformed(0, &mut b, &t).unwrap();
+        assert!(b == data[..8192]);
+
+        // Not mapped: when told not to, off tmpfs, read-only writes refused.
+        let no = FileStore::open(
+            tmp.path(),
+            OpenFlags {
+                no_map: true,
+                ..OpenFlags::default()
+            },
+        )
+        .unwrap();
+        assert!(!no.direct_access());
+        let disk = tempfile::NamedTempFile::new().unwrap();
+        disk.as_file().set_len(1 << 20).unwrap();
+        if !on_tmpfs(disk.as_file()) {
+            let d = FileStore::open(disk.path(), OpenFlags::default()).unwrap();
+            assert!(!d.direct_access());
+        }
+        let ro = FileStore::open(
+            tmp.path(),
+            OpenFlags {
+                read_only: true,
+                ..OpenFlags::default()
+            },
+        )
+        .unwrap();
+        assert!(ro.direct_access());
+        let mut b = vec![0u8; 8192];
+        ro.read_transformed(0, &mut b, &t).unwrap();
+        assert!(b == data[..8192]);
+        assert!(matches!(
+            ro.write_transformed(0, &b, false, &t),
+            Err(DevError::ReadOnly)
+        ));
+    }
+
+    /// Another program truncates the file under a mapped store: the next
+    /// access to the lost pages fails with an error that says what
+    /// happened (instead of the SIGBUS killing udm), and the store goes on
+    /// with the syscalls.
+    #[test]
+    fn truncation_under_a_mapping_is_an_error_not_a_crash() {
+        use crate::core::device::testing::Xor;
+        let tmp = shm_file(1 << 20);
+        let s = FileStore::open(tmp.path(), OpenFlags::default()).unwrap();
+        assert!(s.direct_access());
+        let t = Xor::new(512);
+        let data = vec![7u8; 64 << 10];
+        s.write_transformed(0, &data, false, &t).unwrap();
+        tmp.as_file().set_len(256 << 10).unwrap();
+        // Below the new end: still fine.
+        s.write_transformed(0, &data, false, &t).unwrap();
+        let e = s
+            .write_transformed(512 << 10, &data, false, &t)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("truncated") && e.contains(&tmp.path().display().to_string()),
+            "{e}"
+        );
+        assert!(!s.direct_access(), "the mapping is abandoned");
+        // The syscall path: the file is shorter than the device now, so a
+        // read past its end fails cleanly too.
+        let mut b = vec![0u8; 4096];
+        assert!(s.read_transformed(768 << 10, &mut b, &t).is_err());
+        s.read_transformed(0, &mut b, &t).unwrap();
+    }
+
+    /// udm's SIGBUS handler must not swallow faults that are not in its
+    /// mappings: a program's own bad mapping still kills it, as without
+    /// udm. Run in a child process (the test binary again, one test).
+    #[test]
+    fn foreign_sigbus_still_kills() {
+        use std::os::unix::process::ExitStatusExt;
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "store::file::tests::foreign_sigbus_child",
+                "--nocapture",
+            ])
+            .env("UDM_FOREIGN_SIGBUS", "1")
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGBUS),
+            "child: {:?} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("handler installed"));
+    }
+
+    #[test]
+    #[ignore = "run by foreign_sigbus_still_kills in a child process"]
+    fn foreign_sigbus_child() {
+        if std::env::var_os("UDM_FOREIGN_SIGBUS").is_none() {
+            return;
+        }
+        let ours = shm_file(1 << 20);
+        let s = FileStore::open(ours.path(), OpenFlags::default()).unwrap();
+        assert!(s.direct_access());
+        // Unlinked now (the store keeps it open): nothing is left behind
+        // when this process dies.
+        drop(ours);
+        println!("handler installed");
+        let theirs = tempfile::tempfile_in("/dev/shm").unwrap();
+        theirs.set_len(1 << 20).unwrap();
+        // SAFETY: a fresh shared mapping of our own scratch file; touching it
+        // after the truncation is the point of the test (the process must
+        // die of SIGBUS).
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                1 << 20,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                theirs.as_raw_fd(),
+                0,
+            ) as *mut u8;
+            assert!(p as *mut libc::c_void != libc::MAP_FAILED);
+            theirs.set_len(0).unwrap();
+            std::ptr::write_volatile(p.add(4096), 1);
+        }
+        unreachable!("the write above raises SIGBUS");
     }
 }

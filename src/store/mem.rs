@@ -15,6 +15,10 @@
 //! advertise it, for the ablation benchmarks (the old path: transform, then
 //! copy).
 //!
+//! The same store also serves a file's mapped pages
+//! ([`MemStore::map_file`], used by `FileStore` for files on tmpfs): the
+//! region locks and direct access are the same whatever the memory is.
+//!
 //! Regions are 256 KiB. A direct-access write holds its region's lock while
 //! the cipher runs, so regions must be small enough that the parts of one
 //! split request (a 1 MiB request on two threads: two 512 KiB halves) take
@@ -23,9 +27,9 @@
 //! crypt target reached 0.85-0.89 of the bare cipher on 4096-byte sectors,
 //! with 256 KiB 0.92 (benches/crypto_target.rs, same machine and hour).
 
-use std::cell::UnsafeCell;
 use std::sync::RwLock;
 
+use super::filemap::FileMap;
 use crate::core::device::{
     read_transformed_by_reading, whole_units, write_transformed_by_writing, Transform,
 };
@@ -33,10 +37,15 @@ use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 
 /// Memory-backed block device.
 pub struct MemStore {
-    data: Box<[UnsafeCell<u8>]>,
-    // One lock per 256 KiB region; a request takes the locks of the regions
-    // it spans one after the other (never two at once), so requests on
-    // different regions never meet.
+    /// Start of the memory, `len` bytes, owned by `backing`.
+    base: *mut u8,
+    len: usize,
+    backing: Backing,
+    // One lock per 256 KiB region (regions past `MAX_LOCKS` share locks
+    // round-robin, so a huge mapped file costs no more than 4096 locks); a
+    // request takes the locks of the regions it spans one after the other
+    // (never two at once), so requests on different regions never meet and
+    // sharing a lock can only delay, never deadlock.
     locks: Box<[RwLock<()>]>,
     /// Whether `direct_access()` says so (off only for ablations).
     direct: bool,
@@ -44,8 +53,19 @@ pub struct MemStore {
 
 const REGION_SHIFT: u32 = 18;
 const REGION: usize = 1 << REGION_SHIFT;
+const MAX_LOCKS: usize = 4096;
 
-// SAFETY: all access to `data` goes through `each_region` callers, which hold
+/// Who owns the memory.
+enum Backing {
+    /// Ours, zero-filled at creation: a leaked boxed slice (so that no Box
+    /// asserts uniqueness over memory that `base` points into), freed in
+    /// `Drop`.
+    Heap,
+    /// A file's pages.
+    File(FileMap),
+}
+
+// SAFETY: all access to the memory goes through `each_region` callers, which hold
 // the region lock covering the accessed bytes (shared for reads, exclusive for
 // writes), so no two threads access the same byte with one of them writing.
 unsafe impl Sync for MemStore {}
@@ -56,26 +76,46 @@ impl MemStore {
     /// A zero-filled store of `size` bytes.
     pub fn new(size: u64) -> MemStore {
         let zeroed: Box<[u8]> = vec![0u8; size as usize].into_boxed_slice();
-        // SAFETY: UnsafeCell<u8> is repr(transparent) over u8, so the slice
-        // layout is identical; ownership moves from one box to the other.
-        let data: Box<[UnsafeCell<u8>]> =
-            unsafe { Box::from_raw(Box::into_raw(zeroed) as *mut [UnsafeCell<u8>]) };
-        let regions = (size >> REGION_SHIFT) as usize + 1;
+        let len = zeroed.len();
+        let base = Box::into_raw(zeroed) as *mut u8;
+        MemStore::over(base, len, Backing::Heap)
+    }
+
+    /// The pages of a mapped file as a store (see `FileStore`).
+    pub(crate) fn map_file(map: FileMap) -> MemStore {
+        MemStore::over(map.ptr(), map.len(), Backing::File(map))
+    }
+
+    fn over(base: *mut u8, len: usize, backing: Backing) -> MemStore {
+        let regions = ((len >> REGION_SHIFT) + 1).min(MAX_LOCKS);
         MemStore {
-            data,
+            base,
+            len,
+            backing,
             locks: (0..regions).map(|_| RwLock::new(())).collect(),
             direct: true,
         }
+    }
+
+    /// SIGBUS faults taken in a mapped file's pages (always 0 on the heap).
+    pub(crate) fn faults(&self) -> u64 {
+        match &self.backing {
+            Backing::Heap => 0,
+            Backing::File(m) => m.faults(),
+        }
+    }
+
+    fn lock(&self, off: u64) -> &RwLock<()> {
+        &self.locks[(off >> REGION_SHIFT) as usize % self.locks.len()]
     }
 
     /// A zero-filled store that does not advertise direct access, so a crypt
     /// target over it transforms in its own buffers and the store copies
     /// (the ablation of the direct path; the calls still work).
     pub fn without_direct_access(size: u64) -> MemStore {
-        MemStore {
-            direct: false,
-            ..MemStore::new(size)
-        }
+        let mut m = MemStore::new(size);
+        m.direct = false;
+        m
     }
 
     /// Whether the pieces of `[offset, offset+len)` cut at region
@@ -103,9 +143,9 @@ impl MemStore {
     /// slice so that it may be used for a run of bytes.
     fn ptr(&self, offset: u64) -> *mut u8 {
         debug_assert!(offset < self.size());
-        // SAFETY: callers pass an offset inside `data` (their range was
+        // SAFETY: callers pass an offset inside the memory (their range was
         // checked), so the pointer stays in the allocation.
-        unsafe { UnsafeCell::raw_get(self.data.as_ptr().add(offset as usize)) }
+        unsafe { self.base.add(offset as usize) }
     }
 
     fn check(&self, offset: u64, len: u64) -> DevResult<()> {
@@ -120,9 +160,20 @@ impl MemStore {
     }
 }
 
+impl Drop for MemStore {
+    fn drop(&mut self) {
+        if let Backing::Heap = self.backing {
+            // SAFETY: `base`/`len` came from `Box::into_raw` of a boxed
+            // slice of exactly `len` bytes in `new`, freed only here.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.base, self.len)) });
+        }
+        // A file mapping unmaps itself when `backing` drops.
+    }
+}
+
 impl BlockDevice for MemStore {
     fn size(&self) -> u64 {
-        self.data.len() as u64
+        self.len as u64
     }
 
     fn limits(&self) -> Limits {
@@ -135,10 +186,8 @@ impl BlockDevice for MemStore {
             return Ok(());
         }
         self.each_region(offset, buf.len(), |off, at, n| {
-            let _g = self.locks[(off >> REGION_SHIFT) as usize]
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            // SAFETY: the range is inside `data` (checked above) and the
+            let _g = self.lock(off).read().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: the range is inside the memory (checked above) and the
             // shared region lock excludes concurrent writers of these bytes.
             unsafe { std::ptr::copy_nonoverlapping(self.ptr(off), buf[at..].as_mut_ptr(), n) };
         });
@@ -152,9 +201,7 @@ impl BlockDevice for MemStore {
             return Ok(());
         }
         self.each_region(offset, src.len(), |off, at, n| {
-            let _g = self.locks[(off >> REGION_SHIFT) as usize]
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
+            let _g = self.lock(off).write().unwrap_or_else(|p| p.into_inner());
             // SAFETY: in bounds (checked) and the exclusive region lock
             // excludes every other access to these bytes.
             unsafe { std::ptr::copy_nonoverlapping(src[at..].as_ptr(), self.ptr(off), n) };
@@ -178,10 +225,8 @@ impl BlockDevice for MemStore {
             if res.is_err() {
                 return;
             }
-            let _g = self.locks[(off >> REGION_SHIFT) as usize]
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            // SAFETY: `[off, off+n)` is inside `data` (checked above); the
+            let _g = self.lock(off).read().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: `[off, off+n)` is inside the memory (checked above); the
             // shared region lock excludes writers of these bytes for the
             // life of the slice, and `buf` is a distinct allocation.
             let stored = unsafe { std::slice::from_raw_parts(self.ptr(off) as *const u8, n) };
@@ -208,10 +253,8 @@ impl BlockDevice for MemStore {
             if res.is_err() {
                 return;
             }
-            let _g = self.locks[(off >> REGION_SHIFT) as usize]
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
-            // SAFETY: `[off, off+n)` is inside `data` (checked above); the
+            let _g = self.lock(off).write().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: `[off, off+n)` is inside the memory (checked above); the
             // exclusive region lock excludes every other access to these
             // bytes for the life of the slice, and `src` is a distinct
             // allocation (a caller cannot hold a slice of the store's
@@ -236,9 +279,7 @@ impl BlockDevice for MemStore {
             return Ok(());
         }
         self.each_region(offset, len as usize, |off, _at, n| {
-            let _g = self.locks[(off >> REGION_SHIFT) as usize]
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
+            let _g = self.lock(off).write().unwrap_or_else(|p| p.into_inner());
             // SAFETY: in bounds (checked) and exclusively locked.
             unsafe { std::ptr::write_bytes(self.ptr(off), 0, n) };
         });

@@ -2,6 +2,7 @@
 //! trait directly over a file, a block device or memory.
 
 pub mod file;
+mod filemap;
 pub mod mem;
 
 pub use file::FileStore;
