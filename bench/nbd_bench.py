@@ -97,6 +97,9 @@ def crypt_configs(d, sock, udm, size_mib):
         "qemu-nbd-file": ["qemu-nbd", "-t", "-f", "raw", "-k", sock, "-x", "", raw],
         "udm-crypt": [udm, "serve", "--socket", sock, "--table", f"bench={table}"],
         "udm-luks": [udm, "serve", "--socket", sock, "--luks", f"bench={img}", "--key-file", pw],
+        # The ablation of direct access to tmpfs files: encrypt into a
+        # buffer, then pwrite it (decrypt after pread).
+        "udm-crypt-nomap": [udm, "serve", "--no-mmap", "--socket", sock, "--table", f"bench={table}"],
         "nbdkit-luks": ["nbdkit", "-f", "-U", sock, "file", img, "--filter=luks", f"passphrase=+{pw}"],
         "qemu-nbd-luks": ["qemu-nbd", "-t", "-k", sock, "-x", "", "--object", f"secret,id=sec0,file={pw}",
                           "--image-opts", f"driver=luks,key-secret=sec0,file.driver=file,file.filename={img}"],

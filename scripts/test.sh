@@ -31,8 +31,11 @@ cargo fmt --check
 echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
 echo "== cargo test"
-cargo test --all-features 2>&1 | tee /tmp/udm-test.log
+# A log of our own, so that runs side by side do not count each other's tests.
+log=$(mktemp /tmp/udm-test.XXXXXX)
+trap 'rm -f "$log"' EXIT
+cargo test --all-features 2>&1 | tee "$log"
 # One closing line for the whole run.
-passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/udm-test.log | awk '{s+=$4} END {print s+0}')
-failed=$(grep -Eo '[0-9]+ failed' /tmp/udm-test.log | awk '{s+=$1} END {print s+0}')
+passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
 echo "${passed} passed, ${failed} failed"

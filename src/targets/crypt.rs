@@ -6,18 +6,18 @@
 //! constructor follows `crypt_ctr` (options parsed first, the same checks and
 //! the same canonical `table` output), the I/O path follows `crypt_map` with
 //! userspace in mind:
-//! - when the lower device offers direct access (an in-memory store, also
-//!   through linear segments; [`BlockDevice::direct_access`]), the cipher
+//! - when the lower device offers direct access (an in-memory store or a
+//!   file on tmpfs, also through linear segments; [`BlockDevice::direct_access`]), the cipher
 //!   itself moves the bytes: a write encrypts from the caller's buffer
 //!   straight into the store's memory, a read decrypts from the store's
 //!   memory straight into the caller's buffer. An out-of-place cipher pass
 //!   costs what an in-place one does, so this removes the lower device's
 //!   memcpy from every byte — and a borrowed write needs no bounce buffer
 //!   (the caller's bytes are only read);
-//! - otherwise (files, anything else) reads read into the caller's buffer
+//! - otherwise (files on disk, anything else) reads read into the caller's buffer
 //!   and decrypt in place; writes of an engine-owned buffer encrypt in place
 //!   and pass it down; a borrowed buffer is never modified and is encrypted
-//!   into a bounce buffer (one function, [`Crypt::bounce`], so the
+//!   into a bounce buffer (one function, `Crypt::bounce`, so the
 //!   allocation policy lives in one place);
 //! - a large request is cut into one part per crypto thread (seed 002); each
 //!   thread encrypts its part and writes it down (or reads its part and
