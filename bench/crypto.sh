@@ -113,7 +113,7 @@ def gbs(name):
     p = os.path.join(root, name, "new", "estimates.json")
     med = json.load(open(p))["median"]["point_estimate"]
     return (1 << 20) / med
-names = sorted(d for d in os.listdir(root) if d != "report")
+names = sorted(d for d in os.listdir(root) if d != "report" and os.path.isdir(os.path.join(root, d)))
 for n in names:
     print(f"{n:45} {gbs(n):7.2f} GB/s")
 print()
@@ -139,6 +139,12 @@ for ss in (512, 4096):
           f"copying {r('copy_t2_write_owned_' + sfx, 'copy_t1_write_owned_' + sfx)}, "
           f"null device {r('null_t2_write_' + sfx, 'null_t1_write_' + sfx)}; "
           f"reads direct {r('direct_t2_read_' + sfx, 'direct_t1_read_' + sfx)}")
+for ss in (512, 4096):
+    p = os.path.join(root, f"gapped_ss{ss}.json")
+    if os.path.exists(p):
+        j = json.load(open(p))
+        print(f"ss {ss}: 2 threads / 1 thread, QD1 1 MiB owned writes with ~65 us gaps (workers asleep; {j['rounds']} each, medians): "
+              f"{j['t1_ns'] / j['t2_ns']:.2f}")
 sroot = "target/criterion/crypt_streams"
 def sgbs(name):
     p = os.path.join(sroot, name, "new", "estimates.json")
