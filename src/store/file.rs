@@ -6,8 +6,11 @@
 //! gives it direct access: the crypt target encrypts straight into the
 //! file's pages instead of into a buffer that `pwrite` then copies (see
 //! `filemap.rs` for why only tmpfs, and how SIGBUS is kept from crashing
-//! udm). Plain reads and writes keep the positional syscalls: they copy
-//! once either way.
+//! udm). Plain reads use the mapping too when the range has no hole (a
+//! memcpy instead of a `pread`: 1 MiB NBD reads of a linear table went
+//! from ~2.4 to ~2.9 GB/s); plain writes keep `pwrite`, which measured no
+//! slower and reports a full filesystem as ENOSPC rather than through the
+//! SIGBUS path.
 
 use std::fs::{File, OpenOptions};
 use std::io::IoSlice;
@@ -107,6 +110,19 @@ impl FileStore {
         self.map.as_ref().filter(|m| m.faults() == 0)
     }
 
+    /// The mapping, for a read of `[offset, offset+len)`: when it has
+    /// taken no fault and every page of the range is in memory. Reading a
+    /// hole through a mapping of a tmpfs file allocates a page for it (even
+    /// a read-only or private mapping), so a sparse image read end to end
+    /// would fill memory with zeros; `pread` returns zeros without
+    /// allocating. `mincore` tells, at a cost proportional to the range
+    /// (`lseek(SEEK_HOLE)` would scan to the next hole, i.e. to the end of
+    /// a full file, on every call).
+    fn mapped_for_read(&self, offset: u64, len: usize) -> Option<&MemStore> {
+        let m = self.mapped()?;
+        m.resident(offset, len).then_some(m)
+    }
+
     /// The request that saw a SIGBUS in the mapping fails with this.
     fn lost_pages(&self) -> DevError {
         DevError::Io(std::io::Error::other(format!(
@@ -164,7 +180,16 @@ impl BlockDevice for FileStore {
         }
     }
 
+    /// Through the mapping when the range has no hole (one copy, no
+    /// syscall besides the hole check); else `pread`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        if let Some(m) = self.mapped_for_read(offset, buf.len()) {
+            let res = m.read(offset, buf);
+            if m.faults() != 0 {
+                return Err(self.lost_pages());
+            }
+            return res;
+        }
         self.file.read_exact_at(buf, offset).map_err(DevError::Io)
     }
 
@@ -248,10 +273,11 @@ impl BlockDevice for FileStore {
         self.mapped().is_some()
     }
 
-    /// Through the mapping when there is one: the transform reads the
-    /// file's pages. Any SIGBUS during the call fails it.
+    /// Through the mapping when there is one and the range has no hole:
+    /// the transform reads the file's pages. Any SIGBUS during the call
+    /// fails it.
     fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
-        let Some(m) = self.mapped() else {
+        let Some(m) = self.mapped_for_read(offset, buf.len()) else {
             return read_transformed_by_reading(self, offset, buf, t);
         };
         let res = m.read_transformed(offset, buf, t);
@@ -456,6 +482,35 @@ mod tests {
             ro.write_transformed(0, &b, false, &t),
             Err(DevError::ReadOnly)
         ));
+    }
+
+    /// Reading never-written parts of a sparse tmpfs file must not fill
+    /// them in: a read through the mapping would allocate a page per hole,
+    /// so holes are read with `pread` (zeros, no allocation).
+    #[test]
+    fn reading_holes_allocates_nothing() {
+        use crate::core::device::testing::{xored, Xor};
+        use std::os::unix::fs::MetadataExt;
+        let tmp = shm_file(8 << 20);
+        let s = FileStore::open(tmp.path(), OpenFlags::default()).unwrap();
+        assert!(s.direct_access());
+        let t = Xor::new(4096);
+        // One written stretch in the middle; the rest is hole.
+        let data = vec![0x5au8; 1 << 20];
+        s.write_transformed(4 << 20, &data, false, &t).unwrap();
+        let blocks = || tmp.as_file().metadata().unwrap().blocks();
+        let before = blocks();
+        let mut buf = vec![1u8; 8 << 20];
+        s.read_transformed(0, &mut buf, &t).unwrap();
+        assert!(buf[..4 << 20] == xored(&[0u8; 4 << 20][..]));
+        s.read(0, &mut buf).unwrap();
+        assert!(buf[..4 << 20].iter().all(|&b| b == 0));
+        assert_eq!(blocks(), before, "reads allocated pages for holes");
+        // The written stretch alone is read through the mapping, and the
+        // same bytes come back.
+        let mut back = vec![0u8; 1 << 20];
+        s.read_transformed(4 << 20, &mut back, &t).unwrap();
+        assert!(back == data);
     }
 
     /// Another program truncates the file under a mapped store: the next

@@ -105,6 +105,41 @@ impl MemStore {
         }
     }
 
+    /// Whether every page of `[offset, offset+len)` is in memory (always
+    /// for the heap; for a mapped file, no page of the range is a hole or
+    /// swapped out), asked with `mincore`.
+    pub(crate) fn resident(&self, offset: u64, len: usize) -> bool {
+        if let Backing::Heap = self.backing {
+            return true;
+        }
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|e| e > self.size())
+        {
+            return false;
+        }
+        const CHUNK: usize = 1024; // pages per mincore call
+        let page = super::filemap::page_size();
+        let start = offset as usize & !(page - 1);
+        let end = offset as usize + len;
+        let mut vec = [0u8; CHUNK];
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(CHUNK * page);
+            // SAFETY: `[at, at+n)` lies inside the mapping (checked above,
+            // `at` page-aligned and the mapping page-aligned), and `vec`
+            // has room for one byte per page of it.
+            let rc = unsafe {
+                libc::mincore(self.base.add(at) as *mut libc::c_void, n, vec.as_mut_ptr())
+            };
+            if rc != 0 || vec[..n.div_ceil(page)].iter().any(|&b| b & 1 == 0) {
+                return false;
+            }
+            at += n;
+        }
+        true
+    }
+
     fn lock(&self, off: u64) -> &RwLock<()> {
         &self.locks[(off >> REGION_SHIFT) as usize % self.locks.len()]
     }
