@@ -140,6 +140,9 @@ def main():
         "udm-file": [udm, "serve", "--socket", sock, "--file", f"bench={img}"],
         "udm-linear": [udm, "serve", "--socket", sock, "--table", f"bench={d}/linear.table"],
         "udm-striped": [udm, "serve", "--socket", sock, "--table", f"bench={d}/striped.table"],
+        # Plain reads of tmpfs files go through udm's mapping; this is the
+        # ablation (pread).
+        "udm-linear-nomap": [udm, "serve", "--no-mmap", "--socket", sock, "--table", f"bench={d}/linear.table"],
     }
     if not a.no_crypt:
         configs.update(crypt_configs(d, sock, udm, a.size_mib))
