@@ -14,6 +14,8 @@ pub mod cli;
 pub mod core;
 pub mod crypto;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod luks;
 pub mod mem;
 pub mod nbd;

@@ -135,7 +135,6 @@ impl RequestHeader {
         }
     }
 
-    #[cfg(test)]
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut b = [0u8; REQUEST_LEN];
         b[0..4].copy_from_slice(&self.magic.to_be_bytes());

@@ -385,6 +385,22 @@ fn dup_sock(s: &Sock) -> io::Result<Sock> {
     })
 }
 
+/// Serve one already connected client, handshake to close, on `engine`
+/// (built over `exports`' devices, export `i` = device `i`). Returns when
+/// the client disconnects, breaks the protocol or closes its socket.
+///
+/// The entry point for the fuzz target `nbd_client` and its regression test
+/// (`udm::fuzzing`); the server itself calls it per accepted connection.
+#[doc(hidden)]
+pub fn serve_connection(
+    sock: Sock,
+    exports: &[Export],
+    engine: &Engine,
+    shutting_down: &AtomicBool,
+) {
+    connection(sock, exports, engine, shutting_down)
+}
+
 /// One client from handshake to close. Never panics on client input; any
 /// error ends this connection only.
 fn connection(sock: Sock, exports: &[Export], engine: &Engine, shutting_down: &AtomicBool) {

@@ -1,0 +1,171 @@
+//! Stable-toolchain stand-ins for the `table` and `nbd_client` fuzz targets
+//! (fuzz/, nightly only): a deterministic mutation loop over every file in
+//! fuzz/seeds/<target>/ (the seeds, and every crash input a fuzzer run has
+//! found) through the same drivers, `udm::fuzzing::{table, NbdHarness}`.
+//! Nothing may panic and every server connection must end.
+//! `UDM_MUTATIONS=N` sets the number of cases per target.
+//!
+//! The seed files themselves are the output of `udm::fuzzing::*_seeds`;
+//! `seed_files_are_current` checks them (`UDM_WRITE_SEEDS=1` rewrites them).
+
+use std::path::{Path, PathBuf};
+
+use udm::fuzzing;
+
+fn seed_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/seeds")
+        .join(target)
+}
+
+fn corpus(target: &str) -> Vec<Vec<u8>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(seed_dir(target))
+        .unwrap_or_else(|e| panic!("fuzz/seeds/{target}: {e}"))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let v: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    assert!(v.len() >= 4, "fuzz/seeds/{target} holds only {} files", v.len());
+    v
+}
+
+fn iterations(default: usize) -> usize {
+    std::env::var("UDM_MUTATIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// xorshift64: the same cases on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n.max(1) as u64) as usize
+    }
+}
+
+/// Mostly one edit, sometimes up to three: byte flips, random bytes, inserted tokens, deleted
+/// runs, truncation, or a splice with another input.
+fn mutate(r: &mut Rng, input: &[u8], others: &[Vec<u8>], tokens: &[&[u8]]) -> Vec<u8> {
+    let mut v = input.to_vec();
+    let edits = if r.below(4) == 0 { 1 + r.below(3) } else { 1 };
+    for _ in 0..edits {
+        let i = r.below(v.len() + 1);
+        match r.below(7) {
+            0 if i < v.len() => v[i] ^= 1 << r.below(8),
+            1 if i < v.len() => v[i] = r.below(256) as u8,
+            2 => {
+                let t = tokens[r.below(tokens.len())];
+                v.splice(i..i, t.iter().copied());
+            }
+            3 if i < v.len() => {
+                let n = r.below(16).min(v.len() - i);
+                v.drain(i..i + n);
+            }
+            4 => v.truncate(i),
+            5 => {
+                let o = &others[r.below(others.len())];
+                let j = r.below(o.len() + 1);
+                v.truncate(i);
+                v.extend_from_slice(&o[j..]);
+            }
+            _ => {
+                let n = r.below(8);
+                v.splice(i..i, (0..n).map(|_| r.below(256) as u8).collect::<Vec<_>>());
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn seed_files_are_current() {
+    let write = std::env::var_os("UDM_WRITE_SEEDS").is_some();
+    let table: Vec<(&str, Vec<u8>)> = fuzzing::table_seeds()
+        .into_iter()
+        .map(|(n, t)| (n, t.into_bytes()))
+        .collect();
+    for (target, seeds) in [("table", table), ("nbd_client", fuzzing::nbd_seeds())] {
+        let dir = seed_dir(target);
+        for (name, bytes) in seeds {
+            let f = dir.join(name);
+            if write {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&f, &bytes).unwrap();
+            }
+            let on_disk = std::fs::read(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            assert!(
+                on_disk == bytes,
+                "{} is stale: rerun with UDM_WRITE_SEEDS=1",
+                f.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn mutated_tables_never_panic() {
+    let seeds = corpus("table");
+    let tokens: [&[u8]; 16] = [
+        b" ",
+        b"\n",
+        b"\\",
+        b"#",
+        b"0",
+        b"18446744073709551615",
+        b"99999999999999999999",
+        b"4294967296",
+        b" linear a 0",
+        b" striped 2 8 a 0 b 0",
+        b" crypt aes-xts-plain64 ",
+        b"sector_size:4096",
+        b"iv_large_sectors",
+        b":64",
+        b"-essiv:sha256",
+        b" nc ",
+    ];
+    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    for s in &seeds {
+        fuzzing::table(s);
+    }
+    let n = iterations(3000);
+    let mut built = 0;
+    for _ in 0..n {
+        let s = &seeds[r.below(seeds.len())];
+        built += usize::from(fuzzing::table(&mutate(&mut r, s, &seeds, &tokens)));
+    }
+    // The mutations must reach the targets' I/O, not only the parser.
+    assert!(built * 20 >= n, "only {built} of {n} mutated tables built");
+    eprintln!("{built} of {n} mutated tables built a device");
+}
+
+#[test]
+fn mutated_nbd_clients_never_panic_or_hang() {
+    let seeds = corpus("nbd_client");
+    let tokens: [&[u8]; 8] = [
+        &0x2560_9513u32.to_be_bytes(),
+        &0x4948_4156_454f_5054u64.to_be_bytes(),
+        &[0xff; 4],
+        &[0; 8],
+        &[0, 0, 0, 7],
+        &[0, 0x10, 0, 0],
+        &[0x80, 0, 0, 0],
+        b"fuzz",
+    ];
+    let h = fuzzing::NbdHarness::new();
+    let mut r = Rng(0x1234_5678_9abc_def1);
+    for s in &seeds {
+        h.run(s);
+    }
+    // `run` returns only when the server side has ended the connection, so
+    // finishing the loop is the no-hang assertion (the test harness's
+    // timeout catches a hang).
+    for _ in 0..iterations(2000) {
+        let s = &seeds[r.below(seeds.len())];
+        h.run(&mutate(&mut r, s, &seeds, &tokens));
+    }
+}
