@@ -103,7 +103,11 @@ pub fn table(data: &[u8]) -> bool {
 fn exercise(dev: &MappedDevice, stores: bool) {
     let size = dev.size();
     let lbs = u64::from(dev.limits().logical_block_size).clamp(512, 64 << 10);
-    let mut offsets = vec![0, size / 2 / lbs * lbs, size.saturating_sub(lbs) / lbs * lbs];
+    let mut offsets = vec![
+        0,
+        size / 2 / lbs * lbs,
+        size.saturating_sub(lbs) / lbs * lbs,
+    ];
     for s in dev.segments().iter().skip(1).take(4) {
         offsets.push(s.start.saturating_sub(lbs) / lbs * lbs);
     }
@@ -229,7 +233,10 @@ pub fn table_seeds() -> Vec<(&'static str, String)> {
     let key32 = &key64[..64];
     vec![
         ("linear", "0 2048 linear a 0\n".into()),
-        ("linear2", "0 1024 linear a 1024\n1024 512 linear nc 8\n".into()),
+        (
+            "linear2",
+            "0 1024 linear a 1024\n1024 512 linear nc 8\n".into(),
+        ),
         ("striped", "0 2048 striped 2 8 a 0 b 1024\n".into()),
         ("zero", "0 409600 zero\n".into()),
         ("error", "0 8 error\n8 8 zero\n16 2032 linear a 16\n".into()),
@@ -239,7 +246,9 @@ pub fn table_seeds() -> Vec<(&'static str, String)> {
         ),
         (
             "crypt_4k",
-            format!("0 2048 crypt aes-xts-plain64 {key64} 0 a 0 2 sector_size:4096 iv_large_sectors\n"),
+            format!(
+                "0 2048 crypt aes-xts-plain64 {key64} 0 a 0 2 sector_size:4096 iv_large_sectors\n"
+            ),
         ),
         (
             "crypt_nodirect",

@@ -25,7 +25,11 @@ fn corpus(target: &str) -> Vec<Vec<u8>> {
         .collect();
     files.sort();
     let v: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
-    assert!(v.len() >= 4, "fuzz/seeds/{target} holds only {} files", v.len());
+    assert!(
+        v.len() >= 4,
+        "fuzz/seeds/{target} holds only {} files",
+        v.len()
+    );
     v
 }
 

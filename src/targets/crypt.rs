@@ -673,10 +673,10 @@ impl Target for Crypt {
         };
         let mut s = format!(
             "{} {} {} {} {}",
-            self.cipher,
+            crate::core::table::escape_arg(&self.cipher),
             key,
             self.iv_offset,
-            self.area.name,
+            self.area.table_name(),
             self.area.offset / 512
         );
         let o = &self.opts;

@@ -85,6 +85,6 @@ impl Target for Linear {
         "linear"
     }
     fn table_params(&self, _show_keys: bool) -> String {
-        format!("{} {}", self.area.name, self.area.offset / 512)
+        format!("{} {}", self.area.table_name(), self.area.offset / 512)
     }
 }

@@ -106,6 +106,14 @@ pub struct Area {
     pub offset: u64,
 }
 
+impl Area {
+    /// The device name as a table prints it (escaped so that it reads back
+    /// as one word: see [`crate::core::table::escape_arg`]).
+    pub fn table_name(&self) -> std::borrow::Cow<'_, str> {
+        crate::core::table::escape_arg(&self.name)
+    }
+}
+
 /// Resolve `<dev> <offset>` at `dev_idx`, `dev_idx + 1` and check that an
 /// area of `len` bytes starting there lies inside the device.
 pub fn resolve_area(a: &mut TargetArgs<'_>, dev_idx: usize, len: u64) -> Result<Area, TargetError> {

@@ -179,7 +179,7 @@ impl Target for Striped {
     fn table_params(&self, _show_keys: bool) -> String {
         let mut s = format!("{} {}", self.legs.len(), self.chunk / 512);
         for leg in &self.legs {
-            s.push_str(&format!(" {} {}", leg.name, leg.offset / 512));
+            s.push_str(&format!(" {} {}", leg.table_name(), leg.offset / 512));
         }
         s
     }
