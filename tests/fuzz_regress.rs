@@ -136,7 +136,7 @@ fn mutated_tables_never_panic() {
     for s in &seeds {
         fuzzing::table(s);
     }
-    let n = iterations(3000);
+    let n = iterations(10_000);
     let mut built = 0;
     for _ in 0..n {
         let s = &seeds[r.below(seeds.len())];
@@ -168,7 +168,7 @@ fn mutated_nbd_clients_never_panic_or_hang() {
     // `run` returns only when the server side has ended the connection, so
     // finishing the loop is the no-hang assertion (the test harness's
     // timeout catches a hang).
-    for _ in 0..iterations(2000) {
+    for _ in 0..iterations(5000) {
         let s = &seeds[r.below(seeds.len())];
         h.run(&mutate(&mut r, s, &seeds, &tokens));
     }
