@@ -150,26 +150,51 @@ fn mutated_tables_never_panic() {
 #[test]
 fn mutated_nbd_clients_never_panic_or_hang() {
     let seeds = corpus("nbd_client");
-    let tokens: [&[u8]; 8] = [
-        &0x2560_9513u32.to_be_bytes(),
-        &0x4948_4156_454f_5054u64.to_be_bytes(),
-        &[0xff; 4],
-        &[0; 8],
-        &[0, 0, 0, 7],
-        &[0, 0x10, 0, 0],
-        &[0x80, 0, 0, 0],
-        b"fuzz",
-    ];
-    let h = fuzzing::NbdHarness::new();
-    let mut r = Rng(0x1234_5678_9abc_def1);
-    for s in &seeds {
-        h.run(s);
-    }
-    // `run` returns only when the server side has ended the connection, so
-    // finishing the loop is the no-hang assertion (the test harness's
-    // timeout catches a hang).
-    for _ in 0..iterations(5000) {
-        let s = &seeds[r.below(seeds.len())];
-        h.run(&mutate(&mut r, s, &seeds, &tokens));
+    // `run` returns only when the server side has ended the connection;
+    // the loop runs beside a watchdog so that a hang fails the test.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let tokens: [&[u8]; 8] = [
+            &0x2560_9513u32.to_be_bytes(),
+            &0x4948_4156_454f_5054u64.to_be_bytes(),
+            &[0xff; 4],
+            &[0; 8],
+            &[0, 0, 0, 7],
+            &[0, 0x10, 0, 0],
+            &[0x80, 0, 0, 0],
+            b"fuzz",
+        ];
+        let h = fuzzing::NbdHarness::new();
+        let mut r = Rng(0x1234_5678_9abc_def1);
+        for s in &seeds {
+            h.run(s);
+        }
+        let n = iterations(5000);
+        let mut served = 0;
+        for _ in 0..n {
+            let s = &seeds[r.below(seeds.len())];
+            let out = h.run(&mutate(&mut r, s, &seeds, &tokens));
+            // A reply to a request: the session got past the handshake.
+            let replied = out
+                .windows(4)
+                .any(|w| w == 0x6744_6698u32.to_be_bytes() || w == 0x668e_33efu32.to_be_bytes());
+            served += usize::from(replied);
+        }
+        // The mutations must reach the transmission phase, not only haggling.
+        assert!(
+            served * 20 >= n,
+            "only {served} of {n} sessions got a reply"
+        );
+        eprintln!("{served} of {n} mutated sessions reached transmission");
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(std::time::Duration::from_secs(300)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("a server connection did not end after its client's input did")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("the mutation loop panicked (see above)")
+        }
     }
 }
