@@ -52,23 +52,33 @@ static mut PREVIOUS: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUni
 static INSTALL: Once = Once::new();
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
+/// The page size, read once at install time: `sysconf` is not on the list
+/// of functions a signal handler may call.
+static PAGE_SIZE: AtomicUsize = AtomicUsize::new(0);
+
 pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
+    match PAGE_SIZE.load(Ordering::Relaxed) {
+        0 => {
+            // SAFETY: sysconf has no memory-safety preconditions.
+            let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            let p = if p > 0 { p as usize } else { 4096 };
+            PAGE_SIZE.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
     }
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    for slot in &TABLE {
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    // A fault has a positive si_code; a SIGBUS sent with kill() or
+    // raise() (si_code <= 0) is never ours, whatever si_addr holds.
+    let fault = code > 0;
+    for slot in TABLE.iter().filter(|_| fault) {
         let start = slot.start.load(Ordering::Acquire);
         if start != 0 && addr >= start && addr < slot.end.load(Ordering::Acquire) {
-            let page = addr & !(page_size() - 1);
+            let page = addr & !(PAGE_SIZE.load(Ordering::Relaxed) - 1);
             // SAFETY: the page lies inside a mapping udm owns (registered
             // in the table until just before it is unmapped); replacing it
             // with anonymous memory lets the faulting access complete. mmap
@@ -94,12 +104,17 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     let h = prev.sa_sigaction;
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
         // Restore the default action; returning re-runs the faulting
-        // instruction, which now takes it (a core dump, as without udm).
-        // SAFETY: resetting a signal disposition; the struct is zeroed.
+        // instruction, which now takes it (a core dump, as without udm). A
+        // sent signal is sent again: it stays pending until we return.
+        // SAFETY: resetting a signal disposition (the struct is zeroed) and
+        // raise are both async-signal-safe.
         unsafe {
             let mut dfl: libc::sigaction = std::mem::zeroed();
             dfl.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            if !fault {
+                libc::raise(sig);
+            }
         }
     } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous handler was installed as an SA_SIGINFO
@@ -116,6 +131,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 
 fn install() -> bool {
     INSTALL.call_once(|| {
+        page_size();
         // SAFETY: sigaction with a zeroed struct, our handler and an empty
         // mask; PREVIOUS receives the old action before the new one can
         // run (the kernel writes oldact before installing act).
