@@ -6,11 +6,12 @@
 //! gives it direct access: the crypt target encrypts straight into the
 //! file's pages instead of into a buffer that `pwrite` then copies (see
 //! `filemap.rs` for why only tmpfs, and how SIGBUS is kept from crashing
-//! udm). Plain reads use the mapping too when the range has no hole (a
-//! memcpy instead of a `pread`: 1 MiB NBD reads of a linear table went
-//! from ~2.4 to ~2.9 GB/s); plain writes keep `pwrite`, which measured no
-//! slower and reports a full filesystem as ENOSPC rather than through the
-//! SIGBUS path.
+//! udm). Plain reads and writes use the mapping too (a memcpy instead of
+//! a `pread`/`pwrite`, and no inode lock): 1 MiB NBD reads of a linear
+//! table went from ~2.4 to ~2.9 GB/s, and 1 MiB writes cost udm 0.29
+//! instead of 0.46 CPU-seconds per GB (their throughput is set by the
+//! client on two cores). Reads take the mapping only where every page is
+//! in memory (see `mapped_for_read`).
 
 use std::fs::{File, OpenOptions};
 use std::io::IoSlice;
@@ -195,6 +196,16 @@ impl BlockDevice for FileStore {
 
     fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
         self.check_writable()?;
+        if let Some(m) = self.mapped() {
+            m.write(offset, WriteBuf::Borrowed(data.as_slice()), false)?;
+            if m.faults() != 0 {
+                return Err(self.lost_pages());
+            }
+            if fua {
+                self.sync()?;
+            }
+            return Ok(());
+        }
         self.file.write_all_at(data.as_slice(), offset)?;
         if fua {
             self.sync()?;
@@ -204,6 +215,20 @@ impl BlockDevice for FileStore {
 
     fn write_vectored(&self, offset: u64, bufs: &[IoSlice<'_>], fua: bool) -> DevResult<()> {
         self.check_writable()?;
+        if let Some(m) = self.mapped() {
+            let mut pos = offset;
+            for b in bufs {
+                m.write(pos, WriteBuf::Borrowed(b), false)?;
+                pos += b.len() as u64;
+            }
+            if m.faults() != 0 {
+                return Err(self.lost_pages());
+            }
+            if fua {
+                self.sync()?;
+            }
+            return Ok(());
+        }
         let mut pos = offset;
         // pwritev may write partially; walk the list until everything is out.
         let mut idx = 0usize;
