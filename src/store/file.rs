@@ -124,6 +124,26 @@ impl FileStore {
         m.resident(offset, len).then_some(m)
     }
 
+    /// Run one access through the mapping: a SIGBUS during it (counted by
+    /// the handler) fails the call whatever `f` returned, and a FUA write
+    /// is made durable after it.
+    fn on_map<T>(
+        &self,
+        m: &MemStore,
+        fua: bool,
+        f: impl FnOnce(&MemStore) -> DevResult<T>,
+    ) -> DevResult<T> {
+        let res = f(m);
+        if m.faults() != 0 {
+            return Err(self.lost_pages());
+        }
+        let v = res?;
+        if fua {
+            self.sync()?;
+        }
+        Ok(v)
+    }
+
     /// The request that saw a SIGBUS in the mapping fails with this.
     fn lost_pages(&self) -> DevError {
         DevError::Io(std::io::Error::other(format!(
@@ -185,11 +205,7 @@ impl BlockDevice for FileStore {
     /// syscall besides the hole check); else `pread`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         if let Some(m) = self.mapped_for_read(offset, buf.len()) {
-            let res = m.read(offset, buf);
-            if m.faults() != 0 {
-                return Err(self.lost_pages());
-            }
-            return res;
+            return self.on_map(m, false, |m| m.read(offset, buf));
         }
         self.file.read_exact_at(buf, offset).map_err(DevError::Io)
     }
@@ -197,14 +213,9 @@ impl BlockDevice for FileStore {
     fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
         self.check_writable()?;
         if let Some(m) = self.mapped() {
-            m.write(offset, WriteBuf::Borrowed(data.as_slice()), false)?;
-            if m.faults() != 0 {
-                return Err(self.lost_pages());
-            }
-            if fua {
-                self.sync()?;
-            }
-            return Ok(());
+            return self.on_map(m, fua, |m| {
+                m.write(offset, WriteBuf::Borrowed(data.as_slice()), false)
+            });
         }
         self.file.write_all_at(data.as_slice(), offset)?;
         if fua {
@@ -216,18 +227,14 @@ impl BlockDevice for FileStore {
     fn write_vectored(&self, offset: u64, bufs: &[IoSlice<'_>], fua: bool) -> DevResult<()> {
         self.check_writable()?;
         if let Some(m) = self.mapped() {
-            let mut pos = offset;
-            for b in bufs {
-                m.write(pos, WriteBuf::Borrowed(b), false)?;
-                pos += b.len() as u64;
-            }
-            if m.faults() != 0 {
-                return Err(self.lost_pages());
-            }
-            if fua {
-                self.sync()?;
-            }
-            return Ok(());
+            return self.on_map(m, fua, |m| {
+                let mut pos = offset;
+                for b in bufs {
+                    m.write(pos, WriteBuf::Borrowed(b), false)?;
+                    pos += b.len() as u64;
+                }
+                Ok(())
+            });
         }
         let mut pos = offset;
         // pwritev may write partially; walk the list until everything is out.
@@ -305,11 +312,7 @@ impl BlockDevice for FileStore {
         let Some(m) = self.mapped_for_read(offset, buf.len()) else {
             return read_transformed_by_reading(self, offset, buf, t);
         };
-        let res = m.read_transformed(offset, buf, t);
-        if m.faults() != 0 {
-            return Err(self.lost_pages());
-        }
-        res
+        self.on_map(m, false, |m| m.read_transformed(offset, buf, t))
     }
 
     /// Through the mapping when there is one: the transform writes the
@@ -326,14 +329,7 @@ impl BlockDevice for FileStore {
         let Some(m) = self.mapped() else {
             return write_transformed_by_writing(self, offset, src, fua, t);
         };
-        m.write_transformed(offset, src, false, t)?;
-        if m.faults() != 0 {
-            return Err(self.lost_pages());
-        }
-        if fua {
-            self.sync()?;
-        }
-        Ok(())
+        self.on_map(m, fua, |m| m.write_transformed(offset, src, false, t))
     }
 
     fn flush(&self) -> DevResult<()> {
