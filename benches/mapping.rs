@@ -7,8 +7,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use udm::core::mapped::{MappedDevice, Segment};
 use udm::core::{BlockDevice, WriteBuf};
+use udm::mapper::{MappedDevice, Segment};
 use udm::store::MemStore;
 use udm::targets::{self, DeviceResolver, TargetArgs, TargetOptions};
 

@@ -29,7 +29,7 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy"
-cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets --all-features -- -D warnings
 echo "== cargo test"
 # A log of our own, so that runs side by side do not count each other's tests.
 log=$(mktemp /tmp/udm-test.XXXXXX)

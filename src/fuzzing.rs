@@ -20,14 +20,13 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::core::mapped::MappedDevice;
 use crate::core::table;
 use crate::core::{BlockDevice, WriteBuf};
-use crate::engine::Engine;
+use crate::mapper::{self, MappedDevice};
 use crate::nbd::proto::*;
-use crate::nbd::server::serve_connection;
+use crate::nbd::server::{export_set, serve_connection};
 use crate::nbd::sock::Sock;
-use crate::nbd::Export;
+use crate::nbd::{Export, ExportSet};
 use crate::store::MemStore;
 use crate::targets::{DeviceResolver, TargetOptions};
 
@@ -81,7 +80,7 @@ pub fn table(data: &[u8]) -> bool {
     // One crypt thread: no worker pool per target (a pool per input would
     // make the fuzzer measure thread creation).
     let opts = TargetOptions { crypt_threads: 1 };
-    let Ok(dev) = table::build(&lines, &mut res, &opts) else {
+    let Ok(dev) = mapper::build(&lines, &mut res, &opts) else {
         return false;
     };
     // What `table` prints must read back as the same table.
@@ -89,7 +88,7 @@ pub fn table(data: &[u8]) -> bool {
     let _ = dev.table_text(false);
     let again = table::parse(&shown)
         .unwrap_or_else(|e| panic!("printed table does not parse: {e}\n{shown}"));
-    let dev2 = table::build(&again, &mut res, &opts)
+    let dev2 = mapper::build(&again, &mut res, &opts)
         .unwrap_or_else(|e| panic!("printed table does not build: {e}\n{shown}"));
     assert_eq!(dev2.table_text(true), shown, "table text is not stable");
     // A lone linear or crypt segment stores what it is given (no aliasing).
@@ -153,8 +152,7 @@ fn exercise(dev: &MappedDevice, stores: bool) {
 /// the default export) and `ro` (read-only), and one worker thread. Built
 /// once and reused for every input, as a server is for every client.
 pub struct NbdHarness {
-    exports: Vec<Export>,
-    engine: Engine,
+    exports: ExportSet,
     shutting_down: AtomicBool,
 }
 
@@ -170,11 +168,9 @@ impl NbdHarness {
             read_only,
         };
         let exports = vec![export("fuzz", false), export("ro", true)];
-        let devices = exports.iter().map(|e| e.device.clone()).collect();
-        let engine = Engine::new(devices, 1).expect("cannot start the engine's worker");
+        let exports = export_set(exports, 1, None).expect("cannot start the engine's worker");
         NbdHarness {
             exports,
-            engine,
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -186,14 +182,8 @@ impl NbdHarness {
         let (client, server) = UnixStream::pair().expect("socketpair");
         let reader = client.try_clone().expect("dup of the client socket");
         std::thread::scope(|s| {
-            let srv = s.spawn(|| {
-                serve_connection(
-                    Sock::Unix(server),
-                    &self.exports,
-                    &self.engine,
-                    &self.shutting_down,
-                )
-            });
+            let srv = s
+                .spawn(|| serve_connection(Sock::Unix(server), &self.exports, &self.shutting_down));
             let drain = s.spawn(move || {
                 let mut out = Vec::new();
                 let _ = (&reader).read_to_end(&mut out);
@@ -413,7 +403,7 @@ mod tests {
     fn seed_tables_build_and_keep_data() {
         for (name, t) in table_seeds() {
             let lines = table::parse(&t).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let dev = table::build(
+            let dev = mapper::build(
                 &lines,
                 &mut MemResolver::default(),
                 &TargetOptions { crypt_threads: 1 },

@@ -1,22 +1,27 @@
 //! udm — a userspace device-mapper.
 //!
-//! Layers, bottom to top (see docs/ARCHITECTURE.md for a request's path):
-//! - [`store`]: backing stores (files, block devices, memory);
-//! - [`targets`]: dm targets, one module each (linear, striped, crypt, ...);
-//! - [`core`]: the device trait, table parsing, mapped devices, registry;
-//! - [`crypto`]: dm-crypt-compatible sector ciphers and IV generators;
-//! - [`luks`]: LUKS1/LUKS2 headers, keyslots and formatting;
-//! - [`mem`]: the seeds' memory machinery (mempool, per-core budget, block pool);
-//! - [`engine`]: worker pool and request ordering;
-//! - [`nbd`]: the NBD server that exports devices.
+//! Layers, bottom to top; a module uses only modules of lower layers
+//! (tests/layers.rs checks it; docs/ARCHITECTURE.md follows a request):
+//! 0. [`core`]: the device trait, errors, the table syntax;
+//! 1. [`mem`]: mempool with bulk allocation, per-core budget counter,
+//!    fixed-size block pool, payload buffers, locked key memory;
+//! 2. [`crypto`] (dm-crypt sector ciphers and IVs) and [`store`] (files,
+//!    block devices, memory);
+//! 3. [`targets`] (one module per dm target, and their list) and
+//!    [`engine`] (workers, ordering, fairness);
+//! 4. [`mapper`]: tables into mapped devices, the named-device registry;
+//! 5. [`luks`] (LUKS1/LUKS2 volumes) and [`nbd`] (the server);
+//! 6. [`cli`], and `fuzzing` (behind the `fuzzing` feature).
 
 pub mod cli;
 pub mod core;
 pub mod crypto;
 pub mod engine;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod luks;
+pub mod mapper;
 pub mod mem;
 pub mod nbd;
 pub mod store;

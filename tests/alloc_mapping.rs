@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::alloc::{fewest_allocs, Counting};
-use udm::core::mapped::{MappedDevice, Segment};
 use udm::core::{BlockDevice, WriteBuf};
+use udm::mapper::{MappedDevice, Segment};
 use udm::store::MemStore;
 use udm::targets::{self, DeviceResolver, TargetArgs, TargetOptions};
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use zeroize::Zeroizing;
 
 use crate::cli::serve::{serve_specs, Settings};
-use crate::core::registry::DeviceSpec;
+use crate::mapper::DeviceSpec;
 use crate::nbd::Listen;
 
 /// Arguments of `udm demo`.

@@ -59,36 +59,3 @@ pub fn init_logging() {
         .with_writer(std::io::stderr)
         .try_init();
 }
-
-/// The crypt table of an opened LUKS volume, for `serve --luks`: the
-/// passphrase comes from `key_file` or the terminal, the header from the
-/// image or a detached `header` file.
-pub fn luks_table(
-    name: &str,
-    image: &str,
-    header: Option<&std::path::Path>,
-    key_file: Option<&std::path::Path>,
-) -> Result<zeroize::Zeroizing<String>, String> {
-    let img = std::path::Path::new(image);
-    let pass = crate::luks::read_passphrase(key_file, &format!("Enter passphrase for {image}: "))
-        .map_err(|e| format!("--luks {name}: {e}"))?;
-    let act =
-        crate::luks::open(img, header, &pass).map_err(|e| format!("--luks {name}={image}: {e}"))?;
-    // Header warnings (e.g. a damaged primary copy) were logged by the
-    // LUKS reader itself.
-    tracing::info!(
-        "--luks {name}: LUKS{} volume {} opened with keyslot {}",
-        act.version,
-        act.uuid,
-        act.keyslot
-    );
-    // Table words are split at whitespace; escape it (and backslashes).
-    let mut dev = String::new();
-    for c in image.chars() {
-        if c.is_whitespace() || c == '\\' {
-            dev.push('\\');
-        }
-        dev.push(c);
-    }
-    Ok(act.table(&dev))
-}

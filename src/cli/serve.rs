@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
-use crate::core::registry::{BuildOptions, DeviceSpec, Registry};
+use crate::mapper::{BuildOptions, DeviceSpec, Registry};
 use crate::nbd::{Export, Listen, ServerConfig};
 use crate::targets::TargetOptions;
 
@@ -108,8 +108,13 @@ fn serve(a: Args) -> Result<(), String> {
     }
     for l in &a.luks {
         let (name, image) = name_value(l, "--luks")?;
-        let text =
-            crate::cli::luks_table(&name, &image, a.header.as_deref(), a.key_file.as_deref())?;
+        let text = crate::luks::activation_table(
+            &name,
+            &image,
+            a.header.as_deref(),
+            a.key_file.as_deref(),
+        )
+        .map_err(|e| format!("--luks: {e}"))?;
         specs.push((
             position(l),
             name,
@@ -133,7 +138,7 @@ fn serve(a: Args) -> Result<(), String> {
         (None, Some(h)) => Listen::Tcp(if h.contains(':') {
             h.clone()
         } else {
-            format!("{h}:10809")
+            format!("{h}:{}", crate::nbd::DEFAULT_PORT)
         }),
         (None, None) => unreachable!("clap requires one of --socket/--listen"),
     };

@@ -36,7 +36,7 @@ pub fn run(c: Cmd) -> i32 {
 }
 
 fn show(file: &std::path::Path, showkeys: bool) -> i32 {
-    use crate::core::registry::{BuildOptions, DeviceSpec, Registry};
+    use crate::mapper::{BuildOptions, DeviceSpec, Registry};
     let text = match std::fs::read_to_string(file) {
         Ok(s) => zeroize::Zeroizing::new(s),
         Err(e) => {
@@ -106,7 +106,7 @@ fn check(file: &std::path::Path) -> i32 {
                     l.target,
                     args.join(" ")
                 );
-                if table::constructor(&l.target).is_none() && unknown.is_none() {
+                if crate::targets::lookup(&l.target).is_none() && unknown.is_none() {
                     unknown = Some((l.line_no, l.target.clone()));
                 }
             }

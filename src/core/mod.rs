@@ -1,11 +1,9 @@
-//! The mapping core: the device trait every layer implements, errors,
-//! dmsetup table parsing and the mapped device that routes requests to the
-//! segments of a table (dm core's job in the kernel).
+//! The bottom layer: the device trait every layer implements, its errors,
+//! and the dmsetup table *syntax*. Nothing here knows a target, a store or
+//! a protocol, so everything else may depend on it.
 
 pub mod device;
 pub mod error;
-pub mod mapped;
-pub mod registry;
 pub mod table;
 
 pub use device::{BlockDevice, Limits, WriteBuf};

@@ -25,7 +25,7 @@ mod exec;
 pub mod order;
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 
 use crate::core::{BlockDevice, DevResult};
@@ -126,8 +126,53 @@ pub struct Ticket {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientId(u32);
 
+/// One device as the engine schedules it: its ordering list, geometry and
+/// buffer pool. Handed out by [`Engine::add_queue`] and held by whoever
+/// submits to it (an NBD export); a queued request holds it too, so a queue
+/// outlives its last request. Dropping the last handle retires it.
+pub struct Queue {
+    id: u32,
+    device: Arc<dyn BlockDevice>,
+    geometry: Geometry,
+    pool: Arc<BufPool>,
+    shared: Weak<Shared>,
+}
+
+impl Queue {
+    /// The device requests on this queue run against.
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.device
+    }
+
+    /// Logical block size (what requests are widened to).
+    pub fn block_size(&self) -> u64 {
+        self.geometry.block
+    }
+
+    /// The buffer pool (and so the memory budget) of this queue.
+    pub fn pool(&self) -> &Arc<BufPool> {
+        &self.pool
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // Never dropped under the state lock: workers take a request's
+        // queue out of its slot and drop it after unlocking.
+        if let Some(shared) = self.shared.upgrade() {
+            let mut st = lock(&shared.state);
+            let i = self.id as usize;
+            st.queues[i] = None;
+            st.inflight[i].clear();
+            st.free_queues.push(self.id);
+        }
+    }
+}
+
 struct Slot {
     req: Option<Request>,
+    /// The queue, for requests a worker runs (inline ones need none).
+    queue: Option<Arc<Queue>>,
     export: u32,
     client: u32,
     bytes: u64,
@@ -150,8 +195,11 @@ struct ClientQ {
 struct State {
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
-    /// Per export: unfinished requests in arrival order.
+    /// Per queue: unfinished requests in arrival order.
     inflight: Vec<Vec<u32>>,
+    /// Live queues by id (for [`Engine::flush_all`]), and free ids.
+    queues: Vec<Option<Weak<Queue>>>,
+    free_queues: Vec<u32>,
     clients: Vec<Option<ClientQ>>,
     free_clients: Vec<u32>,
     ring: VecDeque<u32>,
@@ -162,15 +210,14 @@ struct Shared {
     state: Mutex<State>,
     work: Condvar,
     done: Condvar,
-    devices: Vec<Arc<dyn BlockDevice>>,
-    geometry: Vec<Geometry>,
-    pools: Vec<Arc<BufPool>>,
 }
 
 /// The worker pool and request scheduler. Cheap to share (`Arc`).
 pub struct Engine {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// The queues made by [`Engine::new`]/[`Engine::with_pools`], by index.
+    initial: Vec<Arc<Queue>>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -178,9 +225,49 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl Engine {
-    /// An engine serving `devices` (export `i` is `devices[i]`) with
-    /// `threads` workers (0 = number of cores); each device gets a buffer
-    /// pool with the default memory budget (2 % of RAM shared out).
+    /// An engine with `threads` workers (0 = number of cores) and no
+    /// queues yet: add devices with [`Engine::add_queue`].
+    pub fn start(threads: usize) -> std::io::Result<Engine> {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(2, |n| n.get())
+        } else {
+            threads
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                slots: Vec::with_capacity(256),
+                free_slots: Vec::with_capacity(256),
+                inflight: Vec::new(),
+                queues: Vec::new(),
+                free_queues: Vec::new(),
+                clients: Vec::new(),
+                free_clients: Vec::new(),
+                ring: VecDeque::with_capacity(64),
+                stop: false,
+            }),
+            work: Condvar::new(),
+            done: Condvar::new(),
+        });
+        let mut workers = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let s = shared.clone();
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("udm-worker-{i}"))
+                    .spawn(move || worker(s))?,
+            );
+        }
+        Ok(Engine {
+            shared,
+            workers: Mutex::new(workers),
+            initial: Vec::new(),
+        })
+    }
+
+    /// An engine serving `devices` (queue `i`, see [`Engine::queue`], is
+    /// `devices[i]`) with `threads` workers (0 = number of cores); each
+    /// device gets a buffer pool with the default memory budget (2 % of RAM
+    /// shared out).
     pub fn new(devices: Vec<Arc<dyn BlockDevice>>, threads: usize) -> std::io::Result<Engine> {
         let share = per_device_budget(default_total_budget(), devices.len(), false);
         let pools = devices
@@ -197,56 +284,51 @@ impl Engine {
         threads: usize,
     ) -> std::io::Result<Engine> {
         assert_eq!(devices.len(), pools.len(), "one buffer pool per device");
-        let threads = if threads == 0 {
-            std::thread::available_parallelism().map_or(2, |n| n.get())
-        } else {
-            threads
+        let mut e = Engine::start(threads)?;
+        e.initial = devices
+            .into_iter()
+            .zip(pools)
+            .map(|(d, p)| e.add_queue(d, p))
+            .collect();
+        Ok(e)
+    }
+
+    /// The `i`-th queue made by [`Engine::new`] or [`Engine::with_pools`].
+    pub fn queue(&self, i: usize) -> &Arc<Queue> {
+        &self.initial[i]
+    }
+
+    /// Schedule requests for one more device, with its own buffer pool.
+    pub fn add_queue(&self, device: Arc<dyn BlockDevice>, pool: Arc<BufPool>) -> Arc<Queue> {
+        let geometry = Geometry::of(device.as_ref());
+        let mut st = lock(&self.shared.state);
+        let id = match st.free_queues.pop() {
+            Some(id) => id,
+            None => {
+                st.inflight.push(Vec::with_capacity(256));
+                st.queues.push(None);
+                st.inflight.len() as u32 - 1
+            }
         };
-        let geometry = devices.iter().map(|d| Geometry::of(d.as_ref())).collect();
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                slots: Vec::with_capacity(256),
-                free_slots: Vec::with_capacity(256),
-                inflight: devices.iter().map(|_| Vec::with_capacity(256)).collect(),
-                clients: Vec::new(),
-                free_clients: Vec::new(),
-                ring: VecDeque::with_capacity(64),
-                stop: false,
-            }),
-            work: Condvar::new(),
-            done: Condvar::new(),
-            devices,
+        let q = Arc::new(Queue {
+            id,
+            device,
             geometry,
-            pools,
+            pool,
+            shared: Arc::downgrade(&self.shared),
         });
-        let mut workers = Vec::with_capacity(threads);
-        for i in 0..threads {
-            let s = shared.clone();
-            workers.push(
-                std::thread::Builder::new()
-                    .name(format!("udm-worker-{i}"))
-                    .spawn(move || worker(s))?,
-            );
-        }
-        Ok(Engine {
-            shared,
-            workers: Mutex::new(workers),
-        })
+        st.queues[id as usize] = Some(Arc::downgrade(&q));
+        q
     }
 
-    /// Logical block size of export `export` (what requests are widened to).
-    pub fn block_size(&self, export: usize) -> u64 {
-        self.shared.geometry.get(export).map_or(512, |g| g.block)
-    }
-
-    /// A buffer for a data request on `[offset, offset+len)` of `export`,
-    /// laid out over the block-widened range, and where the client's bytes
-    /// start in it. Blocks while the device is over its memory budget.
-    pub fn buffer(&self, export: usize, offset: u64, len: u64) -> (Buf, usize) {
-        let g = &self.shared.geometry[export];
+    /// A buffer for a data request on `[offset, offset+len)` of `q`, laid
+    /// out over the block-widened range, and where the client's bytes start
+    /// in it. Blocks while the device is over its memory budget.
+    pub fn buffer(&self, q: &Queue, offset: u64, len: u64) -> (Buf, usize) {
+        let g = &q.geometry;
         let start = g.down(offset);
         let end = g.widened_end(offset.saturating_add(len));
-        let b = buf::get_buf(&self.shared.pools[export], (end - start) as usize);
+        let b = buf::get_buf(&q.pool, (end - start) as usize);
         (b, (offset - start) as usize)
     }
 
@@ -294,22 +376,23 @@ impl Engine {
         release(&mut st, &self.shared, t.client, t.bytes);
     }
 
-    /// Queue an admitted request on export `export`. It runs once every
-    /// earlier conflicting request of that export has finished, on a worker.
-    pub fn submit(&self, t: Ticket, export: usize, req: Request) {
-        self.submit_with(t, export, req, false)
+    /// Queue an admitted request on `q`. It runs once every earlier
+    /// conflicting request of that queue has finished, on a worker.
+    pub fn submit(&self, t: Ticket, q: &Arc<Queue>, req: Request) {
+        self.submit_with(t, q, req, false)
     }
 
     /// Like [`Engine::submit`], but a small read or write whose turn has
     /// already come runs right here on the calling thread (a connection's
     /// reader), which saves the hand-off to a worker ([`INLINE_MAX`]). Each
     /// connection has its own reader, so this delays only its own client.
-    pub fn submit_or_run(&self, t: Ticket, export: usize, req: Request) {
-        self.submit_with(t, export, req, true)
+    pub fn submit_or_run(&self, t: Ticket, q: &Arc<Queue>, req: Request) {
+        self.submit_with(t, q, req, true)
     }
 
-    fn submit_with(&self, t: Ticket, export: usize, req: Request, may_inline: bool) {
-        let g = &self.shared.geometry[export];
+    fn submit_with(&self, t: Ticket, q: &Arc<Queue>, req: Request, may_inline: bool) {
+        let g = &q.geometry;
+        let export = q.id as usize;
         let kind = req.op.kind();
         let span = if kind == Kind::Flush {
             Span {
@@ -335,6 +418,7 @@ impl Engine {
             (Some(req), None)
         };
         let slot = Slot {
+            queue: queued.as_ref().map(|_| q.clone()),
             req: queued,
             export: export as u32,
             client: t.client,
@@ -356,15 +440,8 @@ impl Engine {
             // slot stays registered, so later conflicting requests of any
             // client wait for it exactly as for a worker-run request.
             drop(guard);
-            let dev = self.shared.devices[export].as_ref();
-            let res = INLINE_SCRATCH.with(|s| {
-                exec::execute(
-                    dev,
-                    &self.shared.geometry[export],
-                    &mut req,
-                    &mut s.borrow_mut(),
-                )
-            });
+            let res = INLINE_SCRATCH
+                .with(|s| exec::execute(q.device.as_ref(), g, &mut req, &mut s.borrow_mut()));
             req.sink.complete(&req, res);
             drop(req);
             let mut st = lock(&self.shared.state);
@@ -394,9 +471,14 @@ impl Engine {
 
     /// Flush every device; returns the first error.
     pub fn flush_all(&self) -> DevResult<()> {
+        let live: Vec<Arc<Queue>> = lock(&self.shared.state)
+            .queues
+            .iter()
+            .filter_map(|q| q.as_ref()?.upgrade())
+            .collect();
         let mut res = Ok(());
-        for d in &self.shared.devices {
-            if let Err(e) = d.flush() {
+        for q in &live {
+            if let Err(e) = q.device.flush() {
                 if res.is_ok() {
                     res = Err(e);
                 }
@@ -445,7 +527,7 @@ fn release(st: &mut State, shared: &Shared, client: u32, bytes: u64) {
 }
 
 /// Take the next ready request, round robin over clients.
-fn pop_ready(st: &mut State) -> Option<(u32, Request)> {
+fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
     while let Some(client) = st.ring.pop_front() {
         let Some(c) = st.clients[client as usize].as_mut() else {
             continue;
@@ -459,8 +541,9 @@ fn pop_ready(st: &mut State) -> Option<(u32, Request)> {
         } else {
             st.ring.push_back(client);
         }
-        if let Some(req) = st.slots[id as usize].req.take() {
-            return Some((id, req));
+        let slot = &mut st.slots[id as usize];
+        if let (Some(req), Some(q)) = (slot.req.take(), slot.queue.take()) {
+            return Some((id, req, q));
         }
     }
     None
@@ -497,21 +580,33 @@ fn finish(st: &mut State, shared: &Shared, id: u32) {
 
 fn worker(shared: Arc<Shared>) {
     let mut scratch = Vec::new();
+    // The queue of the request just finished. A queue is retired when its
+    // last handle goes, which takes the state lock, so it is dropped only
+    // once the lock is released anyway (no extra lock round per request).
+    let mut last: Option<Arc<Queue>> = None;
     let mut st = lock(&shared.state);
     loop {
-        let Some((id, mut req)) = pop_ready(&mut st) else {
+        let Some((id, mut req, q)) = pop_ready(&mut st) else {
             if st.stop {
+                drop(st);
+                drop(last);
                 return;
+            }
+            if last.is_some() {
+                drop(st);
+                drop(last.take());
+                st = lock(&shared.state);
+                continue;
             }
             st = shared.work.wait(st).unwrap_or_else(|p| p.into_inner());
             continue;
         };
-        let export = st.slots[id as usize].export as usize;
         drop(st);
-        let dev = shared.devices[export].as_ref();
-        let res = exec::execute(dev, &shared.geometry[export], &mut req, &mut scratch);
+        drop(last.take());
+        let res = exec::execute(q.device.as_ref(), &q.geometry, &mut req, &mut scratch);
         req.sink.complete(&req, res);
         drop(req);
+        last = Some(q);
         st = lock(&shared.state);
         finish(&mut st, &shared, id);
     }

@@ -41,7 +41,7 @@ fn req(
     sink: &Arc<dyn Sink>,
 ) -> Request {
     let (mut buf, head) = if matches!(op, Op::Read | Op::Write) {
-        e.buffer(0, offset, len)
+        e.buffer(e.queue(0), offset, len)
     } else {
         (Buf::empty(), 0)
     };
@@ -108,12 +108,24 @@ fn overlapping_requests_wait_and_others_pass() {
     let (s, rx) = sink();
     e.submit(
         e.admit(c, 512),
-        0,
+        e.queue(0),
         req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s),
     );
-    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 2, 0, &[], 512, &s));
-    e.submit(e.admit(c, 0), 0, req(&e, Op::Flush, 3, 0, &[], 0, &s));
-    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 4, 4096, &[], 512, &s));
+    e.submit(
+        e.admit(c, 0),
+        e.queue(0),
+        req(&e, Op::Read, 2, 0, &[], 512, &s),
+    );
+    e.submit(
+        e.admit(c, 0),
+        e.queue(0),
+        req(&e, Op::Flush, 3, 0, &[], 0, &s),
+    );
+    e.submit(
+        e.admit(c, 0),
+        e.queue(0),
+        req(&e, Op::Read, 4, 4096, &[], 512, &s),
+    );
     // The far read finishes while the write is stalled; nothing else does.
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (4, true));
@@ -149,7 +161,7 @@ fn partial_block_writes_are_atomic() {
                     let off = 1000 + u64::from(t) * 4 + k;
                     e.submit(
                         e.admit(c, 1),
-                        0,
+                        e.queue(0),
                         req(&e, Op::Write, round, off, &[t + 1], 1, &s),
                     );
                 }
@@ -180,11 +192,15 @@ fn write_zeroes_and_reads_with_partial_blocks() {
     for (off, len) in [(10u64, 5u64), (500, 1100), (2048, 512), (4000, 100)] {
         e.submit(
             e.admit(c, 0),
-            0,
+            e.queue(0),
             req(&e, Op::WriteZeroes, off, off, &[], len, &s),
         );
     }
-    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 99, 3, &[], 8000, &s));
+    e.submit(
+        e.admit(c, 0),
+        e.queue(0),
+        req(&e, Op::Read, 99, 3, &[], 8000, &s),
+    );
     e.remove_client(c);
     let mut all: Vec<_> = rx.try_iter().collect();
     all.sort_by_key(|r| r.0);
@@ -206,7 +222,11 @@ fn device_errors_reach_the_sink() {
     let e = Engine::new(vec![m], 1).unwrap();
     let c = e.add_client();
     let (s, rx) = sink();
-    e.submit(e.admit(c, 0), 0, req(&e, Op::Read, 5, 4096, &[], 512, &s));
+    e.submit(
+        e.admit(c, 0),
+        e.queue(0),
+        req(&e, Op::Read, 5, 4096, &[], 512, &s),
+    );
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (5, false));
     e.remove_client(c);
@@ -251,13 +271,13 @@ fn a_busy_client_does_not_starve_another() {
     for i in 0..30 {
         e.submit(
             e.admit(busy, 4096),
-            0,
+            e.queue(0),
             req(&e, Op::Read, i, 0, &[], 4096, &s),
         );
     }
     e.submit(
         e.admit(other, 4096),
-        0,
+        e.queue(0),
         req(&e, Op::Read, 1000, 0, &[], 4096, &s),
     );
     let order: Vec<u64> = (0..31)
@@ -280,20 +300,24 @@ fn device_with_a_short_last_block() {
     let (s, rx) = sink();
     e.submit(
         e.admit(c, 50),
-        0,
+        e.queue(0),
         req(&e, Op::Write, 1, 900, &[1u8; 50], 50, &s),
     );
     e.submit(
         e.admit(c, 0),
-        0,
+        e.queue(0),
         req(&e, Op::WriteZeroes, 2, 990, &[], 10, &s),
     );
     e.submit(
         e.admit(c, 0),
-        0,
+        e.queue(0),
         req(&e, Op::WriteZeroes, 3, 500, &[], 20, &s),
     );
-    e.submit(e.admit(c, 100), 0, req(&e, Op::Read, 4, 900, &[], 100, &s));
+    e.submit(
+        e.admit(c, 100),
+        e.queue(0),
+        req(&e, Op::Read, 4, 900, &[], 100, &s),
+    );
     e.remove_client(c);
     let all: Vec<_> = rx.try_iter().collect();
     assert!(

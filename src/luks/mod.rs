@@ -120,3 +120,29 @@ pub fn open(
     let (slot, key) = vol.unlock(passphrase, None)?;
     vol.activation(key, slot)
 }
+
+/// Unlock the LUKS volume in `image` for serving and return the crypt
+/// table over it (what `cryptsetup open` would load into dm-crypt). The
+/// passphrase comes from `key_file` (`-` for stdin) or the terminal, the
+/// header from the image or a detached `header` file. `name` is the device
+/// being defined, for messages.
+pub fn activation_table(
+    name: &str,
+    image: &str,
+    header: Option<&Path>,
+    key_file: Option<&Path>,
+) -> Result<Zeroizing<String>, String> {
+    let pass = read_passphrase(key_file, &format!("Enter passphrase for {image}: "))
+        .map_err(|e| format!("LUKS device {name}: {e}"))?;
+    let act = open(Path::new(image), header, &pass)
+        .map_err(|e| format!("LUKS device {name} on {image}: {e}"))?;
+    // Header warnings (e.g. a damaged primary copy) were logged by the
+    // LUKS reader itself.
+    tracing::info!(
+        "LUKS device {name}: LUKS{} volume {} opened with keyslot {}",
+        act.version,
+        act.uuid,
+        act.keyslot
+    );
+    Ok(act.table(&crate::core::table::escape_arg(image)))
+}

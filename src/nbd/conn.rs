@@ -17,9 +17,8 @@ use crate::core::DevResult;
 use crate::engine::Buf;
 use crate::engine::{Engine, Op, Request, Sink};
 
-use super::handshake::{is_read_only, Negotiated};
+use super::handshake::Negotiated;
 use super::proto::*;
-use super::server::Export;
 use super::sock::{Reader, Sock};
 
 /// A connection as seen by the workers that reply on it.
@@ -142,14 +141,10 @@ fn invalid(msg: &str) -> io::Error {
 /// Serve requests until the client disconnects; then wait for every
 /// request of this client to be answered. Errors are protocol violations
 /// or socket failures of this client only.
-pub fn transmission(
-    conn: &Arc<Conn>,
-    neg: Negotiated,
-    ex: &Export,
-    engine: &Engine,
-) -> io::Result<()> {
+pub fn transmission(conn: &Arc<Conn>, neg: Negotiated, engine: &Engine) -> io::Result<()> {
+    let _attached = neg.export.connect();
     let client = engine.add_client();
-    let r = reader_loop(conn, neg, ex, engine, client);
+    let r = reader_loop(conn, neg, engine, client);
     engine.remove_client(client);
     r
 }
@@ -157,12 +152,13 @@ pub fn transmission(
 fn reader_loop(
     conn: &Arc<Conn>,
     neg: Negotiated,
-    ex: &Export,
     engine: &Engine,
     client: crate::engine::ClientId,
 ) -> io::Result<()> {
+    let ex = &neg.export.export;
+    let queue = &neg.export.queue;
     let size = ex.device.size();
-    let read_only = is_read_only(ex);
+    let read_only = ex.is_read_only();
     let fast_zero = ex.device.limits().write_zeroes;
     let structured = neg.structured;
     let sink: Arc<dyn Sink> = conn.clone();
@@ -212,8 +208,8 @@ fn reader_loop(
                     conn.send_read(h.cookie, h.offset, &[]);
                 } else {
                     let t = engine.admit(client, len);
-                    let (buf, head) = engine.buffer(neg.export, h.offset, len);
-                    engine.submit_or_run(t, neg.export, request(Op::Read, buf, head));
+                    let (buf, head) = engine.buffer(queue, h.offset, len);
+                    engine.submit_or_run(t, queue, request(Op::Read, buf, head));
                 }
             }
             CMD_WRITE => {
@@ -243,12 +239,12 @@ fn reader_loop(
                     // The payload lands straight in a buffer laid out over
                     // whole device blocks, so a partial-block write needs
                     // no second buffer and no copy.
-                    let (mut buf, head) = engine.buffer(neg.export, h.offset, len);
+                    let (mut buf, head) = engine.buffer(queue, h.offset, len);
                     if let Err(e) = input.read_exact(sock, &mut buf[head..head + len as usize]) {
                         engine.cancel(t);
                         return Err(e);
                     }
-                    engine.submit_or_run(t, neg.export, request(Op::Write, buf, head));
+                    engine.submit_or_run(t, queue, request(Op::Write, buf, head));
                 }
             }
             CMD_DISC => return Ok(()),
@@ -257,7 +253,7 @@ fn reader_loop(
                     conn.send_error(h.cookie, EINVAL, false, "");
                 } else {
                     let t = engine.admit(client, 0);
-                    engine.submit(t, neg.export, request(Op::Flush, Buf::empty(), 0));
+                    engine.submit(t, queue, request(Op::Flush, Buf::empty(), 0));
                 }
             }
             CMD_TRIM | CMD_WRITE_ZEROES => {
@@ -285,7 +281,7 @@ fn reader_loop(
                 } else {
                     let op = if zero { Op::WriteZeroes } else { Op::Trim };
                     let t = engine.admit(client, 0);
-                    engine.submit(t, neg.export, request(op, Buf::empty(), 0));
+                    engine.submit(t, queue, request(op, Buf::empty(), 0));
                 }
             }
             CMD_CACHE => {

@@ -7,15 +7,16 @@
 
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
+use super::export::{Export, ExportSet, Exported};
 use super::proto::*;
-use super::server::Export;
 use super::sock::Sock;
 
 /// What a client chose before entering transmission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Negotiated {
-    pub export: usize,
+    pub export: Arc<Exported>,
     pub structured: bool,
     /// Context id of `base:allocation` if the client selected it.
     pub meta_base_allocation: Option<u32>,
@@ -30,7 +31,7 @@ pub fn transmission_flags(ex: &Export, structured: bool) -> u16 {
     // No cache in the server: every connection sees the same device, and a
     // flush flushes the device for all of them, so multi-conn holds.
     f |= TF_CAN_MULTI_CONN;
-    if is_read_only(ex) {
+    if ex.is_read_only() {
         f |= TF_READ_ONLY;
     } else {
         f |= TF_SEND_TRIM | TF_SEND_WRITE_ZEROES | TF_SEND_FAST_ZERO;
@@ -39,10 +40,6 @@ pub fn transmission_flags(ex: &Export, structured: bool) -> u16 {
         f |= TF_SEND_DF;
     }
     f
-}
-
-pub fn is_read_only(ex: &Export) -> bool {
-    ex.read_only || ex.device.limits().read_only
 }
 
 /// (minimum, preferred, maximum) block sizes advertised for `ex`. We serve
@@ -55,13 +52,6 @@ pub fn block_sizes(ex: &Export) -> (u32, u32, u32) {
         .checked_next_power_of_two()
         .unwrap_or(MAX_PAYLOAD);
     (1, pref.min(MAX_PAYLOAD), MAX_PAYLOAD)
-}
-
-fn find(exports: &[Export], name: &[u8]) -> Option<usize> {
-    if name.is_empty() {
-        return if exports.is_empty() { None } else { Some(0) };
-    }
-    exports.iter().position(|e| e.name.as_bytes() == name)
 }
 
 fn reply(sock: &Sock, opt: u32, ty: u32, parts: &[&[u8]]) -> io::Result<()> {
@@ -94,7 +84,7 @@ fn name_prefix<'a>(c: &mut Cursor<'a>) -> Option<&'a [u8]> {
 /// Run the handshake. `Ok(None)`: the client aborted or went away.
 pub fn negotiate(
     sock: &Sock,
-    exports: &[Export],
+    exports: &ExportSet,
     shutting_down: &AtomicBool,
 ) -> io::Result<Option<Negotiated>> {
     let mut greet = [0u8; 18];
@@ -144,18 +134,18 @@ pub fn negotiate(
 
         match opt {
             OPT_EXPORT_NAME => {
-                let Some(i) = find(exports, &data) else {
+                let Some(found) = exports.find(&data) else {
                     // This option cannot carry an error: end the session.
                     return Err(invalid("client asked for an unknown export"));
                 };
-                let ex = &exports[i];
+                let ex = &found.export;
                 let mut out = [0u8; 10 + 124];
                 out[0..8].copy_from_slice(&ex.device.size().to_be_bytes());
                 out[8..10].copy_from_slice(&transmission_flags(ex, structured).to_be_bytes());
                 let n = if no_zeroes { 10 } else { out.len() };
                 sock.write_all(&out[..n])?;
                 return Ok(Some(Negotiated {
-                    export: i,
+                    export: found,
                     structured,
                     meta_base_allocation: None,
                 }));
@@ -170,7 +160,8 @@ pub fn negotiate(
                     reply_err(sock, opt, REP_ERR_INVALID, "LIST takes no data")?;
                     continue;
                 }
-                for ex in exports {
+                for e in exports.list() {
+                    let ex = &e.export;
                     let n = (ex.name.len() as u32).to_be_bytes();
                     reply(
                         sock,
@@ -199,11 +190,11 @@ pub fn negotiate(
                     reply_err(sock, opt, REP_ERR_INVALID, "malformed INFO/GO request")?;
                     continue;
                 };
-                let Some(i) = find(exports, name) else {
+                let Some(found) = exports.find(name) else {
                     reply_err(sock, opt, REP_ERR_UNKNOWN, "no such export")?;
                     continue;
                 };
-                let ex = &exports[i];
+                let ex = &found.export;
                 let mut info = [0u8; 12];
                 info[0..2].copy_from_slice(&INFO_EXPORT.to_be_bytes());
                 info[2..10].copy_from_slice(&ex.device.size().to_be_bytes());
@@ -237,11 +228,15 @@ pub fn negotiate(
                 reply(sock, opt, REP_ACK, &[])?;
                 if opt == OPT_GO {
                     let selected = match &meta {
-                        Some((n, true)) if find(exports, n) == Some(i) => Some(BASE_ALLOCATION_ID),
+                        Some((n, true))
+                            if exports.find(n).is_some_and(|e| Arc::ptr_eq(&e, &found)) =>
+                        {
+                            Some(BASE_ALLOCATION_ID)
+                        }
                         _ => None,
                     };
                     return Ok(Some(Negotiated {
-                        export: i,
+                        export: found,
                         structured,
                         meta_base_allocation: selected,
                     }));
@@ -289,7 +284,7 @@ pub fn negotiate(
                     reply_err(sock, opt, REP_ERR_INVALID, "malformed meta context request")?;
                     continue;
                 };
-                if find(exports, name).is_none() {
+                if exports.find(name).is_none() {
                     reply_err(sock, opt, REP_ERR_UNKNOWN, "no such export")?;
                     continue;
                 }

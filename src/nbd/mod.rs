@@ -1,9 +1,11 @@
 //! The NBD server: fixed-newstyle handshake, transmission with simple and
 //! structured replies, several named exports over Unix or TCP sockets.
 //!
-//! Layout: [`proto`] (wire constants, header codecs), [`handshake`]
-//! (option haggling), [`conn`] (one connection's transmission phase),
-//! [`server`] (listen/accept/shutdown), [`sock`] (the socket type). Request
+//! Layout, each file depending only on those listed before it: [`proto`]
+//! (wire constants, header codecs), [`sock`] (the socket type), [`export`]
+//! (the named devices a server offers, changeable at runtime),
+//! [`handshake`] (option haggling), [`conn`] (one connection's
+//! transmission phase), [`server`] (listen/accept/shutdown). Request
 //! execution, ordering and fairness live in [`crate::engine`].
 //!
 //! Copies per byte (why the buffers are laid out as they are):
@@ -20,12 +22,12 @@
 //!   are copied (device → scratch → buffer); the client's bytes are not.
 
 pub mod conn;
+pub mod export;
 pub mod handshake;
 pub mod proto;
 pub mod server;
 pub mod sock;
 
-pub use server::{
-    serve, serve_with, serve_with_shutdown, Export, Listen, ServeOptions, ServerConfig,
-    DEFAULT_PORT,
-};
+pub use export::{Export, ExportSet, Exported};
+pub use proto::DEFAULT_PORT;
+pub use server::{serve, serve_with, serve_with_shutdown, Listen, ServeOptions, ServerConfig};

@@ -16,21 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::core::BlockDevice;
 use crate::engine::Engine;
-use crate::mem::{per_device_budget, Budget, BufPool};
 
 use super::conn::{transmission, Conn};
+use super::export::{BudgetPolicy, Export, ExportSet};
 use super::handshake::negotiate;
 use super::sock::Sock;
-
-/// One export: a named device.
-pub struct Export {
-    pub name: String,
-    pub description: String,
-    pub device: Arc<dyn BlockDevice>,
-    pub read_only: bool,
-}
 
 /// Where to listen.
 #[derive(Debug, Clone)]
@@ -61,8 +52,7 @@ pub struct ServeOptions {
     pub stop: Option<Arc<AtomicBool>>,
 }
 
-/// The IANA port of NBD.
-pub const DEFAULT_PORT: u16 = 10809;
+use super::proto::DEFAULT_PORT;
 
 enum Listener {
     Unix(UnixListener, PathBuf),
@@ -271,21 +261,10 @@ fn run(
             "no exports configured: give at least one device to serve",
         ));
     }
+    let exports = Arc::new(export_set(cfg.exports, cfg.threads, memory_budget)?);
+    let engine = exports.engine().clone();
     let listener = Listener::bind(&cfg.listen)?;
     listener.set_nonblocking()?;
-    let exports = Arc::new(cfg.exports);
-    let devices: Vec<_> = exports.iter().map(|e| e.device.clone()).collect();
-    let engine = Arc::new(match memory_budget {
-        None => Engine::new(devices, cfg.threads)?,
-        Some(total) => {
-            let share = per_device_budget(total, devices.len(), true);
-            let pools = devices
-                .iter()
-                .map(|_| BufPool::new(Budget::new(share)))
-                .collect();
-            Engine::with_pools(devices, pools, cfg.threads)?
-        }
-    });
     let shutting_down = Arc::new(AtomicBool::new(false));
     // Connections: a handle to shut the socket's read side, and the thread.
     let conns: Arc<Mutex<Vec<(u64, Sock)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -293,7 +272,7 @@ fn run(
     let mut next_id = 0u64;
     tracing::info!(
         "serving {} export(s) on {}",
-        exports.len(),
+        exports.list().len(),
         listener.describe()
     );
 
@@ -385,25 +364,43 @@ fn dup_sock(s: &Sock) -> io::Result<Sock> {
     })
 }
 
-/// Serve one already connected client, handshake to close, on `engine`
-/// (built over `exports`' devices, export `i` = device `i`). Returns when
-/// the client disconnects, breaks the protocol or closes its socket.
+/// An engine with `threads` workers and a set holding `exports`, with the
+/// memory budget shared among them.
+pub fn export_set(
+    exports: Vec<Export>,
+    threads: usize,
+    memory_budget: Option<u64>,
+) -> io::Result<ExportSet> {
+    let engine = Arc::new(Engine::start(threads)?);
+    let set = ExportSet::new(
+        engine,
+        BudgetPolicy {
+            total: memory_budget,
+            exports: exports.len(),
+        },
+    );
+    for e in exports {
+        set.add(e)
+            .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+    }
+    Ok(set)
+}
+
+/// Serve one already connected client, handshake to close, on the exports
+/// of `exports`. Returns when the client disconnects, breaks the protocol
+/// or closes its socket.
 ///
 /// The entry point for the fuzz target `nbd_client` and its regression test
 /// (`udm::fuzzing`); the server itself calls it per accepted connection.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
-pub fn serve_connection(
-    sock: Sock,
-    exports: &[Export],
-    engine: &Engine,
-    shutting_down: &AtomicBool,
-) {
-    connection(sock, exports, engine, shutting_down)
+pub fn serve_connection(sock: Sock, exports: &ExportSet, shutting_down: &AtomicBool) {
+    connection(sock, exports, exports.engine(), shutting_down)
 }
 
 /// One client from handshake to close. Never panics on client input; any
 /// error ends this connection only.
-fn connection(sock: Sock, exports: &[Export], engine: &Engine, shutting_down: &AtomicBool) {
+fn connection(sock: Sock, exports: &ExportSet, engine: &Engine, shutting_down: &AtomicBool) {
     let peer = sock.peer();
     // A client that stops reading replies must not hold a worker forever.
     let _ = sock.set_write_timeout(Some(std::time::Duration::from_secs(60)));
@@ -423,10 +420,9 @@ fn connection(sock: Sock, exports: &[Export], engine: &Engine, shutting_down: &A
         tracing::info!("client {peer}: {e}");
         return;
     }
-    let ex = &exports[neg.export];
-    tracing::debug!("client {peer}: serving export {:?}", ex.name);
+    tracing::debug!("client {peer}: serving export {:?}", neg.export.export.name);
     let conn = Arc::new(Conn::new(sock, neg.structured));
-    if let Err(e) = transmission(&conn, neg, ex, engine) {
+    if let Err(e) = transmission(&conn, neg, engine) {
         tracing::info!("client {peer}: disconnected: {e}");
     }
     conn.sock.shutdown(Shutdown::Both);

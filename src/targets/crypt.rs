@@ -235,6 +235,22 @@ fn parse_u64(args: &[String], idx: usize, what: &str) -> Result<u64, TargetError
         .map_err(|_| TargetError::at(idx, format!("{what} '{s}' is too large")))
 }
 
+/// The `crypt` target type, for the table of [`super::TYPES`].
+pub static TYPE: super::TargetType = super::TargetType {
+    name: "crypt",
+    version: [1, 29, 0],
+    new,
+    args: &[
+        "cipher",
+        "key",
+        "iv_offset",
+        "device",
+        "offset",
+        "#opt_params",
+    ],
+    more_args: None,
+};
+
 /// Constructor, as dm-crypt's `crypt_ctr`.
 pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     if a.args.len() < 5 {

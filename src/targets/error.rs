@@ -12,6 +12,15 @@ pub struct ErrorTarget {
     len: u64,
 }
 
+/// The `error` target type, for the table of [`super::TYPES`].
+pub static TYPE: super::TargetType = super::TargetType {
+    name: "error",
+    version: [1, 7, 0],
+    new,
+    args: &["device", "offset"],
+    more_args: None,
+};
+
 pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     match a.args.len() {
         0 => {}

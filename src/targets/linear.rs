@@ -15,6 +15,15 @@ pub struct Linear {
     len: u64,
 }
 
+/// The `linear` target type, for the table of [`super::TYPES`].
+pub static TYPE: super::TargetType = super::TargetType {
+    name: "linear",
+    version: [1, 5, 0],
+    new,
+    args: &["device", "offset"],
+    more_args: None,
+};
+
 /// Constructor, as dm-linear's: exactly `<dev> <offset>`.
 pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     expect_args(a.args, 2, "<device> <offset>")?;

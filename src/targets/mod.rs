@@ -1,5 +1,10 @@
 //! Targets, one file each as in Linux's drivers/md: a target maps the byte
 //! range of one table segment onto the devices below it.
+//!
+//! Each target module exports a [`TargetType`] (its name, version and
+//! constructor, like the kernel's `struct target_type`), and [`TYPES`]
+//! lists them: adding a target means adding a file here and one line to
+//! that list. Nothing below this layer knows any target by name.
 
 use std::sync::Arc;
 
@@ -21,6 +26,71 @@ pub trait Target: BlockDevice {
     /// were given). Keys are replaced by zeros of the same length unless
     /// `show_keys`, as dmsetup does without `--showkeys`.
     fn table_params(&self, show_keys: bool) -> String;
+
+    /// The target's part of `dmsetup status` (what the kernel's
+    /// `status_type == STATUSTYPE_INFO` prints); empty for targets with
+    /// nothing to report, as linear, zero and error.
+    fn status(&self) -> String {
+        String::new()
+    }
+
+    /// A `dmsetup message` for this target (the words after the sector).
+    /// Returns the text to print, if any; targets that take no messages
+    /// refuse every one, as the kernel does with EINVAL.
+    fn message(&self, argv: &[String]) -> Result<Option<String>, String> {
+        Err(format!(
+            "target {} accepts no messages (got '{}')",
+            self.type_name(),
+            argv.join(" ")
+        ))
+    }
+}
+
+/// A target type as tables name it: what `dmsetup targets` lists and what
+/// a table line's third word is looked up in.
+pub struct TargetType {
+    pub name: &'static str,
+    /// `dmsetup targets` prints it as `v1.4.0`.
+    pub version: [u32; 3],
+    pub new: Constructor,
+    /// Names of the fixed arguments, for errors that name the field
+    /// (`argument 2 (chunk_size)`); see [`TargetType::arg_name`].
+    pub args: &'static [&'static str],
+    /// Names arguments past `args` (e.g. striped's legs); `None` numbers them.
+    pub more_args: Option<fn(usize) -> String>,
+}
+
+impl TargetType {
+    /// How errors name argument `idx` (0-based) of this target.
+    pub fn arg_name(&self, idx: usize) -> String {
+        match self.args.get(idx) {
+            Some(n) => format!("argument {} ({n})", idx + 1),
+            None => match self.more_args {
+                Some(f) => format!("argument {} ({})", idx + 1, f(idx)),
+                None => format!("argument {}", idx + 1),
+            },
+        }
+    }
+}
+
+/// Every target type udm has, in `dmsetup targets` order.
+pub static TYPES: &[&TargetType] = &[
+    &striped::TYPE,
+    &linear::TYPE,
+    &crypt::TYPE,
+    &zero::TYPE,
+    &error::TYPE,
+];
+
+/// The target type a table names, if udm has it.
+pub fn lookup(name: &str) -> Option<&'static TargetType> {
+    TYPES.iter().copied().find(|t| t.name == name)
+}
+
+/// The names of every target type, for "unknown target" errors.
+pub fn type_names() -> String {
+    let names: Vec<&str> = TYPES.iter().map(|t| t.name).collect();
+    names.join(", ")
 }
 
 /// Resolves a device argument of a table line (a path, or `@NAME` for
@@ -75,7 +145,7 @@ pub type Constructor = fn(TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError
 
 /// The constructor of a target type by name (`linear`, `striped`, ...).
 pub fn table_constructor(name: &str) -> Option<Constructor> {
-    crate::core::table::constructor(name)
+    lookup(name).map(|t| t.new)
 }
 
 /// Parse argument `idx` as a decimal count of 512-byte sectors.

@@ -22,6 +22,27 @@ pub struct Striped {
     len: u64,
 }
 
+/// The `striped` target type, for the table of [`super::TYPES`].
+pub static TYPE: super::TargetType = super::TargetType {
+    name: "striped",
+    version: [1, 7, 0],
+    new,
+    args: &["#stripes", "chunk_size"],
+    more_args: Some(stripe_arg),
+};
+
+/// Striped's arguments after `#stripes chunk_size` come in device/offset
+/// pairs, one per leg.
+fn stripe_arg(idx: usize) -> String {
+    let leg = (idx - 2) / 2;
+    let what = if (idx - 2) % 2 == 0 {
+        "device"
+    } else {
+        "offset"
+    };
+    format!("stripe {leg} {what}")
+}
+
 /// Constructor with dm-stripe's rules: stripes > 0, chunk > 0 (any size;
 /// current kernels drop the power-of-two rule), length divisible by the
 /// stripe count and the per-leg width divisible by the chunk.

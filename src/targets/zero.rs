@@ -10,6 +10,15 @@ pub struct Zero {
     len: u64,
 }
 
+/// The `zero` target type, for the table of [`super::TYPES`].
+pub static TYPE: super::TargetType = super::TargetType {
+    name: "zero",
+    version: [1, 2, 0],
+    new,
+    args: &[],
+    more_args: None,
+};
+
 pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     expect_args(a.args, 0, "zero takes no arguments")?;
     Ok(Arc::new(Zero { len: a.len }))

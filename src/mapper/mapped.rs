@@ -213,6 +213,7 @@ impl BlockDevice for MappedDevice {
 mod tests {
     use super::*;
     use crate::core::table;
+    use crate::mapper::build;
     use crate::store::MemStore;
     use crate::targets::{DeviceResolver, TargetOptions};
 
@@ -229,7 +230,7 @@ mod tests {
         // linear (reversed halves) | zero | error
         let t = "0 8 linear m 8\n8 8 linear m 0\n16 8 zero\n24 8 error\n";
         let lines = table::parse(t).unwrap();
-        let dev = table::build(&lines, &mut One(mem.clone()), &TargetOptions::default()).unwrap();
+        let dev = build(&lines, &mut One(mem.clone()), &TargetOptions::default()).unwrap();
         assert_eq!(dev.size(), 32 * 512);
         let data: Vec<u8> = (0..16 * 512).map(|i| (i / 512) as u8 + 1).collect();
         // One write across the first boundary.
@@ -261,7 +262,7 @@ mod tests {
         let mem = Arc::new(MemStore::new(1 << 20));
         // Two linear segments, the halves swapped on the store.
         let t = "0 1024 linear m 1024\n1024 1024 linear m 0\n";
-        let dev = table::build(
+        let dev = build(
             &table::parse(t).unwrap(),
             &mut One(mem.clone()),
             &TargetOptions::default(),
@@ -296,7 +297,7 @@ mod tests {
             .unwrap();
         assert!(back[..8192] == data[..8192]);
         // A table with a segment that has no direct access does not offer it.
-        let z = table::build(
+        let z = build(
             &table::parse("0 8 linear m 0\n8 8 zero\n").unwrap(),
             &mut One(mem.clone()),
             &TargetOptions::default(),

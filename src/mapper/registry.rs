@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
-use crate::core::mapped::MappedDevice;
+use super::mapped::MappedDevice;
 use crate::core::table;
 use crate::core::BlockDevice;
 use crate::store::file::{FileStore, OpenFlags};
@@ -135,7 +135,7 @@ impl Builder {
             DeviceSpec::Table { text, source } => {
                 let opts = self.opts.target.clone();
                 table::parse(text)
-                    .and_then(|lines| table::build(&lines, self, &opts))
+                    .and_then(|lines| super::build(&lines, self, &opts))
                     .map(|m| {
                         let m = Arc::new(m);
                         (m.clone() as Arc<dyn BlockDevice>, Some(m))
