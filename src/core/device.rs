@@ -45,6 +45,13 @@ pub struct Limits {
     pub write_zeroes: bool,
     /// Whether the device refuses writes.
     pub read_only: bool,
+    /// Whether a request may be held for long on purpose (a `delay`
+    /// target, a remote store): the engine then never runs its requests on
+    /// a connection's reader thread nor on the shared workers, but on
+    /// threads of their own, so a held request stalls nothing else.
+    /// Inherited by everything stacked above (a wrapper that copies its
+    /// lower device's limits is right to claim it too).
+    pub may_stall: bool,
 }
 
 impl Default for Limits {
@@ -56,6 +63,7 @@ impl Default for Limits {
             discard: true,
             write_zeroes: true,
             read_only: false,
+            may_stall: false,
         }
     }
 }
@@ -71,6 +79,7 @@ impl Limits {
             discard: self.discard && lower.discard,
             write_zeroes: self.write_zeroes && lower.write_zeroes,
             read_only: self.read_only || lower.read_only,
+            may_stall: self.may_stall || lower.may_stall,
         }
     }
 }

@@ -17,6 +17,10 @@ pub(crate) struct Geometry {
     /// Largest single device call, a multiple of `block`.
     pub max_io: usize,
     pub discard: bool,
+    /// The device may hold requests on purpose (`Limits::may_stall`): its
+    /// requests run on threads of their own, never inline or on the
+    /// shared workers.
+    pub may_stall: bool,
     /// Device size; a device whose size is not a multiple of `block` has a
     /// short last block, and widened ranges stop at the end of the device.
     pub size: u64,
@@ -31,6 +35,7 @@ impl Geometry {
             block,
             max_io,
             discard: l.discard,
+            may_stall: l.may_stall,
             size: dev.size(),
         }
     }

@@ -19,6 +19,18 @@
 //!   `VecDeque`s/`Vec`s that keep their capacity, and payload buffers come
 //!   from [`buf::get_buf`] (the seam for the recycling buffer pool).
 //!   The slab is the seam for the mem work's block pool (seed 004).
+//! - **Devices that hold requests** (`Limits::may_stall`: a `delay` target
+//!   anywhere in the stack) would pin a worker per held request, and with
+//!   one worker per core two held requests stop every export. Their ready
+//!   requests therefore go to *stall threads* instead: started on demand
+//!   (one per request being held, up to [`MAX_STALL_THREADS`]), idle ones
+//!   kept for a while and then retired. They share the ordering lists with
+//!   the workers, so ordering is unchanged; a request to the fast leg of a
+//!   striped table with one delayed leg gets a thread of its own and is
+//!   not stuck behind a held one. Such requests are never run inline on a
+//!   connection's reader either (that would stop the connection reading).
+//!   The device calls stay synchronous: a held request costs an idle
+//!   thread, not a worker.
 
 pub mod buf;
 mod exec;
@@ -46,6 +58,14 @@ thread_local! {
     /// Partial-block scratch for requests run inline by a reader thread.
     static INLINE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// Most threads running requests of devices that may hold them (beyond
+/// this, such requests wait for one of those threads, still never for a
+/// shared worker).
+pub const MAX_STALL_THREADS: u32 = 1024;
+
+/// How long an idle stall thread waits for work before it exits.
+const STALL_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Most requests one client may have admitted at once.
 pub const MAX_CLIENT_REQUESTS: u32 = 128;
@@ -203,6 +223,10 @@ struct State {
     clients: Vec<Option<ClientQ>>,
     free_clients: Vec<u32>,
     ring: VecDeque<u32>,
+    /// Ready requests of devices that may hold them, for the stall threads.
+    stall_ready: VecDeque<u32>,
+    stall_threads: u32,
+    stall_idle: u32,
     stop: bool,
 }
 
@@ -210,6 +234,10 @@ struct Shared {
     state: Mutex<State>,
     work: Condvar,
     done: Condvar,
+    /// Wakes idle stall threads.
+    stall_work: Condvar,
+    /// This, for starting stall threads from under the lock.
+    me: Weak<Shared>,
 }
 
 /// The worker pool and request scheduler. Cheap to share (`Arc`).
@@ -233,7 +261,7 @@ impl Engine {
         } else {
             threads
         };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|me| Shared {
             state: Mutex::new(State {
                 slots: Vec::with_capacity(256),
                 free_slots: Vec::with_capacity(256),
@@ -243,10 +271,15 @@ impl Engine {
                 clients: Vec::new(),
                 free_clients: Vec::new(),
                 ring: VecDeque::with_capacity(64),
+                stall_ready: VecDeque::new(),
+                stall_threads: 0,
+                stall_idle: 0,
                 stop: false,
             }),
             work: Condvar::new(),
             done: Condvar::new(),
+            stall_work: Condvar::new(),
+            me: me.clone(),
         });
         let mut workers = Vec::with_capacity(threads);
         for i in 0..threads {
@@ -403,7 +436,10 @@ impl Engine {
         } else {
             Span::widened(kind, req.offset, req.len, g.block)
         };
-        let inline = may_inline && req.len <= INLINE_MAX && matches!(req.op, Op::Read | Op::Write);
+        let inline = may_inline
+            && !g.may_stall
+            && req.len <= INLINE_MAX
+            && matches!(req.op, Op::Read | Op::Write);
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
         let mut deps = 0;
@@ -449,8 +485,7 @@ impl Engine {
             return;
         }
         if deps == 0 {
-            make_ready(st, id);
-            self.shared.work.notify_one();
+            make_ready(st, &self.shared, id);
         }
     }
 
@@ -487,13 +522,18 @@ impl Engine {
         res
     }
 
-    /// Finish all queued work and stop the workers.
+    /// Finish all queued work and stop the workers and stall threads.
     pub fn shutdown(&self) {
         lock(&self.shared.state).stop = true;
         self.shared.work.notify_all();
+        self.shared.stall_work.notify_all();
         let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
         for w in workers {
             let _ = w.join();
+        }
+        let mut st = lock(&self.shared.state);
+        while st.stall_threads > 0 {
+            st = self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -504,8 +544,30 @@ impl Drop for Engine {
     }
 }
 
-fn make_ready(st: &mut State, id: u32) {
-    let client = st.slots[id as usize].client;
+/// Put request `id` (its dependencies done) where a thread will take it:
+/// a stall thread for a device that may hold it, else its client's queue
+/// for the workers; and wake that thread.
+fn make_ready(st: &mut State, shared: &Shared, id: u32) {
+    let slot = &st.slots[id as usize];
+    if slot.queue.as_ref().is_some_and(|q| q.geometry.may_stall) {
+        st.stall_ready.push_back(id);
+        if st.stall_idle > 0 {
+            shared.stall_work.notify_one();
+        } else if st.stall_threads < MAX_STALL_THREADS {
+            if let Some(me) = shared.me.upgrade() {
+                let n = st.stall_threads;
+                let spawned = std::thread::Builder::new()
+                    .name(format!("udm-stall-{n}"))
+                    .spawn(move || stall_worker(me));
+                // Without a new thread the request waits for a running one.
+                if spawned.is_ok() {
+                    st.stall_threads += 1;
+                }
+            }
+        }
+        return;
+    }
+    let client = slot.client;
     if let Some(c) = st.clients[client as usize].as_mut() {
         c.ready.push_back(id);
         if !c.in_ring {
@@ -513,6 +575,7 @@ fn make_ready(st: &mut State, id: u32) {
             st.ring.push_back(client);
         }
     }
+    shared.work.notify_one();
 }
 
 fn release(st: &mut State, shared: &Shared, client: u32, bytes: u64) {
@@ -567,8 +630,7 @@ fn finish(st: &mut State, shared: &Shared, id: u32) {
                 s.deps -= 1;
                 if s.deps == 0 {
                     s.waiting = false;
-                    make_ready(st, later);
-                    shared.work.notify_one();
+                    make_ready(st, shared, later);
                 }
             }
             i += 1;
@@ -610,6 +672,45 @@ fn worker(shared: Arc<Shared>) {
         st = lock(&shared.state);
         finish(&mut st, &shared, id);
     }
+}
+
+/// A thread for requests of devices that may hold them (see the module
+/// documentation): runs ready ones until none has come for [`STALL_IDLE`].
+fn stall_worker(shared: Arc<Shared>) {
+    let mut scratch = Vec::new();
+    let mut st = lock(&shared.state);
+    loop {
+        if let Some(id) = st.stall_ready.pop_front() {
+            let slot = &mut st.slots[id as usize];
+            let (Some(mut req), Some(q)) = (slot.req.take(), slot.queue.take()) else {
+                continue;
+            };
+            drop(st);
+            let res = exec::execute(q.device.as_ref(), &q.geometry, &mut req, &mut scratch);
+            req.sink.complete(&req, res);
+            drop(req);
+            // Queues are never dropped under the state lock (see `Queue`).
+            drop(q);
+            st = lock(&shared.state);
+            finish(&mut st, &shared, id);
+            continue;
+        }
+        if st.stop {
+            break;
+        }
+        st.stall_idle += 1;
+        let (g, timeout) = shared
+            .stall_work
+            .wait_timeout(st, STALL_IDLE)
+            .unwrap_or_else(|p| p.into_inner());
+        st = g;
+        st.stall_idle -= 1;
+        if timeout.timed_out() && st.stall_ready.is_empty() {
+            break;
+        }
+    }
+    st.stall_threads -= 1;
+    shared.done.notify_all();
 }
 
 #[cfg(test)]

@@ -307,11 +307,17 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     let len = a.len;
     let area = resolve_area(&mut a, 3, len)?;
     let threads = a.options.crypt_threads;
-    let pool = if opts.same_cpu_crypt || (opts.no_read_workqueue && opts.no_write_workqueue) {
-        None
-    } else {
-        CryptPool::new(threads, "udm-crypt")
-    };
+    // Over a device that may hold requests (a delay target below), the
+    // pool's few threads would sleep in it and other requests' parts would
+    // queue behind them: every request then runs whole on its own thread
+    // (the engine gives such devices threads of their own).
+    let stalls = area.dev.limits().may_stall;
+    let pool =
+        if stalls || opts.same_cpu_crypt || (opts.no_read_workqueue && opts.no_write_workqueue) {
+            None
+        } else {
+            CryptPool::new(threads, "udm-crypt")
+        };
     tracing::debug!(
         cipher = %cipher,
         key_bits = key.len() * 8,
@@ -568,6 +574,7 @@ impl BlockDevice for Crypt {
             discard: self.opts.allow_discards,
             write_zeroes: false,
             read_only: false,
+            may_stall: false,
         }
         .stack(self.area.dev.limits())
     }
