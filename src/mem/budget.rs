@@ -1,5 +1,5 @@
-//! Per-device budget of buffer memory (seed 003 applied to dm-crypt's
-//! `pages_per_client`).
+//! Per-device budget of buffer memory (an approximate per-core counter
+//! applied to dm-crypt's `pages_per_client`).
 //!
 //! Why: a device must not be able to take all of the host's memory because
 //! a client queues many large writes. Each device may hold at most its share
@@ -101,8 +101,8 @@ impl Budget {
         true
     }
 
-    /// The same check made exactly (the pre-seed-003 behaviour near the
-    /// limit: a locked sum of every shard). Used on slow paths and as the
+    /// The same check made exactly (what `percpu_counter_compare` does
+    /// near the limit: a locked sum of every shard). Used on slow paths and as the
     /// benchmark's ablation.
     pub fn try_charge_exact(&self, bytes: u64) -> bool {
         if !self.unlimited && self.used.sum() >= self.limit as i64 {

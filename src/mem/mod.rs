@@ -1,6 +1,6 @@
-//! The seeds' memory machinery: per-core budget counter (seed 003), mempool
-//! with bulk allocation (seed 000), recycling payload buffer pool, and the
-//! fixed-size block pool with a free list through the free blocks (seed 004).
+//! The request path's memory machinery: approximate per-core budget
+//! counter, mempool with bulk allocation, recycling payload buffer pool, and
+//! the fixed-size block pool with a free list through the free blocks.
 //!
 //! Why a module of its own: every request on the data path needs memory
 //! (an NBD payload, a crypt bounce buffer, a request descriptor). Taking it
@@ -23,7 +23,7 @@
 //! }
 //! /// Deref/DerefMut<Target = [u8]>; returns its memory to the pool on drop.
 //! pub struct PooledBuf;
-//! /// Per-device in-flight memory budget counted in per-core shards (seed 003).
+//! /// Per-device in-flight memory budget counted in per-core shards.
 //! pub struct Budget;
 //! impl Budget { pub fn new(limit_bytes: u64) -> std::sync::Arc<Budget>; pub fn unlimited() -> std::sync::Arc<Budget>; }
 //! ```

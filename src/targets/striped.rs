@@ -4,7 +4,7 @@
 //! table and the kernel's lay the same bytes in the same places.
 //!
 //! A request is cut exactly at chunk boundaries and each piece is a
-//! sub-slice of the caller's buffer: no copy, no allocation (seed 001).
+//! sub-slice of the caller's buffer: no copy, no allocation (no-clone remap).
 //!
 //! Direct access ([`BlockDevice::direct_access`]) is not offered, even over
 //! in-memory legs: a chunk of 512-byte sectors need not be a whole number
