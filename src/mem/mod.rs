@@ -30,7 +30,7 @@
 //!
 //! Budget sizing: [`default_total_budget`] (2 % of RAM, as dm-crypt) divided
 //! among devices by [`per_device_budget`]; `--memory-budget SIZE` is parsed by
-//! [`parse_size`].
+//! [`crate::core::units::parse_size`].
 
 pub mod blockpool;
 pub mod budget;
@@ -40,10 +40,13 @@ pub mod percpu;
 pub mod raw;
 pub mod secret;
 
+/// The size parser lives in `core::units`; named here too for callers that
+/// take it together with the budget functions.
+pub use crate::core::units::parse_size;
 pub use blockpool::{
     ArcPoolBox, BlockPool, LocalBlockCache, LocalBox, LocalPool, PoolBox, RawBlockPool,
 };
-pub use budget::{default_total_budget, parse_size, per_device_budget, total_ram_bytes, Budget};
+pub use budget::{default_total_budget, per_device_budget, total_ram_bytes, Budget};
 pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
 pub use mempool::{MemPool, PageList, BIO_MAX_VECS};
 pub use percpu::PerCpuCounter;
