@@ -81,7 +81,7 @@ pub fn run(a: Args) -> i32 {
     match serve(a) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("udm serve: {e}");
+            crate::cli::report_error("serve", &e);
             1
         }
     }
