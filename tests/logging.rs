@@ -49,7 +49,10 @@ fn no_colour_when_stderr_is_a_pipe() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("device a"), "no INFO line:\n{err}");
     assert!(err.contains("cannot listen"), "no error:\n{err}");
-    assert!(!out.stderr.contains(&ESC), "escape codes in a pipe:\n{err:?}");
+    assert!(
+        !out.stderr.contains(&ESC),
+        "escape codes in a pipe:\n{err:?}"
+    );
 }
 
 /// Under a terminal (a pty from `script`) the text format is coloured,
@@ -103,9 +106,7 @@ fn json_log_lines_parse() {
         let lines: Vec<serde_json::Value> = err
             .lines()
             .filter(|l| !l.is_empty())
-            .map(|l| {
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}"))
-            })
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
             .collect();
         assert!(lines.iter().all(|v| v.is_object()), "{err}");
         let message = |v: &serde_json::Value| {
