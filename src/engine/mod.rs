@@ -11,14 +11,14 @@
 //!   requests and [`MAX_CLIENT_BYTES`] of payload admitted; its connection
 //!   reader blocks in [`Engine::admit`] before reading more from the
 //!   socket, so a fast writer is throttled by TCP flow control.
-//! - **Ordering** (seed 002): see [`order`]. Overlapping requests run in
+//! - **Ordering** (ordered parallel execution): see [`order`]. Overlapping requests run in
 //!   arrival order, flushes wait for earlier writes, and the same range
 //!   tracking makes the server's read-modify-write of partial blocks atomic.
 //! - **No allocation per request in steady state**: request descriptors
 //!   live in a slab of slots that is reused (free list), queues are
 //!   `VecDeque`s/`Vec`s that keep their capacity, and payload buffers come
 //!   from [`buf::get_buf`] (the seam for the recycling buffer pool).
-//!   The slab is the seam for the mem work's block pool (seed 004).
+//!   The slab is the seam for the fixed-size block pool of `mem`.
 
 pub mod buf;
 mod exec;
@@ -200,10 +200,22 @@ struct State {
     /// Live queues by id (for [`Engine::flush_all`]), and free ids.
     queues: Vec<Option<Weak<Queue>>>,
     free_queues: Vec<u32>,
+    /// Per queue: whether it is held (suspended), its requests running
+    /// right now, and the ready requests parked while it is held.
+    holds: Vec<Hold>,
     clients: Vec<Option<ClientQ>>,
     free_clients: Vec<u32>,
     ring: VecDeque<u32>,
     stop: bool,
+}
+
+/// The suspend gate of one queue (dm's suspend: no new request starts,
+/// the running ones finish, the rest wait in arrival order).
+#[derive(Default)]
+struct Hold {
+    held: bool,
+    running: u32,
+    parked: Vec<u32>,
 }
 
 struct Shared {
@@ -240,6 +252,7 @@ impl Engine {
                 inflight: Vec::new(),
                 queues: Vec::new(),
                 free_queues: Vec::new(),
+                holds: Vec::new(),
                 clients: Vec::new(),
                 free_clients: Vec::new(),
                 ring: VecDeque::with_capacity(64),
@@ -307,9 +320,11 @@ impl Engine {
             None => {
                 st.inflight.push(Vec::with_capacity(256));
                 st.queues.push(None);
+                st.holds.push(Hold::default());
                 st.inflight.len() as u32 - 1
             }
         };
+        st.holds[id as usize] = Hold::default();
         let q = Arc::new(Queue {
             id,
             device,
@@ -412,7 +427,8 @@ impl Engine {
                 deps += 1;
             }
         }
-        let (queued, now) = if inline && deps == 0 {
+        let held = st.holds[export].held;
+        let (queued, now) = if inline && deps == 0 && !held {
             (None, Some(req))
         } else {
             (Some(req), None)
@@ -435,6 +451,9 @@ impl Engine {
             st.slots.len() as u32 - 1
         };
         st.inflight[export].push(id);
+        if now.is_some() {
+            st.holds[export].running += 1;
+        }
         if let Some(mut req) = now {
             // Its turn has come and it is small: run it on this thread. The
             // slot stays registered, so later conflicting requests of any
@@ -448,10 +467,65 @@ impl Engine {
             finish(&mut st, &self.shared, id);
             return;
         }
-        if deps == 0 {
-            make_ready(st, id);
+        if deps == 0 && ready_or_park(st, id) {
             self.shared.work.notify_one();
         }
+    }
+
+    /// Suspend `q` (dm's suspend): from now on no request of `q` starts;
+    /// requests already running go on (wait for them with
+    /// [`Engine::drain`]); the others wait, in arrival order, until
+    /// [`Engine::release`]. Clients of other queues are not affected.
+    /// Idempotent.
+    pub fn hold(&self, q: &Queue) {
+        lock(&self.shared.state).holds[q.id as usize].held = true;
+    }
+
+    /// Wait until no request of `q` is running. With `q` held, this is
+    /// the moment its device may change under the queue.
+    pub fn drain(&self, q: &Queue) {
+        let mut st = lock(&self.shared.state);
+        while st.holds[q.id as usize].running > 0 {
+            st = self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Undo [`Engine::hold`]: the requests that waited start, in the
+    /// order they arrived.
+    pub fn release(&self, q: &Queue) {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let h = &mut st.holds[q.id as usize];
+        h.held = false;
+        let parked = std::mem::take(&mut h.parked);
+        let woke = !parked.is_empty();
+        for id in parked {
+            make_ready(st, id);
+        }
+        if woke {
+            self.shared.work.notify_all();
+        }
+    }
+
+    /// Release every held queue (server shutdown: requests parked behind
+    /// a suspended device must finish before the last flush).
+    pub fn release_all(&self) {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let mut parked = Vec::new();
+        for h in st.holds.iter_mut() {
+            h.held = false;
+            parked.append(&mut h.parked);
+        }
+        for id in parked {
+            make_ready(st, id);
+        }
+        self.shared.work.notify_all();
+    }
+
+    /// Whether `q` is held.
+    pub fn is_held(&self, q: &Queue) -> bool {
+        lock(&self.shared.state).holds[q.id as usize].held
     }
 
     /// Wait until every request of `client` has finished (its replies are
@@ -504,6 +578,19 @@ impl Drop for Engine {
     }
 }
 
+/// Make request `id` ready, or park it if its queue is held; true if it
+/// became ready (a worker should be woken).
+fn ready_or_park(st: &mut State, id: u32) -> bool {
+    let q = st.slots[id as usize].export as usize;
+    if st.holds[q].held {
+        st.holds[q].parked.push(id);
+        false
+    } else {
+        make_ready(st, id);
+        true
+    }
+}
+
 fn make_ready(st: &mut State, id: u32) {
     let client = st.slots[id as usize].client;
     if let Some(c) = st.clients[client as usize].as_mut() {
@@ -541,8 +628,15 @@ fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
         } else {
             st.ring.push_back(client);
         }
+        let export = st.slots[id as usize].export as usize;
+        if st.holds[export].held {
+            // Made ready before its queue was held: it waits for release.
+            st.holds[export].parked.push(id);
+            continue;
+        }
         let slot = &mut st.slots[id as usize];
         if let (Some(req), Some(q)) = (slot.req.take(), slot.queue.take()) {
+            st.holds[export].running += 1;
             return Some((id, req, q));
         }
     }
@@ -567,12 +661,18 @@ fn finish(st: &mut State, shared: &Shared, id: u32) {
                 s.deps -= 1;
                 if s.deps == 0 {
                     s.waiting = false;
-                    make_ready(st, later);
-                    shared.work.notify_one();
+                    if ready_or_park(st, later) {
+                        shared.work.notify_one();
+                    }
                 }
             }
             i += 1;
         }
+    }
+    let h = &mut st.holds[export];
+    h.running = h.running.saturating_sub(1);
+    if h.held && h.running == 0 {
+        shared.done.notify_all();
     }
     release(st, shared, client, bytes);
     st.free_slots.push(id);
