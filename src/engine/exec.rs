@@ -20,6 +20,9 @@ pub(crate) struct Geometry {
     /// Device size; a device whose size is not a multiple of `block` has a
     /// short last block, and widened ranges stop at the end of the device.
     pub size: u64,
+    /// Requests the device wants in flight ([`crate::core::Limits::queue_depth`]);
+    /// 0 for a device that completes in the caller's time.
+    pub depth: u32,
 }
 
 impl Geometry {
@@ -32,6 +35,7 @@ impl Geometry {
             max_io,
             discard: l.discard,
             size: dev.size(),
+            depth: l.queue_depth,
         }
     }
 

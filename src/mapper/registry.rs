@@ -14,7 +14,7 @@ use zeroize::Zeroizing;
 use super::mapped::MappedDevice;
 use crate::core::table;
 use crate::core::BlockDevice;
-use crate::store::file::{FileStore, OpenFlags};
+use crate::store::{Location, OpenFlags};
 use crate::targets::{DeviceResolver, TargetOptions};
 
 /// How one named device is defined.
@@ -25,7 +25,8 @@ pub enum DeviceSpec {
         text: Zeroizing<String>,
         source: String,
     },
-    /// A file or block device served as it is.
+    /// A file, block device or remote image (`rbd:…`, `nbd://…`) served
+    /// as it is.
     File(PathBuf),
 }
 
@@ -149,26 +150,25 @@ impl Builder {
         Ok(dev)
     }
 
+    /// Open a path (a file, or a remote image: `store::Location`), once.
     fn open_file(&mut self, path: &Path) -> Result<Arc<dyn BlockDevice>, String> {
-        let key = std::fs::canonicalize(path).map_err(|e| {
-            format!(
-                "cannot open {}: {e}; give an existing file or block device",
-                path.display()
-            )
-        })?;
+        let loc = match path.to_str() {
+            Some(s) => Location::parse(s)?,
+            None => Location::File(path.to_path_buf()),
+        };
+        let key = loc.share_key(&path.to_string_lossy())?;
         if let Some(d) = self.files.get(&key) {
             return Ok(d.clone());
         }
-        let store = FileStore::open(
-            &key,
-            OpenFlags {
-                read_only: self.opts.read_only,
-                direct: self.opts.direct,
-                no_map: self.opts.no_mmap,
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let d: Arc<dyn BlockDevice> = Arc::new(store);
+        let loc = match loc {
+            Location::File(_) => Location::File(key.clone()),
+            remote => remote,
+        };
+        let d = loc.open(OpenFlags {
+            read_only: self.opts.read_only,
+            direct: self.opts.direct,
+            no_map: self.opts.no_mmap,
+        })?;
         self.files.insert(key, d.clone());
         Ok(d)
     }
