@@ -354,7 +354,11 @@ fn luks_volume_on_a_remote_nbd_export() {
         ],
     );
     let back = run(Command::new("nbdcopy").arg(local.uri("v")).arg("-")).stdout;
-    assert_eq!(back.len(), 8 << 20, "24 MiB image less the 16 MiB LUKS2 header");
+    assert_eq!(
+        back.len(),
+        8 << 20,
+        "24 MiB image less the 16 MiB LUKS2 header"
+    );
     assert!(back == data, "plaintext differs");
     assert_eq!(local.stop(), Some(0));
 }

@@ -217,18 +217,29 @@ struct State {
     inflight: Vec<Vec<u32>>,
     /// Live queues by id (for [`Engine::flush_all`]), and free ids.
     queues: Vec<Option<Weak<Queue>>>,
-    /// Per queue: most requests running on workers at once (0 = no cap),
-    /// and how many run now.
+    /// Per queue: most requests running on workers at once (0 = no cap;
+    /// how many run now is `holds[q].running`).
     caps: Vec<u32>,
-    running: Vec<u32>,
     /// Workers reserved by capped queues (sum of their caps); the pool
     /// grows to `base + reserved` and never shrinks.
     reserved: usize,
     free_queues: Vec<u32>,
+    /// Per queue: whether it is held (suspended), its requests running
+    /// right now, and the ready requests parked while it is held.
+    holds: Vec<Hold>,
     clients: Vec<Option<ClientQ>>,
     free_clients: Vec<u32>,
     ring: VecDeque<u32>,
     stop: bool,
+}
+
+/// The suspend gate of one queue (dm's suspend: no new request starts,
+/// the running ones finish, the rest wait in arrival order).
+#[derive(Default)]
+struct Hold {
+    held: bool,
+    running: u32,
+    parked: Vec<u32>,
 }
 
 struct Shared {
@@ -267,9 +278,9 @@ impl Engine {
                 inflight: Vec::new(),
                 queues: Vec::new(),
                 caps: Vec::new(),
-                running: Vec::new(),
                 reserved: 0,
                 free_queues: Vec::new(),
+                holds: Vec::new(),
                 clients: Vec::new(),
                 free_clients: Vec::new(),
                 ring: VecDeque::with_capacity(64),
@@ -348,12 +359,12 @@ impl Engine {
                 st.inflight.push(Vec::with_capacity(256));
                 st.queues.push(None);
                 st.caps.push(0);
-                st.running.push(0);
+                st.holds.push(Hold::default());
                 st.inflight.len() as u32 - 1
             }
         };
+        st.holds[id as usize] = Hold::default();
         st.caps[id as usize] = cap;
-        st.running[id as usize] = 0;
         st.reserved += cap as usize;
         let want = self.base + st.reserved.min(MAX_RESERVED_WORKERS);
         let q = Arc::new(Queue {
@@ -467,7 +478,8 @@ impl Engine {
                 deps += 1;
             }
         }
-        let (queued, now) = if inline && deps == 0 {
+        let held = st.holds[export].held;
+        let (queued, now) = if inline && deps == 0 && !held {
             (None, Some(req))
         } else {
             (Some(req), None)
@@ -490,6 +502,9 @@ impl Engine {
             st.slots.len() as u32 - 1
         };
         st.inflight[export].push(id);
+        if now.is_some() {
+            st.holds[export].running += 1;
+        }
         if let Some(mut req) = now {
             // Its turn has come and it is small: run it on this thread. The
             // slot stays registered, so later conflicting requests of any
@@ -503,10 +518,65 @@ impl Engine {
             finish(&mut st, &self.shared, id);
             return;
         }
-        if deps == 0 {
-            make_ready(st, id);
+        if deps == 0 && ready_or_park(st, id) {
             self.shared.work.notify_one();
         }
+    }
+
+    /// Suspend `q` (dm's suspend): from now on no request of `q` starts;
+    /// requests already running go on (wait for them with
+    /// [`Engine::drain`]); the others wait, in arrival order, until
+    /// [`Engine::release`]. Clients of other queues are not affected.
+    /// Idempotent.
+    pub fn hold(&self, q: &Queue) {
+        lock(&self.shared.state).holds[q.id as usize].held = true;
+    }
+
+    /// Wait until no request of `q` is running. With `q` held, this is
+    /// the moment its device may change under the queue.
+    pub fn drain(&self, q: &Queue) {
+        let mut st = lock(&self.shared.state);
+        while st.holds[q.id as usize].running > 0 {
+            st = self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Undo [`Engine::hold`]: the requests that waited start, in the
+    /// order they arrived.
+    pub fn release(&self, q: &Queue) {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let h = &mut st.holds[q.id as usize];
+        h.held = false;
+        let parked = std::mem::take(&mut h.parked);
+        let woke = !parked.is_empty();
+        for id in parked {
+            make_ready(st, id);
+        }
+        if woke {
+            self.shared.work.notify_all();
+        }
+    }
+
+    /// Release every held queue (server shutdown: requests parked behind
+    /// a suspended device must finish before the last flush).
+    pub fn release_all(&self) {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let mut parked = Vec::new();
+        for h in st.holds.iter_mut() {
+            h.held = false;
+            parked.append(&mut h.parked);
+        }
+        for id in parked {
+            make_ready(st, id);
+        }
+        self.shared.work.notify_all();
+    }
+
+    /// Whether `q` is held.
+    pub fn is_held(&self, q: &Queue) -> bool {
+        lock(&self.shared.state).holds[q.id as usize].held
     }
 
     /// Wait until every request of `client` has finished (its replies are
@@ -559,6 +629,19 @@ impl Drop for Engine {
     }
 }
 
+/// Make request `id` ready, or park it if its queue is held; true if it
+/// became ready (a worker should be woken).
+fn ready_or_park(st: &mut State, id: u32) -> bool {
+    let q = st.slots[id as usize].export as usize;
+    if st.holds[q].held {
+        st.holds[q].parked.push(id);
+        false
+    } else {
+        make_ready(st, id);
+        true
+    }
+}
+
 fn make_ready(st: &mut State, id: u32) {
     let client = st.slots[id as usize].client;
     if let Some(c) = st.clients[client as usize].as_mut() {
@@ -596,16 +679,13 @@ fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
         };
         let q = st.slots[id as usize].export as usize;
         let cap = st.caps[q];
-        if cap > 0 && st.running[q] >= cap {
+        if cap > 0 && st.holds[q].running >= cap {
             st.ring.push_back(client);
             if passes == 0 {
                 return None;
             }
             passes -= 1;
             continue;
-        }
-        if cap > 0 {
-            st.running[q] += 1;
         }
         let Some(c) = st.clients[client as usize].as_mut() else {
             continue;
@@ -616,8 +696,15 @@ fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
         } else {
             st.ring.push_back(client);
         }
+        let export = st.slots[id as usize].export as usize;
+        if st.holds[export].held {
+            // Made ready before its queue was held: it waits for release.
+            st.holds[export].parked.push(id);
+            continue;
+        }
         let slot = &mut st.slots[id as usize];
         if let (Some(req), Some(q)) = (slot.req.take(), slot.queue.take()) {
+            st.holds[export].running += 1;
             return Some((id, req, q));
         }
     }
@@ -632,12 +719,9 @@ fn finish(st: &mut State, shared: &Shared, id: u32) {
         (s.export as usize, s.client, s.bytes, s.span)
     };
     let cap = st.caps[export];
-    if cap > 0 {
-        // Only workers run requests of a capped queue.
-        if st.running[export] == cap {
-            shared.work.notify_one();
-        }
-        st.running[export] = st.running[export].saturating_sub(1);
+    if cap > 0 && st.holds[export].running == cap {
+        // A worker may have passed over this queue at its cap.
+        shared.work.notify_one();
     }
     let list = &mut st.inflight[export];
     if let Some(pos) = list.iter().position(|&x| x == id) {
@@ -650,12 +734,18 @@ fn finish(st: &mut State, shared: &Shared, id: u32) {
                 s.deps -= 1;
                 if s.deps == 0 {
                     s.waiting = false;
-                    make_ready(st, later);
-                    shared.work.notify_one();
+                    if ready_or_park(st, later) {
+                        shared.work.notify_one();
+                    }
                 }
             }
             i += 1;
         }
+    }
+    let h = &mut st.holds[export];
+    h.running = h.running.saturating_sub(1);
+    if h.held && h.running == 0 {
+        shared.done.notify_all();
     }
     release(st, shared, client, bytes);
     st.free_slots.push(id);
