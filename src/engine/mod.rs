@@ -11,7 +11,7 @@
 //!   requests and [`MAX_CLIENT_BYTES`] of payload admitted; its connection
 //!   reader blocks in [`Engine::admit`] before reading more from the
 //!   socket, so a fast writer is throttled by TCP flow control.
-//! - **Ordering** (seed 002): see [`order`]. Overlapping requests run in
+//! - **Ordering** (ordered parallel execution): see [`order`]. Overlapping requests run in
 //!   arrival order, flushes wait for earlier writes, and the same range
 //!   tracking makes the server's read-modify-write of partial blocks atomic.
 //! - **Devices that wait on a network** (RBD, a remote NBD export) say so
@@ -28,7 +28,7 @@
 //!   live in a slab of slots that is reused (free list), queues are
 //!   `VecDeque`s/`Vec`s that keep their capacity, and payload buffers come
 //!   from [`buf::get_buf`] (the seam for the recycling buffer pool).
-//!   The slab is the seam for the mem work's block pool (seed 004).
+//!   The slab is the seam for the fixed-size block pool of `mem`.
 
 pub mod buf;
 mod exec;
