@@ -150,28 +150,36 @@ impl Builder {
     }
 
     fn open_file(&mut self, path: &Path) -> Result<Arc<dyn BlockDevice>, String> {
-        let key = std::fs::canonicalize(path).map_err(|e| {
-            format!(
-                "cannot open {}: {e}; give an existing file or block device",
-                path.display()
-            )
-        })?;
-        if let Some(d) = self.files.get(&key) {
-            return Ok(d.clone());
-        }
-        let store = FileStore::open(
-            &key,
-            OpenFlags {
-                read_only: self.opts.read_only,
-                direct: self.opts.direct,
-                no_map: self.opts.no_mmap,
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let d: Arc<dyn BlockDevice> = Arc::new(store);
-        self.files.insert(key, d.clone());
-        Ok(d)
+        let flags = OpenFlags {
+            read_only: self.opts.read_only,
+            direct: self.opts.direct,
+            no_map: self.opts.no_mmap,
+        };
+        open_shared(&mut self.files, path, flags)
     }
+}
+
+/// Open the file or block device at `path` as a store, once per file:
+/// `files` (keyed by canonical path) hands out the store already opened,
+/// so two segments over one file share one descriptor.
+pub(super) fn open_shared(
+    files: &mut HashMap<PathBuf, Arc<dyn BlockDevice>>,
+    path: &Path,
+    flags: OpenFlags,
+) -> Result<Arc<dyn BlockDevice>, String> {
+    let key = std::fs::canonicalize(path).map_err(|e| {
+        format!(
+            "cannot open {}: {e}; give an existing file or block device",
+            path.display()
+        )
+    })?;
+    if let Some(d) = files.get(&key) {
+        return Ok(d.clone());
+    }
+    let store = FileStore::open(&key, flags).map_err(|e| e.to_string())?;
+    let d: Arc<dyn BlockDevice> = Arc::new(store);
+    files.insert(key, d.clone());
+    Ok(d)
 }
 
 impl DeviceResolver for Builder {
