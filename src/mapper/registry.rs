@@ -152,26 +152,39 @@ impl Builder {
 
     /// Open a path (a file, or a remote image: `store::Location`), once.
     fn open_file(&mut self, path: &Path) -> Result<Arc<dyn BlockDevice>, String> {
-        let loc = match path.to_str() {
-            Some(s) => Location::parse(s)?,
-            None => Location::File(path.to_path_buf()),
-        };
-        let key = loc.share_key(&path.to_string_lossy())?;
-        if let Some(d) = self.files.get(&key) {
-            return Ok(d.clone());
-        }
-        let loc = match loc {
-            Location::File(_) => Location::File(key.clone()),
-            remote => remote,
-        };
-        let d = loc.open(OpenFlags {
+        let flags = OpenFlags {
             read_only: self.opts.read_only,
             direct: self.opts.direct,
             no_map: self.opts.no_mmap,
-        })?;
-        self.files.insert(key, d.clone());
-        Ok(d)
+        };
+        open_shared(&mut self.files, path, flags)
     }
+}
+
+/// Open the file, block device or remote image (`store::Location`) at
+/// `path` as a store, once: `files` (keyed by canonical path, or by the
+/// remote spec) hands out the store already opened, so two segments over
+/// one file share one descriptor and over one image one connection.
+pub(super) fn open_shared(
+    files: &mut HashMap<PathBuf, Arc<dyn BlockDevice>>,
+    path: &Path,
+    flags: OpenFlags,
+) -> Result<Arc<dyn BlockDevice>, String> {
+    let loc = match path.to_str() {
+        Some(s) => Location::parse(s)?,
+        None => Location::File(path.to_path_buf()),
+    };
+    let key = loc.share_key(&path.to_string_lossy())?;
+    if let Some(d) = files.get(&key) {
+        return Ok(d.clone());
+    }
+    let loc = match loc {
+        Location::File(_) => Location::File(key.clone()),
+        remote => remote,
+    };
+    let d = loc.open(flags)?;
+    files.insert(key, d.clone());
+    Ok(d)
 }
 
 impl DeviceResolver for Builder {
