@@ -65,10 +65,14 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     }
     let want = 2 + 2 * n as usize;
     if a.args.len() != want {
-        return Err(TargetError::line(format!(
-            "{n} stripes need {want} arguments ('<#stripes> <chunk_size>' and a '<device> <offset>' pair per stripe), got {}",
-            a.args.len()
-        )));
+        return Err(TargetError::at(
+            0,
+            format!(
+                "{n} stripes need {want} arguments ('<#stripes> <chunk_size>' and a '<device> <offset>' pair per stripe), got {} ({} device(s))",
+                a.args.len(),
+                (a.args.len() - 2) / 2
+            ),
+        ));
     }
     let len_sectors = a.len / 512;
     if len_sectors % n != 0 {

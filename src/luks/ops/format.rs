@@ -77,12 +77,12 @@ pub fn luks_format(o: &FormatOpts, fb: &dyn Feedback) -> Result<u32, LuksError> 
     let image = &o.dev.path;
     if let Some(size) = o.create_size {
         Disk::create(image)?.grow_to(size)?;
-    } else if std::fs::metadata(image).is_err() {
+    } else if !super::exists(image) {
         return Err(LuksError::Device(image.display().to_string()));
     }
     let mut created = false;
     if let Some(h) = &o.dev.header {
-        if std::fs::metadata(h).is_err() {
+        if !super::exists(h) {
             confirm_or(
                 fb,
                 "Header file does not exist, do you want to create it?",

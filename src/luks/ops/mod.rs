@@ -49,7 +49,7 @@ impl Device {
     /// Read and validate the header; warnings about it go to `fb`.
     pub fn load(&self, write: bool, fb: &dyn Feedback) -> Result<Volume, LuksError> {
         for p in std::iter::once(&self.path).chain(self.header.iter()) {
-            if std::fs::metadata(p).is_err() {
+            if !exists(p) {
                 return Err(LuksError::Device(p.display().to_string()));
             }
         }
@@ -68,6 +68,12 @@ impl Device {
         }
         Ok(v)
     }
+}
+
+/// Whether `p` names an existing file or device (a remote image, `rbd:` or
+/// `nbd://`, is found only by opening it, which the caller does next).
+pub fn exists(p: &Path) -> bool {
+    p.to_str().is_some_and(crate::store::Location::is_remote) || std::fs::metadata(p).is_ok()
 }
 
 /// How to unlock an existing keyslot.
