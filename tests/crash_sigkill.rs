@@ -34,7 +34,10 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() {
     let cr = p.join("cr.table");
     std::fs::write(
         &cr,
-        format!("0 32768 crypt aes-xts-plain64 {} 0 @st 0\n", "5c".repeat(64)),
+        format!(
+            "0 32768 crypt aes-xts-plain64 {} 0 @st 0\n",
+            "5c".repeat(64)
+        ),
     )
     .unwrap();
     let state = p.join("state.json");
@@ -58,7 +61,14 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() {
             format!("st={}", st.display()),
             format!("cr={}", cr.display()),
         ];
-        let mut args = vec!["--threads", "2", "--table", &tables[0], "--table", &tables[1]];
+        let mut args = vec![
+            "--threads",
+            "2",
+            "--table",
+            &tables[0],
+            "--table",
+            &tables[1],
+        ];
         if round % 2 == 1 {
             args.push("--no-mmap");
         }

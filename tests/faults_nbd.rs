@@ -37,7 +37,11 @@ fn a_failing_leg_fails_only_its_requests_and_fio_on_another_export_is_clean() {
             "2",
             "--table",
             // Always down (up 0 s), no features: every request fails.
-            &table(p, "fl", &format!("0 16384 flakey {} 0 0 1\n", leg1.display())),
+            &table(
+                p,
+                "fl",
+                &format!("0 16384 flakey {} 0 0 1\n", leg1.display()),
+            ),
             "--table",
             &table(
                 p,
@@ -101,7 +105,11 @@ fn a_failing_leg_fails_only_its_requests_and_fio_on_another_export_is_clean() {
     // The final flush at shutdown reaches the failing leg too, so the
     // server says so with exit status 1 (a flush it could not do), but it
     // exits.
-    assert_eq!(srv.stop(), Some(1), "the server stops; its last flush failed");
+    assert_eq!(
+        srv.stop(),
+        Some(1),
+        "the server stops; its last flush failed"
+    );
 }
 
 #[test]
@@ -118,7 +126,11 @@ fn a_delayed_leg_holds_only_its_own_requests() {
             "--threads",
             "2",
             "--table",
-            &table(p, "dl", &format!("0 16384 delay {} 0 2000\n", leg1.display())),
+            &table(
+                p,
+                "dl",
+                &format!("0 16384 delay {} 0 2000\n", leg1.display()),
+            ),
             "--table",
             &table(
                 p,

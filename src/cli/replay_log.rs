@@ -145,7 +145,9 @@ fn replay(a: Args) -> Result<(), String> {
     eprintln!(
         "replayed {} entries{}{}",
         rep.applied,
-        rep.last.map(|l| format!(", up to entry {l}")).unwrap_or_default(),
+        rep.last
+            .map(|l| format!(", up to entry {l}"))
+            .unwrap_or_default(),
         if check.is_some() {
             format!(", {} checks passed", rep.checks)
         } else {

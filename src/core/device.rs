@@ -45,13 +45,14 @@ pub struct Limits {
     pub write_zeroes: bool,
     /// Whether the device refuses writes.
     pub read_only: bool,
-    /// Whether a request may be held for long on purpose (a `delay`
-    /// target, a remote store): the engine then never runs its requests on
-    /// a connection's reader thread nor on the shared workers, but on
-    /// threads of their own, so a held request stalls nothing else.
-    /// Inherited by everything stacked above (a wrapper that copies its
-    /// lower device's limits is right to claim it too).
-    pub may_stall: bool,
+    /// Requests the device needs in flight at once to reach its speed, for
+    /// a device whose calls wait on a network round trip (an RBD image, a
+    /// remote NBD export); 0 for a device that completes in the caller's
+    /// time (memory, a local file). Calls stay synchronous: the engine
+    /// gives such a device this many workers of its own and never runs its
+    /// requests on a connection's reader, so a slow round trip costs a
+    /// sleeping thread, not the client's queue depth.
+    pub queue_depth: u32,
 }
 
 impl Default for Limits {
@@ -63,7 +64,7 @@ impl Default for Limits {
             discard: true,
             write_zeroes: true,
             read_only: false,
-            may_stall: false,
+            queue_depth: 0,
         }
     }
 }
@@ -79,7 +80,7 @@ impl Limits {
             discard: self.discard && lower.discard,
             write_zeroes: self.write_zeroes && lower.write_zeroes,
             read_only: self.read_only || lower.read_only,
-            may_stall: self.may_stall || lower.may_stall,
+            queue_depth: self.queue_depth.max(lower.queue_depth),
         }
     }
 }

@@ -11,26 +11,24 @@
 //!   requests and [`MAX_CLIENT_BYTES`] of payload admitted; its connection
 //!   reader blocks in [`Engine::admit`] before reading more from the
 //!   socket, so a fast writer is throttled by TCP flow control.
-//! - **Ordering** (seed 002): see [`order`]. Overlapping requests run in
+//! - **Ordering** (ordered parallel execution): see [`order`]. Overlapping requests run in
 //!   arrival order, flushes wait for earlier writes, and the same range
 //!   tracking makes the server's read-modify-write of partial blocks atomic.
+//! - **Devices that wait on a network** (RBD, a remote NBD export) say so
+//!   in [`crate::core::Limits::queue_depth`]. Their calls stay synchronous
+//!   (one trait for every device, so crypt and striped stack on them
+//!   unchanged); the engine instead adds that many workers when such a
+//!   queue is added, lets at most that many of its requests run at once
+//!   (so a stalled cluster holds only its own workers, never the ones
+//!   local devices need), and never runs its requests on a connection's
+//!   reader (a reader waiting a round trip would stop reading the client's
+//!   next requests). A waiting worker is a sleeping thread; the store's
+//!   completion callback wakes it.
 //! - **No allocation per request in steady state**: request descriptors
 //!   live in a slab of slots that is reused (free list), queues are
 //!   `VecDeque`s/`Vec`s that keep their capacity, and payload buffers come
 //!   from [`buf::get_buf`] (the seam for the recycling buffer pool).
-//!   The slab is the seam for the mem work's block pool (seed 004).
-//! - **Devices that hold requests** (`Limits::may_stall`: a `delay` target
-//!   anywhere in the stack) would pin a worker per held request, and with
-//!   one worker per core two held requests stop every export. Their ready
-//!   requests therefore go to *stall threads* instead: started on demand
-//!   (one per request being held, up to [`MAX_STALL_THREADS`]), idle ones
-//!   kept for a while and then retired. They share the ordering lists with
-//!   the workers, so ordering is unchanged; a request to the fast leg of a
-//!   striped table with one delayed leg gets a thread of its own and is
-//!   not stuck behind a held one. Such requests are never run inline on a
-//!   connection's reader either (that would stop the connection reading).
-//!   The device calls stay synchronous: a held request costs an idle
-//!   thread, not a worker.
+//!   The slab is the seam for the fixed-size block pool of `mem`.
 
 pub mod buf;
 mod exec;
@@ -59,13 +57,11 @@ thread_local! {
     static INLINE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Most threads running requests of devices that may hold them (beyond
-/// this, such requests wait for one of those threads, still never for a
-/// shared worker).
-pub const MAX_STALL_THREADS: u32 = 1024;
-
-/// How long an idle stall thread waits for work before it exits.
-const STALL_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Most requests a device's [`crate::core::Limits::queue_depth`] may ask to
+/// have running at once, and most workers all such devices together add to
+/// the pool: a sleeping worker is cheap, but not free (a stack each).
+pub const MAX_QUEUE_DEPTH: u32 = 128;
+const MAX_RESERVED_WORKERS: usize = 256;
 
 /// Most requests one client may have admitted at once.
 pub const MAX_CLIENT_REQUESTS: u32 = 128;
@@ -184,6 +180,8 @@ impl Drop for Queue {
             let i = self.id as usize;
             st.queues[i] = None;
             st.inflight[i].clear();
+            st.reserved -= st.caps[i] as usize;
+            st.caps[i] = 0;
             st.free_queues.push(self.id);
         }
     }
@@ -219,31 +217,43 @@ struct State {
     inflight: Vec<Vec<u32>>,
     /// Live queues by id (for [`Engine::flush_all`]), and free ids.
     queues: Vec<Option<Weak<Queue>>>,
+    /// Per queue: most requests running on workers at once (0 = no cap;
+    /// how many run now is `holds[q].running`).
+    caps: Vec<u32>,
+    /// Workers reserved by capped queues (sum of their caps); the pool
+    /// grows to `base + reserved` and never shrinks.
+    reserved: usize,
     free_queues: Vec<u32>,
+    /// Per queue: whether it is held (suspended), its requests running
+    /// right now, and the ready requests parked while it is held.
+    holds: Vec<Hold>,
     clients: Vec<Option<ClientQ>>,
     free_clients: Vec<u32>,
     ring: VecDeque<u32>,
-    /// Ready requests of devices that may hold them, for the stall threads.
-    stall_ready: VecDeque<u32>,
-    stall_threads: u32,
-    stall_idle: u32,
     stop: bool,
+}
+
+/// The suspend gate of one queue (dm's suspend: no new request starts,
+/// the running ones finish, the rest wait in arrival order).
+#[derive(Default)]
+struct Hold {
+    held: bool,
+    running: u32,
+    parked: Vec<u32>,
 }
 
 struct Shared {
     state: Mutex<State>,
     work: Condvar,
     done: Condvar,
-    /// Wakes idle stall threads.
-    stall_work: Condvar,
-    /// This, for starting stall threads from under the lock.
-    me: Weak<Shared>,
 }
 
 /// The worker pool and request scheduler. Cheap to share (`Arc`).
 pub struct Engine {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Workers for devices that complete in the caller's time.
+    base: usize,
     /// The queues made by [`Engine::new`]/[`Engine::with_pools`], by index.
     initial: Vec<Arc<Queue>>,
 }
@@ -261,40 +271,47 @@ impl Engine {
         } else {
             threads
         };
-        let shared = Arc::new_cyclic(|me| Shared {
+        let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 slots: Vec::with_capacity(256),
                 free_slots: Vec::with_capacity(256),
                 inflight: Vec::new(),
                 queues: Vec::new(),
+                caps: Vec::new(),
+                reserved: 0,
                 free_queues: Vec::new(),
+                holds: Vec::new(),
                 clients: Vec::new(),
                 free_clients: Vec::new(),
                 ring: VecDeque::with_capacity(64),
-                stall_ready: VecDeque::new(),
-                stall_threads: 0,
-                stall_idle: 0,
                 stop: false,
             }),
             work: Condvar::new(),
             done: Condvar::new(),
-            stall_work: Condvar::new(),
-            me: me.clone(),
         });
-        let mut workers = Vec::with_capacity(threads);
-        for i in 0..threads {
-            let s = shared.clone();
+        let e = Engine {
+            shared,
+            workers: Mutex::new(Vec::with_capacity(threads)),
+            base: threads,
+            initial: Vec::new(),
+        };
+        e.grow_workers(threads)?;
+        Ok(e)
+    }
+
+    /// Start workers until there are `n`.
+    fn grow_workers(&self, n: usize) -> std::io::Result<()> {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        while workers.len() < n {
+            let s = self.shared.clone();
+            let i = workers.len();
             workers.push(
                 std::thread::Builder::new()
                     .name(format!("udm-worker-{i}"))
                     .spawn(move || worker(s))?,
             );
         }
-        Ok(Engine {
-            shared,
-            workers: Mutex::new(workers),
-            initial: Vec::new(),
-        })
+        Ok(())
     }
 
     /// An engine serving `devices` (queue `i`, see [`Engine::queue`], is
@@ -334,15 +351,22 @@ impl Engine {
     /// Schedule requests for one more device, with its own buffer pool.
     pub fn add_queue(&self, device: Arc<dyn BlockDevice>, pool: Arc<BufPool>) -> Arc<Queue> {
         let geometry = Geometry::of(device.as_ref());
+        let cap = geometry.depth.min(MAX_QUEUE_DEPTH);
         let mut st = lock(&self.shared.state);
         let id = match st.free_queues.pop() {
             Some(id) => id,
             None => {
                 st.inflight.push(Vec::with_capacity(256));
                 st.queues.push(None);
+                st.caps.push(0);
+                st.holds.push(Hold::default());
                 st.inflight.len() as u32 - 1
             }
         };
+        st.holds[id as usize] = Hold::default();
+        st.caps[id as usize] = cap;
+        st.reserved += cap as usize;
+        let want = self.base + st.reserved.min(MAX_RESERVED_WORKERS);
         let q = Arc::new(Queue {
             id,
             device,
@@ -351,6 +375,12 @@ impl Engine {
             shared: Arc::downgrade(&self.shared),
         });
         st.queues[id as usize] = Some(Arc::downgrade(&q));
+        drop(st);
+        if let Err(e) = self.grow_workers(want) {
+            // The queue still works with the workers there are, at a
+            // lower depth; say why it is slower than asked.
+            tracing::warn!("cannot start more request workers ({e}); a remote device runs with fewer requests in flight");
+        }
         q
     }
 
@@ -437,7 +467,7 @@ impl Engine {
             Span::widened(kind, req.offset, req.len, g.block)
         };
         let inline = may_inline
-            && !g.may_stall
+            && g.depth == 0
             && req.len <= INLINE_MAX
             && matches!(req.op, Op::Read | Op::Write);
         let mut guard = lock(&self.shared.state);
@@ -448,7 +478,8 @@ impl Engine {
                 deps += 1;
             }
         }
-        let (queued, now) = if inline && deps == 0 {
+        let held = st.holds[export].held;
+        let (queued, now) = if inline && deps == 0 && !held {
             (None, Some(req))
         } else {
             (Some(req), None)
@@ -471,6 +502,9 @@ impl Engine {
             st.slots.len() as u32 - 1
         };
         st.inflight[export].push(id);
+        if now.is_some() {
+            st.holds[export].running += 1;
+        }
         if let Some(mut req) = now {
             // Its turn has come and it is small: run it on this thread. The
             // slot stays registered, so later conflicting requests of any
@@ -484,9 +518,65 @@ impl Engine {
             finish(&mut st, &self.shared, id);
             return;
         }
-        if deps == 0 {
-            make_ready(st, &self.shared, id);
+        if deps == 0 && ready_or_park(st, id) {
+            self.shared.work.notify_one();
         }
+    }
+
+    /// Suspend `q` (dm's suspend): from now on no request of `q` starts;
+    /// requests already running go on (wait for them with
+    /// [`Engine::drain`]); the others wait, in arrival order, until
+    /// [`Engine::release`]. Clients of other queues are not affected.
+    /// Idempotent.
+    pub fn hold(&self, q: &Queue) {
+        lock(&self.shared.state).holds[q.id as usize].held = true;
+    }
+
+    /// Wait until no request of `q` is running. With `q` held, this is
+    /// the moment its device may change under the queue.
+    pub fn drain(&self, q: &Queue) {
+        let mut st = lock(&self.shared.state);
+        while st.holds[q.id as usize].running > 0 {
+            st = self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Undo [`Engine::hold`]: the requests that waited start, in the
+    /// order they arrived.
+    pub fn release(&self, q: &Queue) {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let h = &mut st.holds[q.id as usize];
+        h.held = false;
+        let parked = std::mem::take(&mut h.parked);
+        let woke = !parked.is_empty();
+        for id in parked {
+            make_ready(st, id);
+        }
+        if woke {
+            self.shared.work.notify_all();
+        }
+    }
+
+    /// Release every held queue (server shutdown: requests parked behind
+    /// a suspended device must finish before the last flush).
+    pub fn release_all(&self) {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let mut parked = Vec::new();
+        for h in st.holds.iter_mut() {
+            h.held = false;
+            parked.append(&mut h.parked);
+        }
+        for id in parked {
+            make_ready(st, id);
+        }
+        self.shared.work.notify_all();
+    }
+
+    /// Whether `q` is held.
+    pub fn is_held(&self, q: &Queue) -> bool {
+        lock(&self.shared.state).holds[q.id as usize].held
     }
 
     /// Wait until every request of `client` has finished (its replies are
@@ -522,18 +612,13 @@ impl Engine {
         res
     }
 
-    /// Finish all queued work and stop the workers and stall threads.
+    /// Finish all queued work and stop the workers.
     pub fn shutdown(&self) {
         lock(&self.shared.state).stop = true;
         self.shared.work.notify_all();
-        self.shared.stall_work.notify_all();
         let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
         for w in workers {
             let _ = w.join();
-        }
-        let mut st = lock(&self.shared.state);
-        while st.stall_threads > 0 {
-            st = self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -544,30 +629,21 @@ impl Drop for Engine {
     }
 }
 
-/// Put request `id` (its dependencies done) where a thread will take it:
-/// a stall thread for a device that may hold it, else its client's queue
-/// for the workers; and wake that thread.
-fn make_ready(st: &mut State, shared: &Shared, id: u32) {
-    let slot = &st.slots[id as usize];
-    if slot.queue.as_ref().is_some_and(|q| q.geometry.may_stall) {
-        st.stall_ready.push_back(id);
-        if st.stall_idle > 0 {
-            shared.stall_work.notify_one();
-        } else if st.stall_threads < MAX_STALL_THREADS {
-            if let Some(me) = shared.me.upgrade() {
-                let n = st.stall_threads;
-                let spawned = std::thread::Builder::new()
-                    .name(format!("udm-stall-{n}"))
-                    .spawn(move || stall_worker(me));
-                // Without a new thread the request waits for a running one.
-                if spawned.is_ok() {
-                    st.stall_threads += 1;
-                }
-            }
-        }
-        return;
+/// Make request `id` ready, or park it if its queue is held; true if it
+/// became ready (a worker should be woken).
+fn ready_or_park(st: &mut State, id: u32) -> bool {
+    let q = st.slots[id as usize].export as usize;
+    if st.holds[q].held {
+        st.holds[q].parked.push(id);
+        false
+    } else {
+        make_ready(st, id);
+        true
     }
-    let client = slot.client;
+}
+
+fn make_ready(st: &mut State, id: u32) {
+    let client = st.slots[id as usize].client;
     if let Some(c) = st.clients[client as usize].as_mut() {
         c.ready.push_back(id);
         if !c.in_ring {
@@ -575,7 +651,6 @@ fn make_ready(st: &mut State, shared: &Shared, id: u32) {
             st.ring.push_back(client);
         }
     }
-    shared.work.notify_one();
 }
 
 fn release(st: &mut State, shared: &Shared, client: u32, bytes: u64) {
@@ -589,23 +664,47 @@ fn release(st: &mut State, shared: &Shared, client: u32, bytes: u64) {
     }
 }
 
-/// Take the next ready request, round robin over clients.
+/// Take the next ready request, round robin over clients. A client whose
+/// next request is for a queue already running its cap of requests is
+/// passed over (it stays in the ring).
 fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
+    let mut passes = st.ring.len();
     while let Some(client) = st.ring.pop_front() {
         let Some(c) = st.clients[client as usize].as_mut() else {
             continue;
         };
-        let Some(id) = c.ready.pop_front() else {
+        let Some(&id) = c.ready.front() else {
             c.in_ring = false;
             continue;
         };
+        let q = st.slots[id as usize].export as usize;
+        let cap = st.caps[q];
+        if cap > 0 && st.holds[q].running >= cap {
+            st.ring.push_back(client);
+            if passes == 0 {
+                return None;
+            }
+            passes -= 1;
+            continue;
+        }
+        let Some(c) = st.clients[client as usize].as_mut() else {
+            continue;
+        };
+        c.ready.pop_front();
         if c.ready.is_empty() {
             c.in_ring = false;
         } else {
             st.ring.push_back(client);
         }
+        let export = st.slots[id as usize].export as usize;
+        if st.holds[export].held {
+            // Made ready before its queue was held: it waits for release.
+            st.holds[export].parked.push(id);
+            continue;
+        }
         let slot = &mut st.slots[id as usize];
         if let (Some(req), Some(q)) = (slot.req.take(), slot.queue.take()) {
+            st.holds[export].running += 1;
             return Some((id, req, q));
         }
     }
@@ -619,6 +718,11 @@ fn finish(st: &mut State, shared: &Shared, id: u32) {
         let s = &st.slots[id as usize];
         (s.export as usize, s.client, s.bytes, s.span)
     };
+    let cap = st.caps[export];
+    if cap > 0 && st.holds[export].running == cap {
+        // A worker may have passed over this queue at its cap.
+        shared.work.notify_one();
+    }
     let list = &mut st.inflight[export];
     if let Some(pos) = list.iter().position(|&x| x == id) {
         list.remove(pos);
@@ -630,11 +734,18 @@ fn finish(st: &mut State, shared: &Shared, id: u32) {
                 s.deps -= 1;
                 if s.deps == 0 {
                     s.waiting = false;
-                    make_ready(st, shared, later);
+                    if ready_or_park(st, later) {
+                        shared.work.notify_one();
+                    }
                 }
             }
             i += 1;
         }
+    }
+    let h = &mut st.holds[export];
+    h.running = h.running.saturating_sub(1);
+    if h.held && h.running == 0 {
+        shared.done.notify_all();
     }
     release(st, shared, client, bytes);
     st.free_slots.push(id);
@@ -672,45 +783,6 @@ fn worker(shared: Arc<Shared>) {
         st = lock(&shared.state);
         finish(&mut st, &shared, id);
     }
-}
-
-/// A thread for requests of devices that may hold them (see the module
-/// documentation): runs ready ones until none has come for [`STALL_IDLE`].
-fn stall_worker(shared: Arc<Shared>) {
-    let mut scratch = Vec::new();
-    let mut st = lock(&shared.state);
-    loop {
-        if let Some(id) = st.stall_ready.pop_front() {
-            let slot = &mut st.slots[id as usize];
-            let (Some(mut req), Some(q)) = (slot.req.take(), slot.queue.take()) else {
-                continue;
-            };
-            drop(st);
-            let res = exec::execute(q.device.as_ref(), &q.geometry, &mut req, &mut scratch);
-            req.sink.complete(&req, res);
-            drop(req);
-            // Queues are never dropped under the state lock (see `Queue`).
-            drop(q);
-            st = lock(&shared.state);
-            finish(&mut st, &shared, id);
-            continue;
-        }
-        if st.stop {
-            break;
-        }
-        st.stall_idle += 1;
-        let (g, timeout) = shared
-            .stall_work
-            .wait_timeout(st, STALL_IDLE)
-            .unwrap_or_else(|p| p.into_inner());
-        st = g;
-        st.stall_idle -= 1;
-        if timeout.timed_out() && st.stall_ready.is_empty() {
-            break;
-        }
-    }
-    st.stall_threads -= 1;
-    shared.done.notify_all();
 }
 
 #[cfg(test)]

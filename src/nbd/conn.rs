@@ -142,7 +142,11 @@ fn invalid(msg: &str) -> io::Error {
 /// request of this client to be answered. Errors are protocol violations
 /// or socket failures of this client only.
 pub fn transmission(conn: &Arc<Conn>, neg: Negotiated, engine: &Engine) -> io::Result<()> {
-    let _attached = neg.export.connect();
+    // `dmsetup remove --force` ends the connection through this hook.
+    let closing = conn.clone();
+    let _attached = neg
+        .export
+        .connect_closable(Box::new(move || closing.sock.shutdown(Shutdown::Both)));
     let client = engine.add_client();
     let r = reader_loop(conn, neg, engine, client);
     engine.remove_client(client);

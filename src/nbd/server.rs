@@ -42,7 +42,7 @@ pub struct ServerConfig {
 }
 
 /// Optional knobs of [`serve_with`].
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ServeOptions {
     /// Total in-flight payload memory for all exports (divided equally);
     /// `None`: 2 % of RAM, at least 16 MiB per export.
@@ -50,6 +50,21 @@ pub struct ServeOptions {
     /// Stop when this becomes true (checked every 100 ms) instead of on
     /// SIGINT/SIGTERM; no signal handlers are installed then.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Serve this export set, owned by the caller (who adds and removes
+    /// exports while the server runs: the control socket). The exports of
+    /// the [`ServerConfig`] are added to it, and it may start empty.
+    /// `None`: a set of the configured exports, which must not be empty.
+    pub exports: Option<Arc<ExportSet>>,
+}
+
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("memory_budget", &self.memory_budget)
+            .field("stop", &self.stop)
+            .field("exports", &self.exports.as_ref().map(|e| e.list().len()))
+            .finish()
+    }
 }
 
 use super::proto::DEFAULT_PORT;
@@ -225,7 +240,7 @@ pub fn serve_with(cfg: ServerConfig, opts: ServeOptions) -> io::Result<()> {
     // SAFETY: setting a signal disposition to ignore is always sound.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     if let Some(stop) = &opts.stop {
-        return run(cfg, stop, None, opts.memory_budget);
+        return run(cfg, stop, None, &opts);
     }
     let pipe = Pipe::new()?;
     SIGNALLED.store(false, Ordering::SeqCst);
@@ -244,7 +259,7 @@ pub fn serve_with(cfg: ServerConfig, opts: ServeOptions) -> io::Result<()> {
         }
     }
     let stop = AtomicBool::new(false);
-    let r = run(cfg, &stop, Some(&pipe), opts.memory_budget);
+    let r = run(cfg, &stop, Some(&pipe), &opts);
     SIGNAL_FD.store(-1, Ordering::SeqCst);
     r
 }
@@ -253,15 +268,24 @@ fn run(
     cfg: ServerConfig,
     stop: &AtomicBool,
     pipe: Option<&Pipe>,
-    memory_budget: Option<u64>,
+    opts: &ServeOptions,
 ) -> io::Result<()> {
-    if cfg.exports.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "no exports configured: give at least one device to serve",
-        ));
-    }
-    let exports = Arc::new(export_set(cfg.exports, cfg.threads, memory_budget)?);
+    let exports = match &opts.exports {
+        Some(set) => {
+            for e in cfg.exports {
+                set.add(e)
+                    .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+            }
+            set.clone()
+        }
+        None if cfg.exports.is_empty() => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no exports configured: give at least one device to serve",
+            ))
+        }
+        None => Arc::new(export_set(cfg.exports, cfg.threads, opts.memory_budget)?),
+    };
     let engine = exports.engine().clone();
     let listener = Listener::bind(&cfg.listen)?;
     listener.set_nonblocking()?;
@@ -343,6 +367,9 @@ fn run(
 
     tracing::info!("shutting down: finishing in-flight requests");
     drop(listener);
+    // Requests waiting behind a suspended device must run before the
+    // connections can finish.
+    engine.release_all();
     shutting_down.store(true, Ordering::SeqCst);
     for (_, s) in conns.lock().unwrap_or_else(|p| p.into_inner()).iter() {
         s.shutdown(Shutdown::Read);

@@ -198,7 +198,7 @@ impl BlockDevice for FileStore {
             discard: true,
             write_zeroes: true,
             read_only: self.read_only,
-            may_stall: false,
+            queue_depth: 0,
         }
     }
 

@@ -7,9 +7,12 @@
 //! Each request is held for its class's delay from the moment it reaches
 //! the target, then passed down — as the kernel's timer list does. The
 //! call is synchronous, so a held request occupies the thread that made
-//! it; the target therefore says [`Limits::may_stall`], and the engine
-//! gives such devices threads of their own (no shared worker, no
-//! connection reader waits behind a held request).
+//! it. The target therefore asks, through [`Limits::queue_depth`], for
+//! [`HELD_DEPTH`] workers of its own, as a remote store does for its round
+//! trips: the engine adds them to the pool, never runs the device's
+//! requests on a connection's reader, and lets no more than that many run
+//! at once, so held requests stall neither other devices nor, up to that
+//! depth, the device's own requests to an undelayed leg.
 //!
 //! Status (`dmsetup status`): `<reads> <writes> <flushes>` being held
 //! right now, as the kernel counts them. A flush is sent to the flush
@@ -22,6 +25,10 @@ use std::time::Duration;
 
 use super::{resolve_area, Area, Target, TargetArgs, TargetError};
 use crate::core::{BlockDevice, DevResult, Limits, WriteBuf};
+
+/// Requests a delay device may have held at once without queueing behind
+/// each other: what one client may have in flight.
+pub const HELD_DEPTH: u32 = 128;
 
 /// One class of requests: where they go and how long they wait.
 struct Class {
@@ -137,9 +144,12 @@ impl BlockDevice for Delay {
             .limits()
             .stack(self.write.area.dev.limits())
             .stack(self.flush.area.dev.limits());
-        l.may_stall |= [&self.read, &self.write, &self.flush]
+        if [&self.read, &self.write, &self.flush]
             .iter()
-            .any(|c| c.delay_ms > 0);
+            .any(|c| c.delay_ms > 0)
+        {
+            l.queue_depth = l.queue_depth.max(HELD_DEPTH);
+        }
         l
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
