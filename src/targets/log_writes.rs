@@ -41,7 +41,7 @@ pub const LOG_MARK_FLAG: u64 = 1 << 3;
 pub const LOG_METADATA_FLAG: u64 = 1 << 4;
 
 pub const WRITE_LOG_VERSION: u64 = 1;
-pub const WRITE_LOG_MAGIC: u64 = 0x6a73_6677_7368_72;
+pub const WRITE_LOG_MAGIC: u64 = 0x006a_7366_7773_6872;
 /// Bytes of `log_write_entry` (and the start of a mark's text).
 pub const ENTRY_LEN: usize = 32;
 /// Bytes of `log_write_super` that carry information.
