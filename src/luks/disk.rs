@@ -20,25 +20,23 @@ pub struct Disk {
 impl Disk {
     /// Open `path` read-only or read-write.
     pub fn open(path: &Path, write: bool) -> Result<Disk, LuksError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(write)
-            .open(path)
-            .map_err(|e| LuksError::io(format!("cannot open {}", path.display()), e))?;
-        Ok(Disk {
-            file,
-            path: path.to_path_buf(),
-            writes_left: None,
-        })
+        Self::open_with(path, OpenOptions::new().read(true).write(write))
     }
 
     /// Open, creating the file if missing (format).
     pub fn create(path: &Path) -> Result<Disk, LuksError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
+        Self::open_with(
+            path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        )
+    }
+
+    fn open_with(path: &Path, opts: &OpenOptions) -> Result<Disk, LuksError> {
+        let file = opts
             .open(path)
             .map_err(|e| LuksError::io(format!("cannot open {}", path.display()), e))?;
         Ok(Disk {
