@@ -285,6 +285,104 @@ fn device_with_a_short_last_block() {
     assert!(back == expect);
 }
 
+/// A device that waits like a network store: each read sleeps, and the
+/// most reads seen running at once is recorded.
+struct Remote {
+    inner: MemStore,
+    depth: u32,
+    running: std::sync::atomic::AtomicU32,
+    peak: std::sync::atomic::AtomicU32,
+    threads: Mutex<Vec<std::thread::ThreadId>>,
+}
+
+impl BlockDevice for Remote {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        Limits {
+            queue_depth: self.depth,
+            ..self.inner.limits()
+        }
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        self.threads
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        std::thread::sleep(Duration::from_millis(30));
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        self.inner.read(o, b)
+    }
+    fn write(&self, o: u64, d: WriteBuf<'_>, f: bool) -> DevResult<()> {
+        self.inner.write(o, d, f)
+    }
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+    fn discard(&self, o: u64, l: u64) -> DevResult<()> {
+        self.inner.discard(o, l)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
+        self.inner.write_zeroes(o, l, f)
+    }
+}
+
+/// A device with a queue depth gets that many requests running at once on
+/// an engine of 2 workers, none on the submitting thread, and never more
+/// than its depth.
+#[test]
+fn queue_depth_devices_get_their_own_workers_and_a_cap() {
+    for (depth, sent, want_peak) in [(0u32, 12u64, 1u32), (8, 12, 8)] {
+        let dev = Arc::new(Remote {
+            inner: MemStore::new(1 << 20),
+            depth,
+            running: 0.into(),
+            peak: 0.into(),
+            threads: Mutex::new(Vec::new()),
+        });
+        let e = Engine::new(vec![dev.clone() as Arc<dyn BlockDevice>], 2).unwrap();
+        let c = e.add_client();
+        let (s, rx) = sink();
+        let me = std::thread::current().id();
+        for i in 0..sent {
+            // submit_or_run: a local device would run these small reads
+            // right here; a remote one must not.
+            e.submit_or_run(
+                e.admit(c, 0),
+                e.queue(0),
+                req(&e, Op::Read, i, i * 4096, &[], 4096, &s),
+            );
+        }
+        for _ in 0..sent {
+            let (_, ok, _) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert!(ok);
+        }
+        let peak = dev.peak.load(Ordering::SeqCst);
+        let inline = dev
+            .threads
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&t| t == me)
+            .count();
+        if depth == 0 {
+            // Inline on this thread: one at a time.
+            assert_eq!(
+                (peak, inline),
+                (want_peak, sent as usize),
+                "local device: reads run inline"
+            );
+        } else {
+            assert_eq!(peak, want_peak, "remote device: depth {depth} in flight");
+            assert_eq!(inline, 0, "remote device: nothing runs on the submitter");
+        }
+        e.remove_client(c);
+    }
+}
+
 /// dm's suspend at the queue: a held queue starts nothing, its running
 /// request finishes (drain returns only then), waiting requests run after
 /// release in arrival order, and another queue is not held up meanwhile.
