@@ -98,6 +98,30 @@ impl Volume {
         })
     }
 
+    /// Give keyslot `to` every token assignment keyslot `from` has (before
+    /// a swap, so tokens follow a changed passphrase). Writes nothing.
+    pub(crate) fn copy_token_assignment(&mut self, from: u32, to: u32) -> Result<(), LuksError> {
+        let Header::Luks2(h) = &mut self.header else {
+            return Ok(());
+        };
+        let (f, t) = (
+            Value::String(from.to_string()),
+            Value::String(to.to_string()),
+        );
+        h.meta = h.meta.edit(h.bin.hdr_size, |top| {
+            if let Some(g) = top.get_mut("tokens").and_then(Value::as_object_mut) {
+                for (_, item) in g.iter_mut() {
+                    if let Some(arr) = item.get_mut("keyslots").and_then(Value::as_array_mut) {
+                        if arr.contains(&f) && !arr.contains(&t) {
+                            arr.push(t.clone());
+                        }
+                    }
+                }
+            }
+        })?;
+        Ok(())
+    }
+
     /// Exchange the numbers of LUKS2 keyslots `a` and `b` everywhere they
     /// are named (keyslots, digests, tokens), as cryptsetup does to keep a
     /// changed passphrase in its old slot. Writes nothing: the caller's next

@@ -189,7 +189,7 @@ fn read_limited(
         buf.advance(n);
     }
     if buf.is_empty() && known_len.is_none() && !newline {
-        return Err(LuksError::Usage(format!("Nothing to read on {what}.")));
+        return Err(LuksError::NoInput(what.to_string()));
     }
     if size.is_none() && buf.len() as u64 > MAX_KEYFILE {
         return Err(LuksError::Usage(format!(
@@ -209,6 +209,13 @@ fn read_limited(
 /// A key file that group or others may read is a key anyone on the machine
 /// may use; say so (as systemd-cryptsetup does), but go on.
 pub fn warn_if_readable_by_others(p: &Path) {
+    static WARNED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    if let Ok(mut w) = WARNED.lock() {
+        if w.iter().any(|x| x == p) {
+            return;
+        }
+        w.push(p.to_path_buf());
+    }
     if let Ok(m) = std::fs::metadata(p) {
         if m.is_file() && m.mode() & 0o077 != 0 {
             eprintln!(
