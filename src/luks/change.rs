@@ -122,10 +122,11 @@ impl Volume {
         Ok(())
     }
 
-    /// Exchange the numbers of LUKS2 keyslots `a` and `b` everywhere they
-    /// are named (keyslots, digests, tokens), as cryptsetup does to keep a
-    /// changed passphrase in its old slot. Writes nothing: the caller's next
-    /// header write carries it.
+    /// Exchange the JSON objects of LUKS2 keyslots `a` and `b` (their
+    /// material and KDF, not their digest or token membership), as
+    /// cryptsetup does to keep a changed passphrase under its old number;
+    /// both end up last in the object, in cryptsetup's order. Writes
+    /// nothing: the caller's next header write carries it.
     pub(crate) fn swap_luks2_slots(&mut self, a: u32, b: u32) -> Result<(), LuksError> {
         let Header::Luks2(h) = &mut self.header else {
             return Ok(());
@@ -135,26 +136,9 @@ impl Volume {
             if let Some(ks) = top.get_mut("keyslots").and_then(Value::as_object_mut) {
                 let va = ks.shift_remove(&sa);
                 let vb = ks.shift_remove(&sb);
-                if let Some(v) = vb {
-                    ks.insert(sa.clone(), v);
-                }
-                if let Some(v) = va {
-                    ks.insert(sb.clone(), v);
-                }
-            }
-            for group in ["digests", "tokens"] {
-                if let Some(g) = top.get_mut(group).and_then(Value::as_object_mut) {
-                    for (_, item) in g.iter_mut() {
-                        if let Some(arr) = item.get_mut("keyslots").and_then(Value::as_array_mut) {
-                            for e in arr.iter_mut() {
-                                if e.as_str() == Some(sa.as_str()) {
-                                    *e = Value::String(sb.clone());
-                                } else if e.as_str() == Some(sb.as_str()) {
-                                    *e = Value::String(sa.clone());
-                                }
-                            }
-                        }
-                    }
+                if let (Some(va), Some(vb)) = (va, vb) {
+                    ks.insert(sa.clone(), vb);
+                    ks.insert(sb.clone(), va);
                 }
             }
         })?;

@@ -60,8 +60,10 @@ impl KeySource {
         match self.key_file.as_deref() {
             Some(p) if p != Path::new("-") => {
                 warn_if_readable_by_others(p);
+                // cryptsetup: a key file that cannot be opened is a wrong
+                // parameter (exit 1), not a wrong device.
                 let f = std::fs::File::open(p).map_err(|e| {
-                    LuksError::io(format!("Failed to open key file {}", p.display()), e)
+                    LuksError::Usage(format!("Failed to open key file {}: {e}.", p.display()))
                 })?;
                 let regular = f.metadata().map(|m| m.is_file()).unwrap_or(false);
                 let known = f.metadata().map(|m| m.len()).ok().filter(|_| regular);
