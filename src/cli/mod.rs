@@ -6,6 +6,7 @@ pub mod benchmark;
 pub mod cryptsetup;
 pub mod demo;
 pub mod luks;
+pub mod replay_log;
 pub mod serve;
 pub mod table;
 pub mod ui;
@@ -62,6 +63,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Replay a log-writes log onto a device, to an entry or a mark, with
+    /// an optional check at every flush or FUA write.
+    ReplayLog(replay_log::Args),
 }
 
 /// A program udm can stand in for: it gets the arguments after its name.
@@ -103,6 +107,7 @@ pub fn main() -> i32 {
         Command::Luks(c) => luks::run(c),
         Command::Benchmark(a) => benchmark::run(a),
         Command::Cryptsetup { args } => cryptsetup::main(args),
+        Command::ReplayLog(a) => replay_log::run(a),
     }
 }
 
