@@ -310,7 +310,7 @@ pub fn table_seeds() -> Vec<(&'static str, String)> {
         ("flakey", "0 2048 flakey a 0 1 1\n".into()),
         (
             "flakey_features",
-            "0 2048 flakey a 0 0 5 7 error_reads corrupt_bio_byte 32 w 1 0 random_write_corrupt 5\n"
+            "0 2048 flakey a 0 0 5 8 error_reads corrupt_bio_byte 32 w 1 0 random_write_corrupt 5\n"
                 .into(),
         ),
         ("flakey_drop", "0 1024 flakey nc 8 0 1 1 drop_writes\n".into()),
