@@ -110,6 +110,12 @@ pub fn open_path(path: &Path, flags: OpenFlags) -> Result<Arc<dyn BlockDevice>, 
     }
 }
 
+#[cfg(feature = "rbd")]
+fn open_rbd(r: &RbdSpec, flags: OpenFlags) -> Result<Arc<dyn BlockDevice>, String> {
+    super::rbd::RbdStore::open(r, flags.read_only).map(|s| Arc::new(s) as Arc<dyn BlockDevice>)
+}
+
+#[cfg(not(feature = "rbd"))]
 fn open_rbd(r: &RbdSpec, _flags: OpenFlags) -> Result<Arc<dyn BlockDevice>, String> {
     Err(format!(
         "cannot open RBD image {}/{}: this udm was built without RBD support; rebuild with `cargo build --features rbd` (needs Debian's librbd-dev and librados-dev)",

@@ -8,6 +8,8 @@ mod filemap;
 pub mod location;
 pub mod mem;
 pub mod nbd;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 
 pub use file::{FileStore, OpenFlags};
 pub use location::{open, open_path, Location};
