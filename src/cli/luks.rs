@@ -341,7 +341,12 @@ fn cmd_format(a: FormatArgs) -> Result<(), LuksError> {
     if let Some(size) = a.size {
         let d = Disk::create(&a.image)?;
         d.grow_to(size)?;
-    } else if !a.image.exists() {
+    } else if !a.image.exists()
+        && !a
+            .image
+            .to_str()
+            .is_some_and(crate::store::Location::is_remote)
+    {
         return Err(LuksError::Usage(format!(
             "Device {} does not exist; use --size to create it.",
             a.image.display()
