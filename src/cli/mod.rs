@@ -7,6 +7,7 @@ pub mod demo;
 pub mod luks;
 pub mod serve;
 pub mod table;
+pub mod ui;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -31,6 +31,12 @@ fn sink() -> (Arc<dyn Sink>, mpsc::Receiver<Done>) {
     (Arc::new(Collect(Mutex::new(tx))), rx)
 }
 
+/// Admit `bytes` for client `c` and submit `r` on queue 0, as a
+/// connection reader does.
+fn send(e: &Engine, c: ClientId, bytes: u64, r: Request) {
+    e.submit(e.admit(c, bytes), e.queue(0), r);
+}
+
 fn req(
     e: &Engine,
     op: Op,
@@ -106,26 +112,10 @@ fn overlapping_requests_wait_and_others_pass() {
     let e = Engine::new(vec![gate.clone() as Arc<dyn BlockDevice>], 2).unwrap();
     let c = e.add_client();
     let (s, rx) = sink();
-    e.submit(
-        e.admit(c, 512),
-        e.queue(0),
-        req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Read, 2, 0, &[], 512, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Flush, 3, 0, &[], 0, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Read, 4, 4096, &[], 512, &s),
-    );
+    send(&e, c, 512, req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s));
+    send(&e, c, 0, req(&e, Op::Read, 2, 0, &[], 512, &s));
+    send(&e, c, 0, req(&e, Op::Flush, 3, 0, &[], 0, &s));
+    send(&e, c, 0, req(&e, Op::Read, 4, 4096, &[], 512, &s));
     // The far read finishes while the write is stalled; nothing else does.
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (4, true));
@@ -159,11 +149,7 @@ fn partial_block_writes_are_atomic() {
             for round in 0..200u64 {
                 for k in 0..4u64 {
                     let off = 1000 + u64::from(t) * 4 + k;
-                    e.submit(
-                        e.admit(c, 1),
-                        e.queue(0),
-                        req(&e, Op::Write, round, off, &[t + 1], 1, &s),
-                    );
+                    send(&e, c, 1, req(&e, Op::Write, round, off, &[t + 1], 1, &s));
                 }
             }
             e.remove_client(c);
@@ -190,17 +176,9 @@ fn write_zeroes_and_reads_with_partial_blocks() {
     let c = e.add_client();
     let (s, rx) = sink();
     for (off, len) in [(10u64, 5u64), (500, 1100), (2048, 512), (4000, 100)] {
-        e.submit(
-            e.admit(c, 0),
-            e.queue(0),
-            req(&e, Op::WriteZeroes, off, off, &[], len, &s),
-        );
+        send(&e, c, 0, req(&e, Op::WriteZeroes, off, off, &[], len, &s));
     }
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Read, 99, 3, &[], 8000, &s),
-    );
+    send(&e, c, 0, req(&e, Op::Read, 99, 3, &[], 8000, &s));
     e.remove_client(c);
     let mut all: Vec<_> = rx.try_iter().collect();
     all.sort_by_key(|r| r.0);
@@ -222,11 +200,7 @@ fn device_errors_reach_the_sink() {
     let e = Engine::new(vec![m], 1).unwrap();
     let c = e.add_client();
     let (s, rx) = sink();
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Read, 5, 4096, &[], 512, &s),
-    );
+    send(&e, c, 0, req(&e, Op::Read, 5, 4096, &[], 512, &s));
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (5, false));
     e.remove_client(c);
@@ -269,17 +243,9 @@ fn a_busy_client_does_not_starve_another() {
     let busy = e.add_client();
     let other = e.add_client();
     for i in 0..30 {
-        e.submit(
-            e.admit(busy, 4096),
-            e.queue(0),
-            req(&e, Op::Read, i, 0, &[], 4096, &s),
-        );
+        send(&e, busy, 4096, req(&e, Op::Read, i, 0, &[], 4096, &s));
     }
-    e.submit(
-        e.admit(other, 4096),
-        e.queue(0),
-        req(&e, Op::Read, 1000, 0, &[], 4096, &s),
-    );
+    send(&e, other, 4096, req(&e, Op::Read, 1000, 0, &[], 4096, &s));
     let order: Vec<u64> = (0..31)
         .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap().0)
         .collect();
@@ -298,26 +264,10 @@ fn device_with_a_short_last_block() {
     let e = Engine::new(vec![m.clone()], 1).unwrap();
     let c = e.add_client();
     let (s, rx) = sink();
-    e.submit(
-        e.admit(c, 50),
-        e.queue(0),
-        req(&e, Op::Write, 1, 900, &[1u8; 50], 50, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::WriteZeroes, 2, 990, &[], 10, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::WriteZeroes, 3, 500, &[], 20, &s),
-    );
-    e.submit(
-        e.admit(c, 100),
-        e.queue(0),
-        req(&e, Op::Read, 4, 900, &[], 100, &s),
-    );
+    send(&e, c, 50, req(&e, Op::Write, 1, 900, &[1u8; 50], 50, &s));
+    send(&e, c, 0, req(&e, Op::WriteZeroes, 2, 990, &[], 10, &s));
+    send(&e, c, 0, req(&e, Op::WriteZeroes, 3, 500, &[], 20, &s));
+    send(&e, c, 100, req(&e, Op::Read, 4, 900, &[], 100, &s));
     e.remove_client(c);
     let all: Vec<_> = rx.try_iter().collect();
     assert!(
@@ -456,11 +406,7 @@ fn held_queue_parks_requests_and_drains_running_ones() {
     let c = e.add_client();
     let (s, rx) = sink();
     // A write that stalls in the device is running when the hold comes.
-    e.submit(
-        e.admit(c, 512),
-        e.queue(0),
-        req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s),
-    );
+    send(&e, c, 512, req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s));
     std::thread::sleep(Duration::from_millis(50));
     e.hold(e.queue(0));
     assert!(e.is_held(e.queue(0)));
@@ -476,9 +422,10 @@ fn held_queue_parks_requests_and_drains_running_ones() {
         e.queue(0),
         req(&e, Op::Read, 2, 8192, &[], 512, &s),
     );
-    e.submit(
-        e.admit(c, 512),
-        e.queue(0),
+    send(
+        &e,
+        c,
+        512,
         req(&e, Op::Write, 3, 16384, &[9u8; 512], 512, &s),
     );
     // The other queue runs meanwhile.
