@@ -15,23 +15,7 @@ use crate::core::BlockDevice;
 
 use super::file::{FileStore, OpenFlags};
 use super::nbd::{NbdAddr, NbdSpec, NbdStore};
-
-/// An RBD image as named in a path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RbdSpec {
-    pub pool: String,
-    pub image: String,
-    /// Open this snapshot (read-only) instead of the image head.
-    pub snap: Option<String>,
-    /// Ceph configuration file (`conf=`); `None` = librados' own search
-    /// (`$CEPH_CONF`, `/etc/ceph/ceph.conf`, …).
-    pub conf: Option<PathBuf>,
-    /// Client id without the `client.` prefix (`id=`); `None` = `admin`.
-    pub id: Option<String>,
-    /// Any other `key=value` (including `keyring=`), set on the cluster
-    /// handle with `rados_conf_set`, as qemu does.
-    pub options: Vec<(String, String)>,
-}
+pub use super::rbd_spec::RbdSpec;
 
 /// A parsed device path.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,6 +10,7 @@ pub mod mem;
 pub mod nbd;
 #[cfg(feature = "rbd")]
 pub mod rbd;
+pub mod rbd_spec;
 
 pub use file::{FileStore, OpenFlags};
 pub use location::{open, open_path, Location};

@@ -35,7 +35,7 @@ use std::thread::Thread;
 
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 
-use super::location::RbdSpec;
+use super::rbd_spec::RbdSpec;
 
 /// Requests the store asks the engine to keep in flight per device.
 pub const QUEUE_DEPTH: u32 = 64;
