@@ -9,6 +9,7 @@
 pub mod af;
 pub mod change;
 pub mod cipher;
+pub mod convert;
 pub mod cost;
 pub mod disk;
 pub mod dump;
@@ -24,6 +25,7 @@ pub mod luks2;
 pub mod ops;
 pub mod passphrase;
 pub mod pbkdf;
+pub mod repair;
 pub mod secret;
 pub mod volume;
 
