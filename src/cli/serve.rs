@@ -181,6 +181,7 @@ pub fn serve_specs(
             no_mmap: st.no_mmap,
             target: TargetOptions {
                 crypt_threads: st.crypt_threads,
+                ..Default::default()
             },
         },
     )?;
