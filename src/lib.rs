@@ -11,9 +11,12 @@
 //!    [`engine`] (workers, ordering, fairness);
 //! 4. [`mapper`]: tables into mapped devices, the named-device registry;
 //! 5. [`luks`] (LUKS1/LUKS2 volumes) and [`nbd`] (the server);
-//! 6. [`cli`], and `fuzzing` (behind the `fuzzing` feature).
+//! 6. [`control`]: the control socket (dmsetup's verbs on a running
+//!    server), over the device registry and the exports;
+//! 7. [`cli`], and `fuzzing` (behind the `fuzzing` feature).
 
 pub mod cli;
+pub mod control;
 pub mod core;
 pub mod crypto;
 pub mod engine;

@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 pub mod benchmark;
 pub mod demo;
+pub mod dmsetup;
 pub mod luks;
 pub mod serve;
 pub mod table;
@@ -34,10 +35,44 @@ enum Command {
     Luks(luks::Cmd),
     /// Measure cipher and KDF speed, as `cryptsetup benchmark` does.
     Benchmark(benchmark::Args),
+    /// dmsetup's verbs on a running `udm serve` (see `udm dmsetup help`);
+    /// also what udm does when run through a symlink named `dmsetup`.
+    Dmsetup {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// Tools udm also is: run as `udm NAME ARGS...`, or through a symlink
+/// called NAME (argv[0] dispatch, so existing scripts run unchanged).
+/// Each entry gets the whole argv, argv[0] being its own name.
+pub static TOOLS: &[(&str, fn(Vec<String>) -> i32)] = &[("dmsetup", dmsetup::main)];
+
+/// The tool `argv` asks for, by program name or first argument, and the
+/// argv to give it.
+fn tool_of(argv: &[String]) -> Option<(fn(Vec<String>) -> i32, Vec<String>)> {
+    let prog = std::path::Path::new(argv.first()?)
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
+    if let Some((_, f)) = TOOLS.iter().find(|(n, _)| *n == prog) {
+        return Some((*f, argv.to_vec()));
+    }
+    let first = argv.get(1)?;
+    TOOLS
+        .iter()
+        .find(|(n, _)| n == first)
+        .map(|(_, f)| (*f, argv[1..].to_vec()))
 }
 
 /// Entry point of the binary; returns the process exit code.
 pub fn main() -> i32 {
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if let Some((tool, args)) = tool_of(&argv) {
+        return tool(args);
+    }
     let cli = Cli::parse();
     match cli.cmd {
         Command::Demo(a) => demo::run(a),
@@ -45,6 +80,10 @@ pub fn main() -> i32 {
         Command::Table(c) => table::run(c),
         Command::Luks(c) => luks::run(c),
         Command::Benchmark(a) => benchmark::run(a),
+        Command::Dmsetup { mut args } => {
+            args.insert(0, "dmsetup".into());
+            dmsetup::main(args)
+        }
     }
 }
 

@@ -462,11 +462,15 @@ impl Devices {
         for (name, t) in plan.swaps {
             if let Some(d) = inner.devs.iter_mut().find(|d| d.name == name) {
                 d.device.swap(t.compiled.routes.clone());
-                d.live = Some(t);
+                // A table replacing another is an event (`dmsetup wait`
+                // returns); a new device's first table is not, so its
+                // counter starts at 0 as dm's does.
+                if d.live.replace(t).is_some() {
+                    d.events.raise();
+                }
                 if name == plan.name {
                     d.inactive = None;
                 }
-                d.events.raise();
             }
         }
         if let Some(d) = inner.devs.iter_mut().find(|d| d.name == plan.name) {
