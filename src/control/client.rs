@@ -63,8 +63,14 @@ impl Client {
             code: None,
             msg: format!("control socket {}: {e}", path.display()),
         };
-        proto::write_message(&mut self.s, &json, payload).map_err(|e| io_err(e, &self.path))?;
-        let msg = proto::read_message(&mut self.s, || {}).map_err(|e| match e {
+        // A server that refuses the peer answers before reading, then
+        // closes: the write may fail while its reply waits to be read.
+        let sent = proto::write_message(&mut self.s, &json, payload);
+        let msg = proto::read_message(&mut self.s, || {});
+        if let (Err(e), Err(_)) = (&sent, &msg) {
+            return Err(io_err(io::Error::new(e.kind(), e.to_string()), &self.path));
+        }
+        let msg = msg.map_err(|e| match e {
             ReadError::Closed => ClientError {
                 code: None,
                 msg: format!(

@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod alloc;
+pub mod dm;
 pub mod luks;
 pub mod nbd;
 
