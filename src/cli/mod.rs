@@ -46,11 +46,14 @@ enum Command {
 /// Tools udm also is: run as `udm NAME ARGS...`, or through a symlink
 /// called NAME (argv[0] dispatch, so existing scripts run unchanged).
 /// Each entry gets the whole argv, argv[0] being its own name.
-pub static TOOLS: &[(&str, fn(Vec<String>) -> i32)] = &[("dmsetup", dmsetup::main)];
+pub static TOOLS: &[(&str, ToolMain)] = &[("dmsetup", dmsetup::main)];
+
+/// A tool's entry point: the whole argv in, the exit code out.
+pub type ToolMain = fn(Vec<String>) -> i32;
 
 /// The tool `argv` asks for, by program name or first argument, and the
 /// argv to give it.
-fn tool_of(argv: &[String]) -> Option<(fn(Vec<String>) -> i32, Vec<String>)> {
+fn tool_of(argv: &[String]) -> Option<(ToolMain, Vec<String>)> {
     let prog = std::path::Path::new(argv.first()?)
         .file_name()?
         .to_string_lossy()
