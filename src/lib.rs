@@ -15,6 +15,11 @@
 //!    server), over the device registry and the exports;
 //! 7. [`cli`], and `fuzzing` (behind the `fuzzing` feature).
 
+// Every unsafe block says why it is sound, and an `unsafe fn` body is not
+// an unsafe block by itself: each unsafe operation in it is marked.
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
 pub mod cli;
 pub mod control;
 pub mod core;

@@ -120,7 +120,7 @@ fn udm_volumes_pass_cryptsetup_with_same_key_and_data() {
             "{case:?}: cryptsetup rejects udm's passphrase"
         );
         assert!(
-            !cs_test(&img, None, &bad),
+            cs_test_code(&img, None, &bad) == Some(2),
             "{case:?}: cryptsetup accepts a wrong passphrase"
         );
         let cs_key = cs_volume_key(&img, None, &kf);
@@ -243,14 +243,33 @@ fn keyslot_changes_interoperate_both_ways() {
             .arg(&img)
             .arg("0"));
         assert!(
-            !cs_test(&img, None, &k0),
+            cs_test_code(&img, None, &k0) == Some(2),
             "killed slot still opens in cryptsetup"
         );
         assert!(cs_test(&img, None, &k1));
-        // As cryptsetup, any active slot's passphrase authorises kill-slot (even the killed one's).
+        // As cryptsetup 2.6: while other slots remain, only another slot's
+        // passphrase authorises killing a slot (its own is refused with 2).
+        let cs_copy = d.join(format!("kill{luks}.img"));
+        std::fs::copy(&img, &cs_copy).unwrap();
+        let o = cryptsetup()
+            .args(["luksKillSlot", "--key-file"])
+            .arg(&k2)
+            .arg(&cs_copy)
+            .arg("5")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "cryptsetup: {}", show(&o));
         let o = udm()
             .args(["luks", "kill-slot", "--key-file"])
             .arg(&k2)
+            .arg(&img)
+            .arg("5")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        let o = udm()
+            .args(["luks", "kill-slot", "--key-file"])
+            .arg(&k1)
             .arg(&img)
             .arg("5")
             .output()
@@ -271,7 +290,9 @@ fn keyslot_changes_interoperate_both_ways() {
             .args(["luks", "remove-key", "--batch-mode", "--key-file"])
             .arg(&k1)
             .arg(&img));
-        assert!(!cs_test(&img, None, &k1));
+        // No keyslot left: "No usable keyslot is available", exit 1 (not
+        // the 2 of a wrong passphrase), from both.
+        assert_eq!(cs_test_code(&img, None, &k1), Some(1));
         // cryptsetup still reads the now keyless header.
         run(cryptsetup().arg("luksDump").arg(&img));
         let o = udm()
@@ -280,7 +301,7 @@ fn keyslot_changes_interoperate_both_ways() {
             .arg(&img)
             .output()
             .unwrap();
-        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     }
 }
 

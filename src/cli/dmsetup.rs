@@ -220,10 +220,14 @@ fn apply_flag(o: &mut Opts, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Entry point: `argv` starts with the program name (`dmsetup` or
-/// `udm dmsetup`'s "dmsetup").
-pub fn main(argv: Vec<String>) -> i32 {
-    let o = match parse(argv.get(1..).unwrap_or(&[])) {
+/// Entry point: the arguments after the program name (`dmsetup ARGS` or
+/// `udm dmsetup ARGS`).
+pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
+    let argv: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let o = match parse(&argv) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("dmsetup: {e}");

@@ -3,11 +3,14 @@
 use clap::{Parser, Subcommand};
 
 pub mod benchmark;
+pub mod cryptsetup;
 pub mod demo;
 pub mod dmsetup;
 pub mod luks;
+pub mod replay_log;
 pub mod serve;
 pub mod table;
+pub mod ui;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -16,9 +19,28 @@ pub mod table;
     about = "Userspace device-mapper: dm tables, dm-crypt and LUKS served over NBD"
 )]
 struct Cli {
+    /// Log format on stderr: `text` for people (coloured only when stderr
+    /// is a terminal and NO_COLOR is not set) or `json`, one object per
+    /// line, for log collectors.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Command,
 }
+
+/// How log lines are written on stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, fields, target).
+    Json,
+}
+
+/// The format chosen on the command line, read by [`init_logging`] (set
+/// once, before any command runs).
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -35,69 +57,106 @@ enum Command {
     Luks(luks::Cmd),
     /// Measure cipher and KDF speed, as `cryptsetup benchmark` does.
     Benchmark(benchmark::Args),
-    /// dmsetup's verbs on a running `udm serve` (see `udm dmsetup help`);
-    /// also what udm does when run through a symlink named `dmsetup`.
+    /// cryptsetup's own command line (also when udm is run through a link
+    /// named `cryptsetup`): `udm cryptsetup --help` lists the actions.
+    #[command(disable_help_flag = true)]
+    Cryptsetup {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Replay a log-writes log onto a device, to an entry or a mark, with
+    /// an optional check at every flush or FUA write.
+    ReplayLog(replay_log::Args),
+    /// dmsetup's verbs on a running `udm serve` (also when udm is run
+    /// through a link named `dmsetup`): `udm dmsetup help` lists them.
+    #[command(disable_help_flag = true)]
     Dmsetup {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        args: Vec<std::ffi::OsString>,
     },
 }
 
-/// Tools udm also is: run as `udm NAME ARGS...`, or through a symlink
-/// called NAME (argv[0] dispatch, so existing scripts run unchanged).
-/// Each entry gets the whole argv, argv[0] being its own name.
-pub static TOOLS: &[(&str, ToolMain)] = &[("dmsetup", dmsetup::main)];
+/// A program udm can stand in for: it gets the arguments after its name.
+pub type Personality = fn(Vec<std::ffi::OsString>) -> i32;
 
-/// A tool's entry point: the whole argv in, the exit code out.
-pub type ToolMain = fn(Vec<String>) -> i32;
+/// Programs udm runs as when started through a link of that name (argv[0]
+/// dispatch: `ln -s udm cryptsetup`), or as `udm NAME ARGS...`. Each takes
+/// that program's own command line and exit codes.
+pub const PERSONALITIES: &[(&str, Personality)] = &[
+    ("cryptsetup", cryptsetup::main),
+    ("dmsetup", dmsetup::main),
+];
 
-/// The tool `argv` asks for, by program name or first argument, and the
-/// argv to give it.
-fn tool_of(argv: &[String]) -> Option<(ToolMain, Vec<String>)> {
-    let prog = std::path::Path::new(argv.first()?)
-        .file_name()?
-        .to_string_lossy()
-        .into_owned();
-    if let Some((_, f)) = TOOLS.iter().find(|(n, _)| *n == prog) {
-        return Some((*f, argv.to_vec()));
+/// The personality for this invocation and its arguments, if any.
+fn personality(args: &[std::ffi::OsString]) -> Option<(Personality, Vec<std::ffi::OsString>)> {
+    let name_of = |s: &std::ffi::OsString| {
+        std::path::Path::new(s)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_string)
+    };
+    let find = |n: &str| PERSONALITIES.iter().find(|(p, _)| *p == n).map(|(_, f)| *f);
+    if let Some(f) = args.first().and_then(name_of).and_then(|n| find(&n)) {
+        return Some((f, args[1..].to_vec()));
     }
-    let first = argv.get(1)?;
-    TOOLS
-        .iter()
-        .find(|(n, _)| n == first)
-        .map(|(_, f)| (*f, argv[1..].to_vec()))
+    let sub = args.get(1).and_then(|s| s.to_str())?;
+    find(sub).map(|f| (f, args[2..].to_vec()))
 }
 
 /// Entry point of the binary; returns the process exit code.
 pub fn main() -> i32 {
-    let argv: Vec<String> = std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    if let Some((tool, args)) = tool_of(&argv) {
-        return tool(args);
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some((run, rest)) = personality(&args) {
+        return run(rest);
     }
     let cli = Cli::parse();
+    let _ = LOG_FORMAT.set(cli.log_format);
     match cli.cmd {
         Command::Demo(a) => demo::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Table(c) => table::run(c),
         Command::Luks(c) => luks::run(c),
         Command::Benchmark(a) => benchmark::run(a),
-        Command::Dmsetup { mut args } => {
-            args.insert(0, "dmsetup".into());
-            dmsetup::main(args)
-        }
+        Command::Cryptsetup { args } => cryptsetup::main(args),
+        Command::ReplayLog(a) => replay_log::run(a),
+        Command::Dmsetup { args } => dmsetup::main(args),
     }
 }
 
 /// Log to stderr through tracing; `UDM_LOG` (or `RUST_LOG`) sets the
-/// filter, e.g. `UDM_LOG=debug`. Default: info.
+/// filter, e.g. `UDM_LOG=debug`. Default: info. The format is the one of
+/// `--log-format`; text is coloured only on a terminal (a log file or a
+/// pipe gets no escape codes) and never when `NO_COLOR` is set.
 pub fn init_logging() {
     let filter = std::env::var("UDM_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match log_format() {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.with_ansi(colour_on_stderr()).try_init(),
+    };
+}
+
+fn log_format() -> LogFormat {
+    LOG_FORMAT.get().copied().unwrap_or_default()
+}
+
+/// Colour only for a person at a terminal: stderr is a tty and `NO_COLOR`
+/// is unset or empty (no-color.org).
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Print the error that ends a logging command (`serve`, `demo`): a plain
+/// line for people, or a JSON log line under `--log-format json`, so a
+/// log collector sees every line of stderr as JSON.
+pub fn report_error(command: &str, e: &str) {
+    match log_format() {
+        LogFormat::Json => tracing::error!(command, "{e}"),
+        LogFormat::Text => eprintln!("udm {command}: {e}"),
+    }
 }

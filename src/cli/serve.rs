@@ -109,7 +109,7 @@ pub fn run(a: Args) -> i32 {
     match serve(a) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("udm serve: {e}");
+            crate::cli::report_error("serve", &e);
             1
         }
     }
@@ -162,16 +162,15 @@ fn serve(a: Args) -> Result<(), String> {
     specs.sort_by_key(|(p, _, _)| *p);
 
     let budget = match &a.memory_budget {
-        Some(s) => Some(crate::mem::parse_size(s).map_err(|e| format!("--memory-budget: {e}"))?),
+        Some(s) => {
+            Some(crate::core::units::parse_size(s).map_err(|e| format!("--memory-budget: {e}"))?)
+        }
         None => None,
     };
     let listen = match (&a.socket, &a.listen) {
         (Some(p), _) => Listen::Unix(p.clone()),
-        (None, Some(h)) => Listen::Tcp(if h.contains(':') {
-            h.clone()
-        } else {
-            format!("{h}:{}", crate::nbd::DEFAULT_PORT)
-        }),
+        // The server adds the default port to an address without one.
+        (None, Some(h)) => Listen::Tcp(h.clone()),
         (None, None) => unreachable!("clap requires one of --socket/--listen"),
     };
     serve_specs(
@@ -247,16 +246,16 @@ fn spec_table(spec: DeviceSpec, st: &Settings) -> Result<(Zeroizing<String>, Str
     match spec {
         DeviceSpec::Table { text, source } => Ok((text, format!("table {source}"))),
         DeviceSpec::File(path) => {
-            let f = crate::store::file::FileStore::open(
+            let f = crate::store::location::open_path(
                 &path,
-                crate::store::file::OpenFlags {
+                crate::store::OpenFlags {
                     read_only: true,
                     direct: false,
                     no_map: true,
                 },
-            )
-            .map_err(|e| e.to_string())?;
-            let size = crate::core::BlockDevice::size(&f);
+            )?;
+            let size = f.size();
+            drop(f);
             if size % 512 != 0 {
                 tracing::warn!(
                     "{} is {size} bytes, not whole 512-byte sectors: serving its first {} sectors",

@@ -1,5 +1,5 @@
 //! The one place payload buffers come from: the device's recycling
-//! [`BufPool`] (seed 000/003), so steady-state requests allocate nothing
+//! [`BufPool`] (mempool reserve and per-core budget counter), so steady-state requests allocate nothing
 //! and a device's in-flight payload memory is bounded by its budget.
 //! Taking a buffer may block when the device is over budget; only
 //! connection readers take buffers, never workers, so a waiting reader

@@ -25,6 +25,9 @@ pub(crate) struct Geometry {
     /// bigger table (dm's live reload) keeps whole blocks, and requests of
     /// clients that saw the new size must not be clipped at the old one.
     pub whole: bool,
+    /// Requests the device wants in flight ([`crate::core::Limits::queue_depth`]);
+    /// 0 for a device that completes in the caller's time.
+    pub depth: u32,
 }
 
 impl Geometry {
@@ -39,6 +42,7 @@ impl Geometry {
             discard: l.discard,
             size,
             whole: size % block == 0,
+            depth: l.queue_depth,
         }
     }
 

@@ -11,14 +11,24 @@
 //!   requests and [`MAX_CLIENT_BYTES`] of payload admitted; its connection
 //!   reader blocks in [`Engine::admit`] before reading more from the
 //!   socket, so a fast writer is throttled by TCP flow control.
-//! - **Ordering** (seed 002): see [`order`]. Overlapping requests run in
+//! - **Ordering** (ordered parallel execution): see [`order`]. Overlapping requests run in
 //!   arrival order, flushes wait for earlier writes, and the same range
 //!   tracking makes the server's read-modify-write of partial blocks atomic.
+//! - **Devices that wait on a network** (RBD, a remote NBD export) say so
+//!   in [`crate::core::Limits::queue_depth`]. Their calls stay synchronous
+//!   (one trait for every device, so crypt and striped stack on them
+//!   unchanged); the engine instead adds that many workers when such a
+//!   queue is added, lets at most that many of its requests run at once
+//!   (so a stalled cluster holds only its own workers, never the ones
+//!   local devices need), and never runs its requests on a connection's
+//!   reader (a reader waiting a round trip would stop reading the client's
+//!   next requests). A waiting worker is a sleeping thread; the store's
+//!   completion callback wakes it.
 //! - **No allocation per request in steady state**: request descriptors
 //!   live in a slab of slots that is reused (free list), queues are
 //!   `VecDeque`s/`Vec`s that keep their capacity, and payload buffers come
 //!   from [`buf::get_buf`] (the seam for the recycling buffer pool).
-//!   The slab is the seam for the mem work's block pool (seed 004).
+//!   The slab is the seam for the fixed-size block pool of `mem`.
 
 pub mod buf;
 mod exec;
@@ -46,6 +56,12 @@ thread_local! {
     /// Partial-block scratch for requests run inline by a reader thread.
     static INLINE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// Most requests a device's [`crate::core::Limits::queue_depth`] may ask to
+/// have running at once, and most workers all such devices together add to
+/// the pool: a sleeping worker is cheap, but not free (a stack each).
+pub const MAX_QUEUE_DEPTH: u32 = 128;
+const MAX_RESERVED_WORKERS: usize = 256;
 
 /// Most requests one client may have admitted at once.
 pub const MAX_CLIENT_REQUESTS: u32 = 128;
@@ -164,6 +180,8 @@ impl Drop for Queue {
             let i = self.id as usize;
             st.queues[i] = None;
             st.inflight[i].clear();
+            st.reserved -= st.caps[i] as usize;
+            st.caps[i] = 0;
             st.free_queues.push(self.id);
         }
     }
@@ -199,6 +217,12 @@ struct State {
     inflight: Vec<Vec<u32>>,
     /// Live queues by id (for [`Engine::flush_all`]), and free ids.
     queues: Vec<Option<Weak<Queue>>>,
+    /// Per queue: most requests running on workers at once (0 = no cap;
+    /// how many run now is `holds[q].running`).
+    caps: Vec<u32>,
+    /// Workers reserved by capped queues (sum of their caps); the pool
+    /// grows to `base + reserved` and never shrinks.
+    reserved: usize,
     free_queues: Vec<u32>,
     /// Per queue: whether it is held (suspended), its requests running
     /// right now, and the ready requests parked while it is held.
@@ -228,6 +252,8 @@ struct Shared {
 pub struct Engine {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Workers for devices that complete in the caller's time.
+    base: usize,
     /// The queues made by [`Engine::new`]/[`Engine::with_pools`], by index.
     initial: Vec<Arc<Queue>>,
 }
@@ -251,6 +277,8 @@ impl Engine {
                 free_slots: Vec::with_capacity(256),
                 inflight: Vec::new(),
                 queues: Vec::new(),
+                caps: Vec::new(),
+                reserved: 0,
                 free_queues: Vec::new(),
                 holds: Vec::new(),
                 clients: Vec::new(),
@@ -261,20 +289,29 @@ impl Engine {
             work: Condvar::new(),
             done: Condvar::new(),
         });
-        let mut workers = Vec::with_capacity(threads);
-        for i in 0..threads {
-            let s = shared.clone();
+        let e = Engine {
+            shared,
+            workers: Mutex::new(Vec::with_capacity(threads)),
+            base: threads,
+            initial: Vec::new(),
+        };
+        e.grow_workers(threads)?;
+        Ok(e)
+    }
+
+    /// Start workers until there are `n`.
+    fn grow_workers(&self, n: usize) -> std::io::Result<()> {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        while workers.len() < n {
+            let s = self.shared.clone();
+            let i = workers.len();
             workers.push(
                 std::thread::Builder::new()
                     .name(format!("udm-worker-{i}"))
                     .spawn(move || worker(s))?,
             );
         }
-        Ok(Engine {
-            shared,
-            workers: Mutex::new(workers),
-            initial: Vec::new(),
-        })
+        Ok(())
     }
 
     /// An engine serving `devices` (queue `i`, see [`Engine::queue`], is
@@ -314,17 +351,22 @@ impl Engine {
     /// Schedule requests for one more device, with its own buffer pool.
     pub fn add_queue(&self, device: Arc<dyn BlockDevice>, pool: Arc<BufPool>) -> Arc<Queue> {
         let geometry = Geometry::of(device.as_ref());
+        let cap = geometry.depth.min(MAX_QUEUE_DEPTH);
         let mut st = lock(&self.shared.state);
         let id = match st.free_queues.pop() {
             Some(id) => id,
             None => {
                 st.inflight.push(Vec::with_capacity(256));
                 st.queues.push(None);
+                st.caps.push(0);
                 st.holds.push(Hold::default());
                 st.inflight.len() as u32 - 1
             }
         };
         st.holds[id as usize] = Hold::default();
+        st.caps[id as usize] = cap;
+        st.reserved += cap as usize;
+        let want = self.base + st.reserved.min(MAX_RESERVED_WORKERS);
         let q = Arc::new(Queue {
             id,
             device,
@@ -333,6 +375,12 @@ impl Engine {
             shared: Arc::downgrade(&self.shared),
         });
         st.queues[id as usize] = Some(Arc::downgrade(&q));
+        drop(st);
+        if let Err(e) = self.grow_workers(want) {
+            // The queue still works with the workers there are, at a
+            // lower depth; say why it is slower than asked.
+            tracing::warn!("cannot start more request workers ({e}); a remote device runs with fewer requests in flight");
+        }
         q
     }
 
@@ -418,7 +466,10 @@ impl Engine {
         } else {
             Span::widened(kind, req.offset, req.len, g.block)
         };
-        let inline = may_inline && req.len <= INLINE_MAX && matches!(req.op, Op::Read | Op::Write);
+        let inline = may_inline
+            && g.depth == 0
+            && req.len <= INLINE_MAX
+            && matches!(req.op, Op::Read | Op::Write);
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
         let mut deps = 0;
@@ -613,16 +664,33 @@ fn release(st: &mut State, shared: &Shared, client: u32, bytes: u64) {
     }
 }
 
-/// Take the next ready request, round robin over clients.
+/// Take the next ready request, round robin over clients. A client whose
+/// next request is for a queue already running its cap of requests is
+/// passed over (it stays in the ring).
 fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
+    let mut passes = st.ring.len();
     while let Some(client) = st.ring.pop_front() {
         let Some(c) = st.clients[client as usize].as_mut() else {
             continue;
         };
-        let Some(id) = c.ready.pop_front() else {
+        let Some(&id) = c.ready.front() else {
             c.in_ring = false;
             continue;
         };
+        let q = st.slots[id as usize].export as usize;
+        let cap = st.caps[q];
+        if cap > 0 && st.holds[q].running >= cap {
+            st.ring.push_back(client);
+            if passes == 0 {
+                return None;
+            }
+            passes -= 1;
+            continue;
+        }
+        let Some(c) = st.clients[client as usize].as_mut() else {
+            continue;
+        };
+        c.ready.pop_front();
         if c.ready.is_empty() {
             c.in_ring = false;
         } else {
@@ -650,6 +718,11 @@ fn finish(st: &mut State, shared: &Shared, id: u32) {
         let s = &st.slots[id as usize];
         (s.export as usize, s.client, s.bytes, s.span)
     };
+    let cap = st.caps[export];
+    if cap > 0 && st.holds[export].running == cap {
+        // A worker may have passed over this queue at its cap.
+        shared.work.notify_one();
+    }
     let list = &mut st.inflight[export];
     if let Some(pos) = list.iter().position(|&x| x == id) {
         list.remove(pos);

@@ -33,7 +33,7 @@ use super::mapped::MappedDevice;
 use super::route::{Route, Routes};
 use crate::core::table;
 use crate::core::BlockDevice;
-use crate::store::file::{FileStore, OpenFlags};
+use crate::store::{Location, OpenFlags};
 use crate::targets::{DeviceResolver, TargetOptions};
 
 /// What a table refers to.
@@ -70,18 +70,19 @@ pub struct Files {
 }
 
 impl Files {
-    pub fn open(&mut self, path: &Path, flags: OpenFlags) -> Result<Arc<dyn BlockDevice>, String> {
-        let key = std::fs::canonicalize(path).map_err(|e| {
-            format!(
-                "cannot open {}: {e}; give an existing file or block device",
-                path.display()
-            )
-        })?;
+    /// Open a file, block device or remote image (`store::Location`), or
+    /// hand out the one already open.
+    pub fn open(&mut self, spec: &str, flags: OpenFlags) -> Result<Arc<dyn BlockDevice>, String> {
+        let loc = Location::parse(spec)?;
+        let key = loc.share_key(spec)?;
         if let Some(d) = self.open.get(&key).and_then(Weak::upgrade) {
             return Ok(d);
         }
-        let store = FileStore::open(&key, flags).map_err(|e| e.to_string())?;
-        let d: Arc<dyn BlockDevice> = Arc::new(store);
+        let loc = match loc {
+            Location::File(_) => Location::File(key.clone()),
+            remote => remote,
+        };
+        let d = loc.open(flags)?;
         self.open.retain(|_, w| w.strong_count() > 0);
         self.open.insert(key, Arc::downgrade(&d));
         Ok(d)
@@ -128,7 +129,7 @@ impl DeviceResolver for Resolver<'_> {
             }
             return Ok(r);
         }
-        let d = self.files.open(Path::new(spec), self.flags)?;
+        let d = self.files.open(spec, self.flags)?;
         self.note(Dep::Path(spec.to_string()));
         Ok(d)
     }

@@ -19,7 +19,7 @@ use super::compile::{self, Compiled, Dep, Files, Lookup};
 use super::live::LiveDevice;
 use super::registry::BuildOptions;
 use super::route::Routes;
-use crate::store::file::OpenFlags;
+use crate::store::OpenFlags;
 use crate::targets::{EventHook, TargetOptions};
 
 /// dm's limit on device names (DM_NAME_LEN less the NUL).

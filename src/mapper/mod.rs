@@ -11,9 +11,11 @@
 //! (a runtime table and the stack under it into flat routes), [`stats`]
 //! (per-device counters and latency histograms), [`live`] (the device
 //! clients see, whose table can be swapped), [`devices`] (the named
-//! devices of a running server: create, load, resume, remove).
+//! devices of a running server: create, load, resume, remove), [`check`]
+//! (whole-table checks before anything is built).
 
 pub mod build;
+pub mod check;
 pub mod compile;
 pub mod devices;
 pub mod live;
@@ -23,6 +25,7 @@ pub mod route;
 pub mod stats;
 
 pub use build::build;
+pub use check::{check, CheckDevices};
 pub use devices::{DevInfo, Devices, Plan, SegmentInfo};
 pub use live::LiveDevice;
 pub use mapped::{MappedDevice, Segment};

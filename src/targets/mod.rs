@@ -11,8 +11,13 @@ use std::sync::Arc;
 use crate::core::BlockDevice;
 
 pub mod crypt;
+pub mod delay;
+pub mod dust;
 pub mod error;
+pub mod flakey;
 pub mod linear;
+pub mod log_replay;
+pub mod log_writes;
 pub mod striped;
 pub mod zero;
 
@@ -106,6 +111,10 @@ pub static TYPES: &[&TargetType] = &[
     &crypt::TYPE,
     &zero::TYPE,
     &error::TYPE,
+    &flakey::TYPE,
+    &delay::TYPE,
+    &dust::TYPE,
+    &log_writes::TYPE,
 ];
 
 /// The target type a table names, if udm has it.
@@ -202,24 +211,32 @@ pub fn table_constructor(name: &str) -> Option<Constructor> {
     lookup(name).map(|t| t.new)
 }
 
-/// Parse argument `idx` as a decimal count of 512-byte sectors.
+/// Parse argument `idx` as a decimal count of 512-byte sectors that fits a
+/// byte offset (at most `i64::MAX` bytes, as the kernel's `sector_t` in
+/// bytes does).
 pub fn parse_sectors(args: &[String], idx: usize) -> Result<u64, TargetError> {
+    let v = parse_number(args, idx, "a decimal number of 512-byte sectors")?;
+    if v > (i64::MAX as u64) >> 9 {
+        return Err(TargetError::at(
+            idx,
+            format!("'{}' is too large", args[idx]),
+        ));
+    }
+    Ok(v)
+}
+
+/// Parse argument `idx` as an unsigned decimal (digits only, the one
+/// parser of [`crate::core::units`]); `expected` says what it should be.
+pub fn parse_number(args: &[String], idx: usize, expected: &str) -> Result<u64, TargetError> {
     let s = args
         .get(idx)
         .ok_or_else(|| TargetError::at(idx, "missing"))?;
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(TargetError::at(
-            idx,
-            format!("expected a decimal number of 512-byte sectors, got '{s}'"),
-        ));
-    }
-    let v: u64 = s
-        .parse()
-        .map_err(|_| TargetError::at(idx, format!("'{s}' is too large")))?;
-    if v > (i64::MAX as u64) >> 9 {
-        return Err(TargetError::at(idx, format!("'{s}' is too large")));
-    }
-    Ok(v)
+    crate::core::units::parse_decimal(s).map_err(|e| match e {
+        crate::core::units::DecimalError::TooLarge => {
+            TargetError::at(idx, format!("'{s}' is too large"))
+        }
+        _ => TargetError::at(idx, format!("expected {expected}, got '{s}'")),
+    })
 }
 
 /// A device area a target maps onto: the device, the name it was given in
@@ -296,3 +313,6 @@ pub fn expect_args(args: &[String], n: usize, usage: &str) -> Result<(), TargetE
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod fault_tests;

@@ -1,9 +1,10 @@
 //! The crypt target's arguments: the feature options (`crypt_ctr_optional`),
-//! the hex key and the decimal sector numbers, each error naming the
-//! argument it is about and never quoting the key.
+//! and the hex key, each error naming the argument it is about and never
+//! quoting the key.
 
 use zeroize::Zeroizing;
 
+use crate::core::units::parse_decimal;
 use crate::targets::TargetError;
 
 /// Optional parameters (dm-crypt feature args).
@@ -28,10 +29,9 @@ pub(super) fn parse_options(args: &[String]) -> Result<CryptOptions, TargetError
     let Some(count) = args.get(5) else {
         return Ok(o);
     };
-    let n: usize = count
-        .parse()
+    let n = parse_decimal(count)
         .ok()
-        .filter(|n: &usize| *n <= 9 && count.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|n| *n <= 9)
         .ok_or_else(|| {
             TargetError::at(
                 5,
@@ -39,7 +39,7 @@ pub(super) fn parse_options(args: &[String]) -> Result<CryptOptions, TargetError
             )
         })?;
     let have = args.len() - 6;
-    if n != have {
+    if n != have as u64 {
         return Err(TargetError::at(
             5,
             format!("{n} optional parameters announced but {have} given"),
@@ -58,14 +58,10 @@ pub(super) fn parse_options(args: &[String]) -> Result<CryptOptions, TargetError
             "iv_large_sectors" => o.iv_large_sectors = true,
             s if s.starts_with("sector_size:") => {
                 let v = &s["sector_size:".len()..];
-                o.sector_size = v
-                    .parse::<u32>()
+                o.sector_size = parse_decimal(v)
                     .ok()
-                    .filter(|n| {
-                        (512..=4096).contains(n)
-                            && n.is_power_of_two()
-                            && v.bytes().all(|b| b.is_ascii_digit())
-                    })
+                    .filter(|n| (512..=4096).contains(n) && n.is_power_of_two())
+                    .map(|n| n as u32)
                     .ok_or_else(|| {
                         TargetError::at(
                             idx,
@@ -122,18 +118,4 @@ pub(super) fn parse_key(arg: &str) -> Result<Zeroizing<Vec<u8>>, TargetError> {
         )
     })?;
     Ok(key)
-}
-
-pub(super) fn parse_u64(args: &[String], idx: usize, what: &str) -> Result<u64, TargetError> {
-    let s = args
-        .get(idx)
-        .ok_or_else(|| TargetError::at(idx, format!("missing {what}")))?;
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(TargetError::at(
-            idx,
-            format!("invalid {what} '{s}' (a decimal number of 512-byte sectors)"),
-        ));
-    }
-    s.parse()
-        .map_err(|_| TargetError::at(idx, format!("{what} '{s}' is too large")))
 }

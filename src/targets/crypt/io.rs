@@ -27,6 +27,7 @@ impl BlockDevice for Crypt {
             discard: self.opts.allow_discards,
             write_zeroes: false,
             read_only: false,
+            queue_depth: 0,
         }
         .stack(self.area.dev.limits())
     }

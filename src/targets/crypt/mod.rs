@@ -56,7 +56,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use super::{parse_sectors, resolve_area, Area, Target, TargetArgs, TargetError};
+use super::{parse_number, parse_sectors, resolve_area, Area, Target, TargetArgs, TargetError};
 use crate::core::{DevError, DevResult};
 use crate::crypto::pool::CryptPool;
 use crate::crypto::SectorCrypt;
@@ -70,7 +70,7 @@ mod split;
 mod tests;
 
 pub use args::CryptOptions;
-use args::{parse_key, parse_options, parse_u64};
+use args::{parse_key, parse_options};
 use split::CryptIo;
 
 /// A `crypt` segment.
@@ -153,7 +153,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             ),
         )
     })?;
-    let iv_offset = parse_u64(a.args, 2, "iv_offset")?;
+    let iv_offset = parse_number(a.args, 2, "a decimal number of 512-byte sectors")?;
     if iv_offset % step != 0 {
         return Err(TargetError::at(
             2,

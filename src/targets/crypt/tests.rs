@@ -79,7 +79,7 @@ fn constructor_errors_name_the_argument() {
         (
             &format!("aes-xts-plain64 {KEY} x mem 0") as &str,
             Some(2),
-            "iv_offset",
+            "decimal",
         ),
         (
             &format!("aes-xts-plain64 {KEY} 1 mem 0 1 sector_size:4096"),
