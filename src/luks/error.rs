@@ -134,7 +134,7 @@ impl fmt::Display for LuksError {
             LuksError::Cost { what, .. } => write!(
                 f,
                 "{what}; refusing to try a passphrase (a damaged or hostile header can \
-                 demand this). Pass --unsafe-kdf-cost to try it anyway."
+                 demand this). Pass --no-kdf-limit to try it anyway."
             ),
         }
     }
