@@ -196,8 +196,9 @@ fn on_linear_over_flakey(fs: Fs) {
     let img = sparse(p, "disk.img", fs.size());
     let sectors = fs.size() / 512;
     // Up for an hour (the cycle is driven by hand below), drop_writes when
-    // down. Until `udm dmsetup` can reload a table with other intervals,
-    // the test holds the target and switches it itself.
+    // down. The test holds the target and switches it itself, exactly
+    // between two fsync points (tests/faults_nbd.rs does the same switch
+    // with `udm dmsetup reload`).
     let args: Vec<String> = format!("{} 0 3600 1 1 drop_writes", img.display())
         .split(' ')
         .map(String::from)
