@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 pub mod benchmark;
 pub mod demo;
 pub mod luks;
+pub mod replay_log;
 pub mod serve;
 pub mod table;
 pub mod ui;
@@ -54,6 +55,9 @@ enum Command {
     Luks(luks::Cmd),
     /// Measure cipher and KDF speed, as `cryptsetup benchmark` does.
     Benchmark(benchmark::Args),
+    /// Replay a log-writes log onto a device, to an entry or a mark, with
+    /// an optional check at every flush or FUA write.
+    ReplayLog(replay_log::Args),
 }
 
 /// Entry point of the binary; returns the process exit code.
@@ -66,6 +70,7 @@ pub fn main() -> i32 {
         Command::Table(c) => table::run(c),
         Command::Luks(c) => luks::run(c),
         Command::Benchmark(a) => benchmark::run(a),
+        Command::ReplayLog(a) => replay_log::run(a),
     }
 }
 

@@ -452,3 +452,113 @@ fn held_queue_parks_requests_and_drains_running_ones() {
     assert_eq!(got, [2, 3]);
     e.remove_client(c);
 }
+/// A device that says it may hold requests and holds every one until
+/// released, counting the threads that wait in it.
+struct Holder {
+    inner: MemStore,
+    open: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Holder {
+    fn wait(&self) {
+        let mut g = self.open.lock().unwrap();
+        while !*g {
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+    fn release(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+impl BlockDevice for Holder {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        Limits {
+            queue_depth: 32,
+            ..self.inner.limits()
+        }
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        self.wait();
+        self.inner.read(o, b)
+    }
+    fn write(&self, o: u64, d: WriteBuf<'_>, f: bool) -> DevResult<()> {
+        self.wait();
+        self.inner.write(o, d, f)
+    }
+    fn flush(&self) -> DevResult<()> {
+        self.wait();
+        Ok(())
+    }
+    fn discard(&self, o: u64, l: u64) -> DevResult<()> {
+        self.inner.discard(o, l)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
+        self.inner.write_zeroes(o, l, f)
+    }
+}
+
+/// Requests held by a device that waits on purpose (a `delay` target says
+/// so through `queue_depth`) occupy workers of its own, never the shared
+/// ones nor a reader: with 2 shared workers and 16 held requests
+/// (inline-sized ones too), another device's requests, submitted inline or
+/// not, still finish.
+#[test]
+fn held_requests_stall_nothing_else() {
+    let held = Arc::new(Holder {
+        inner: MemStore::new(1 << 20),
+        open: Mutex::new(false),
+        cv: std::sync::Condvar::new(),
+    });
+    let fast: Arc<dyn BlockDevice> = Arc::new(MemStore::new(1 << 20));
+    let e = Engine::new(vec![held.clone() as Arc<dyn BlockDevice>, fast], 2).unwrap();
+    let (s, rx) = sink();
+    let c1 = e.add_client();
+    for i in 0..16u64 {
+        let t = e.admit(c1, 4096);
+        // submit_or_run: a held device's request must not run on this
+        // (the reader's) thread, or this loop would stop here.
+        let r = req(&e, Op::Read, i, i * 4096, &[], 4096, &s);
+        e.submit_or_run(t, e.queue(0), r);
+    }
+    let c2 = e.add_client();
+    for i in 0..8u64 {
+        let t = e.admit(c2, 4096);
+        let (mut buf, head) = e.buffer(e.queue(1), i * 4096, 4096);
+        buf[head..head + 4096].fill(i as u8);
+        let r = Request {
+            op: Op::Write,
+            cookie: 100 + i,
+            flags: 0,
+            offset: i * 4096,
+            len: 4096,
+            fua: false,
+            buf,
+            head,
+            sink: s.clone(),
+        };
+        if i % 2 == 0 {
+            e.submit_or_run(t, e.queue(1), r);
+        } else {
+            e.submit(t, e.queue(1), r);
+        }
+    }
+    // The fast device's 8 writes all finish while all 16 reads are held.
+    for _ in 0..8 {
+        let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert!(cookie >= 100 && ok, "request {cookie} finished first");
+    }
+    held.release();
+    for _ in 0..16 {
+        let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert!(cookie < 100 && ok);
+    }
+    e.remove_client(c1);
+    e.remove_client(c2);
+    e.shutdown();
+}
