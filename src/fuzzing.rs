@@ -437,77 +437,6 @@ pub fn nbd_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-        hay.windows(needle.len()).position(|w| w == needle)
-    }
-
-    #[test]
-    fn seed_sessions_are_served() {
-        let h = NbdHarness::new();
-        let seeds = nbd_seeds();
-        // OPT_EXPORT_NAME: greeting, then size and flags (no zeroes asked
-        // for: 124 zero bytes follow), then a success reply per request.
-        let out = h.run(&seeds[1].1);
-        assert_eq!(&out[..8], &NBD_MAGIC.to_be_bytes());
-        assert_eq!(&out[18..26], &DEV_SIZE.to_be_bytes());
-        for cookie in 1..=4 {
-            assert!(find(&out, &simple_reply(0, cookie)).is_some(), "{cookie}");
-        }
-        assert_eq!(out.len(), 18 + 10 + 124 + 4 * 16 + 4096);
-        // The write of the first session landed and reads back.
-        let mut s = seeds[0].1.clone();
-        s.truncate(s.len() - 2 * REQUEST_LEN);
-        s.extend_from_slice(&request(CMD_READ, 0, 7, 8192, 1024));
-        let out = h.run(&s);
-        let at = find(&out, &simple_reply(0, 7)).expect("read reply") + 16;
-        let data = &out[at..at + 1024];
-        assert!(data.iter().enumerate().all(|(i, &b)| b == (i * 7) as u8));
-        // Writes to the read-only export are refused.
-        let out = h.run(&seeds[3].1);
-        assert!(find(&out, &simple_reply(EPERM, 2)).is_some());
-        // Structured replies: block status and the last read's data chunk.
-        let out = h.run(&seeds[2].1);
-        let bs = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, 5, 12);
-        assert!(find(&out, &bs).is_some());
-        let rd = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 9, 108);
-        let at = find(&out, &rd).expect("read chunk") + 20;
-        assert_eq!(&out[at..at + 8], &(DEV_SIZE - 100).to_be_bytes());
-    }
-
-    #[test]
-    fn seed_tables_build_and_keep_data() {
-        for (name, t) in table_seeds() {
-            let lines = table::parse(&t).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let dev = mapper::build(
-                &lines,
-                &mut MemResolver::default(),
-                &TargetOptions {
-                    crypt_threads: 1,
-                    ..Default::default()
-                },
-            )
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert!(dev.size() > 0);
-            assert!(table(t.as_bytes()), "{name}");
-        }
-    }
-
-    #[test]
-    fn resolver_bounds_devices() {
-        let mut r = MemResolver::default();
-        for i in 0..MAX_DEVICES {
-            r.resolve(&format!("d{i}")).unwrap();
-        }
-        assert!(r.resolve("d0").is_ok(), "known names stay resolvable");
-        assert!(r.resolve("another").is_err());
-        assert!(MemResolver::default().resolve("a b").is_err());
-    }
-}
-
 /// A control service with a few devices to act on, built once and reused
 /// for every input (as a server's is for every client).
 pub struct ControlHarness {
@@ -662,4 +591,75 @@ pub fn control_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("dust_messages", dust),
         ("flakey_log_writes", flakey),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+        hay.windows(needle.len()).position(|w| w == needle)
+    }
+
+    #[test]
+    fn seed_sessions_are_served() {
+        let h = NbdHarness::new();
+        let seeds = nbd_seeds();
+        // OPT_EXPORT_NAME: greeting, then size and flags (no zeroes asked
+        // for: 124 zero bytes follow), then a success reply per request.
+        let out = h.run(&seeds[1].1);
+        assert_eq!(&out[..8], &NBD_MAGIC.to_be_bytes());
+        assert_eq!(&out[18..26], &DEV_SIZE.to_be_bytes());
+        for cookie in 1..=4 {
+            assert!(find(&out, &simple_reply(0, cookie)).is_some(), "{cookie}");
+        }
+        assert_eq!(out.len(), 18 + 10 + 124 + 4 * 16 + 4096);
+        // The write of the first session landed and reads back.
+        let mut s = seeds[0].1.clone();
+        s.truncate(s.len() - 2 * REQUEST_LEN);
+        s.extend_from_slice(&request(CMD_READ, 0, 7, 8192, 1024));
+        let out = h.run(&s);
+        let at = find(&out, &simple_reply(0, 7)).expect("read reply") + 16;
+        let data = &out[at..at + 1024];
+        assert!(data.iter().enumerate().all(|(i, &b)| b == (i * 7) as u8));
+        // Writes to the read-only export are refused.
+        let out = h.run(&seeds[3].1);
+        assert!(find(&out, &simple_reply(EPERM, 2)).is_some());
+        // Structured replies: block status and the last read's data chunk.
+        let out = h.run(&seeds[2].1);
+        let bs = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, 5, 12);
+        assert!(find(&out, &bs).is_some());
+        let rd = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 9, 108);
+        let at = find(&out, &rd).expect("read chunk") + 20;
+        assert_eq!(&out[at..at + 8], &(DEV_SIZE - 100).to_be_bytes());
+    }
+
+    #[test]
+    fn seed_tables_build_and_keep_data() {
+        for (name, t) in table_seeds() {
+            let lines = table::parse(&t).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let dev = mapper::build(
+                &lines,
+                &mut MemResolver::default(),
+                &TargetOptions {
+                    crypt_threads: 1,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(dev.size() > 0);
+            assert!(table(t.as_bytes()), "{name}");
+        }
+    }
+
+    #[test]
+    fn resolver_bounds_devices() {
+        let mut r = MemResolver::default();
+        for i in 0..MAX_DEVICES {
+            r.resolve(&format!("d{i}")).unwrap();
+        }
+        assert!(r.resolve("d0").is_ok(), "known names stay resolvable");
+        assert!(r.resolve("another").is_err());
+        assert!(MemResolver::default().resolve("a b").is_err());
+    }
 }
