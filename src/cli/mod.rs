@@ -25,7 +25,7 @@ enum Command {
     /// Unix socket and print how to reach it.
     Demo(demo::Args),
     /// Serve devices over NBD until SIGINT/SIGTERM.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// Work with dmsetup-syntax tables.
     #[command(subcommand)]
     Table(table::Cmd),
@@ -41,7 +41,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.cmd {
         Command::Demo(a) => demo::run(a),
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Table(c) => table::run(c),
         Command::Luks(c) => luks::run(c),
         Command::Benchmark(a) => benchmark::run(a),
