@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The seeds' memory machinery, before vs after in the same run:
-#   seed 000  256 bounce pages one at a time vs one bulk call   (benches/mem_bulk.rs)
-#   seed 003  exact vs approximate budget check, 1/2/2xCPU thr. (benches/mem_budget.rs)
-#   seed 004  system allocator vs block pool, dmapool_test shape (benches/mem_blockpool.rs)
+# The memory machinery, before vs after in the same run:
+#   bulk mempool allocation: 256 bounce pages one at a time vs one bulk call   (benches/mem_bulk.rs)
+#   per-core counter: exact vs approximate budget check, 1/2/2xCPU thr. (benches/mem_budget.rs)
+#   block pool: system allocator vs block pool, dmapool_test shape (benches/mem_blockpool.rs)
 #   crypt     1 MiB borrowed writes through the crypt target, bounce pages
 #             one at a time vs bulk (benches/mem_crypt.rs, when present)
 # Prints criterion medians as before / after / gain tables.
@@ -62,11 +62,11 @@ def gain(before, after):
     r = before / after
     return f"{r:.2f}x" if r < 2 else f"{r:.1f}x"
 
-print("\n## seed 000: allocate the 256 bounce pages of a 1 MiB write (median)")
+print("\n## bulk mempool allocation: allocate the 256 bounce pages of a 1 MiB write (median)")
 b, a = med("mempool_alloc_256_pages/one_at_a_time"), med("mempool_alloc_256_pages/bulk")
 print(f"| before: one at a time | after: bulk | gain |\n|---|---|---|\n| {fmt(b)} | {fmt(a)} | {gain(b, a)} |")
 
-print("\n## seed 003: budget check per allocate/free pair, CPU ns per op (median)")
+print("\n## approximate per-core counter: budget check per allocate/free pair, CPU ns per op (median)")
 print("| threads | before: exact | after: approximate | gain |\n|---|---|---|---|")
 d = os.path.join(base, "budget_check_alloc_free", "exact")
 threads = sorted(int(t) for t in os.listdir(d) if t.isdigit()) if os.path.isdir(d) else []
@@ -74,13 +74,13 @@ for t in threads:
     b, a = med(f"budget_check_alloc_free/exact/{t}"), med(f"budget_check_alloc_free/approx/{t}")
     print(f"| {t} | {fmt(b)} | {fmt(a)} | {gain(b, a)} |")
 
-print("\n## seed 003: the same, 1 thread, shard count standing in for CPU count (median)")
+print("\n## approximate per-core counter: the same, 1 thread, shard count standing in for CPU count (median)")
 print("| shards (CPUs) | before: exact | after: approximate | gain |\n|---|---|---|---|")
 for t in [2, 16, 64, 256]:
     b, a = med(f"budget_check_vs_cpus/exact/{t}"), med(f"budget_check_vs_cpus/approx/{t}")
     print(f"| {t} | {fmt(b)} | {fmt(a)} | {gain(b, a)} |")
 
-print("\n## seed 004: dmapool_test shape, one round = allocate all blocks then free all (median)")
+print("\n## fixed-size block pool: dmapool_test shape, one round = allocate all blocks then free all (median)")
 print("| size | blocks | before: system allocator | after: block pool (lock per op) | gain | after: block pool, per-thread cache | gain |")
 print("|---|---|---|---|---|---|---|")
 for size, blocks in [(16, 8192), (64, 8192), (256, 8192), (1024, 2048), (4096, 1024)]:
@@ -91,7 +91,7 @@ for size, blocks in [(16, 8192), (64, 8192), (256, 8192), (1024, 2048), (4096, 1
     print(f"| {size} | {blocks} | {fmt(s)} | {fmt(p)} | {gain(s, p)} | {fmt(l)} | {gain(s, l)} |")
 
 if os.path.isdir(os.path.join(base, "crypt_write_1mib_borrowed")):
-    print("\n## seed 000 in the crypt target: 1 MiB borrowed writes (median per write)")
+    print("\n## bulk mempool allocation in the crypt target: 1 MiB borrowed writes (median per write)")
     b, a = med("crypt_write_1mib_borrowed/one_at_a_time"), med("crypt_write_1mib_borrowed/bulk")
     mib = lambda ns: "-" if ns is None else f"{1e9/ns:.0f} MiB/s"
     print("| before: pages one at a time | after: bulk | gain |\n|---|---|---|")
@@ -123,7 +123,7 @@ if [ "$callgrind" = 1 ]; then
     [ -x "$exe" ] || { echo "cannot find the mem_budget bench executable" >&2; exit 1; }
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
-    echo -e "\n## seed 003: instructions per allocate/free pair (callgrind, 1 thread, 200000 ops minus 0-op baseline)"
+    echo -e "\n## approximate per-core counter: instructions per allocate/free pair (callgrind, 1 thread, 200000 ops minus 0-op baseline)"
     echo "| check | instructions/op |"
     echo "|---|---|"
     count() {

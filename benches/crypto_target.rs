@@ -1,6 +1,7 @@
 //! The crypt target over the in-memory store: 1 MiB requests, single
 //! thread, against the bare cipher in the same run; and one QD1 stream of
-//! 1 MiB requests with 1 versus 2 crypt threads (seed 002).
+//! 1 MiB requests with 1 versus 2 crypt threads (ordered parallel
+//! encryption).
 //!
 //! `direct_*`: the store offers direct access, so the cipher moves the
 //! bytes (encrypts from the caller's buffer into the store, decrypts from
@@ -155,7 +156,8 @@ fn bench(c: &mut Criterion) {
 /// Four QD1 streams at once (four threads, each writing 1 MiB requests to
 /// its own quarter of the device), crypt target with 1 vs 2 crypt threads:
 /// when the streams already keep every core busy, splitting each request
-/// must not cost throughput (seed 002's second measurement).
+/// must not cost throughput (the second measurement of ordered parallel
+/// encryption).
 fn streams(c: &mut Criterion) {
     const STREAMS: usize = 4;
     let mut g = c.benchmark_group("crypt_streams");

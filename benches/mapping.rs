@@ -1,4 +1,4 @@
-//! Seed 001: what a linear or striped table costs on top of the bare store.
+//! No-clone remap: what a linear or striped table costs on top of the bare store.
 //! The same 4 KiB and 1 MiB reads and writes go to a MemStore directly,
 //! through a one-segment linear table, and through a 2-leg striped table
 //! (64 KiB chunks, so a 1 MiB request is cut into 16 pieces).

@@ -1,4 +1,4 @@
-//! Seed 004 in dmapool_test's shape: for each (size, blocks) allocate all
+//! Fixed-size block pool in dmapool_test's shape: for each (size, blocks) allocate all
 //! blocks, then free them all; one iteration = one such round. Block pool
 //! (free stack linked through the free blocks) vs the system allocator.
 //! `blockpool` takes the pool's lock per operation (as dmapool does);

@@ -1,6 +1,6 @@
-//! Seed 003: the budget check on every allocate/free made approximately
+//! Approximate per-core counter: the budget check on every allocate/free made approximately
 //! (lock-free read of the folded count) vs exactly (locked sum of every
-//! shard, what dm-crypt did near the limit before the seed), with 1, 2 and
+//! shard, what `percpu_counter_compare` does near the limit), with 1, 2 and
 //! 2 × CPUs threads hammering it.
 //!
 //! Reported time per iteration = the threads' summed CPU time / (threads ×
@@ -76,7 +76,7 @@ fn bench(c: &mut Criterion) {
     g.finish();
 
     // The exact sum walks every shard, one per CPU: its cost grows with the
-    // machine (the seed's host had 96-256 CPUs). One thread, shard counts
+    // machine (dm-crypt's measurements were on hosts of 96-256 CPUs). One thread, shard counts
     // standing in for CPU counts.
     let mut g = c.benchmark_group("budget_check_vs_cpus");
     for shards in [2usize, 16, 64, 256] {

@@ -1,6 +1,6 @@
-//! Seed 000: the 256 bounce pages of a 1 MiB write taken one at a time
-//! (dm-crypt's loop before the seed) vs in one bulk call. Only the
-//! allocation is timed (as the seed's function trace did); the pages are
+//! Bulk mempool allocation: the 256 bounce pages of a 1 MiB write taken one
+//! at a time (dm-crypt's `crypt_alloc_buffer` loop) vs in one bulk call.
+//! Only the allocation is timed (as a function trace of that loop would); the pages are
 //! returned untimed between iterations.
 
 use std::hint::black_box;

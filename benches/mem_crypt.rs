@@ -1,7 +1,7 @@
-//! Seed 000 in the crypt target: 1 MiB borrowed writes (encrypted into
+//! Bulk mempool allocation in the crypt target: 1 MiB borrowed writes (encrypted into
 //! bounce pages) with the pages taken in one bulk call vs one at a time.
 //! Two targets over two RAM stores in the same process, measured back to
-//! back (the seed measured dm-crypt over a RAM disk the same way).
+//! back (as one measures dm-crypt over a RAM disk).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -118,7 +118,7 @@ fn interleaved() {
     }
 }
 
-/// Many writers at once (the seed's QD64 fio job, in process): `writers`
+/// Many writers at once (a QD64 fio job, in process): `writers`
 /// threads each write `per` borrowed 1 MiB requests to their own part of the
 /// device, all at the same time, so the bounce-page allocations of
 /// concurrent requests meet on the pool. One round times all writes of one

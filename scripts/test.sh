@@ -17,6 +17,7 @@ need fio fio
 need mkfs.ext4 e2fsprogs
 need fusermount3 fuse3
 need openssl openssl
+need script bsdutils
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need_pkgs+=(python3-libnbd)
 /usr/bin/python3 -c 'import cryptography' 2>/dev/null || need_pkgs+=(python3-cryptography)
 if ((${#need_pkgs[@]})); then

@@ -13,6 +13,11 @@
 //! 5. [`luks`] (LUKS1/LUKS2 volumes) and [`nbd`] (the server);
 //! 6. [`cli`], and `fuzzing` (behind the `fuzzing` feature).
 
+// Every unsafe block says why it is sound, and an `unsafe fn` body is not
+// an unsafe block by itself: each unsafe operation in it is marked.
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
 pub mod cli;
 pub mod core;
 pub mod crypto;

@@ -247,10 +247,29 @@ fn keyslot_changes_interoperate_both_ways() {
             "killed slot still opens in cryptsetup"
         );
         assert!(cs_test(&img, None, &k1));
-        // As cryptsetup, any active slot's passphrase authorises kill-slot (even the killed one's).
+        // As cryptsetup 2.6: while other slots remain, only another slot's
+        // passphrase authorises killing a slot (its own is refused with 2).
+        let cs_copy = d.join(format!("kill{luks}.img"));
+        std::fs::copy(&img, &cs_copy).unwrap();
+        let o = cryptsetup()
+            .args(["luksKillSlot", "--key-file"])
+            .arg(&k2)
+            .arg(&cs_copy)
+            .arg("5")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "cryptsetup: {}", show(&o));
         let o = udm()
             .args(["luks", "kill-slot", "--key-file"])
             .arg(&k2)
+            .arg(&img)
+            .arg("5")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        let o = udm()
+            .args(["luks", "kill-slot", "--key-file"])
+            .arg(&k1)
             .arg(&img)
             .arg("5")
             .output()

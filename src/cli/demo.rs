@@ -27,7 +27,7 @@ pub fn run(a: Args) -> i32 {
     match demo(&a) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("udm demo: {e}");
+            crate::cli::report_error("demo", &e);
             1
         }
     }

@@ -7,6 +7,7 @@ pub mod demo;
 pub mod luks;
 pub mod serve;
 pub mod table;
+pub mod ui;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -15,9 +16,28 @@ pub mod table;
     about = "Userspace device-mapper: dm tables, dm-crypt and LUKS served over NBD"
 )]
 struct Cli {
+    /// Log format on stderr: `text` for people (coloured only when stderr
+    /// is a terminal and NO_COLOR is not set) or `json`, one object per
+    /// line, for log collectors.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Command,
 }
+
+/// How log lines are written on stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, fields, target).
+    Json,
+}
+
+/// The format chosen on the command line, read by [`init_logging`] (set
+/// once, before any command runs).
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -39,6 +59,7 @@ enum Command {
 /// Entry point of the binary; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    let _ = LOG_FORMAT.set(cli.log_format);
     match cli.cmd {
         Command::Demo(a) => demo::run(a),
         Command::Serve(a) => serve::run(*a),
@@ -49,13 +70,39 @@ pub fn main() -> i32 {
 }
 
 /// Log to stderr through tracing; `UDM_LOG` (or `RUST_LOG`) sets the
-/// filter, e.g. `UDM_LOG=debug`. Default: info.
+/// filter, e.g. `UDM_LOG=debug`. Default: info. The format is the one of
+/// `--log-format`; text is coloured only on a terminal (a log file or a
+/// pipe gets no escape codes) and never when `NO_COLOR` is set.
 pub fn init_logging() {
     let filter = std::env::var("UDM_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match log_format() {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.with_ansi(colour_on_stderr()).try_init(),
+    };
+}
+
+fn log_format() -> LogFormat {
+    LOG_FORMAT.get().copied().unwrap_or_default()
+}
+
+/// Colour only for a person at a terminal: stderr is a tty and `NO_COLOR`
+/// is unset or empty (no-color.org).
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Print the error that ends a logging command (`serve`, `demo`): a plain
+/// line for people, or a JSON log line under `--log-format json`, so a
+/// log collector sees every line of stderr as JSON.
+pub fn report_error(command: &str, e: &str) {
+    match log_format() {
+        LogFormat::Json => tracing::error!(command, "{e}"),
+        LogFormat::Text => eprintln!("udm {command}: {e}"),
+    }
 }

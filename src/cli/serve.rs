@@ -140,7 +140,7 @@ pub fn run(a: Args) -> i32 {
     match serve(a) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("udm serve: {e}");
+            crate::cli::report_error("serve", &e);
             1
         }
     }
@@ -199,16 +199,15 @@ fn serve(a: Args) -> Result<(), String> {
     specs.sort_by_key(|(p, _, _)| *p);
 
     let budget = match &a.memory_budget {
-        Some(s) => Some(crate::mem::parse_size(s).map_err(|e| format!("--memory-budget: {e}"))?),
+        Some(s) => {
+            Some(crate::core::units::parse_size(s).map_err(|e| format!("--memory-budget: {e}"))?)
+        }
         None => None,
     };
     let listen = match (&a.socket, &a.listen) {
         (Some(p), _) => Listen::Unix(p.clone()),
-        (None, Some(h)) => Listen::Tcp(if h.contains(':') {
-            h.clone()
-        } else {
-            format!("{h}:{}", crate::nbd::DEFAULT_PORT)
-        }),
+        // The server adds the default port to an address without one.
+        (None, Some(h)) => Listen::Tcp(h.clone()),
         (None, None) => unreachable!("clap requires one of --socket/--listen"),
     };
     let mut allow = Vec::new();

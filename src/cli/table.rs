@@ -1,20 +1,29 @@
-//! `udm table check FILE`: parse a table and print its segments, or the
-//! error with its line and field — the way to validate a table before
-//! serving it.
+//! `udm table check FILE`: validate a table before serving it — every line
+//! through its target's constructor over placeholder devices (`--open`:
+//! over the real devices, opened read-only) — and print its segments, or
+//! only the error with its line and field.
 
 use std::path::PathBuf;
 
 use crate::core::table;
+use crate::mapper::{self, CheckDevices};
 
 /// Table commands.
 #[derive(clap::Subcommand, Debug)]
 pub enum Cmd {
-    /// Parse a table file and print its segments (start, length, target,
-    /// arguments), or say which line and field is wrong. Devices are not
-    /// opened. Keys of crypt lines are masked.
+    /// Validate a table file and print its segments (start, length,
+    /// target, arguments), or only the error naming the line and field
+    /// (exit code 1). Every line is checked by its target's own rules (key
+    /// length against the cipher, stripe count against the devices, chunk
+    /// size, sector_size, iv_offset, feature arguments) without opening
+    /// any device. Keys of crypt lines are masked.
     Check {
         /// Table file in dmsetup syntax (`-` for stdin).
         file: PathBuf,
+        /// Also open the devices (read-only) and check that every area
+        /// fits in its device and matches its block size.
+        #[arg(long)]
+        open: bool,
     },
     /// Build the device of a table (opening its devices read-only) and
     /// print its table as `dmsetup table` does. Crypt keys are shown as
@@ -30,7 +39,7 @@ pub enum Cmd {
 
 pub fn run(c: Cmd) -> i32 {
     match c {
-        Cmd::Check { file } => check(&file),
+        Cmd::Check { file, open } => check(&file, open),
         Cmd::Show { file, showkeys } => show(&file, showkeys),
     }
 }
@@ -69,7 +78,7 @@ fn show(file: &std::path::Path, showkeys: bool) -> i32 {
     }
 }
 
-fn check(file: &std::path::Path) -> i32 {
+fn check(file: &std::path::Path, open: bool) -> i32 {
     let text = if file.as_os_str() == "-" {
         let mut s = String::new();
         if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut s) {
@@ -87,45 +96,43 @@ fn check(file: &std::path::Path) -> i32 {
         }
     };
     let text = zeroize::Zeroizing::new(text);
-    match table::parse(&text) {
-        Ok(lines) => {
-            let mut unknown = None;
-            println!(
-                "{:>12} {:>12}  {:<8} arguments",
-                "start", "length", "target"
-            );
-            for l in &lines {
-                let mut args = l.args.clone();
-                if l.target == "crypt" && args.len() > 1 && !args[1].starts_with(':') {
-                    args[1] = "0".repeat(args[1].len());
-                }
-                println!(
-                    "{:>12} {:>12}  {:<8} {}",
-                    l.start,
-                    l.len,
-                    l.target,
-                    args.join(" ")
-                );
-                if crate::targets::lookup(&l.target).is_none() && unknown.is_none() {
-                    unknown = Some((l.line_no, l.target.clone()));
-                }
-            }
-            let total: u64 = lines.iter().map(|l| l.len).sum();
-            println!(
-                "{} segment(s), {} sectors ({} bytes)",
-                lines.len(),
-                total,
-                total * 512
-            );
-            if let Some((n, t)) = unknown {
-                eprintln!("udm table check: line {n}, target: unknown target type '{t}'");
-                return 1;
-            }
-            0
-        }
+    let devices = if open {
+        CheckDevices::OpenReadOnly
+    } else {
+        CheckDevices::Placeholders
+    };
+    // Everything is checked before anything is printed: on error the
+    // error is the only output.
+    let lines = match table::parse(&text).and_then(|l| mapper::check(&l, devices).map(|()| l)) {
+        Ok(lines) => lines,
         Err(e) => {
             eprintln!("udm table check: {}: {e}", file.display());
-            1
+            return 1;
         }
+    };
+    println!(
+        "{:>12} {:>12}  {:<8} arguments",
+        "start", "length", "target"
+    );
+    for l in &lines {
+        let mut args = zeroize::Zeroizing::new(l.args.clone());
+        if l.target == "crypt" && args.len() > 1 && !args[1].starts_with(':') {
+            args[1] = "0".repeat(args[1].len());
+        }
+        println!(
+            "{:>12} {:>12}  {:<8} {}",
+            l.start,
+            l.len,
+            l.target,
+            args.join(" ")
+        );
     }
+    let total: u64 = lines.iter().map(|l| l.len).sum();
+    println!(
+        "{} segment(s), {} sectors ({} bytes)",
+        lines.len(),
+        total,
+        total * 512
+    );
+    0
 }

@@ -45,6 +45,14 @@ pub struct Limits {
     pub write_zeroes: bool,
     /// Whether the device refuses writes.
     pub read_only: bool,
+    /// Requests the device needs in flight at once to reach its speed, for
+    /// a device whose calls wait on a network round trip (an RBD image, a
+    /// remote NBD export); 0 for a device that completes in the caller's
+    /// time (memory, a local file). Calls stay synchronous: the engine
+    /// gives such a device this many workers of its own and never runs its
+    /// requests on a connection's reader, so a slow round trip costs a
+    /// sleeping thread, not the client's queue depth.
+    pub queue_depth: u32,
 }
 
 impl Default for Limits {
@@ -56,6 +64,7 @@ impl Default for Limits {
             discard: true,
             write_zeroes: true,
             read_only: false,
+            queue_depth: 0,
         }
     }
 }
@@ -71,6 +80,7 @@ impl Limits {
             discard: self.discard && lower.discard,
             write_zeroes: self.write_zeroes && lower.write_zeroes,
             read_only: self.read_only || lower.read_only,
+            queue_depth: self.queue_depth.max(lower.queue_depth),
         }
     }
 }

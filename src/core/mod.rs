@@ -1,10 +1,11 @@
 //! The bottom layer: the device trait every layer implements, its errors,
-//! and the dmsetup table *syntax*. Nothing here knows a target, a store or
+//! the dmsetup table *syntax*, and the number and size parsers (`units`). Nothing here knows a target, a store or
 //! a protocol, so everything else may depend on it.
 
 pub mod device;
 pub mod error;
 pub mod table;
+pub mod units;
 
 pub use device::{BlockDevice, Limits, WriteBuf};
 pub use error::{DevError, DevResult};

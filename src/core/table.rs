@@ -8,6 +8,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use super::units::DecimalError;
+
 /// Bytes per dm sector: tables always count in 512-byte units.
 pub const SECTOR: u64 = 512;
 
@@ -115,15 +117,13 @@ pub fn escape_arg(word: &str) -> Cow<'_, str> {
 }
 
 fn parse_u64(s: &str, line: usize, field: &str) -> Result<u64, TableError> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(TableError::new(
-            line,
-            Some(field.to_string()),
-            format!("expected a decimal number of 512-byte sectors, got '{s}'"),
-        ));
-    }
-    s.parse::<u64>()
-        .map_err(|_| TableError::new(line, Some(field.to_string()), format!("'{s}' is too large")))
+    super::units::parse_decimal(s).map_err(|e| {
+        let msg = match e {
+            DecimalError::TooLarge => format!("'{s}' is too large"),
+            _ => format!("expected a decimal number of 512-byte sectors, got '{s}'"),
+        };
+        TableError::new(line, Some(field.to_string()), msg)
+    })
 }
 
 /// Parse table text into lines, checking the layout rules dm enforces:

@@ -1,8 +1,9 @@
 //! A persistent pool of crypto worker threads that splits *one* request's
-//! sectors across cores (seed 002: dm-crypt parallel processing), so a
+//! sectors across cores (ordered parallel encryption, as dm-crypt's
+//! parallel processing of one bio's sectors), so a
 //! single QD1 stream of large requests uses every core.
 //!
-//! Design points taken from the seed discussion:
+//! Design points:
 //! - the submitting thread does a share of the work itself and then waits,
 //!   so a request completes (and a write goes down) only after all of its
 //!   sectors are done: no reordering of writes is introduced;

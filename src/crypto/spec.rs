@@ -201,10 +201,10 @@ fn parse_legacy(spec: &str) -> Result<Parts<'_>, CryptoError> {
     let (cipher, keycount) = match cipher_kc.split_once(':') {
         None => (cipher_kc, 1),
         Some((c, kc)) => {
-            let n: u32 = kc
-                .parse()
+            let n = crate::core::units::parse_decimal(kc)
                 .ok()
-                .filter(|n: &u32| n.is_power_of_two() && *n <= MAX_KEYCOUNT)
+                .filter(|n| n.is_power_of_two() && *n <= u64::from(MAX_KEYCOUNT))
+                .map(|n| n as u32)
                 .ok_or_else(|| {
                     err(
                         spec,

@@ -1,5 +1,5 @@
 //! The one place payload buffers come from: the device's recycling
-//! [`BufPool`] (seed 000/003), so steady-state requests allocate nothing
+//! [`BufPool`] (mempool reserve and per-core budget counter), so steady-state requests allocate nothing
 //! and a device's in-flight payload memory is bounded by its budget.
 //!
 //! A buffer taken after a fair admission ([`super::Engine::try_admit`])

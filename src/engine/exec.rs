@@ -20,6 +20,14 @@ pub(crate) struct Geometry {
     /// Device size; a device whose size is not a multiple of `block` has a
     /// short last block, and widened ranges stop at the end of the device.
     pub size: u64,
+    /// The size was a whole number of blocks. Then there is no short last
+    /// block whatever the size becomes later: a device reloaded with a
+    /// bigger table (dm's live reload) keeps whole blocks, and requests of
+    /// clients that saw the new size must not be clipped at the old one.
+    pub whole: bool,
+    /// Requests the device wants in flight ([`crate::core::Limits::queue_depth`]);
+    /// 0 for a device that completes in the caller's time.
+    pub depth: u32,
 }
 
 impl Geometry {
@@ -27,11 +35,14 @@ impl Geometry {
         let l = dev.limits();
         let block = u64::from(l.logical_block_size.max(1)).next_power_of_two();
         let max_io = (l.max_io_size as u64 / block * block).max(block) as usize;
+        let size = dev.size();
         Geometry {
             block,
             max_io,
             discard: l.discard,
-            size: dev.size(),
+            size,
+            whole: size % block == 0,
+            depth: l.queue_depth,
         }
     }
 
@@ -45,11 +56,17 @@ impl Geometry {
 
     /// End of the block-widened range for a request ending at `end`.
     pub fn widened_end(&self, end: u64) -> u64 {
+        if self.whole {
+            return self.up(end);
+        }
         self.up(end).min(self.size.max(end))
     }
 
     /// Length of the block starting at `start` (short at the device end).
     fn block_len(&self, start: u64) -> usize {
+        if self.whole {
+            return self.block as usize;
+        }
         self.block.min(self.size.saturating_sub(start)).max(1) as usize
     }
 }
@@ -109,7 +126,11 @@ pub(crate) fn execute(
         Op::Trim => {
             // A hint: only whole blocks inside the range are discarded.
             let s = g.up(req.offset);
-            let e = if end == g.size { end } else { g.down(end) };
+            let e = if end == g.size && !g.whole {
+                end
+            } else {
+                g.down(end)
+            };
             if g.discard && s < e {
                 dev.discard(s, e - s)?;
                 if req.fua {

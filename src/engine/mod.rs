@@ -24,14 +24,24 @@
 //!   Memory is counted in the pool's class sizes and charged until the
 //!   buffer is dropped (after its reply has really been sent), so the
 //!   pool never makes an admitted request wait.
-//! - **Ordering** (seed 002): see [`order`]. Overlapping requests run in
+//! - **Ordering** (ordered parallel execution): see [`order`]. Overlapping requests run in
 //!   arrival order, flushes wait for earlier writes, and the same range
 //!   tracking makes the server's read-modify-write of partial blocks atomic.
+//! - **Devices that wait on a network** (RBD, a remote NBD export) say so
+//!   in [`crate::core::Limits::queue_depth`]. Their calls stay synchronous
+//!   (one trait for every device, so crypt and striped stack on them
+//!   unchanged); the engine instead adds that many workers when such a
+//!   queue is added, lets at most that many of its requests run at once
+//!   (so a stalled cluster holds only its own workers, never the ones
+//!   local devices need), and never runs its requests on a connection's
+//!   reader (a reader waiting a round trip would stop reading the client's
+//!   next requests). A waiting worker is a sleeping thread; the store's
+//!   completion callback wakes it.
 //! - **No allocation per request in steady state**: request descriptors
 //!   live in a slab of slots that is reused (free list), queues are
 //!   `VecDeque`s/`Vec`s that keep their capacity, and payload buffers come
 //!   from [`buf::get_buf`] (the seam for the recycling buffer pool).
-//!   The slab is the seam for the mem work's block pool (seed 004).
+//!   The slab is the seam for the fixed-size block pool of `mem`.
 
 pub mod buf;
 mod exec;
@@ -59,6 +69,12 @@ thread_local! {
     /// Partial-block scratch for requests run inline by a reader thread.
     static INLINE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// Most requests a device's [`crate::core::Limits::queue_depth`] may ask to
+/// have running at once, and most workers all such devices together add to
+/// the pool: a sleeping worker is cheap, but not free (a stack each).
+pub const MAX_QUEUE_DEPTH: u32 = 128;
+const MAX_RESERVED_WORKERS: usize = 256;
 
 /// Most requests one client may have admitted at once (default).
 pub const MAX_CLIENT_REQUESTS: u32 = 128;
@@ -212,6 +228,8 @@ impl Drop for Queue {
             st.queues[i] = None;
             st.qstate[i] = QState::default();
             st.inflight[i].clear();
+            st.reserved -= st.caps[i] as usize;
+            st.caps[i] = 0;
             st.free_queues.push(self.id);
         }
     }
@@ -291,11 +309,29 @@ struct State {
     /// Live queues by id (for [`Engine::flush_all`]), and free ids.
     queues: Vec<Option<Weak<Queue>>>,
     qstate: Vec<QState>,
+    /// Per queue: most requests running on workers at once (0 = no cap;
+    /// how many run now is `holds[q].running`).
+    caps: Vec<u32>,
+    /// Workers reserved by capped queues (sum of their caps); the pool
+    /// grows to `base + reserved` and never shrinks.
+    reserved: usize,
     free_queues: Vec<u32>,
+    /// Per queue: whether it is held (suspended), its requests running
+    /// right now, and the ready requests parked while it is held.
+    holds: Vec<Hold>,
     clients: Vec<Option<ClientQ>>,
     free_clients: Vec<u32>,
     ring: VecDeque<u32>,
     stop: bool,
+}
+
+/// The suspend gate of one queue (dm's suspend: no new request starts,
+/// the running ones finish, the rest wait in arrival order).
+#[derive(Default)]
+struct Hold {
+    held: bool,
+    running: u32,
+    parked: Vec<u32>,
 }
 
 struct Shared {
@@ -308,6 +344,8 @@ struct Shared {
 pub struct Engine {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Workers for devices that complete in the caller's time.
+    base: usize,
     /// The queues made by [`Engine::new`]/[`Engine::with_pools`], by index.
     initial: Vec<Arc<Queue>>,
 }
@@ -332,7 +370,10 @@ impl Engine {
                 inflight: Vec::new(),
                 queues: Vec::new(),
                 qstate: Vec::new(),
+                caps: Vec::new(),
+                reserved: 0,
                 free_queues: Vec::new(),
+                holds: Vec::new(),
                 clients: Vec::new(),
                 free_clients: Vec::new(),
                 ring: VecDeque::with_capacity(64),
@@ -341,20 +382,29 @@ impl Engine {
             work: Condvar::new(),
             done: Condvar::new(),
         });
-        let mut workers = Vec::with_capacity(threads);
-        for i in 0..threads {
-            let s = shared.clone();
+        let e = Engine {
+            shared,
+            workers: Mutex::new(Vec::with_capacity(threads)),
+            base: threads,
+            initial: Vec::new(),
+        };
+        e.grow_workers(threads)?;
+        Ok(e)
+    }
+
+    /// Start workers until there are `n`.
+    fn grow_workers(&self, n: usize) -> std::io::Result<()> {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        while workers.len() < n {
+            let s = self.shared.clone();
+            let i = workers.len();
             workers.push(
                 std::thread::Builder::new()
                     .name(format!("udm-worker-{i}"))
                     .spawn(move || worker(s))?,
             );
         }
-        Ok(Engine {
-            shared,
-            workers: Mutex::new(workers),
-            initial: Vec::new(),
-        })
+        Ok(())
     }
 
     /// An engine serving `devices` (queue `i`, see [`Engine::queue`], is
@@ -394,12 +444,15 @@ impl Engine {
     /// Schedule requests for one more device, with its own buffer pool.
     pub fn add_queue(&self, device: Arc<dyn BlockDevice>, pool: Arc<BufPool>) -> Arc<Queue> {
         let geometry = Geometry::of(device.as_ref());
+        let cap = geometry.depth.min(MAX_QUEUE_DEPTH);
         let mut st = lock(&self.shared.state);
         let id = match st.free_queues.pop() {
             Some(id) => id,
             None => {
                 st.inflight.push(Vec::with_capacity(256));
                 st.queues.push(None);
+                st.caps.push(0);
+                st.holds.push(Hold::default());
                 st.qstate.push(QState::default());
                 st.inflight.len() as u32 - 1
             }
@@ -408,6 +461,10 @@ impl Engine {
             limit: pool.budget().limit().unwrap_or(u64::MAX),
             ..QState::default()
         };
+        st.holds[id as usize] = Hold::default();
+        st.caps[id as usize] = cap;
+        st.reserved += cap as usize;
+        let want = self.base + st.reserved.min(MAX_RESERVED_WORKERS);
         let q = Arc::new(Queue {
             id,
             device,
@@ -416,6 +473,12 @@ impl Engine {
             shared: Arc::downgrade(&self.shared),
         });
         st.queues[id as usize] = Some(Arc::downgrade(&q));
+        drop(st);
+        if let Err(e) = self.grow_workers(want) {
+            // The queue still works with the workers there are, at a
+            // lower depth; say why it is slower than asked.
+            tracing::warn!("cannot start more request workers ({e}); a remote device runs with fewer requests in flight");
+        }
         q
     }
 
@@ -618,7 +681,10 @@ impl Engine {
         } else {
             Span::widened(kind, req.offset, req.len, g.block)
         };
-        let inline = may_inline && req.len <= INLINE_MAX && matches!(req.op, Op::Read | Op::Write);
+        let inline = may_inline
+            && g.depth == 0
+            && req.len <= INLINE_MAX
+            && matches!(req.op, Op::Read | Op::Write);
         if t.mem > 0 {
             // Memory charged at admission but no buffer made: it comes back
             // when the request finishes.
@@ -633,7 +699,8 @@ impl Engine {
                 deps += 1;
             }
         }
-        let (queued, now) = if inline && deps == 0 {
+        let held = st.holds[export].held;
+        let (queued, now) = if inline && deps == 0 && !held {
             (None, Some(req))
         } else {
             (Some(req), None)
@@ -662,6 +729,9 @@ impl Engine {
             st.slots.len() as u32 - 1
         };
         st.inflight[export].push(id);
+        if now.is_some() {
+            st.holds[export].running += 1;
+        }
         if let Some(mut req) = now {
             // Its turn has come and it is small: run it on this thread. The
             // slot stays registered, so later conflicting requests of any
@@ -677,10 +747,65 @@ impl Engine {
             finish(&mut st, &self.shared, id, mem);
             return;
         }
-        if deps == 0 {
-            make_ready(st, id);
+        if deps == 0 && ready_or_park(st, id) {
             self.shared.work.notify_one();
         }
+    }
+
+    /// Suspend `q` (dm's suspend): from now on no request of `q` starts;
+    /// requests already running go on (wait for them with
+    /// [`Engine::drain`]); the others wait, in arrival order, until
+    /// [`Engine::release`]. Clients of other queues are not affected.
+    /// Idempotent.
+    pub fn hold(&self, q: &Queue) {
+        lock(&self.shared.state).holds[q.id as usize].held = true;
+    }
+
+    /// Wait until no request of `q` is running. With `q` held, this is
+    /// the moment its device may change under the queue.
+    pub fn drain(&self, q: &Queue) {
+        let mut st = lock(&self.shared.state);
+        while st.holds[q.id as usize].running > 0 {
+            st = self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Undo [`Engine::hold`]: the requests that waited start, in the
+    /// order they arrived.
+    pub fn release(&self, q: &Queue) {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let h = &mut st.holds[q.id as usize];
+        h.held = false;
+        let parked = std::mem::take(&mut h.parked);
+        let woke = !parked.is_empty();
+        for id in parked {
+            make_ready(st, id);
+        }
+        if woke {
+            self.shared.work.notify_all();
+        }
+    }
+
+    /// Release every held queue (server shutdown: requests parked behind
+    /// a suspended device must finish before the last flush).
+    pub fn release_all(&self) {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let mut parked = Vec::new();
+        for h in st.holds.iter_mut() {
+            h.held = false;
+            parked.append(&mut h.parked);
+        }
+        for id in parked {
+            make_ready(st, id);
+        }
+        self.shared.work.notify_all();
+    }
+
+    /// Whether `q` is held.
+    pub fn is_held(&self, q: &Queue) -> bool {
+        lock(&self.shared.state).holds[q.id as usize].held
     }
 
     /// Wait until every request of `client` has finished (its replies are
@@ -764,6 +889,19 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Make request `id` ready, or park it if its queue is held; true if it
+/// became ready (a worker should be woken).
+fn ready_or_park(st: &mut State, id: u32) -> bool {
+    let q = st.slots[id as usize].export as usize;
+    if st.holds[q].held {
+        st.holds[q].parked.push(id);
+        false
+    } else {
+        make_ready(st, id);
+        true
     }
 }
 
@@ -886,7 +1024,12 @@ impl buf::Uncharge for Shared {
 /// Take the next ready request: deficit round robin over clients, one
 /// request per turn; a client whose next request costs more than its
 /// credit gets [`QUANTUM`] more and goes to the back of the ring.
+///
+/// A client whose next request is for a queue already running its cap of
+/// requests is passed over (it stays in the ring); a ring of only such
+/// clients ends the search.
 fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
+    let mut passes = st.ring.len();
     while let Some(&client) = st.ring.front() {
         let Some(c) = st.clients[client as usize].as_mut() else {
             st.ring.pop_front();
@@ -898,6 +1041,17 @@ fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
             st.ring.pop_front();
             continue;
         };
+        let q = st.slots[id as usize].export as usize;
+        let cap = st.caps[q];
+        if cap > 0 && st.holds[q].running >= cap {
+            st.ring.pop_front();
+            st.ring.push_back(client);
+            if passes == 0 {
+                return None;
+            }
+            passes -= 1;
+            continue;
+        }
         let cost = st.slots[id as usize].cost;
         st.ring.pop_front();
         if c.deficit < cost {
@@ -913,8 +1067,15 @@ fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
         } else {
             st.ring.push_back(client);
         }
+        let export = st.slots[id as usize].export as usize;
+        if st.holds[export].held {
+            // Made ready before its queue was held: it waits for release.
+            st.holds[export].parked.push(id);
+            continue;
+        }
         let slot = &mut st.slots[id as usize];
         if let (Some(req), Some(q)) = (slot.req.take(), slot.queue.take()) {
+            st.holds[export].running += 1;
             return Some((id, req, q));
         }
     }
@@ -929,6 +1090,11 @@ fn finish(st: &mut State, shared: &Shared, id: u32, mem: Option<(u32, u32, u64)>
         let s = &st.slots[id as usize];
         (s.export as usize, s.client, s.work, s.span)
     };
+    let cap = st.caps[export];
+    if cap > 0 && st.holds[export].running == cap {
+        // A worker may have passed over this queue at its cap.
+        shared.work.notify_one();
+    }
     let list = &mut st.inflight[export];
     if let Some(pos) = list.iter().position(|&x| x == id) {
         list.remove(pos);
@@ -940,12 +1106,18 @@ fn finish(st: &mut State, shared: &Shared, id: u32, mem: Option<(u32, u32, u64)>
                 s.deps -= 1;
                 if s.deps == 0 {
                     s.waiting = false;
-                    make_ready(st, later);
-                    shared.work.notify_one();
+                    if ready_or_park(st, later) {
+                        shared.work.notify_one();
+                    }
                 }
             }
             i += 1;
         }
+    }
+    let h = &mut st.holds[export];
+    h.running = h.running.saturating_sub(1);
+    if h.held && h.running == 0 {
+        shared.done.notify_all();
     }
     if let Some((c, q, bytes)) = mem {
         uncharge_locked(st, c, q, bytes);

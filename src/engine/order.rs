@@ -1,5 +1,6 @@
-//! Ordering rules between requests of one export (seed 002: parallelism
-//! must never reorder what the client ordered).
+//! Ordering rules between requests of one export (ordered parallel
+//! execution: running requests in parallel must never reorder what the
+//! client ordered).
 //!
 //! Requests are registered in arrival order. A request may start only when
 //! every *earlier*, still unfinished request it conflicts with has

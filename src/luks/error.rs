@@ -14,6 +14,8 @@ pub enum LuksError {
     },
     /// The device carries no LUKS header at all.
     NotLuks(String),
+    /// The verb needs LUKS2 and the device is LUKS1 (or not LUKS).
+    NotLuks2(String),
     /// A header field holds a value udm refuses (`field` is a dotted path).
     Field {
         field: String,
@@ -30,6 +32,19 @@ pub enum LuksError {
     Usage(String),
     /// The cipher layer rejected a cipher spec or key.
     Crypto(String),
+    /// A passphrase asked twice was typed differently.
+    Mismatch,
+    /// The user answered no to a question, or lacks permission.
+    Denied(String),
+    /// `--key-slot N` names a slot that is empty or of another kind.
+    NoUsableKeyslot,
+    /// The device (or file) is missing or cannot be opened.
+    Device(String),
+    /// The device is in use or the name already exists.
+    Busy(String),
+    /// A keyslot's KDF demands more than udm will spend before trying a
+    /// passphrase (`memory` tells whether it is a memory cost).
+    Cost { what: String, memory: bool },
 }
 
 impl LuksError {
@@ -63,13 +78,24 @@ impl LuksError {
         }
     }
 
-    /// cryptsetup's exit codes: 1 usage, 2 bad passphrase, 4 bad device/header.
+    /// cryptsetup's exit codes (its `translate_errno`): 1 wrong or missing
+    /// parameters and invalid headers, 2 no permission or bad passphrase,
+    /// 3 out of memory, 4 wrong device or file, 5 busy or already exists.
     pub fn exit_code(&self) -> i32 {
         match self {
-            LuksError::WrongPassphrase => 2,
-            LuksError::Usage(_) => 1,
-            LuksError::Io { .. } => 4,
-            _ => 4,
+            LuksError::WrongPassphrase | LuksError::Mismatch | LuksError::Denied(_) => 2,
+            LuksError::Device(_) => 4,
+            LuksError::Busy(_) => 5,
+            LuksError::Cost { memory: true, .. } => 3,
+            LuksError::Io { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOENT) | Some(libc::ENODEV) | Some(libc::ENOTBLK)
+                | Some(libc::EACCES) => 4,
+                Some(libc::EPERM) => 2,
+                Some(libc::ENOMEM) => 3,
+                Some(libc::EBUSY) | Some(libc::EEXIST) => 5,
+                _ => 1,
+            },
+            _ => 1,
         }
     }
 }
@@ -78,9 +104,8 @@ impl fmt::Display for LuksError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LuksError::Io { what, source } => write!(f, "{what}: {source}"),
-            LuksError::NotLuks(dev) => {
-                write!(f, "{dev} is not a LUKS device (no LUKS magic found)")
-            }
+            LuksError::NotLuks(dev) => write!(f, "Device {dev} is not a valid LUKS device."),
+            LuksError::NotLuks2(dev) => write!(f, "Device {dev} is not a valid LUKS2 device."),
             LuksError::Field { field, value, why } => {
                 write!(f, "invalid LUKS header: {field} = {value}: {why}")
             }
@@ -93,6 +118,16 @@ impl fmt::Display for LuksError {
             LuksError::WrongPassphrase => write!(f, "No key available with this passphrase."),
             LuksError::Usage(m) => write!(f, "{m}"),
             LuksError::Crypto(m) => write!(f, "cipher error: {m}"),
+            LuksError::Mismatch => write!(f, "Passphrases do not match."),
+            LuksError::Denied(m) => write!(f, "{m}"),
+            LuksError::NoUsableKeyslot => write!(f, "No usable keyslot is available."),
+            LuksError::Device(d) => write!(f, "Device {d} does not exist or access denied."),
+            LuksError::Busy(m) => write!(f, "{m}"),
+            LuksError::Cost { what, .. } => write!(
+                f,
+                "{what}; refusing to try a passphrase (a damaged or hostile header can \
+                 demand this). Pass --unsafe-kdf-cost to try it anyway."
+            ),
         }
     }
 }

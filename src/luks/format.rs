@@ -6,6 +6,7 @@
 
 use super::disk::Disk;
 use super::error::LuksError;
+use super::feedback::Feedback;
 use super::hash::HashAlg;
 use super::json::{b64_encode, Metadata};
 use super::kdf::Kdf;
@@ -37,6 +38,14 @@ pub struct FormatParams {
     /// LUKS2 per-copy header size (binary + JSON).
     pub metadata_size: u64,
     pub keyslots_size: Option<u64>,
+    /// LUKS2 subsystem (second label).
+    pub subsystem: String,
+    /// Data start in bytes (`--offset`); None: after the metadata, aligned.
+    pub data_offset: Option<u64>,
+    /// Alignment of the data start in bytes (`--align-payload`; 1 MiB).
+    pub align: Option<u64>,
+    /// Keyslot for the first passphrase (`--key-slot`; 0).
+    pub key_slot: Option<u32>,
 }
 
 impl Default for FormatParams {
@@ -58,6 +67,10 @@ impl Default for FormatParams {
             uuid: None,
             metadata_size: 16 * 1024,
             keyslots_size: None,
+            subsystem: String::new(),
+            data_offset: None,
+            align: None,
+            key_slot: None,
         }
     }
 }
@@ -78,7 +91,7 @@ pub fn random_uuid() -> Result<String, LuksError> {
     ))
 }
 
-fn check_uuid(u: &str) -> Result<(), LuksError> {
+pub fn check_uuid(u: &str) -> Result<(), LuksError> {
     let ok = u.len() == 36
         && u.char_indices().all(|(i, c)| {
             if [8, 13, 18, 23].contains(&i) {
@@ -101,10 +114,20 @@ pub fn layout(p: &FormatParams, detached: bool) -> Result<(u64, u64, u64), LuksE
     if p.version == 1 {
         let area = luks1::area_sectors(p.key_bytes).div_ceil(8) * 8;
         let end = 8 + 8 * area;
-        let payload = if detached {
-            0
-        } else {
-            end.div_ceil(2048) * 2048
+        let align = (p.align.unwrap_or(MIB) / 512).max(1);
+        let payload = match p.data_offset {
+            Some(o) => {
+                if o % 512 != 0 || (o != 0 && o / 512 < end) || (o == 0 && !detached) {
+                    return Err(LuksError::Usage(format!(
+                        "Requested data offset {o} bytes overlaps the LUKS1 header and keyslots \
+                         (which end at {} bytes).",
+                        end * 512
+                    )));
+                }
+                o / 512
+            }
+            None if detached => 0,
+            None => end.div_ceil(align) * align,
         };
         let meta = if detached {
             (end * 512).div_ceil(4096) * 4096
@@ -128,26 +151,47 @@ pub fn layout(p: &FormatParams, detached: bool) -> Result<(u64, u64, u64), LuksE
             }
             k
         }
-        None => (16 * MIB).saturating_sub(2 * hdr),
+        None => {
+            let default = (16 * MIB).saturating_sub(2 * hdr);
+            match p.data_offset {
+                Some(o) if !detached => (o.saturating_sub(2 * hdr) / 4096 * 4096).min(default),
+                _ => default,
+            }
+        }
     };
     let meta = 2 * hdr + ks;
-    let data = if detached {
-        0
-    } else {
-        meta.div_ceil(MIB) * MIB
+    let align = p.align.unwrap_or(MIB).max(512);
+    let data = match p.data_offset {
+        Some(o) => {
+            if o % 512 != 0 || (!detached && o < meta) || ks < 4096 {
+                return Err(LuksError::Usage(format!(
+                    "Requested data offset {o} bytes is too small for the LUKS2 metadata \
+                     ({meta} bytes)."
+                )));
+            }
+            o
+        }
+        None if detached => 0,
+        None => meta.div_ceil(align) * align,
     };
     Ok((data, meta, ks))
 }
 
 /// Format `image` (header inside, or in the detached `header` file) and add
-/// keyslot 0 for `passphrase`. Returns the new volume key.
+/// a keyslot (0 unless `p.key_slot`) for `passphrase`, with `volume_key`
+/// or a new random one. Returns the volume key and the keyslot.
+///
+/// A regular file too small for any data is formatted anyway, grown to
+/// hold the metadata, with a warning (as cryptsetup does); a block device
+/// too small for the metadata is refused.
 pub fn format(
     image: &Path,
     header: Option<&Path>,
     p: &FormatParams,
     passphrase: &[u8],
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<Zeroizing<Vec<u8>>, LuksError> {
+    volume_key: Option<&[u8]>,
+    fb: &dyn Feedback,
+) -> Result<(Zeroizing<Vec<u8>>, u32), LuksError> {
     if p.key_bytes == 0 || p.key_bytes > luks1::MAX_KEY_BYTES {
         return Err(LuksError::Usage(format!(
             "Invalid key size {} bits.",
@@ -165,13 +209,40 @@ pub fn format(
     p.kdf.check("--pbkdf")?;
     let detached = header.is_some();
     let (data_off, meta_len, ks_size) = layout(p, detached)?;
-    let data_size = Disk::open(image, false)?.size()?;
+    if p.subsystem.len() >= 48 {
+        return Err(LuksError::Usage(
+            "Subsystem is too long (at most 47 bytes).".into(),
+        ));
+    }
+    if let Some(k) = volume_key {
+        if k.len() != p.key_bytes as usize {
+            return Err(LuksError::Usage(format!(
+                "Volume key has {} bits, the cipher needs {}.",
+                k.len() * 8,
+                p.key_bytes * 8
+            )));
+        }
+    }
+    let regular = std::fs::metadata(image)
+        .map(|m| m.is_file())
+        .unwrap_or(false);
+    let mut data_size = Disk::open(image, false)?.size()?;
     if data_size <= data_off {
-        return Err(LuksError::Usage(format!(
-            "Device {} is too small (LUKS{} needs more than {data_off} bytes; use --size).",
-            image.display(),
-            p.version
-        )));
+        if !regular && (detached || data_size < meta_len) {
+            return Err(LuksError::Usage(format!(
+                "Device {} is too small (LUKS{} needs more than {data_off} bytes).",
+                image.display(),
+                p.version
+            )));
+        }
+        fb.warn(&format!(
+            "Device {} is too small for activation, there is no remaining space for data.",
+            image.display()
+        ));
+        if !detached {
+            Disk::open(image, true)?.grow_to(data_off.max(meta_len))?;
+            data_size = data_size.max(data_off.max(meta_len));
+        }
     }
     let mut meta = match header {
         Some(h) => {
@@ -181,12 +252,17 @@ pub fn format(
         }
         None => Disk::open(image, true)?,
     };
-    let key = keyslot::random(p.key_bytes as usize)?;
+    let key = match volume_key {
+        Some(k) => Zeroizing::new(k.to_vec()),
+        None => keyslot::random(p.key_bytes as usize)?,
+    };
     let uuid = match &p.uuid {
         Some(u) => u.clone(),
         None => random_uuid()?,
     };
-    meta.zero(0, meta_len, &mut |done| progress(done, meta_len))?;
+    fb.begin("Wiping header area", meta_len);
+    meta.zero(0, meta_len, &mut |done| fb.advance(done))?;
+    fb.end();
     let digest_salt = keyslot::random(32)?;
     let hdr = if p.version == 1 {
         let Kdf::Pbkdf2 { .. } = p.kdf else {
@@ -232,14 +308,15 @@ pub fn format(
                         "Unsupported encryption sector size {s}."
                     )));
                 }
-                if (data_size - data_off) % u64::from(s) != 0 {
+                if data_size > data_off && (data_size - data_off) % u64::from(s) != 0 {
                     return Err(LuksError::Usage(format!(
                         "Device size is not aligned to requested sector size {s}."
                     )));
                 }
                 s
             }
-            None if (data_size - data_off) % 4096 == 0 => 4096,
+            None if data_size > data_off && (data_size - data_off) % 4096 == 0 => 4096,
+            None if data_size <= data_off => 4096,
             None => 512,
         };
         let d = keyslot::key_digest(
@@ -283,7 +360,7 @@ pub fn format(
                 label: p.label.clone(),
                 checksum_alg: HashAlg::Sha256,
                 uuid,
-                subsystem: String::new(),
+                subsystem: p.subsystem.clone(),
             },
             meta: meta_json,
             salts,
@@ -299,7 +376,14 @@ pub fn format(
         data_size,
         detached,
         header: hdr,
+        cost_limit: None,
     };
-    vol.add_key(&key, passphrase, Some(0), p.kdf, p.hash)?;
-    Ok(key)
+    let slot = vol.add_key(
+        &key,
+        passphrase,
+        Some(p.key_slot.unwrap_or(0)),
+        p.kdf,
+        p.hash,
+    )?;
+    Ok((key, slot))
 }

@@ -229,15 +229,9 @@ pub fn default_parallel() -> u32 {
 
 /// Default Argon2 memory: 1 GiB, but at most half of physical memory.
 pub fn default_memory_kib() -> u32 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
-    // SAFETY: as above.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if pages > 0 && page > 0 {
-        let half_kib = (pages as u64).saturating_mul(page as u64) / 2048;
-        (u64::from(DEFAULT_ARGON2_MEMORY_KIB).min(half_kib).max(32)) as u32
-    } else {
-        DEFAULT_ARGON2_MEMORY_KIB
+    match crate::mem::total_ram_bytes() {
+        Some(ram) => (u64::from(DEFAULT_ARGON2_MEMORY_KIB).min(ram / 2048).max(32)) as u32,
+        None => DEFAULT_ARGON2_MEMORY_KIB,
     }
 }
 

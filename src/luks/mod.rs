@@ -7,9 +7,13 @@
 //! [`read_passphrase`], and [`volume::Volume`] / [`format`] for management.
 
 pub mod af;
+pub mod change;
 pub mod cipher;
+pub mod cost;
 pub mod disk;
+pub mod dump;
 pub mod error;
+pub mod feedback;
 pub mod format;
 pub mod hash;
 pub mod json;
@@ -17,7 +21,10 @@ pub mod kdf;
 pub mod keyslot;
 pub mod luks1;
 pub mod luks2;
+pub mod ops;
 pub mod passphrase;
+pub mod pbkdf;
+pub mod secret;
 pub mod volume;
 
 pub use error::LuksError;

@@ -4,6 +4,7 @@
 //! previously valid passphrases working: new key material is written before a
 //! header references it, and old material is wiped only after no header does.
 
+use super::cost::CostLimit;
 use super::disk::Disk;
 use super::error::LuksError;
 use super::hash::HashAlg;
@@ -30,6 +31,9 @@ pub struct Volume {
     pub data_size: u64,
     pub detached: bool,
     pub header: Header,
+    /// Ceiling on KDF cost before a passphrase is tried (None: no limit,
+    /// the user's explicit choice).
+    pub cost_limit: Option<CostLimit>,
 }
 
 /// LUKS2 config flags that become dm-crypt options, in cryptsetup's order.
@@ -75,13 +79,16 @@ impl Volume {
             Some(_) => (Disk::open(image, false)?.size()?, true),
             None => (meta_size, false),
         };
-        Ok(Volume {
+        let v = Volume {
             meta,
             data_path: image.to_path_buf(),
             data_size,
             detached,
             header: hdr,
-        })
+            cost_limit: Some(CostLimit::default()),
+        };
+        v.check_data_offset()?;
+        Ok(v)
     }
 
     pub fn version(&self) -> u8 {
@@ -215,17 +222,78 @@ impl Volume {
         }
     }
 
-    /// Find the keyslot `passphrase` opens and return it with the volume key.
+    /// With the header inside the data device, data must start after the
+    /// metadata: a segment at offset 0 (or a LUKS1 payload at sector 0)
+    /// would map the header and keyslots as data, and the first write
+    /// through the mapping would destroy every key.
+    pub fn check_data_offset(&self) -> Result<(), LuksError> {
+        if self.detached {
+            return Ok(());
+        }
+        let meta_end = match &self.header {
+            Header::Luks1(h) => h.areas_end() * 512,
+            Header::Luks2(h) => 2 * h.bin.hdr_size + h.meta.keyslots_size,
+        };
+        match &self.header {
+            Header::Luks1(h) => {
+                let off = u64::from(h.payload_offset) * 512;
+                if off < meta_end {
+                    return Err(LuksError::field(
+                        "payload-offset",
+                        h.payload_offset,
+                        format!(
+                            "data would overlap the header and keyslots (which end at byte \
+                             {meta_end}); only a detached header (--header) may have data at 0"
+                        ),
+                    ));
+                }
+            }
+            Header::Luks2(h) => {
+                for (n, s) in &h.meta.segments {
+                    if s.offset < meta_end {
+                        return Err(LuksError::field(
+                            format!("segments.{n}.offset"),
+                            s.offset,
+                            format!(
+                                "data would overlap the header and keyslots (which end at \
+                                 byte {meta_end}); only a detached header (--header) may \
+                                 have data at 0"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The KDF of keyslot `slot`, if it is an active slot udm can unlock.
+    pub fn slot_kdf(&self, slot: u32) -> Option<Kdf> {
+        self.slot_params(slot).map(|p| p.kdf)
+    }
+
+    /// Find the keyslot `passphrase` opens and return it with the volume
+    /// key. `only` tries that slot alone (`--key-slot`). Before any KDF
+    /// runs, the summed cost of the slots to try is checked against
+    /// [`Volume::cost_limit`].
     pub fn unlock(
         &self,
         passphrase: &[u8],
         only: Option<u32>,
     ) -> Result<(u32, Zeroizing<Vec<u8>>), LuksError> {
         let spec = self.luks1_spec();
-        for slot in self.try_order(only) {
+        let order = self.try_order(only);
+        if let Some(limit) = &self.cost_limit {
+            let costs: Vec<(u32, Kdf)> = order
+                .iter()
+                .filter_map(|&s| self.slot_kdf(s).map(|k| (s, k)))
+                .collect();
+            limit.check(&costs)?;
+        }
+        for slot in order {
             let Some(mut p) = self.slot_params(slot) else {
                 if only.is_some() {
-                    return Err(LuksError::Usage(format!("Keyslot {slot} is not active.")));
+                    return Err(LuksError::NoUsableKeyslot);
                 }
                 continue;
             };
@@ -356,7 +424,7 @@ impl Volume {
         })
     }
 
-    fn write_header(&mut self) -> Result<(), LuksError> {
+    pub(crate) fn write_header(&mut self) -> Result<(), LuksError> {
         match &mut self.header {
             Header::Luks1(h) => {
                 let b = h.to_bytes();
@@ -368,7 +436,7 @@ impl Volume {
     }
 
     /// First free keyslot number.
-    fn free_slot(&self) -> Option<u32> {
+    pub fn free_slot(&self) -> Option<u32> {
         match &self.header {
             Header::Luks1(h) => (0..8u32).find(|&i| !h.slots[i as usize].active),
             Header::Luks2(h) => (0..super::json::MAX_KEYSLOTS).find(|i| {

@@ -1,7 +1,7 @@
 //! A mapped device: a table's segments, each with its target. It routes a
 //! request to the segment(s) it covers and cuts it exactly at segment
 //! boundaries, as dm core does with its clones — but without cloning: each
-//! piece is a sub-slice of the caller's buffer (seed 001), so routing costs a
+//! piece is a sub-slice of the caller's buffer (no-clone remap), so routing costs a
 //! binary search and no allocation.
 //!
 //! Direct access (see [`crate::core::device::Transform`]) is forwarded when

@@ -6,9 +6,11 @@
 //! path as a backing store, so the layers below stay unaware of both.
 
 pub mod build;
+pub mod check;
 pub mod mapped;
 pub mod registry;
 
 pub use build::build;
+pub use check::{check, CheckDevices};
 pub use mapped::{MappedDevice, Segment};
 pub use registry::{BuildOptions, DeviceSpec, Entry, Registry};

@@ -14,7 +14,7 @@ use zeroize::Zeroizing;
 use super::mapped::MappedDevice;
 use crate::core::table;
 use crate::core::BlockDevice;
-use crate::store::file::{FileStore, OpenFlags};
+use crate::store::{Location, OpenFlags};
 use crate::targets::{DeviceResolver, TargetOptions};
 
 /// How one named device is defined.
@@ -25,7 +25,8 @@ pub enum DeviceSpec {
         text: Zeroizing<String>,
         source: String,
     },
-    /// A file or block device served as it is.
+    /// A file, block device or remote image (`rbd:…`, `nbd://…`) served
+    /// as it is.
     File(PathBuf),
 }
 
@@ -149,29 +150,41 @@ impl Builder {
         Ok(dev)
     }
 
+    /// Open a path (a file, or a remote image: `store::Location`), once.
     fn open_file(&mut self, path: &Path) -> Result<Arc<dyn BlockDevice>, String> {
-        let key = std::fs::canonicalize(path).map_err(|e| {
-            format!(
-                "cannot open {}: {e}; give an existing file or block device",
-                path.display()
-            )
-        })?;
-        if let Some(d) = self.files.get(&key) {
-            return Ok(d.clone());
-        }
-        let store = FileStore::open(
-            &key,
-            OpenFlags {
-                read_only: self.opts.read_only,
-                direct: self.opts.direct,
-                no_map: self.opts.no_mmap,
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let d: Arc<dyn BlockDevice> = Arc::new(store);
-        self.files.insert(key, d.clone());
-        Ok(d)
+        let flags = OpenFlags {
+            read_only: self.opts.read_only,
+            direct: self.opts.direct,
+            no_map: self.opts.no_mmap,
+        };
+        open_shared(&mut self.files, path, flags)
     }
+}
+
+/// Open the file, block device or remote image (`store::Location`) at
+/// `path` as a store, once: `files` (keyed by canonical path, or by the
+/// remote spec) hands out the store already opened, so two segments over
+/// one file share one descriptor and over one image one connection.
+pub(super) fn open_shared(
+    files: &mut HashMap<PathBuf, Arc<dyn BlockDevice>>,
+    path: &Path,
+    flags: OpenFlags,
+) -> Result<Arc<dyn BlockDevice>, String> {
+    let loc = match path.to_str() {
+        Some(s) => Location::parse(s)?,
+        None => Location::File(path.to_path_buf()),
+    };
+    let key = loc.share_key(&path.to_string_lossy())?;
+    if let Some(d) = files.get(&key) {
+        return Ok(d.clone());
+    }
+    let loc = match loc {
+        Location::File(_) => Location::File(key.clone()),
+        remote => remote,
+    };
+    let d = loc.open(flags)?;
+    files.insert(key, d.clone());
+    Ok(d)
 }
 
 impl DeviceResolver for Builder {

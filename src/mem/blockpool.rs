@@ -1,5 +1,5 @@
-//! O(1) fixed-size block allocator for small request-path objects (seed 004,
-//! after `mm/dmapool.c` with "link blocks across pages").
+//! O(1) fixed-size block allocator for small request-path objects, after
+//! `mm/dmapool.c` with "dmapool: link blocks across pages".
 //!
 //! Why: request descriptors and per-request crypto state are small, fixed
 //! size and short-lived; the general allocator spends time on size classes,

@@ -1,5 +1,5 @@
-//! Per-device budget of buffer memory (seed 003 applied to dm-crypt's
-//! `pages_per_client`).
+//! Per-device budget of buffer memory (an approximate per-core counter
+//! applied to dm-crypt's `pages_per_client`).
 //!
 //! Why: a device must not be able to take all of the host's memory because
 //! a client queues many large writes. Each device may hold at most its share
@@ -101,8 +101,8 @@ impl Budget {
         true
     }
 
-    /// The same check made exactly (the pre-seed-003 behaviour near the
-    /// limit: a locked sum of every shard). Used on slow paths and as the
+    /// The same check made exactly (what `percpu_counter_compare` does
+    /// near the limit: a locked sum of every shard). Used on slow paths and as the
     /// benchmark's ablation.
     pub fn try_charge_exact(&self, bytes: u64) -> bool {
         if !self.unlimited && self.used.sum() >= self.limit as i64 {
@@ -217,78 +217,9 @@ pub fn per_device_budget(total: u64, devices: usize, explicit: bool) -> u64 {
     }
 }
 
-/// Parse a size such as `4096`, `64K`, `32M`, `1G`, `2T` (binary multiples;
-/// an optional trailing `B` or `iB` is accepted: `32MiB`, `1GB`).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    if t.is_empty() {
-        return Err(
-            "empty size: give a number with an optional K, M, G or T suffix (e.g. 32M)".into(),
-        );
-    }
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(digits_end);
-    if num.is_empty() {
-        return Err(format!(
-            "invalid size {s:?}: it must start with a number (e.g. 32M, 1G, 4096)"
-        ));
-    }
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: the number is too large"))?;
-    let mut suf = suffix.to_ascii_uppercase();
-    if let Some(stripped) = suf.strip_suffix("IB") {
-        suf = stripped.to_string();
-    } else if suf.len() > 1 {
-        if let Some(stripped) = suf.strip_suffix('B') {
-            suf = stripped.to_string();
-        }
-    }
-    let shift = match suf.as_str() {
-        "" | "B" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => {
-            return Err(format!(
-                "invalid size {s:?}: unknown suffix {suffix:?} (use K, M, G or T, e.g. 32M)"
-            ))
-        }
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("invalid size {s:?}: too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parse_sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("64k"), Ok(64 << 10));
-        assert_eq!(parse_size("32M"), Ok(32 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("2T"), Ok(2 << 40));
-        assert_eq!(parse_size("32MiB"), Ok(32 << 20));
-        assert_eq!(parse_size("1GB"), Ok(1 << 30));
-        assert_eq!(parse_size(" 8M "), Ok(8 << 20));
-        for bad in [
-            "",
-            "M",
-            "12Q",
-            "-1",
-            "1.5G",
-            "99999999999999999999",
-            "20000000000T",
-            "1 G",
-        ] {
-            let e = parse_size(bad).unwrap_err();
-            assert!(e.contains("size"), "{bad}: {e}");
-        }
-    }
 
     #[test]
     fn defaults_follow_dm_crypt() {

@@ -1,14 +1,14 @@
-//! Fixed-size element pool with a reserve and bulk allocation (seed 000),
+//! Fixed-size element pool with a reserve and bulk allocation,
 //! after `mm/mempool.c` and the bulk variants proposed for dm-crypt's write
 //! bounce pages.
 //!
 //! Why: an encrypted write of a borrowed buffer needs one bounce page per
 //! 4 KiB — 256 pages for a 1 MiB request. Taking them one at a time costs a
-//! lock round trip and a budget update per page (the seed measured 600 µs
+//! lock round trip and a budget update per page (measured on dm-crypt: 600 µs
 //! for the loop against 30 µs for one bulk call). [`MemPool::alloc_bulk`]
 //! takes all of them under one lock acquisition with at most one budget
 //! charge. [`MemPool::alloc_each`] keeps the one-at-a-time path (the kernel's
-//! pre-seed `crypt_alloc_buffer` loop) for the ablation benchmark.
+//! `crypt_alloc_buffer` loop before bulk allocation) for the ablation benchmark.
 //!
 //! Lists: the *reserve* holds `min` elements allocated at creation and is
 //! refilled first by frees (it guarantees progress and is not charged to the
@@ -21,7 +21,7 @@
 //! them (all or nothing). If that fails the caller gives back everything,
 //! takes the pool's allocation mutex and accumulates elements — cache,
 //! reserve, exact budget check — sleeping until frees arrive. The mutex is
-//! the seed's `bio_alloc_lock`: two writers each holding half the reserve and
+//! dm-crypt's `bio_alloc_lock`: two writers each holding half the reserve and
 //! waiting for the other half would deadlock; serialising the ones that
 //! block means one of them always completes from the reserve (a request
 //! never needs more than `min` elements), and elements come back as writes
@@ -45,7 +45,7 @@ static BULK_BOUNCE: AtomicBool = AtomicBool::new(true);
 
 /// Choose how crypt targets created from now on take their write bounce
 /// pages: `true` (default) in one bulk call, `false` one at a time — the
-/// seed's "before", kept for the ablation benchmark.
+/// behaviour before bulk allocation, kept for the ablation benchmark.
 pub fn set_bulk_bounce_default(bulk: bool) {
     BULK_BOUNCE.store(bulk, Ordering::Relaxed);
 }
@@ -256,7 +256,7 @@ impl MemPool {
         }
     }
 
-    /// `n` elements one at a time, the way dm-crypt did before the seed: a
+    /// `n` elements one at a time, the way dm-crypt does without bulk allocation: a
     /// non-blocking pass per element; on the first failure free all, take
     /// the mutex and allocate each element blocking. (Ablation path.)
     pub fn alloc_each(self: &Arc<Self>, n: usize) -> PageList {
@@ -472,7 +472,7 @@ mod tests {
         assert_eq!(pool.free_counts(), (8, 0));
     }
 
-    /// The seed's deadlock: two writers each needing the whole reserve, no
+    /// The deadlock `bio_alloc_lock` prevents: two writers each needing the whole reserve, no
     /// budget at all. Both must finish, repeatedly, with either path.
     #[test]
     fn two_writers_needing_the_whole_reserve_do_not_deadlock() {

@@ -1,6 +1,6 @@
-//! The seeds' memory machinery: per-core budget counter (seed 003), mempool
-//! with bulk allocation (seed 000), recycling payload buffer pool, and the
-//! fixed-size block pool with a free list through the free blocks (seed 004).
+//! The request path's memory machinery: approximate per-core budget
+//! counter, mempool with bulk allocation, recycling payload buffer pool, and
+//! the fixed-size block pool with a free list through the free blocks.
 //!
 //! Why a module of its own: every request on the data path needs memory
 //! (an NBD payload, a crypt bounce buffer, a request descriptor). Taking it
@@ -23,14 +23,14 @@
 //! }
 //! /// Deref/DerefMut<Target = [u8]>; returns its memory to the pool on drop.
 //! pub struct PooledBuf;
-//! /// Per-device in-flight memory budget counted in per-core shards (seed 003).
+//! /// Per-device in-flight memory budget counted in per-core shards.
 //! pub struct Budget;
 //! impl Budget { pub fn new(limit_bytes: u64) -> std::sync::Arc<Budget>; pub fn unlimited() -> std::sync::Arc<Budget>; }
 //! ```
 //!
 //! Budget sizing: [`default_total_budget`] (2 % of RAM, as dm-crypt) divided
 //! among devices by [`per_device_budget`]; `--memory-budget SIZE` is parsed by
-//! [`parse_size`].
+//! [`crate::core::units::parse_size`].
 
 pub mod blockpool;
 pub mod budget;
@@ -40,10 +40,13 @@ pub mod percpu;
 pub mod raw;
 pub mod secret;
 
+/// The size parser lives in `core::units`; named here too for callers that
+/// take it together with the budget functions.
+pub use crate::core::units::parse_size;
 pub use blockpool::{
     ArcPoolBox, BlockPool, LocalBlockCache, LocalBox, LocalPool, PoolBox, RawBlockPool,
 };
-pub use budget::{default_total_budget, parse_size, per_device_budget, total_ram_bytes, Budget};
+pub use budget::{default_total_budget, per_device_budget, total_ram_bytes, Budget};
 pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
 pub use mempool::{MemPool, PageList, BIO_MAX_VECS};
 pub use percpu::PerCpuCounter;

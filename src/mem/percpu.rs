@@ -1,5 +1,5 @@
-//! A counter split into per-core shards with a batch (seed 003, after the
-//! kernel's `percpu_counter`).
+//! An approximate per-core counter: shards with a batch, after the
+//! kernel's `percpu_counter`.
 //!
 //! Why: every buffer allocation and free adjusts its device's memory count.
 //! One shared atomic would bounce its cache line between all cores on every

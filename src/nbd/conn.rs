@@ -898,7 +898,11 @@ impl Session {
         );
         let limits = ex.device.limits();
         self.phase = Phase::Tx(Box::new(Tx {
-            _attached: neg.export.connect(),
+            // `dmsetup remove --force` ends the connection through this hook.
+            _attached: {
+                let closing = self.conn.clone();
+                neg.export.connect_closable(Box::new(move || closing.kill()))
+            },
             client,
             meta: neg.meta_base_allocation,
             size: ex.device.size(),

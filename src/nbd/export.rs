@@ -6,8 +6,8 @@
 //! server, the handshake and the connection, which all depend on it and
 //! not on each other.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::core::BlockDevice;
 use crate::engine::{Engine, Queue};
@@ -94,12 +94,30 @@ impl Allow {
     }
 }
 
-/// An export being served: its configuration, its engine queue, and how
-/// many clients are in transmission on it.
+/// An export being served: its configuration, its engine queue, and the
+/// clients in transmission on it.
 pub struct Exported {
     pub export: Export,
     pub queue: Arc<Queue>,
-    connections: AtomicUsize,
+    /// Shared by the copies a rename makes, so the count and the closers
+    /// follow the device, not the name.
+    attached: Arc<Attached>,
+}
+
+/// A hook that ends one client's connection (shuts its socket), given by
+/// whoever runs the connection.
+pub type Closer = Box<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
+struct Attached {
+    count: AtomicUsize,
+    next: AtomicU64,
+    closers: Mutex<Vec<(u64, Closer)>>,
+    /// Set by [`Exported::close_connections`]: clients that attach later
+    /// (a handshake that found the export just before it was removed) are
+    /// closed at once.
+    closed: AtomicBool,
+    /// Who may use the export (empty: everyone).
     allow: RwLock<Vec<Allow>>,
 }
 
@@ -107,33 +125,85 @@ impl Exported {
     /// Whether a client from `ip` (`None`: Unix socket), over TLS or not,
     /// may see and use this export.
     pub fn allows(&self, ip: Option<std::net::IpAddr>, tls: bool) -> bool {
-        let list = self.allow.read().unwrap_or_else(|p| p.into_inner());
+        let list = self
+            .attached
+            .allow
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
         list.is_empty() || list.iter().any(|a| a.admits(ip, tls))
     }
 
     /// Replace the allow-list (empty: everyone).
     pub fn set_allow(&self, list: Vec<Allow>) {
-        *self.allow.write().unwrap_or_else(|p| p.into_inner()) = list;
+        *self
+            .attached
+            .allow
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = list;
     }
 
     /// Clients currently in transmission on this export.
     pub fn connections(&self) -> usize {
-        self.connections.load(Ordering::Relaxed)
+        self.attached.count.load(Ordering::Relaxed)
     }
 
     /// Count a client in transmission until the guard is dropped.
     pub fn connect(self: &Arc<Self>) -> ConnectionGuard {
-        self.connections.fetch_add(1, Ordering::Relaxed);
-        ConnectionGuard(self.clone())
+        self.attached.count.fetch_add(1, Ordering::Relaxed);
+        ConnectionGuard(self.attached.clone(), None)
+    }
+
+    /// [`Exported::connect`], with a hook that ends this client's
+    /// connection when the export is closed (`dmsetup remove --force`).
+    pub fn connect_closable(self: &Arc<Self>, close: Closer) -> ConnectionGuard {
+        let a = &self.attached;
+        a.count.fetch_add(1, Ordering::Relaxed);
+        let id = a.next.fetch_add(1, Ordering::Relaxed);
+        a.closers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, close));
+        // Checked after registering: a close racing with this attach either
+        // sees the closer or is seen here.
+        if a.closed.load(Ordering::SeqCst) {
+            self.close_connections();
+        }
+        ConnectionGuard(self.attached.clone(), Some(id))
+    }
+
+    /// End the connection of every attached client (and of any that
+    /// attaches from now on). Their requests already running finish; the
+    /// replies may not reach them. Returns how many were closed.
+    pub fn close_connections(&self) -> usize {
+        let a = &self.attached;
+        a.closed.store(true, Ordering::SeqCst);
+        let list = a.closers.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, close) in list.iter() {
+            close();
+        }
+        list.len()
+    }
+
+    /// Whether [`Exported::close_connections`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.attached.closed.load(Ordering::SeqCst)
     }
 }
 
-/// Keeps an export's connection count while a client is attached.
-pub struct ConnectionGuard(Arc<Exported>);
+/// Keeps an export's connection count (and its closer) while a client is
+/// attached.
+pub struct ConnectionGuard(Arc<Attached>, Option<u64>);
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+        if let Some(id) = self.1 {
+            self.0
+                .closers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(i, _)| *i != id);
+        }
+        self.0.count.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -184,10 +254,38 @@ impl ExportSet {
         let e = Arc::new(Exported {
             export: ex,
             queue,
-            connections: AtomicUsize::new(0),
-            allow: RwLock::new(Vec::new()),
+            attached: Arc::default(),
         });
         list.push(e.clone());
+        Ok(e)
+    }
+
+    /// Offer export `old` under the name `new` from now on (dmsetup
+    /// rename). Clients attached under the old name stay attached: the new
+    /// entry shares the queue, so requests of old and new clients are
+    /// still ordered against each other, and it shares the connection
+    /// count and closers.
+    pub fn rename(&self, old: &str, new: &str) -> Result<Arc<Exported>, String> {
+        let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
+        if list.iter().any(|e| e.export.name == new) {
+            return Err(format!("an export named '{new}' exists already"));
+        }
+        let i = list
+            .iter()
+            .position(|e| e.export.name == old)
+            .ok_or_else(|| format!("no export named '{old}'"))?;
+        let cur = &list[i];
+        let e = Arc::new(Exported {
+            export: Export {
+                name: new.to_string(),
+                description: cur.export.description.replace(old, new),
+                device: cur.export.device.clone(),
+                read_only: cur.export.read_only,
+            },
+            queue: cur.queue.clone(),
+            attached: cur.attached.clone(),
+        });
+        list[i] = e.clone();
         Ok(e)
     }
 

@@ -57,7 +57,7 @@ pub struct ServerConfig {
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
 
 /// Optional knobs of [`serve_with`].
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ServeOptions {
     /// Total in-flight payload memory for all exports (divided equally);
     /// `None`: 2 % of RAM, at least 16 MiB per export.
@@ -75,6 +75,25 @@ pub struct ServeOptions {
     pub tls: TlsOptions,
     /// Per-export allow-lists (export name, entries).
     pub allow: Vec<(String, Vec<super::export::Allow>)>,
+    /// Serve this export set, owned by the caller (who adds and removes
+    /// exports while the server runs: the control socket). The exports of
+    /// the [`ServerConfig`] are added to it, and it may start empty.
+    /// `None`: a set of the configured exports, which must not be empty.
+    pub exports: Option<Arc<ExportSet>>,
+}
+
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("memory_budget", &self.memory_budget)
+            .field("stop", &self.stop)
+            .field("exports", &self.exports.as_ref().map(|e| e.list().len()))
+            .field("max_connections", &self.max_connections)
+            .field("net_threads", &self.net_threads)
+            .field("net", &self.net)
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 use super::proto::DEFAULT_PORT;
@@ -310,12 +329,6 @@ fn run(
     pipe: Option<&Pipe>,
     opts: &ServeOptions,
 ) -> io::Result<()> {
-    if cfg.exports.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "no exports configured: give at least one device to serve",
-        ));
-    }
     let tls_config = tls::server_config(&opts.tls)
         .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
     let nofile = raise_nofile_limit();
@@ -333,7 +346,22 @@ fn run(
         }
         None => DEFAULT_MAX_CONNECTIONS.min(fd_cap),
     };
-    let exports = Arc::new(export_set(cfg.exports, cfg.threads, opts.memory_budget)?);
+    let exports = match &opts.exports {
+        Some(set) => {
+            for e in cfg.exports {
+                set.add(e)
+                    .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+            }
+            set.clone()
+        }
+        None if cfg.exports.is_empty() => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no exports configured: give at least one device to serve",
+            ))
+        }
+        None => Arc::new(export_set(cfg.exports, cfg.threads, opts.memory_budget)?),
+    };
     for (name, rules) in &opts.allow {
         match exports.find(name.as_bytes()).filter(|_| !name.is_empty()) {
             Some(e) => e.set_allow(rules.clone()),
@@ -446,6 +474,9 @@ fn run(
 
     tracing::info!("shutting down: finishing in-flight requests");
     drop(listener);
+    // Requests waiting behind a suspended device must run before the
+    // connections can finish.
+    engine.release_all();
     cx.shutting_down.store(true, Ordering::SeqCst);
     net.stop();
     drop(cx);

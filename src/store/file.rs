@@ -198,6 +198,7 @@ impl BlockDevice for FileStore {
             discard: true,
             write_zeroes: true,
             read_only: self.read_only,
+            queue_depth: 0,
         }
     }
 

@@ -1,6 +1,6 @@
 //! `linear <dev> <offset>`: the segment maps onto a contiguous area of one
 //! device. The request is passed down as it is, with its offset shifted:
-//! no copy, no allocation (seed 001). Direct access (a crypt target above
+//! no copy, no allocation (no-clone remap). Direct access (a crypt target above
 //! encrypting straight into an in-memory store below) is forwarded the same
 //! way: the offset shift changes nothing about which bytes form a piece.
 

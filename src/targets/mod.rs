@@ -148,24 +148,32 @@ pub fn table_constructor(name: &str) -> Option<Constructor> {
     lookup(name).map(|t| t.new)
 }
 
-/// Parse argument `idx` as a decimal count of 512-byte sectors.
+/// Parse argument `idx` as a decimal count of 512-byte sectors that fits a
+/// byte offset (at most `i64::MAX` bytes, as the kernel's `sector_t` in
+/// bytes does).
 pub fn parse_sectors(args: &[String], idx: usize) -> Result<u64, TargetError> {
+    let v = parse_number(args, idx, "a decimal number of 512-byte sectors")?;
+    if v > (i64::MAX as u64) >> 9 {
+        return Err(TargetError::at(
+            idx,
+            format!("'{}' is too large", args[idx]),
+        ));
+    }
+    Ok(v)
+}
+
+/// Parse argument `idx` as an unsigned decimal (digits only, the one
+/// parser of [`crate::core::units`]); `expected` says what it should be.
+pub fn parse_number(args: &[String], idx: usize, expected: &str) -> Result<u64, TargetError> {
     let s = args
         .get(idx)
         .ok_or_else(|| TargetError::at(idx, "missing"))?;
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(TargetError::at(
-            idx,
-            format!("expected a decimal number of 512-byte sectors, got '{s}'"),
-        ));
-    }
-    let v: u64 = s
-        .parse()
-        .map_err(|_| TargetError::at(idx, format!("'{s}' is too large")))?;
-    if v > (i64::MAX as u64) >> 9 {
-        return Err(TargetError::at(idx, format!("'{s}' is too large")));
-    }
-    Ok(v)
+    crate::core::units::parse_decimal(s).map_err(|e| match e {
+        crate::core::units::DecimalError::TooLarge => {
+            TargetError::at(idx, format!("'{s}' is too large"))
+        }
+        _ => TargetError::at(idx, format!("expected {expected}, got '{s}'")),
+    })
 }
 
 /// A device area a target maps onto: the device, the name it was given in

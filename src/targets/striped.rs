@@ -4,7 +4,7 @@
 //! table and the kernel's lay the same bytes in the same places.
 //!
 //! A request is cut exactly at chunk boundaries and each piece is a
-//! sub-slice of the caller's buffer: no copy, no allocation (seed 001).
+//! sub-slice of the caller's buffer: no copy, no allocation (no-clone remap).
 //!
 //! Direct access ([`BlockDevice::direct_access`]) is not offered, even over
 //! in-memory legs: a chunk of 512-byte sectors need not be a whole number
@@ -65,10 +65,14 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     }
     let want = 2 + 2 * n as usize;
     if a.args.len() != want {
-        return Err(TargetError::line(format!(
-            "{n} stripes need {want} arguments ('<#stripes> <chunk_size>' and a '<device> <offset>' pair per stripe), got {}",
-            a.args.len()
-        )));
+        return Err(TargetError::at(
+            0,
+            format!(
+                "{n} stripes need {want} arguments ('<#stripes> <chunk_size>' and a '<device> <offset>' pair per stripe), got {} ({} device(s))",
+                a.args.len(),
+                (a.args.len() - 2) / 2
+            ),
+        ));
     }
     let len_sectors = a.len / 512;
     if len_sectors % n != 0 {
@@ -94,10 +98,14 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
 }
 
 fn parse_count(args: &[String], idx: usize) -> Result<u64, TargetError> {
-    let s = &args[idx];
-    s.parse::<u32>()
-        .map(u64::from)
-        .map_err(|_| TargetError::at(idx, format!("expected a stripe count, got '{s}'")))
+    let n = super::parse_number(args, idx, "a stripe count")?;
+    if n > u64::from(u32::MAX) {
+        return Err(TargetError::at(
+            idx,
+            format!("'{}' is too large", args[idx]),
+        ));
+    }
+    Ok(n)
 }
 
 impl Striped {

@@ -1,0 +1,139 @@
+//! Header changes that are not keyslot material: UUID, label and
+//! subsystem, keyslot priority, renumbering, and arbitrary LUKS2 JSON edits
+//! (tokens, config). Each rewrites the header through the same two-copy
+//! write path as keyslot changes, so a crash leaves one valid copy.
+
+use super::error::LuksError;
+use super::format::check_uuid;
+use super::volume::{Header, Volume};
+use serde_json::{Map, Value};
+
+impl Volume {
+    /// Apply `f` to the LUKS2 JSON top-level object, validate the result
+    /// and write the header. LUKS1 has no JSON: an error naming the verb.
+    pub fn edit_json(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut Map<String, Value>),
+    ) -> Result<(), LuksError> {
+        match &mut self.header {
+            Header::Luks1(_) => {
+                return Err(LuksError::Usage(format!(
+                    "{what} is supported only for LUKS2 devices."
+                )))
+            }
+            Header::Luks2(h) => {
+                h.meta = h.meta.edit(h.bin.hdr_size, f)?;
+            }
+        }
+        self.write_header()
+    }
+
+    /// Set the UUID (`luksUUID --uuid`).
+    pub fn set_uuid(&mut self, uuid: &str) -> Result<(), LuksError> {
+        check_uuid(uuid)?;
+        match &mut self.header {
+            Header::Luks1(h) => h.uuid = uuid.to_string(),
+            Header::Luks2(h) => h.bin.uuid = uuid.to_string(),
+        }
+        self.write_header()
+    }
+
+    /// Set the LUKS2 label and/or subsystem (`config --label/--subsystem`);
+    /// None leaves a field as it is.
+    pub fn set_label(
+        &mut self,
+        label: Option<&str>,
+        subsystem: Option<&str>,
+    ) -> Result<(), LuksError> {
+        for (n, v) in [("Label", label), ("Subsystem", subsystem)] {
+            if v.is_some_and(|v| v.len() >= 48) {
+                return Err(LuksError::Usage(format!(
+                    "{n} is too long (at most 47 bytes)."
+                )));
+            }
+        }
+        match &mut self.header {
+            Header::Luks1(_) => {
+                return Err(LuksError::Usage(
+                    "Label is supported only for LUKS2 devices.".into(),
+                ))
+            }
+            Header::Luks2(h) => {
+                if let Some(l) = label {
+                    h.bin.label = l.to_string();
+                }
+                if let Some(s) = subsystem {
+                    h.bin.subsystem = s.to_string();
+                }
+            }
+        }
+        self.write_header()
+    }
+
+    /// Set a LUKS2 keyslot's priority: 0 ignore, 1 normal, 2 prefer.
+    /// cryptsetup stores normal by removing the member.
+    pub fn set_priority(&mut self, slot: u32, priority: u32) -> Result<(), LuksError> {
+        let known = match &self.header {
+            Header::Luks2(h) => {
+                h.meta.keyslots.contains_key(&slot) || h.meta.other_keyslots.contains_key(&slot)
+            }
+            Header::Luks1(_) => false,
+        };
+        if !known {
+            return Err(LuksError::Usage(format!("Keyslot {slot} is not active.")));
+        }
+        self.edit_json("Keyslot priority", |top| {
+            if let Some(k) = top
+                .get_mut("keyslots")
+                .and_then(|k| k.get_mut(slot.to_string()))
+                .and_then(Value::as_object_mut)
+            {
+                if priority == 1 {
+                    k.shift_remove("priority");
+                } else {
+                    k.insert("priority".into(), Value::from(priority));
+                }
+            }
+        })
+    }
+
+    /// Exchange the numbers of LUKS2 keyslots `a` and `b` everywhere they
+    /// are named (keyslots, digests, tokens), as cryptsetup does to keep a
+    /// changed passphrase in its old slot. Writes nothing: the caller's next
+    /// header write carries it.
+    pub(crate) fn swap_luks2_slots(&mut self, a: u32, b: u32) -> Result<(), LuksError> {
+        let Header::Luks2(h) = &mut self.header else {
+            return Ok(());
+        };
+        let (sa, sb) = (a.to_string(), b.to_string());
+        h.meta = h.meta.edit(h.bin.hdr_size, |top| {
+            if let Some(ks) = top.get_mut("keyslots").and_then(Value::as_object_mut) {
+                let va = ks.shift_remove(&sa);
+                let vb = ks.shift_remove(&sb);
+                if let Some(v) = vb {
+                    ks.insert(sa.clone(), v);
+                }
+                if let Some(v) = va {
+                    ks.insert(sb.clone(), v);
+                }
+            }
+            for group in ["digests", "tokens"] {
+                if let Some(g) = top.get_mut(group).and_then(Value::as_object_mut) {
+                    for (_, item) in g.iter_mut() {
+                        if let Some(arr) = item.get_mut("keyslots").and_then(Value::as_array_mut) {
+                            for e in arr.iter_mut() {
+                                if e.as_str() == Some(sa.as_str()) {
+                                    *e = Value::String(sb.clone());
+                                } else if e.as_str() == Some(sb.as_str()) {
+                                    *e = Value::String(sa.clone());
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! luksFormat: ask, read the passphrase (twice on a terminal), resolve the
+//! PBKDF, write the header and the first keyslot.
+
+use super::{confirm_or, read_volume_key_file, Device};
+use crate::luks::disk::Disk;
+use crate::luks::error::LuksError;
+use crate::luks::feedback::Feedback;
+use crate::luks::format::{self, FormatParams};
+use crate::luks::hash::HashAlg;
+use crate::luks::passphrase::KeySource;
+use crate::luks::pbkdf::PbkdfChoice;
+use std::path::PathBuf;
+
+/// A luksFormat request (cryptsetup's options, None = its default).
+#[derive(Clone, Debug, Default)]
+pub struct FormatOpts {
+    pub dev: Device,
+    pub key: KeySource,
+    /// 1 or 2 (`--type luks1|luks2|luks`).
+    pub version: u8,
+    pub cipher: Option<String>,
+    /// Volume key size in bits.
+    pub key_bits: Option<u32>,
+    pub sector_size: Option<u32>,
+    pub label: Option<String>,
+    pub subsystem: Option<String>,
+    pub uuid: Option<String>,
+    pub metadata_size: Option<u64>,
+    pub keyslots_size: Option<u64>,
+    /// `--offset`, 512-byte sectors.
+    pub offset_sectors: Option<u64>,
+    /// `--align-payload`, 512-byte sectors.
+    pub align_sectors: Option<u64>,
+    pub key_slot: Option<u32>,
+    pub volume_key_file: Option<PathBuf>,
+    pub pbkdf: PbkdfChoice,
+    /// udm's `--size`: create or grow the image file to this many bytes.
+    pub create_size: Option<u64>,
+}
+
+/// cryptsetup's default: 512-bit keys for XTS (two AES-256 keys), 256 otherwise.
+pub fn default_key_bits(cipher: &str) -> u32 {
+    if cipher.contains("xts") {
+        512
+    } else {
+        256
+    }
+}
+
+/// Format; returns the keyslot of the passphrase.
+pub fn luks_format(o: &FormatOpts, fb: &dyn Feedback) -> Result<u32, LuksError> {
+    let version = o.version;
+    if version != 1 && version != 2 {
+        return Err(LuksError::Usage(format!(
+            "Unsupported LUKS type luks{version} (luks1, luks2)."
+        )));
+    }
+    if version == 1 {
+        if o.sector_size.is_some_and(|s| s > 512) {
+            return Err(LuksError::Usage(
+                "Unsupported encryption sector size.".into(),
+            ));
+        }
+        if o.metadata_size.is_some() || o.keyslots_size.is_some() {
+            return Err(LuksError::Usage(
+                "Unsupported LUKS2 metadata size options.".into(),
+            ));
+        }
+    }
+    let cipher = o.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
+    let key_bits = o.key_bits.unwrap_or_else(|| default_key_bits(&cipher));
+    if key_bits == 0 || key_bits % 8 != 0 {
+        return Err(LuksError::Usage(
+            "Key size must be a multiple of 8 bits".into(),
+        ));
+    }
+    let image = &o.dev.path;
+    if let Some(size) = o.create_size {
+        Disk::create(image)?.grow_to(size)?;
+    } else if !super::exists(image) {
+        return Err(LuksError::Device(image.display().to_string()));
+    }
+    let mut created = false;
+    if let Some(h) = &o.dev.header {
+        if !super::exists(h) {
+            confirm_or(
+                fb,
+                "Header file does not exist, do you want to create it?",
+                "Operation aborted.",
+            )?;
+            Disk::create(h)?.grow_to(4096)?;
+            created = true;
+        }
+    }
+    if !created {
+        confirm_or(
+            fb,
+            &format!(
+                "This will overwrite data on {} irrevocably.",
+                o.dev.meta_path().display()
+            ),
+            "Operation aborted.",
+        )?;
+    }
+    let pass = o.key.read(
+        &format!("Enter passphrase for {}: ", o.dev.meta_path().display()),
+        true,
+    )?;
+    let key_len = (key_bits / 8) as usize;
+    let vk = match &o.volume_key_file {
+        Some(p) => Some(read_volume_key_file(p, key_len)?),
+        None => None,
+    };
+    let kdf = o.pbkdf.resolve(version, key_len, fb)?;
+    let hash = o.pbkdf.hash()?;
+    let digest_iterations = o
+        .pbkdf
+        .digest_iterations(if version == 1 { hash } else { HashAlg::Sha256 }, key_len);
+    let p = FormatParams {
+        version,
+        cipher,
+        key_bytes: key_bits / 8,
+        sector_size: o.sector_size,
+        kdf,
+        digest_iterations,
+        hash,
+        label: o.label.clone().unwrap_or_default(),
+        uuid: o.uuid.clone(),
+        metadata_size: o.metadata_size.unwrap_or(16 * 1024),
+        keyslots_size: o.keyslots_size,
+        subsystem: o.subsystem.clone().unwrap_or_default(),
+        data_offset: o.offset_sectors.map(|s| s * 512),
+        align: o.align_sectors.map(|s| s * 512),
+        key_slot: o.key_slot,
+    };
+    if version == 1 && (o.label.is_some() || o.subsystem.is_some()) {
+        return Err(LuksError::Usage(
+            "Label and subsystem are supported only for LUKS2 devices.".into(),
+        ));
+    }
+    let (_key, slot) =
+        format::format(image, o.dev.header.as_deref(), &p, &pass, vk.as_deref(), fb)?;
+    Ok(slot)
+}

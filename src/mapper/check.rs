@@ -1,0 +1,166 @@
+//! Checking a table before serving it (`udm table check`).
+//!
+//! Every line goes through its target's own constructor, exactly as a real
+//! build does, so the check applies the targets' own rules — argument
+//! counts, the key length against the cipher, stripe count against the
+//! devices given, chunk size, sector_size and iv_offset alignment, feature
+//! arguments — and cannot drift from them. Only the devices differ: by
+//! default each device argument gets a placeholder that fits any area and
+//! refuses all I/O, so nothing is opened; with [`CheckDevices::OpenReadOnly`]
+//! paths are opened read-only, so the areas are checked against the real
+//! sizes and block sizes too.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::registry::open_shared;
+use crate::core::table::{TableError, TableLine};
+use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::store::file::OpenFlags;
+use crate::targets::{DeviceResolver, TargetOptions};
+
+/// What a check does with the devices a table names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckDevices {
+    /// Open nothing: every device is a placeholder of unlimited size.
+    Placeholders,
+    /// Open paths read-only and check every area against the device's
+    /// size. `@NAME` (another device of a server) stays a placeholder: its
+    /// size is known only when the server builds it.
+    OpenReadOnly,
+}
+
+/// Check parsed table lines; the error names the line and the field.
+pub fn check(lines: &[TableLine], devices: CheckDevices) -> Result<(), TableError> {
+    let mut resolver = CheckResolver {
+        open: devices == CheckDevices::OpenReadOnly,
+        files: HashMap::new(),
+        placeholder: Arc::new(Placeholder),
+    };
+    // One crypt thread: a check needs no worker pool.
+    let options = TargetOptions { crypt_threads: 1 };
+    super::build(lines, &mut resolver, &options).map(drop)
+}
+
+struct CheckResolver {
+    open: bool,
+    files: HashMap<PathBuf, Arc<dyn BlockDevice>>,
+    placeholder: Arc<dyn BlockDevice>,
+}
+
+impl DeviceResolver for CheckResolver {
+    fn resolve(&mut self, spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
+        if !self.open || spec.starts_with('@') {
+            return Ok(self.placeholder.clone());
+        }
+        let flags = OpenFlags {
+            read_only: true,
+            direct: false,
+            no_map: true,
+        };
+        open_shared(&mut self.files, Path::new(spec), flags)
+    }
+}
+
+/// A device that was not opened: large enough for any area, 512-byte
+/// blocks, and no I/O (a check never reads or writes).
+struct Placeholder;
+
+impl Placeholder {
+    fn refuse<T>() -> DevResult<T> {
+        Err(DevError::NotSupported(
+            "I/O on a device that a table check did not open",
+        ))
+    }
+}
+
+impl BlockDevice for Placeholder {
+    fn size(&self) -> u64 {
+        u64::MAX
+    }
+    fn limits(&self) -> Limits {
+        Limits::default()
+    }
+    fn read(&self, _: u64, _: &mut [u8]) -> DevResult<()> {
+        Self::refuse()
+    }
+    fn write(&self, _: u64, _: WriteBuf<'_>, _: bool) -> DevResult<()> {
+        Self::refuse()
+    }
+    fn flush(&self) -> DevResult<()> {
+        Self::refuse()
+    }
+    fn discard(&self, _: u64, _: u64) -> DevResult<()> {
+        Self::refuse()
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: bool) -> DevResult<()> {
+        Self::refuse()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::table::parse;
+
+    fn err(text: &str) -> TableError {
+        check(&parse(text).unwrap(), CheckDevices::Placeholders)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {text}"))
+    }
+
+    #[test]
+    fn constructors_rules_apply_without_devices() {
+        let k64 = "ab".repeat(64);
+        let ok = format!(
+            "0 8 linear /nonexistent/a 0\n8 16 striped 2 8 /x 0 @y 8\n\
+             24 8 crypt aes-xts-plain64 {k64} 0 /nonexistent/b 0 1 allow_discards\n32 8 zero\n"
+        );
+        check(&parse(&ok).unwrap(), CheckDevices::Placeholders).unwrap();
+        for (text, line, field, word) in [
+            (
+                format!("0 8 crypt aes-xts-plain64 {} 0 /d 0\n", "ab".repeat(24)),
+                1,
+                "argument 2 (key)",
+                "XTS key",
+            ),
+            (
+                "0 8 zero\n8 24 striped 3 8 /a 0 /b 0\n".to_string(),
+                2,
+                "argument 1 (#stripes)",
+                "3 stripes",
+            ),
+            (
+                "0 24 striped 2 8 /a 0 /b 0\n".to_string(),
+                1,
+                "striped",
+                "divisible",
+            ),
+            (
+                format!("0 8 crypt aes-xts-plain64 {k64} 1 /d 0 1 sector_size:4096\n"),
+                1,
+                "argument 3 (iv_offset)",
+                "multiple",
+            ),
+            (
+                format!("0 8 crypt aes-xts-plain64 {k64} 0 /d 0 1 no_such_feature\n"),
+                1,
+                "argument 7",
+                "unknown optional parameter",
+            ),
+            (
+                "0 8 nosuch a b\n".to_string(),
+                1,
+                "target",
+                "unknown target type",
+            ),
+        ] {
+            let e = err(&text);
+            assert_eq!(e.line, line, "{text}: {e}");
+            assert_eq!(e.field.as_deref(), Some(field), "{text}: {e}");
+            assert!(e.msg.contains(word), "{text}: {e}");
+            assert!(!e.to_string().contains("abab"), "key in the error: {e}");
+        }
+    }
+}

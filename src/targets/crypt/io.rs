@@ -1,0 +1,216 @@
+//! The crypt hot path: a read decrypts and a write encrypts each part of a
+//! request on the thread that took it (see [`super::split`]), straight
+//! between the caller's buffer and the lower device's memory when that
+//! device offers direct access, else in place (owned buffers) or into
+//! bounce pages from one bulk mempool allocation (borrowed buffers).
+
+use super::split::{part, CryptIo};
+use super::Crypt;
+use crate::core::device::{whole_units, write_zeroes_by_writing, Transform};
+use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::crypto::SectorCrypt;
+
+/// Largest piece of a borrowed write encrypted into one bounce buffer.
+const BOUNCE_MAX: usize = 1 << 20;
+
+impl BlockDevice for Crypt {
+    fn size(&self) -> u64 {
+        self.len
+    }
+
+    fn limits(&self) -> Limits {
+        let ss = self.opts.sector_size;
+        Limits {
+            logical_block_size: ss,
+            optimal_io_size: ss,
+            max_io_size: u32::MAX,
+            discard: self.opts.allow_discards,
+            write_zeroes: false,
+            read_only: false,
+            queue_depth: 0,
+        }
+        .stack(self.area.dev.limits())
+    }
+
+    /// Each part is decrypted by the thread that owns it: straight out of
+    /// the device's memory with direct access, else read from the device
+    /// and decrypted in place; either way the data movement and the cipher
+    /// of different parts run in parallel.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        self.check(offset, buf.len())?;
+        tracing::trace!(offset, len = buf.len(), "crypt read");
+        let (per, n) = self.plan(buf.len(), !self.opts.no_read_workqueue);
+        let direct = self.area.dev.direct_access();
+        let io = self.io_pool.alloc(CryptIo::new(buf, per));
+        self.run_parts(n, &|i| {
+            let Some(p) = io.take(i) else {
+                return Ok(());
+            };
+            let at = offset + (i * per) as u64;
+            if direct {
+                let t = self.cipher(at, false);
+                return self.area.dev.read_transformed(self.area.offset + at, p, &t);
+            }
+            self.area.dev.read(self.area.offset + at, p)?;
+            self.sc.decrypt(p, self.cc_sector(at));
+            Ok(())
+        })
+    }
+
+    /// Each part is encrypted and written down by the thread that owns it:
+    /// with direct access straight from the caller's buffer (owned or
+    /// borrowed, never modified) into the device's memory; otherwise in
+    /// place for an owned buffer, or into a bounce buffer for a borrowed
+    /// one. The call returns when all parts are on the device (with FUA
+    /// each part is durable).
+    fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
+        self.check(offset, data.len())?;
+        tracing::trace!(offset, len = data.len(), fua, "crypt write");
+        let (per, n) = self.plan(data.len(), !self.opts.no_write_workqueue);
+        if self.area.dev.direct_access() {
+            let src = data.as_slice();
+            return self.run_parts(n, &|i| {
+                let r = part(i, per, src.len());
+                if r.is_empty() {
+                    return Ok(());
+                }
+                let at = offset + r.start as u64;
+                let t = self.cipher(at, true);
+                self.area
+                    .dev
+                    .write_transformed(self.area.offset + at, &src[r], fua, &t)
+            });
+        }
+        match data {
+            WriteBuf::Owned(buf) => {
+                let io = self.io_pool.alloc(CryptIo::new(buf, per));
+                self.run_parts(n, &|i| {
+                    let Some(p) = io.take(i) else {
+                        return Ok(());
+                    };
+                    let at = offset + (i * per) as u64;
+                    self.sc.encrypt(p, self.cc_sector(at));
+                    self.area
+                        .dev
+                        .write(self.area.offset + at, WriteBuf::Owned(p), fua)
+                })
+            }
+            WriteBuf::Borrowed(src) => self.run_parts(n, &|i| {
+                let r = part(i, per, src.len());
+                self.write_borrowed(offset + r.start as u64, &src[r], fua)
+            }),
+        }
+    }
+
+    fn flush(&self) -> DevResult<()> {
+        self.area.dev.flush()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+        if !self.opts.allow_discards {
+            return Err(DevError::NotSupported(
+                "discard (the crypt table has no allow_discards option)",
+            ));
+        }
+        self.check(offset, len as usize)?;
+        self.area.dev.discard(self.area.offset + offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        // Zeros must be stored encrypted: write encrypted zeros.
+        write_zeroes_by_writing(self, offset, len, fua)
+    }
+}
+
+impl Crypt {
+    /// The cipher as a transform for the part starting at target offset `at`.
+    #[inline]
+    fn cipher(&self, at: u64, encrypt: bool) -> Cipher<'_> {
+        Cipher {
+            sc: &self.sc,
+            first: self.cc_sector(at),
+            encrypt,
+        }
+    }
+
+    /// Encrypt a borrowed piece into bounce pages and write it at target
+    /// offset `at` with one vectored write per piece of at most 1 MiB.
+    fn write_borrowed(&self, at: u64, src: &[u8], fua: bool) -> DevResult<()> {
+        let mut done = 0usize;
+        for piece in src.chunks(BOUNCE_MAX) {
+            let pos = at + done as u64;
+            let mut pages = self.bounce(piece.len());
+            let page = pages.pool().elem_size();
+            let per_page = (page / 512) as u64;
+            let first = self.cc_sector(pos);
+            for (i, (dst, s)) in pages.iter_mut().zip(piece.chunks(page)).enumerate() {
+                let sector = first.wrapping_add(i as u64 * per_page);
+                self.sc.encrypt_to(s, &mut dst[..s.len()], sector);
+            }
+            self.area.dev.write_vectored(
+                self.area.offset + pos,
+                &pages.io_slices(piece.len()),
+                fua,
+            )?;
+            done += piece.len();
+        }
+        Ok(())
+    }
+}
+
+/// The cipher as a direct-access transform over one part of a request, so
+/// a device with direct access runs it between the caller's buffer and its
+/// memory. `first` is the dm-crypt cc_sector of the part's first byte; a
+/// piece at byte `at` of the part starts at cc_sector `first + at / 512`.
+pub(super) struct Cipher<'a> {
+    pub(super) sc: &'a SectorCrypt,
+    pub(super) first: u64,
+    pub(super) encrypt: bool,
+}
+
+impl Cipher<'_> {
+    /// The cc_sector of a piece, refusing pieces that are not whole sectors
+    /// (a device bug; the cipher must never see part of a sector).
+    fn sector(&self, at: usize, len: usize) -> DevResult<u64> {
+        if !whole_units(self, at, len) {
+            return Err(DevError::Target(format!(
+                "crypt: the lower device passed a piece [{at}, +{len}) that is not whole {}-byte sectors",
+                self.sc.sector_size()
+            )));
+        }
+        Ok(self.first.wrapping_add((at / 512) as u64))
+    }
+}
+
+impl Transform for Cipher<'_> {
+    fn granularity(&self) -> usize {
+        self.sc.sector_size() as usize
+    }
+
+    fn apply(&self, at: usize, src: &[u8], dst: &mut [u8]) -> DevResult<()> {
+        let sector = self.sector(at, src.len())?;
+        if src.len() != dst.len() {
+            return Err(DevError::Target(format!(
+                "crypt: the lower device passed buffers of {} and {} bytes",
+                src.len(),
+                dst.len()
+            )));
+        }
+        if self.encrypt {
+            self.sc.encrypt_to(src, dst, sector);
+        } else {
+            self.sc.decrypt_to(src, dst, sector);
+        }
+        Ok(())
+    }
+
+    fn apply_in_place(&self, at: usize, buf: &mut [u8]) -> DevResult<()> {
+        let sector = self.sector(at, buf.len())?;
+        if self.encrypt {
+            self.sc.encrypt(buf, sector);
+        } else {
+            self.sc.decrypt(buf, sector);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,338 @@
+//! Constructor, table output and I/O tests of the crypt target.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::io::Cipher;
+use super::new;
+use crate::core::device::Transform;
+use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::crypto::SectorCrypt;
+use crate::store::MemStore;
+use crate::targets::{DeviceResolver, TargetOptions};
+use crate::targets::{Target, TargetArgs, TargetError};
+
+struct One(Arc<dyn BlockDevice>);
+impl DeviceResolver for One {
+    fn resolve(&mut self, spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
+        if spec == "mem" {
+            Ok(self.0.clone())
+        } else {
+            Err(format!("no device '{spec}'"))
+        }
+    }
+}
+
+const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\
+                   202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f";
+
+fn build(line: &str, len: u64, threads: usize) -> Result<Arc<dyn Target>, TargetError> {
+    let store: Arc<dyn BlockDevice> = Arc::new(MemStore::new(8 << 20));
+    let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+    new(TargetArgs {
+        args: &args,
+        len,
+        resolver: &mut One(store),
+        options: &TargetOptions {
+            crypt_threads: threads,
+        },
+    })
+}
+
+#[test]
+fn table_output_is_canonical_and_hides_the_key() {
+    let t = build(
+        &format!(
+            "aes-xts-plain64 {KEY} 16 mem 8 6 iv_large_sectors SECTOR_SIZE:4096 no_write_workqueue allow_discards same_cpu_crypt high_priority"
+        ),
+        1 << 20,
+        1,
+    )
+    .unwrap();
+    let shown = t.table_params(true);
+    let hidden = t.table_params(false);
+    assert_eq!(
+        shown,
+        format!("aes-xts-plain64 {KEY} 16 mem 8 6 allow_discards same_cpu_crypt high_priority no_write_workqueue sector_size:4096 iv_large_sectors")
+    );
+    assert_eq!(hidden, shown.replace(KEY, &"0".repeat(128)));
+    let plain = build(
+        &format!("aes-xts-plain64 {KEY} 0 mem 0 1 sector_size:512"),
+        1 << 20,
+        1,
+    )
+    .unwrap();
+    assert_eq!(
+        plain.table_params(false),
+        format!("aes-xts-plain64 {} 0 mem 0", "0".repeat(128))
+    );
+    let null = build("cipher_null-ecb - 0 mem 0", 1 << 20, 1).unwrap();
+    assert_eq!(null.table_params(true), "cipher_null-ecb - 0 mem 0");
+}
+
+#[test]
+fn constructor_errors_name_the_argument() {
+    for (line, arg, word) in [
+        ("aes-xts-plain64 zz 0 mem 0", Some(1), "hexadecimal"),
+        ("aes-xts-plain64 :64:logon:foo 0 mem 0", Some(1), "keyring"),
+        (
+            &format!("aes-xts-plain64 {KEY} x mem 0") as &str,
+            Some(2),
+            "decimal",
+        ),
+        (
+            &format!("aes-xts-plain64 {KEY} 1 mem 0 1 sector_size:4096"),
+            Some(2),
+            "multiple",
+        ),
+        (
+            &format!("aes-xts-plain64 {KEY} 0 mem 1 1 sector_size:4096"),
+            Some(4),
+            "multiple",
+        ),
+        (
+            &format!("aes-xts-plain64 {KEY} 0 mem 0 1 sector_size:1000"),
+            Some(6),
+            "sector_size",
+        ),
+        (
+            &format!("aes-xts-plain64 {KEY} 0 mem 0 1 bogus"),
+            Some(6),
+            "bogus",
+        ),
+        (
+            &format!("aes-xts-plain64 {KEY} 0 mem 0 2 allow_discards"),
+            Some(5),
+            "announced",
+        ),
+        (
+            &format!("aes-xts-plain64 {KEY} 0 mem 0 10"),
+            Some(5),
+            "0 to 9",
+        ),
+        (
+            &format!("aes-xts-plain64 {KEY} 0 mem 0 1 integrity:28:aead"),
+            Some(6),
+            "integrity",
+        ),
+        (&format!("aes-cbc-lmk {KEY} 0 mem 0"), Some(0), "lmk"),
+        (
+            &format!("aes-xts-plain64 {KEY} 0 nodev 0"),
+            Some(3),
+            "nodev",
+        ),
+        (
+            &format!("aes-xts-plain64 {KEY} 0 mem 99999999"),
+            Some(4),
+            "does not fit",
+        ),
+        ("aes-xts-plain64 - 0 mem 0", Some(1), "key"),
+        (&format!("aes-xts-plain64 {KEY} 0 mem"), None, "at least 5"),
+    ] {
+        let e = build(line, 1 << 20, 1)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {line}"));
+        assert_eq!(e.arg, arg, "{line}: {}", e.msg);
+        assert!(e.msg.contains(word), "{line}: {}", e.msg);
+        assert!(!e.msg.contains("0102030405"), "key leaked: {}", e.msg);
+    }
+    let e = build(
+        &format!("aes-xts-plain64 {KEY} 0 mem 0 1 sector_size:4096"),
+        512 * 9,
+        1,
+    )
+    .err()
+    .unwrap();
+    assert!(e.msg.contains("not a multiple of sector_size"), "{}", e.msg);
+}
+
+#[test]
+fn io_round_trip_alignment_discard_and_zeroes() {
+    for threads in [1usize, 3] {
+        let t = build(
+            &format!("aes-xts-plain64 {KEY} 0 mem 0 1 sector_size:4096"),
+            4 << 20,
+            threads,
+        )
+        .unwrap();
+        assert_eq!(t.limits().logical_block_size, 4096);
+        assert!(!t.limits().discard);
+        let data: Vec<u8> = (0..(1 << 20)).map(|i| (i % 251) as u8).collect();
+        t.write(4096, WriteBuf::Borrowed(&data), false).unwrap();
+        let mut owned = data.clone();
+        t.write(2 << 20, WriteBuf::Owned(&mut owned), true).unwrap();
+        for at in [4096u64, 2 << 20] {
+            let mut back = vec![0u8; data.len()];
+            t.read(at, &mut back).unwrap();
+            assert!(back == data, "threads {threads} at {at}");
+        }
+        assert!(matches!(
+            t.read(512, &mut [0u8; 4096]),
+            Err(DevError::Misaligned { .. })
+        ));
+        assert!(matches!(t.discard(0, 4096), Err(DevError::NotSupported(_))));
+        t.write_zeroes(4096, 8192, false).unwrap();
+        let mut z = vec![1u8; 8192];
+        t.read(4096, &mut z).unwrap();
+        assert!(z.iter().all(|&b| b == 0));
+        t.flush().unwrap();
+    }
+}
+
+/// Forwards to a store and counts the plain data calls, to show which
+/// path the target took.
+struct Spy(MemStore, std::sync::atomic::AtomicUsize);
+impl BlockDevice for Spy {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn limits(&self) -> Limits {
+        self.0.limits()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.write(offset, data, fua)
+    }
+    fn write_vectored(
+        &self,
+        offset: u64,
+        bufs: &[std::io::IoSlice<'_>],
+        fua: bool,
+    ) -> DevResult<()> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.write_vectored(offset, bufs, fua)
+    }
+    fn direct_access(&self) -> bool {
+        self.0.direct_access()
+    }
+    fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
+        self.0.read_transformed(offset, buf, t)
+    }
+    fn write_transformed(
+        &self,
+        offset: u64,
+        src: &[u8],
+        fua: bool,
+        t: &dyn Transform,
+    ) -> DevResult<()> {
+        self.0.write_transformed(offset, src, fua, t)
+    }
+    fn flush(&self) -> DevResult<()> {
+        self.0.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.0.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.0.write_zeroes(offset, len, fua)
+    }
+}
+
+/// The direct path (cipher straight into / out of the store) must put
+/// on the store exactly the bytes the copying path puts there, and read
+/// them back, for every cipher family, sector size, iv_offset, thread
+/// count, buffer ownership, and requests across the store's regions.
+#[test]
+fn direct_access_stores_the_same_bytes_as_the_copying_path() {
+    const STORE: u64 = 3 << 20;
+    const LEN: u64 = (3 << 20) - 8192;
+    let keys = |n: usize| -> String { (0..n).map(|i| format!("{:02x}", i * 37 % 256)).collect() };
+    for (spec, klen) in [
+        ("aes-xts-plain64", 64),
+        ("aes-xts-plain64", 32),
+        ("aes-cbc-essiv:sha256", 32),
+        ("serpent-xts-plain64", 64),
+        ("twofish-cbc-plain64be", 32),
+        ("aes:4-cbc-plain", 64),
+    ] {
+        for ss in [512u32, 4096] {
+            for iv_offset in [0u64, 24] {
+                for threads in [1usize, 2] {
+                    let line = format!(
+                        "{spec} {} {iv_offset} mem 16 1 sector_size:{ss}",
+                        keys(klen)
+                    );
+                    let direct = Arc::new(Spy(MemStore::new(STORE), Default::default()));
+                    let copying = Arc::new(MemStore::without_direct_access(STORE));
+                    let mk = |d: Arc<dyn BlockDevice>| {
+                        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+                        new(TargetArgs {
+                            args: &args,
+                            len: LEN,
+                            resolver: &mut One(d),
+                            options: &TargetOptions {
+                                crypt_threads: threads,
+                            },
+                        })
+                        .unwrap()
+                    };
+                    let (td, tc) = (mk(direct.clone()), mk(copying.clone()));
+                    let what = format!("{spec} ss {ss} iv_offset {iv_offset} threads {threads}");
+                    let data: Vec<u8> = (0..LEN as usize)
+                        .map(|i| (i * 7 + i / 4099) as u8)
+                        .collect();
+                    // (offset, length, owned): whole device, pieces over
+                    // region boundaries, a small one.
+                    for (off, len, owned) in [
+                        (0usize, LEN as usize, true),
+                        (60 << 10, 200 << 10, false),
+                        ((1 << 20) - 4096, (1 << 20) + 8192, false),
+                        (8192, 4096, true),
+                        ((2 << 20) + 4096, 300 << 10, true),
+                    ] {
+                        for t in [&td, &tc] {
+                            let src = data[off..off + len].to_vec();
+                            let mut own = src.clone();
+                            if owned {
+                                t.write(off as u64, WriteBuf::Owned(&mut own), false)
+                                    .unwrap();
+                            } else {
+                                t.write(off as u64, WriteBuf::Borrowed(&own), false)
+                                    .unwrap();
+                                assert!(own == src, "{what}: borrowed buffer modified");
+                            }
+                            let mut back = vec![0u8; len];
+                            t.read(off as u64, &mut back).unwrap();
+                            assert!(back == src, "{what}: read back at {off}+{len}");
+                        }
+                        let (mut a, mut b) = (vec![0u8; STORE as usize], vec![0u8; STORE as usize]);
+                        direct.0.read(0, &mut a).unwrap();
+                        copying.read(0, &mut b).unwrap();
+                        assert!(a == b, "{what}: stores differ after {off}+{len}");
+                    }
+                    assert_eq!(
+                        direct.1.load(Ordering::Relaxed),
+                        0,
+                        "{what}: the direct store saw plain reads or writes"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cipher_transform_refuses_partial_sectors() {
+    let key = hex::decode(KEY).unwrap();
+    let sc = SectorCrypt::new("aes-xts-plain64", &key, 4096, false).unwrap();
+    let t = Cipher {
+        sc: &sc,
+        first: 0,
+        encrypt: true,
+    };
+    let src = vec![0u8; 8192];
+    let mut dst = vec![0u8; 8192];
+    assert!(t.apply(512, &src[..4096], &mut dst[..4096]).is_err());
+    assert!(t.apply(0, &src[..1024], &mut dst[..1024]).is_err());
+    assert!(t.apply(0, &src, &mut dst[..4096]).is_err());
+    assert!(t.apply_in_place(4096, &mut dst[..100]).is_err());
+    // A piece at 4096 is the sector with cc_sector 8.
+    t.apply(4096, &src[..4096], &mut dst[..4096]).unwrap();
+    let mut want = vec![0u8; 4096];
+    sc.encrypt(&mut want, 8);
+    assert_eq!(dst[..4096], want[..]);
+}
