@@ -117,12 +117,16 @@ pub enum Op {
     Flush,
     Trim,
     WriteZeroes,
+    /// Allocation extents of the range (NBD BLOCK_STATUS): written into
+    /// the request's buffer as (length, flags) pairs of big-endian u32,
+    /// at most as many as fit; `len` becomes the bytes written.
+    BlockStatus,
 }
 
 impl Op {
     fn kind(self) -> Kind {
         match self {
-            Op::Read => Kind::Read,
+            Op::Read | Op::BlockStatus => Kind::Read,
             Op::Write | Op::Trim | Op::WriteZeroes => Kind::Write,
             Op::Flush => Kind::Flush,
         }
@@ -503,6 +507,30 @@ impl Engine {
         let n = (g.widened_end(offset.saturating_add(len)) - g.down(offset)) as usize;
         crate::mem::bufpool::class_of(n)
             .map_or(n as u64, |c| crate::mem::bufpool::class_size(c) as u64)
+    }
+
+    /// Budget cost of a plain buffer of `n` bytes (its pool size class).
+    pub fn mem_cost_plain(&self, n: u64) -> u64 {
+        crate::mem::bufpool::class_of(n as usize).map_or(n, |c| {
+            crate::mem::bufpool::class_size(c) as u64
+        })
+    }
+
+    /// A plain buffer of `n` bytes for a request admitted by
+    /// [`Engine::try_admit`] with [`Engine::mem_cost_plain`] (the reply of
+    /// a BLOCK_STATUS), carrying the ticket's charge.
+    pub fn charged_plain_buffer(&self, t: &mut Ticket, q: &Queue, n: usize) -> Buf {
+        let mut b = buf::get_buf(&q.pool, n);
+        if t.mem > 0 {
+            b.set_charge(buf::Charge {
+                to: self.shared.clone(),
+                client: t.client,
+                queue: t.queue,
+                bytes: t.mem,
+            });
+            t.mem = 0;
+        }
+        b
     }
 
     /// The payload memory budget of `q` (requests costing more can never

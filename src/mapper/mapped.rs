@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{extents_of, BlockDevice, DevError, DevResult, Extent, Limits, WriteBuf};
 use crate::targets::Target;
 
 /// One table segment, in bytes.
@@ -206,6 +206,22 @@ impl BlockDevice for MappedDevice {
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         self.for_each_piece(offset, len, |s, off, n| s.target.write_zeroes(off, n, fua))
+    }
+
+    /// Each segment's piece asks its target, in order.
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut dyn FnMut(Extent) -> bool,
+    ) -> DevResult<()> {
+        let mut more = true;
+        self.for_each_piece(offset, len, |s, off, n| {
+            if more {
+                more = extents_of(s.target.as_ref(), off, n, out)?;
+            }
+            Ok(())
+        })
     }
 }
 

@@ -136,6 +136,8 @@ pub struct Conn {
     pub sock: Sock,
     out: Mutex<Out>,
     structured: AtomicBool,
+    /// Context id of `base:allocation` (for BLOCK_STATUS replies).
+    meta_id: std::sync::atomic::AtomicU32,
     /// Still negotiating (a candidate for shedding at the connection cap).
     pub in_handshake: AtomicBool,
     /// Closed by the server (shed, error); the loop finishes the close.
@@ -164,6 +166,7 @@ impl Conn {
                 dead: false,
             }),
             structured: AtomicBool::new(false),
+            meta_id: std::sync::atomic::AtomicU32::new(0),
             in_handshake: AtomicBool::new(true),
             closed: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
@@ -433,15 +436,19 @@ impl Conn {
         }
     }
 
-    fn send_block_status(&self, cookie: u64, id: u32, len: u32) {
-        let h = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, cookie, 12);
-        let mut body = [0u8; 12];
-        body[0..4].copy_from_slice(&id.to_be_bytes());
-        body[4..8].copy_from_slice(&len.to_be_bytes());
-        let mut all = [0u8; 32];
-        all[..20].copy_from_slice(&h);
-        all[20..].copy_from_slice(&body);
-        self.send(&all, &[], None);
+    /// A BLOCK_STATUS reply: one chunk for `base:allocation` carrying the
+    /// extent descriptors the engine wrote into the request's buffer.
+    fn send_block_status(&self, req: &mut Request) {
+        let descriptors = req.data().len();
+        let mut h = [0u8; 24];
+        h[..20].copy_from_slice(&chunk_header(
+            REPLY_FLAG_DONE,
+            REPLY_TYPE_BLOCK_STATUS,
+            req.cookie,
+            4 + descriptors as u32,
+        ));
+        h[20..].copy_from_slice(&self.meta_id.load(Ordering::Relaxed).to_be_bytes());
+        self.send(&h, &[], Some(req));
     }
 }
 
@@ -544,6 +551,7 @@ impl Sink for Conn {
                 let (c, o) = (req.cookie, req.offset);
                 self.send_read(c, o, Some(req))
             }
+            Ok(()) if req.op == Op::BlockStatus => self.send_block_status(req),
             Ok(()) => self.send_ok(req.cookie),
             Err(e) => {
                 tracing::warn!(
@@ -684,6 +692,10 @@ enum Phase {
     Tx(Box<Tx>),
     Done,
 }
+
+/// Most extents in one BLOCK_STATUS reply (the spec suggests at most 2^20;
+/// clients ask again from where a reply ends).
+const MAX_EXTENTS: usize = 1024;
 
 /// Requests parsed per drive before other connections get their turn.
 const BATCH: usize = 32;
@@ -890,6 +902,9 @@ impl Session {
         self.conn
             .structured
             .store(neg.structured, Ordering::Relaxed);
+        self.conn
+            .meta_id
+            .store(neg.meta_base_allocation.unwrap_or(0), Ordering::Relaxed);
         self.conn.in_handshake.store(false, Ordering::Release);
         tracing::debug!(
             "client {}: serving export {:?}",
@@ -988,8 +1003,15 @@ impl Session {
                     let q = tx.export.queue.clone();
                     let len = u64::from(h.len);
                     let data = matches!(h.cmd, CMD_READ | CMD_WRITE);
+                    let status_buf = if h.flags & CMD_FLAG_REQ_ONE != 0 {
+                        8
+                    } else {
+                        8 * MAX_EXTENTS
+                    };
                     let mem = if data {
                         cx.engine.mem_cost(&q, h.offset, len)
+                    } else if h.cmd == CMD_BLOCK_STATUS {
+                        cx.engine.mem_cost_plain(status_buf as u64)
                     } else {
                         0
                     };
@@ -1039,6 +1061,11 @@ impl Session {
                         }
                         CMD_WRITE_ZEROES => {
                             let r = request(Op::WriteZeroes, Buf::empty(), 0);
+                            cx.engine.submit(t, &q, r)
+                        }
+                        CMD_BLOCK_STATUS => {
+                            let buf = cx.engine.charged_plain_buffer(&mut t, &q, status_buf);
+                            let r = request(Op::BlockStatus, buf, 0);
                             cx.engine.submit(t, &q, r)
                         }
                         _ => {
@@ -1341,14 +1368,13 @@ fn check(tx: &Tx, conn: &Conn, h: &RequestHeader) -> io::Result<Checked> {
             }
             Checked::Done
         }
-        CMD_BLOCK_STATUS => {
-            match tx.meta {
-                Some(id) if !bad_flags(CMD_FLAG_FUA | CMD_FLAG_REQ_ONE) && in_range && len > 0 => {
-                    conn.send_block_status(h.cookie, id, h.len);
-                }
-                _ => conn.send_error(h.cookie, EINVAL, false, ""),
-            }
-            Checked::Done
+        CMD_BLOCK_STATUS
+            if tx.meta.is_some()
+                && !bad_flags(CMD_FLAG_FUA | CMD_FLAG_REQ_ONE)
+                && in_range
+                && len > 0 =>
+        {
+            Checked::Admit
         }
         _ => {
             conn.send_error(h.cookie, EINVAL, false, "");

@@ -352,7 +352,10 @@ impl Loop {
                     if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                         slot.s.drained = false;
                     }
-                    if (ev.is_writable() || ev.is_error()) && slot.s.conn.queued() > 0 {
+                    // Always under the connection's lock, never judged by
+                    // the lock-free byte count: a worker may be queueing a
+                    // reply right now, and this edge may be the only one.
+                    if ev.is_writable() || ev.is_error() {
                         slot.s.conn.flush();
                     }
                 }

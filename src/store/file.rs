@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use super::filemap::{on_tmpfs, FileMap};
 use super::MemStore;
 use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{BlockDevice, DevError, DevResult, Extent, Limits, WriteBuf};
 
 /// A file or block device as a [`BlockDevice`].
 pub struct FileStore {
@@ -361,6 +361,68 @@ impl BlockDevice for FileStore {
                 len as libc::off_t,
             )
         };
+        Ok(())
+    }
+
+    /// Holes from `SEEK_DATA`/`SEEK_HOLE` (files; tmpfs, ext4, xfs and
+    /// btrfs answer them from their extent maps): a hole reads as zeros.
+    /// Block devices, and filesystems that cannot say, report data.
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut dyn FnMut(Extent) -> bool,
+    ) -> DevResult<()> {
+        if self.block_device {
+            out(Extent::data(len));
+            return Ok(());
+        }
+        let fd = self.file.as_raw_fd();
+        let end = offset.saturating_add(len);
+        let mut pos = offset;
+        let seek = |at: u64, whence: libc::c_int| -> Result<u64, i32> {
+            // SAFETY: plain syscall on an open descriptor with integer arguments.
+            let r = unsafe { libc::lseek(fd, at as libc::off_t, whence) };
+            if r < 0 {
+                Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+            } else {
+                Ok(r as u64)
+            }
+        };
+        let hole = |n: u64| Extent {
+            len: n,
+            hole: true,
+            zero: true,
+        };
+        while pos < end {
+            let data = match seek(pos, libc::SEEK_DATA) {
+                Ok(d) => d,
+                // No data at or after `pos`: a hole to the end.
+                Err(libc::ENXIO) => {
+                    out(hole(end - pos));
+                    return Ok(());
+                }
+                // The filesystem cannot tell: data.
+                Err(_) => {
+                    out(Extent::data(end - pos));
+                    return Ok(());
+                }
+            };
+            if data > pos {
+                let n = data.min(end) - pos;
+                if !out(hole(n)) {
+                    return Ok(());
+                }
+                pos += n;
+                continue;
+            }
+            let h = seek(pos, libc::SEEK_HOLE).unwrap_or(end).max(pos + 1);
+            let n = h.min(end) - pos;
+            if !out(Extent::data(n)) {
+                return Ok(());
+            }
+            pos += n;
+        }
         Ok(())
     }
 
