@@ -376,25 +376,28 @@ pub trait BlockDevice: Send + Sync {
     }
 }
 
+/// Zeros to write from, shared by every caller: a static in the zero
+/// page-backed .bss, so reading it costs no memory at all.
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
 /// Write zeros through ordinary writes, for devices that have no cheaper
-/// way (crypt: zeros must be encrypted). Uses one reusable zero buffer.
+/// way (crypt: zeros must be encrypted). The zeros are *borrowed* from a
+/// static buffer, so nothing is allocated on the request path: a
+/// transforming device encrypts them into its own (budgeted) bounce
+/// memory, as for any borrowed write.
 pub fn write_zeroes_by_writing(
     dev: &dyn BlockDevice,
     offset: u64,
     len: u64,
     fua: bool,
 ) -> DevResult<()> {
-    const CHUNK: usize = 1 << 20;
-    let mut buf = vec![0u8; (len as usize).min(CHUNK)];
     let mut pos = offset;
     let end = offset + len;
     while pos < end {
-        let n = ((end - pos) as usize).min(CHUNK);
-        // Owned: the target may encrypt in place, so re-zero each round.
-        buf[..n].fill(0);
+        let n = ((end - pos) as usize).min(ZEROS.len());
         dev.write(
             pos,
-            WriteBuf::Owned(&mut buf[..n]),
+            WriteBuf::Borrowed(&ZEROS[..n]),
             fua && pos + n as u64 == end,
         )?;
         pos += n as u64;
