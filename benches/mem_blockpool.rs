@@ -1,9 +1,10 @@
-//! Fixed-size block pool in dmapool_test's shape: for each (size, blocks) allocate all
-//! blocks, then free them all; one iteration = one such round. Block pool
-//! (free stack linked through the free blocks) vs the system allocator.
-//! `blockpool` takes the pool's lock per operation (as dmapool does);
-//! `blockpool_local` goes through a per-thread cache (how a worker thread
-//! uses it), which visits the lock once per 32 blocks.
+//! Fixed-size block pool in dmapool_test's shape: for each (size, blocks)
+//! allocate all blocks, then free them all; one iteration = one such round.
+//! Block pool (free stack linked through the free blocks) vs the system
+//! allocator. `blockpool` takes the pool's lock per operation (as dmapool
+//! does, and as udm's request path does); `blockpool_local` goes through a
+//! per-thread cache kept here in `benches/` (`support/block_cache.rs`),
+//! which visits a lock once per 32 blocks.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -12,6 +13,11 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use udm::mem::RawBlockPool;
+
+// Shared with tests/bench_block_cache.rs, which uses more of it.
+#[allow(dead_code)]
+#[path = "support/block_cache.rs"]
+mod block_cache;
 
 /// dmapool_test's parameter sets (size, blocks) with 4 KiB pages.
 const CASES: [(usize, usize); 5] = [
@@ -58,8 +64,9 @@ fn bench(c: &mut Criterion) {
                 }
             })
         });
+        let depot = block_cache::Depot::new(&pool);
         g.bench_function(BenchmarkId::new("blockpool_local", &id), |b| {
-            let local = pool.local();
+            let local = depot.cache();
             b.iter(|| {
                 for _ in 0..blocks {
                     blks.push(local.alloc());

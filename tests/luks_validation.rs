@@ -279,3 +279,170 @@ fn persistent_flags_map_to_crypt_options_and_keys_stay_hidden() {
     let dbg = format!("{act:?}");
     assert!(!dbg.contains(&key[..16]) && dbg.contains("hidden"), "{dbg}");
 }
+
+/// A header that demands absurd KDF work is refused before any KDF runs,
+/// with an error naming the keyslot and its cost (32 keyslots of 2^30
+/// PBKDF2 iterations would take hours; 4 GiB of Argon2 memory could push
+/// the machine into the OOM killer). `--key-slot` limits the cost to one
+/// slot, and `--no-kdf-limit` lets the user go ahead.
+#[test]
+fn costly_headers_are_refused_before_any_kdf_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"cost");
+    let base = luks2_image(d, "base.img", &kf);
+    let with_slots = |name: &str, slots: Vec<(u32, serde_json::Value)>| {
+        let img = d.join(name);
+        std::fs::copy(&base, &img).unwrap();
+        rewrite_json(&img, &|v| {
+            let ks0 = v["keyslots"]["0"].clone();
+            for (n, kdf) in &slots {
+                let mut k = ks0.clone();
+                k["area"]["offset"] = (32768 + u64::from(*n) * 258048).to_string().into();
+                k["kdf"] = kdf.clone();
+                v["keyslots"][n.to_string()] = k;
+                if *n != 0 {
+                    v["digests"]["0"]["keyslots"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(n.to_string().into());
+                }
+            }
+        });
+        img
+    };
+    let salt = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    let pbkdf2 =
+        |it: u64| serde_json::json!({"type":"pbkdf2","hash":"sha256","iterations":it,"salt":salt});
+
+    // 32 keyslots × 2^30 PBKDF2 iterations.
+    let hostile = with_slots(
+        "pbkdf2.img",
+        (0..32).map(|n| (n, pbkdf2(1 << 30))).collect(),
+    );
+    let t = std::time::Instant::now();
+    let o = udm()
+        .args(["cryptsetup", "open", "--test-passphrase", "--key-file"])
+        .arg(&kf)
+        .arg(&hostile)
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        err.contains("keyslot 0 demands 1073741824 PBKDF2-sha256 iterations")
+            && err.contains("34359738368")
+            && err.contains("--no-kdf-limit"),
+        "{err}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "refusal took {took:?}"
+    );
+
+    // 4 GiB of Argon2 memory (cryptsetup's own maximum).
+    let argon =
+        serde_json::json!({"type":"argon2id","time":4,"memory":4194304u64,"cpus":4,"salt":salt});
+    let hostile = with_slots("argon2.img", vec![(0, argon)]);
+    let t = std::time::Instant::now();
+    let e = udm::luks::open(&hostile, None, b"cost").unwrap_err();
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    assert_eq!(e.exit_code(), 3, "{e}");
+    assert!(e.to_string().contains("keyslot 0 demands 4096 MiB"), "{e}");
+
+    // Slot 0 is real and cheap; slots 1 and 2 ask 2^29 iterations each.
+    let mixed = with_slots(
+        "mixed.img",
+        vec![(1, pbkdf2(1 << 29)), (2, pbkdf2(1 << 29))],
+    );
+    let code = |extra: &[&str]| {
+        udm()
+            .args(["cryptsetup", "open", "--test-passphrase", "--key-file"])
+            .arg(&kf)
+            .args(extra)
+            .arg(&mixed)
+            .output()
+            .unwrap()
+    };
+    let o = code(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("keyslot 1"),
+        "{}",
+        show(&o)
+    );
+    let o = code(&["--key-slot", "0"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let o = code(&["--no-kdf-limit"]);
+    assert!(o.status.success(), "{}", show(&o));
+    // cryptsetup opens it too (slot 0 is tried first).
+    assert_eq!(cs_test_code(&mixed, None, &kf), Some(0));
+}
+
+/// The smaller protections: a data segment at offset 0 behind an embedded
+/// header is refused (its first write would destroy the keyslots); header
+/// backups are created exclusively and readable by their owner only; a
+/// key file others can read gets a warning.
+#[test]
+fn data_over_header_backups_and_key_file_modes() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"prot");
+    std::fs::set_permissions(&kf, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let img = luks2_image(d, "p.img", &kf);
+
+    let over = d.join("over.img");
+    std::fs::copy(&img, &over).unwrap();
+    rewrite_json(&over, &|v| v["segments"]["0"]["offset"] = "0".into());
+    let e = udm::luks::open(&over, None, b"prot")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("segments.0.offset") && e.contains("overlap"),
+        "{e}"
+    );
+
+    let bk = d.join("bk");
+    let o = udm()
+        .args(["cryptsetup", "luksHeaderBackup", "--header-backup-file"])
+        .arg(&bk)
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(
+        std::fs::metadata(&bk).unwrap().permissions().mode() & 0o7777,
+        0o400
+    );
+    let before = std::fs::read(&bk).unwrap();
+    let o = udm()
+        .args(["cryptsetup", "luksHeaderBackup", "--header-backup-file"])
+        .arg(&bk)
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
+    assert!(
+        std::fs::read(&bk).unwrap() == before,
+        "existing backup was touched"
+    );
+
+    let o = run(udm()
+        .args(["cryptsetup", "open", "--test-passphrase", "--key-file"])
+        .arg(&kf)
+        .arg(&img));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("readable by"));
+    std::fs::set_permissions(&kf, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = run(udm()
+        .args(["cryptsetup", "open", "--test-passphrase", "--key-file"])
+        .arg(&kf)
+        .arg(&img));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("readable by group or others (mode 0644)"),
+        "{}",
+        show(&o)
+    );
+}

@@ -3,8 +3,10 @@
 use clap::{Parser, Subcommand};
 
 pub mod benchmark;
+pub mod cryptsetup;
 pub mod demo;
 pub mod luks;
+pub mod replay_log;
 pub mod serve;
 pub mod table;
 pub mod ui;
@@ -54,10 +56,48 @@ enum Command {
     Luks(luks::Cmd),
     /// Measure cipher and KDF speed, as `cryptsetup benchmark` does.
     Benchmark(benchmark::Args),
+    /// cryptsetup's own command line (also when udm is run through a link
+    /// named `cryptsetup`): `udm cryptsetup --help` lists the actions.
+    #[command(disable_help_flag = true)]
+    Cryptsetup {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Replay a log-writes log onto a device, to an entry or a mark, with
+    /// an optional check at every flush or FUA write.
+    ReplayLog(replay_log::Args),
+}
+
+/// A program udm can stand in for: it gets the arguments after its name.
+pub type Personality = fn(Vec<std::ffi::OsString>) -> i32;
+
+/// Programs udm runs as when started through a link of that name (argv[0]
+/// dispatch: `ln -s udm cryptsetup`), or as `udm NAME ARGS...`. Each takes
+/// that program's own command line and exit codes.
+pub const PERSONALITIES: &[(&str, Personality)] = &[("cryptsetup", cryptsetup::main)];
+
+/// The personality for this invocation and its arguments, if any.
+fn personality(args: &[std::ffi::OsString]) -> Option<(Personality, Vec<std::ffi::OsString>)> {
+    let name_of = |s: &std::ffi::OsString| {
+        std::path::Path::new(s)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_string)
+    };
+    let find = |n: &str| PERSONALITIES.iter().find(|(p, _)| *p == n).map(|(_, f)| *f);
+    if let Some(f) = args.first().and_then(name_of).and_then(|n| find(&n)) {
+        return Some((f, args[1..].to_vec()));
+    }
+    let sub = args.get(1).and_then(|s| s.to_str())?;
+    find(sub).map(|f| (f, args[2..].to_vec()))
 }
 
 /// Entry point of the binary; returns the process exit code.
 pub fn main() -> i32 {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some((run, rest)) = personality(&args) {
+        return run(rest);
+    }
     let cli = Cli::parse();
     let _ = LOG_FORMAT.set(cli.log_format);
     match cli.cmd {
@@ -66,6 +106,8 @@ pub fn main() -> i32 {
         Command::Table(c) => table::run(c),
         Command::Luks(c) => luks::run(c),
         Command::Benchmark(a) => benchmark::run(a),
+        Command::Cryptsetup { args } => cryptsetup::main(args),
+        Command::ReplayLog(a) => replay_log::run(a),
     }
 }
 

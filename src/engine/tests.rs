@@ -31,6 +31,12 @@ fn sink() -> (Arc<dyn Sink>, mpsc::Receiver<Done>) {
     (Arc::new(Collect(Mutex::new(tx))), rx)
 }
 
+/// Admit `bytes` for client `c` and submit `r` on queue 0, as a
+/// connection reader does.
+fn send(e: &Engine, c: ClientId, bytes: u64, r: Request) {
+    e.submit(e.admit(c, bytes), e.queue(0), r);
+}
+
 fn req(
     e: &Engine,
     op: Op,
@@ -106,26 +112,10 @@ fn overlapping_requests_wait_and_others_pass() {
     let e = Engine::new(vec![gate.clone() as Arc<dyn BlockDevice>], 2).unwrap();
     let c = e.add_client();
     let (s, rx) = sink();
-    e.submit(
-        e.admit(c, 512),
-        e.queue(0),
-        req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Read, 2, 0, &[], 512, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Flush, 3, 0, &[], 0, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Read, 4, 4096, &[], 512, &s),
-    );
+    send(&e, c, 512, req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s));
+    send(&e, c, 0, req(&e, Op::Read, 2, 0, &[], 512, &s));
+    send(&e, c, 0, req(&e, Op::Flush, 3, 0, &[], 0, &s));
+    send(&e, c, 0, req(&e, Op::Read, 4, 4096, &[], 512, &s));
     // The far read finishes while the write is stalled; nothing else does.
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (4, true));
@@ -159,11 +149,7 @@ fn partial_block_writes_are_atomic() {
             for round in 0..200u64 {
                 for k in 0..4u64 {
                     let off = 1000 + u64::from(t) * 4 + k;
-                    e.submit(
-                        e.admit(c, 1),
-                        e.queue(0),
-                        req(&e, Op::Write, round, off, &[t + 1], 1, &s),
-                    );
+                    send(&e, c, 1, req(&e, Op::Write, round, off, &[t + 1], 1, &s));
                 }
             }
             e.remove_client(c);
@@ -190,17 +176,9 @@ fn write_zeroes_and_reads_with_partial_blocks() {
     let c = e.add_client();
     let (s, rx) = sink();
     for (off, len) in [(10u64, 5u64), (500, 1100), (2048, 512), (4000, 100)] {
-        e.submit(
-            e.admit(c, 0),
-            e.queue(0),
-            req(&e, Op::WriteZeroes, off, off, &[], len, &s),
-        );
+        send(&e, c, 0, req(&e, Op::WriteZeroes, off, off, &[], len, &s));
     }
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Read, 99, 3, &[], 8000, &s),
-    );
+    send(&e, c, 0, req(&e, Op::Read, 99, 3, &[], 8000, &s));
     e.remove_client(c);
     let mut all: Vec<_> = rx.try_iter().collect();
     all.sort_by_key(|r| r.0);
@@ -222,11 +200,7 @@ fn device_errors_reach_the_sink() {
     let e = Engine::new(vec![m], 1).unwrap();
     let c = e.add_client();
     let (s, rx) = sink();
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::Read, 5, 4096, &[], 512, &s),
-    );
+    send(&e, c, 0, req(&e, Op::Read, 5, 4096, &[], 512, &s));
     let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!((cookie, ok), (5, false));
     e.remove_client(c);
@@ -269,17 +243,9 @@ fn a_busy_client_does_not_starve_another() {
     let busy = e.add_client();
     let other = e.add_client();
     for i in 0..30 {
-        e.submit(
-            e.admit(busy, 4096),
-            e.queue(0),
-            req(&e, Op::Read, i, 0, &[], 4096, &s),
-        );
+        send(&e, busy, 4096, req(&e, Op::Read, i, 0, &[], 4096, &s));
     }
-    e.submit(
-        e.admit(other, 4096),
-        e.queue(0),
-        req(&e, Op::Read, 1000, 0, &[], 4096, &s),
-    );
+    send(&e, other, 4096, req(&e, Op::Read, 1000, 0, &[], 4096, &s));
     let order: Vec<u64> = (0..31)
         .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap().0)
         .collect();
@@ -298,26 +264,10 @@ fn device_with_a_short_last_block() {
     let e = Engine::new(vec![m.clone()], 1).unwrap();
     let c = e.add_client();
     let (s, rx) = sink();
-    e.submit(
-        e.admit(c, 50),
-        e.queue(0),
-        req(&e, Op::Write, 1, 900, &[1u8; 50], 50, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::WriteZeroes, 2, 990, &[], 10, &s),
-    );
-    e.submit(
-        e.admit(c, 0),
-        e.queue(0),
-        req(&e, Op::WriteZeroes, 3, 500, &[], 20, &s),
-    );
-    e.submit(
-        e.admit(c, 100),
-        e.queue(0),
-        req(&e, Op::Read, 4, 900, &[], 100, &s),
-    );
+    send(&e, c, 50, req(&e, Op::Write, 1, 900, &[1u8; 50], 50, &s));
+    send(&e, c, 0, req(&e, Op::WriteZeroes, 2, 990, &[], 10, &s));
+    send(&e, c, 0, req(&e, Op::WriteZeroes, 3, 500, &[], 20, &s));
+    send(&e, c, 100, req(&e, Op::Read, 4, 900, &[], 100, &s));
     e.remove_client(c);
     let all: Vec<_> = rx.try_iter().collect();
     assert!(
@@ -456,11 +406,7 @@ fn held_queue_parks_requests_and_drains_running_ones() {
     let c = e.add_client();
     let (s, rx) = sink();
     // A write that stalls in the device is running when the hold comes.
-    e.submit(
-        e.admit(c, 512),
-        e.queue(0),
-        req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s),
-    );
+    send(&e, c, 512, req(&e, Op::Write, 1, 0, &[7u8; 512], 512, &s));
     std::thread::sleep(Duration::from_millis(50));
     e.hold(e.queue(0));
     assert!(e.is_held(e.queue(0)));
@@ -476,9 +422,10 @@ fn held_queue_parks_requests_and_drains_running_ones() {
         e.queue(0),
         req(&e, Op::Read, 2, 8192, &[], 512, &s),
     );
-    e.submit(
-        e.admit(c, 512),
-        e.queue(0),
+    send(
+        &e,
+        c,
+        512,
         req(&e, Op::Write, 3, 16384, &[9u8; 512], 512, &s),
     );
     // The other queue runs meanwhile.
@@ -504,4 +451,114 @@ fn held_queue_parks_requests_and_drains_running_ones() {
     got.sort();
     assert_eq!(got, [2, 3]);
     e.remove_client(c);
+}
+/// A device that says it may hold requests and holds every one until
+/// released, counting the threads that wait in it.
+struct Holder {
+    inner: MemStore,
+    open: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Holder {
+    fn wait(&self) {
+        let mut g = self.open.lock().unwrap();
+        while !*g {
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+    fn release(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+impl BlockDevice for Holder {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        Limits {
+            queue_depth: 32,
+            ..self.inner.limits()
+        }
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        self.wait();
+        self.inner.read(o, b)
+    }
+    fn write(&self, o: u64, d: WriteBuf<'_>, f: bool) -> DevResult<()> {
+        self.wait();
+        self.inner.write(o, d, f)
+    }
+    fn flush(&self) -> DevResult<()> {
+        self.wait();
+        Ok(())
+    }
+    fn discard(&self, o: u64, l: u64) -> DevResult<()> {
+        self.inner.discard(o, l)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
+        self.inner.write_zeroes(o, l, f)
+    }
+}
+
+/// Requests held by a device that waits on purpose (a `delay` target says
+/// so through `queue_depth`) occupy workers of its own, never the shared
+/// ones nor a reader: with 2 shared workers and 16 held requests
+/// (inline-sized ones too), another device's requests, submitted inline or
+/// not, still finish.
+#[test]
+fn held_requests_stall_nothing_else() {
+    let held = Arc::new(Holder {
+        inner: MemStore::new(1 << 20),
+        open: Mutex::new(false),
+        cv: std::sync::Condvar::new(),
+    });
+    let fast: Arc<dyn BlockDevice> = Arc::new(MemStore::new(1 << 20));
+    let e = Engine::new(vec![held.clone() as Arc<dyn BlockDevice>, fast], 2).unwrap();
+    let (s, rx) = sink();
+    let c1 = e.add_client();
+    for i in 0..16u64 {
+        let t = e.admit(c1, 4096);
+        // submit_or_run: a held device's request must not run on this
+        // (the reader's) thread, or this loop would stop here.
+        let r = req(&e, Op::Read, i, i * 4096, &[], 4096, &s);
+        e.submit_or_run(t, e.queue(0), r);
+    }
+    let c2 = e.add_client();
+    for i in 0..8u64 {
+        let t = e.admit(c2, 4096);
+        let (mut buf, head) = e.buffer(e.queue(1), i * 4096, 4096);
+        buf[head..head + 4096].fill(i as u8);
+        let r = Request {
+            op: Op::Write,
+            cookie: 100 + i,
+            flags: 0,
+            offset: i * 4096,
+            len: 4096,
+            fua: false,
+            buf,
+            head,
+            sink: s.clone(),
+        };
+        if i % 2 == 0 {
+            e.submit_or_run(t, e.queue(1), r);
+        } else {
+            e.submit(t, e.queue(1), r);
+        }
+    }
+    // The fast device's 8 writes all finish while all 16 reads are held.
+    for _ in 0..8 {
+        let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert!(cookie >= 100 && ok, "request {cookie} finished first");
+    }
+    held.release();
+    for _ in 0..16 {
+        let (cookie, ok, _) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert!(cookie < 100 && ok);
+    }
+    e.remove_client(c1);
+    e.remove_client(c2);
+    e.shutdown();
 }

@@ -98,10 +98,35 @@ impl Volume {
         })
     }
 
-    /// Exchange the numbers of LUKS2 keyslots `a` and `b` everywhere they
-    /// are named (keyslots, digests, tokens), as cryptsetup does to keep a
-    /// changed passphrase in its old slot. Writes nothing: the caller's next
-    /// header write carries it.
+    /// Give keyslot `to` every token assignment keyslot `from` has (before
+    /// a swap, so tokens follow a changed passphrase). Writes nothing.
+    pub(crate) fn copy_token_assignment(&mut self, from: u32, to: u32) -> Result<(), LuksError> {
+        let Header::Luks2(h) = &mut self.header else {
+            return Ok(());
+        };
+        let (f, t) = (
+            Value::String(from.to_string()),
+            Value::String(to.to_string()),
+        );
+        h.meta = h.meta.edit(h.bin.hdr_size, |top| {
+            if let Some(g) = top.get_mut("tokens").and_then(Value::as_object_mut) {
+                for (_, item) in g.iter_mut() {
+                    if let Some(arr) = item.get_mut("keyslots").and_then(Value::as_array_mut) {
+                        if arr.contains(&f) && !arr.contains(&t) {
+                            arr.push(t.clone());
+                        }
+                    }
+                }
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Exchange the JSON objects of LUKS2 keyslots `a` and `b` (their
+    /// material and KDF, not their digest or token membership), as
+    /// cryptsetup does to keep a changed passphrase under its old number;
+    /// both end up last in the object, in cryptsetup's order. Writes
+    /// nothing: the caller's next header write carries it.
     pub(crate) fn swap_luks2_slots(&mut self, a: u32, b: u32) -> Result<(), LuksError> {
         let Header::Luks2(h) = &mut self.header else {
             return Ok(());
@@ -111,26 +136,9 @@ impl Volume {
             if let Some(ks) = top.get_mut("keyslots").and_then(Value::as_object_mut) {
                 let va = ks.shift_remove(&sa);
                 let vb = ks.shift_remove(&sb);
-                if let Some(v) = vb {
-                    ks.insert(sa.clone(), v);
-                }
-                if let Some(v) = va {
-                    ks.insert(sb.clone(), v);
-                }
-            }
-            for group in ["digests", "tokens"] {
-                if let Some(g) = top.get_mut(group).and_then(Value::as_object_mut) {
-                    for (_, item) in g.iter_mut() {
-                        if let Some(arr) = item.get_mut("keyslots").and_then(Value::as_array_mut) {
-                            for e in arr.iter_mut() {
-                                if e.as_str() == Some(sa.as_str()) {
-                                    *e = Value::String(sb.clone());
-                                } else if e.as_str() == Some(sb.as_str()) {
-                                    *e = Value::String(sa.clone());
-                                }
-                            }
-                        }
-                    }
+                if let (Some(va), Some(vb)) = (va, vb) {
+                    ks.insert(sa.clone(), vb);
+                    ks.insert(sb.clone(), va);
                 }
             }
         })?;

@@ -50,21 +50,16 @@ impl CostLimit {
     pub fn check(&self, slots: &[(u32, Kdf)]) -> Result<(), LuksError> {
         let mut pbkdf2 = 0u64;
         let mut work = 0u64;
+        // (slot, iterations) of the costliest PBKDF2 slot, and the same for
+        // Argon2 work, to name in the error.
+        let mut worst_pbkdf2: Option<(u32, u32, &'static str)> = None;
+        let mut worst_argon2: Option<(u32, u32, u32, &'static str)> = None;
         for (n, kdf) in slots {
             match *kdf {
                 Kdf::Pbkdf2 { hash, iterations } => {
                     pbkdf2 += u64::from(iterations);
-                    if pbkdf2 > self.pbkdf2_total {
-                        return Err(LuksError::Cost {
-                            what: format!(
-                                "keyslot {n} demands {iterations} PBKDF2-{} iterations, which \
-                                 makes {pbkdf2} for the {} keyslot(s) to try (limit {})",
-                                hash.name(),
-                                slots.iter().take_while(|(m, _)| m != n).count() + 1,
-                                self.pbkdf2_total
-                            ),
-                            memory: false,
-                        });
+                    if worst_pbkdf2.is_none_or(|(_, i, _)| iterations > i) {
+                        worst_pbkdf2 = Some((*n, iterations, hash.name()));
                     }
                 }
                 Kdf::Argon2 {
@@ -74,8 +69,8 @@ impl CostLimit {
                     if bytes > self.argon2_memory {
                         return Err(LuksError::Cost {
                             what: format!(
-                                "keyslot {n} demands {} MiB of {} memory (limit {} MiB, below \
-                                 physical RAM)",
+                                "keyslot {n} demands {} MiB of {} memory, above udm's limit of \
+                                 {} MiB (below physical RAM)",
                                 bytes >> 20,
                                 kdf.type_name(),
                                 self.argon2_memory >> 20
@@ -84,20 +79,36 @@ impl CostLimit {
                         });
                     }
                     work += u64::from(time) * u64::from(memory_kib);
-                    if work > self.argon2_total_work {
-                        return Err(LuksError::Cost {
-                            what: format!(
-                                "keyslot {n} demands {time} {} passes over {memory_kib} KiB, \
-                                 which makes {work} KiB passes for the keyslots to try \
-                                 (limit {})",
-                                kdf.type_name(),
-                                self.argon2_total_work
-                            ),
-                            memory: false,
-                        });
+                    let w = u64::from(time) * u64::from(memory_kib);
+                    if worst_argon2.is_none_or(|(_, t, m, _)| w > u64::from(t) * u64::from(m)) {
+                        worst_argon2 = Some((*n, time, memory_kib, kdf.type_name()));
                     }
                 }
             }
+        }
+        if pbkdf2 > self.pbkdf2_total {
+            let (n, it, h) = worst_pbkdf2.unwrap_or((0, 0, ""));
+            return Err(LuksError::Cost {
+                what: format!(
+                    "keyslot {n} demands {it} PBKDF2-{h} iterations; the {} keyslot(s) to try \
+                     demand {pbkdf2} in all, above udm's limit of {}",
+                    slots.len(),
+                    self.pbkdf2_total
+                ),
+                memory: false,
+            });
+        }
+        if work > self.argon2_total_work {
+            let (n, t, m, ty) = worst_argon2.unwrap_or((0, 0, 0, ""));
+            return Err(LuksError::Cost {
+                what: format!(
+                    "keyslot {n} demands {t} {ty} passes over {m} KiB; the {} keyslot(s) to try \
+                     demand {work} KiB-passes in all, above udm's limit of {}",
+                    slots.len(),
+                    self.argon2_total_work
+                ),
+                memory: false,
+            });
         }
         Ok(())
     }

@@ -68,16 +68,7 @@ impl Disk {
         if let Some(d) = Disk::open_remote(path, write)? {
             return Ok(d);
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(write)
-            .open(path)
-            .map_err(|e| LuksError::io(format!("cannot open {}", path.display()), e))?;
-        Ok(Disk {
-            backing: Backing::File(file),
-            path: path.to_path_buf(),
-            writes_left: None,
-        })
+        Self::open_file(path, OpenOptions::new().read(true).write(write))
     }
 
     /// Open, creating the file if missing (format). A remote image must
@@ -86,11 +77,18 @@ impl Disk {
         if let Some(d) = Disk::open_remote(path, true)? {
             return Ok(d);
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
+        Self::open_file(
+            path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        )
+    }
+
+    fn open_file(path: &Path, opts: &OpenOptions) -> Result<Disk, LuksError> {
+        let file = opts
             .open(path)
             .map_err(|e| LuksError::io(format!("cannot open {}", path.display()), e))?;
         Ok(Disk {

@@ -73,7 +73,9 @@ pub fn header_text(v: &Volume, device: &str) -> String {
             let _ = writeln!(o, "Payload offset:\t{}", h.payload_offset);
             let _ = writeln!(o, "MK bits:       \t{}", h.key_bytes * 8);
             o.push_str("MK digest:     \t");
-            hex16(&mut o, &h.mk_digest, "");
+            for x in &h.mk_digest {
+                let _ = write!(o, "{x:02x} ");
+            }
             o.push_str("\nMK salt:       \t");
             hex16(&mut o, &h.mk_digest_salt, "               \t");
             let _ = writeln!(o, "\nMK iterations: \t{}", h.mk_digest_iter);

@@ -34,6 +34,11 @@ pub enum LuksError {
     Crypto(String),
     /// A passphrase asked twice was typed differently.
     Mismatch,
+    /// Failure already reported (or reported only by the exit code, as
+    /// cryptsetup's isLuks): nothing to print, this exit code.
+    Silent(i32),
+    /// Standard input (or a pipe) ended before any passphrase byte.
+    NoInput(String),
     /// The user answered no to a question, or lacks permission.
     Denied(String),
     /// `--key-slot N` names a slot that is empty or of another kind.
@@ -85,6 +90,7 @@ impl LuksError {
         match self {
             LuksError::WrongPassphrase | LuksError::Mismatch | LuksError::Denied(_) => 2,
             LuksError::Device(_) => 4,
+            LuksError::Silent(c) => *c,
             LuksError::Busy(_) => 5,
             LuksError::Cost { memory: true, .. } => 3,
             LuksError::Io { source, .. } => match source.raw_os_error() {
@@ -119,6 +125,8 @@ impl fmt::Display for LuksError {
             LuksError::Usage(m) => write!(f, "{m}"),
             LuksError::Crypto(m) => write!(f, "cipher error: {m}"),
             LuksError::Mismatch => write!(f, "Passphrases do not match."),
+            LuksError::Silent(_) => Ok(()),
+            LuksError::NoInput(what) => write!(f, "Nothing to read on {what}."),
             LuksError::Denied(m) => write!(f, "{m}"),
             LuksError::NoUsableKeyslot => write!(f, "No usable keyslot is available."),
             LuksError::Device(d) => write!(f, "Device {d} does not exist or access denied."),
@@ -126,7 +134,7 @@ impl fmt::Display for LuksError {
             LuksError::Cost { what, .. } => write!(
                 f,
                 "{what}; refusing to try a passphrase (a damaged or hostile header can \
-                 demand this). Pass --unsafe-kdf-cost to try it anyway."
+                 demand this). Pass --no-kdf-limit to try it anyway."
             ),
         }
     }

@@ -154,7 +154,9 @@ pub fn layout(p: &FormatParams, detached: bool) -> Result<(u64, u64, u64), LuksE
         None => {
             let default = (16 * MIB).saturating_sub(2 * hdr);
             match p.data_offset {
-                Some(o) if !detached => (o.saturating_sub(2 * hdr) / 4096 * 4096).min(default),
+                Some(o) if !detached => {
+                    (o.saturating_sub(2 * hdr) / 4096 * 4096).min(super::json::MAX_KEYSLOTS_SIZE)
+                }
                 _ => default,
             }
         }

@@ -165,17 +165,9 @@ impl Header {
         for (i, slot) in slots.iter_mut().enumerate() {
             let b = 208 + 48 * i;
             let state = be32(&raw, b);
-            let active = match state {
-                SLOT_ENABLED => true,
-                SLOT_DISABLED => false,
-                v => {
-                    return Err(LuksError::field(
-                        format!("key-slot[{i}].active"),
-                        format!("{v:#010x}"),
-                        "neither enabled (0x00ac71f3) nor disabled (0x0000dead)",
-                    ))
-                }
-            };
+            // As cryptsetup: only the enabled magic makes a slot active;
+            // any other value is an empty slot (kept as it is on rewrite).
+            let active = state == SLOT_ENABLED;
             slot.active = active;
             slot.iterations = be32(&raw, b + 4);
             slot.salt.copy_from_slice(&raw[b + 8..b + 40]);
@@ -269,8 +261,11 @@ impl Header {
         put_cstr(&mut b, 168, 40, &self.uuid);
         for (i, s) in self.slots.iter().enumerate() {
             let o = 208 + 48 * i;
+            let was = u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
             let state = if s.active {
                 SLOT_ENABLED
+            } else if was != SLOT_ENABLED && was != 0 {
+                was
             } else {
                 SLOT_DISABLED
             };

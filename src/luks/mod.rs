@@ -9,6 +9,7 @@
 pub mod af;
 pub mod change;
 pub mod cipher;
+pub mod convert;
 pub mod cost;
 pub mod disk;
 pub mod dump;
@@ -24,6 +25,7 @@ pub mod luks2;
 pub mod ops;
 pub mod passphrase;
 pub mod pbkdf;
+pub mod repair;
 pub mod secret;
 pub mod volume;
 
@@ -89,28 +91,42 @@ impl Activation {
 
     /// The dmsetup table cryptsetup would load, one crypt line per segment:
     /// `<start> <len> crypt <cipher> <hexkey> <iv_offset> <dev> <offset> [<n> <opts>...]`.
+    ///
+    /// The text holds the key in hex, so it is written into one buffer
+    /// sized for all of it up front: no reallocation leaves a copy behind,
+    /// and the buffer is wiped on drop.
     pub fn table(&self, data_device: &str) -> Zeroizing<String> {
-        let hexkey = Zeroizing::new(hex::encode(&*self.key));
-        let mut out = Zeroizing::new(String::new());
+        use std::fmt::Write;
+        let opts_len: usize = self.options.iter().map(|o| o.len() + 1).sum::<usize>() + 40;
+        let per_line = 6 * 21 + 16 + 2 * self.key.len() + data_device.len() + opts_len;
+        let cap: usize = self
+            .segments
+            .iter()
+            .map(|s| per_line + s.cipher.len())
+            .sum::<usize>()
+            .max(1);
+        let mut out = Zeroizing::new(String::with_capacity(cap));
         let mut start = 0u64;
         for s in &self.segments {
-            let mut opts: Vec<String> = self.options.iter().map(|o| o.to_string()).collect();
-            if s.sector_size != 512 {
-                opts.push(format!("sector_size:{}", s.sector_size));
+            let _ = write!(out, "{start} {} crypt {} ", s.len_sectors, s.cipher);
+            for b in self.key.iter() {
+                let _ = write!(out, "{b:02x}");
             }
-            let mut line = format!(
-                "{start} {} crypt {} {} {} {data_device} {}",
-                s.len_sectors, s.cipher, &*hexkey, s.iv_offset, s.offset_sectors
-            );
-            if !opts.is_empty() {
-                line.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
+            let _ = write!(out, " {} {data_device} {}", s.iv_offset, s.offset_sectors);
+            let n = self.options.len() + usize::from(s.sector_size != 512);
+            if n > 0 {
+                let _ = write!(out, " {n}");
+                for o in &self.options {
+                    let _ = write!(out, " {o}");
+                }
+                if s.sector_size != 512 {
+                    let _ = write!(out, " sector_size:{}", s.sector_size);
+                }
             }
-            line.push('\n');
-            out.push_str(&line);
-            // `line` held the key in hex; wipe it before it is dropped.
-            zeroize::Zeroize::zeroize(&mut line);
+            out.push('\n');
             start += s.len_sectors;
         }
+        debug_assert!(out.capacity() == cap, "key table outgrew its buffer");
         out
     }
 }

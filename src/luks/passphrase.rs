@@ -60,8 +60,10 @@ impl KeySource {
         match self.key_file.as_deref() {
             Some(p) if p != Path::new("-") => {
                 warn_if_readable_by_others(p);
+                // cryptsetup: a key file that cannot be opened is a wrong
+                // parameter (exit 1), not a wrong device.
                 let f = std::fs::File::open(p).map_err(|e| {
-                    LuksError::io(format!("Failed to open key file {}", p.display()), e)
+                    LuksError::Usage(format!("Failed to open key file {}: {e}.", p.display()))
                 })?;
                 let regular = f.metadata().map(|m| m.is_file()).unwrap_or(false);
                 let known = f.metadata().map(|m| m.len()).ok().filter(|_| regular);
@@ -189,7 +191,7 @@ fn read_limited(
         buf.advance(n);
     }
     if buf.is_empty() && known_len.is_none() && !newline {
-        return Err(LuksError::Usage(format!("Nothing to read on {what}.")));
+        return Err(LuksError::NoInput(what.to_string()));
     }
     if size.is_none() && buf.len() as u64 > MAX_KEYFILE {
         return Err(LuksError::Usage(format!(
@@ -209,6 +211,13 @@ fn read_limited(
 /// A key file that group or others may read is a key anyone on the machine
 /// may use; say so (as systemd-cryptsetup does), but go on.
 pub fn warn_if_readable_by_others(p: &Path) {
+    static WARNED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    if let Ok(mut w) = WARNED.lock() {
+        if w.iter().any(|x| x == p) {
+            return;
+        }
+        w.push(p.to_path_buf());
+    }
     if let Ok(m) = std::fs::metadata(p) {
         if m.is_file() && m.mode() & 0o077 != 0 {
             eprintln!(

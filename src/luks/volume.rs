@@ -283,6 +283,9 @@ impl Volume {
     ) -> Result<(u32, Zeroizing<Vec<u8>>), LuksError> {
         let spec = self.luks1_spec();
         let order = self.try_order(only);
+        if order.is_empty() {
+            return Err(LuksError::NoUsableKeyslot);
+        }
         if let Some(limit) = &self.cost_limit {
             let costs: Vec<(u32, Kdf)> = order
                 .iter()

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::registry::open_shared;
 use crate::core::table::{TableError, TableLine};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
-use crate::store::file::OpenFlags;
+use crate::store::{Location, OpenFlags};
 use crate::targets::{DeviceResolver, TargetOptions};
 
 /// What a check does with the devices a table names.
@@ -51,7 +51,13 @@ struct CheckResolver {
 
 impl DeviceResolver for CheckResolver {
     fn resolve(&mut self, spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        if !self.open || spec.starts_with('@') {
+        if spec.starts_with('@') {
+            return Ok(self.placeholder.clone());
+        }
+        if !self.open {
+            // The path's syntax (a remote image's URI) is checked, nothing
+            // is opened.
+            Location::parse(spec)?;
             return Ok(self.placeholder.clone());
         }
         let flags = OpenFlags {
@@ -148,6 +154,12 @@ mod tests {
                 1,
                 "argument 7",
                 "unknown optional parameter",
+            ),
+            (
+                "0 8 linear nbd://host:99999/x 0\n".to_string(),
+                1,
+                "argument 1 (device)",
+                "bad NBD URI",
             ),
             (
                 "0 8 nosuch a b\n".to_string(),

@@ -11,18 +11,19 @@
 //! pool lives — which is what makes a global free stack safe — and all of
 //! them are returned when the pool is dropped.
 //!
-//! Typed use: [`BlockPool<T>`] hands out [`PoolBox<T>`] (borrowing the pool)
-//! or, for objects that outlive a scope, [`ArcPoolBox<T>`] (holding an
-//! `Arc` of it). The untyped [`RawBlockPool`] is the engine underneath.
+//! Typed use: [`BlockPool<T>`] hands out [`PoolBox<T>`], which borrows the
+//! pool. The untyped [`RawBlockPool`] is the engine underneath; a cache in
+//! front of it (per-thread magazines, measured in `benches/`) can be built
+//! from its public `alloc`, `free` and [`SpinLock`].
 
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::mem::{align_of, size_of};
 use std::ops::{Deref, DerefMut};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use super::raw::PAGE_SIZE;
 
@@ -36,8 +37,10 @@ struct FreeBlock {
 
 /// Lock for a critical section of a few instructions: uncontended it is one
 /// compare-exchange and one store, cheaper than a futex mutex's two atomic
-/// read-modify-writes, which matters at ~10 ns per operation.
-struct SpinLock<T> {
+/// read-modify-writes, which matters at ~10 ns per operation. A holder
+/// that is preempted makes the others yield after a short spin. Only for
+/// sections that never block and never take the same lock again.
+pub struct SpinLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
 }
@@ -48,15 +51,16 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 unsafe impl<T: Send> Send for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
-    const fn new(value: T) -> Self {
+    pub const fn new(value: T) -> Self {
         SpinLock {
             locked: AtomicBool::new(false),
             value: UnsafeCell::new(value),
         }
     }
 
+    /// Run `f` on the value with the lock held.
     #[inline]
-    fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         if self
             .locked
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -95,20 +99,8 @@ impl<T> SpinLock<T> {
     }
 }
 
-/// A full thread-cache magazine parked in the shared pool, stored inside
-/// its own first block (only for blocks of at least this size): moving
-/// MAGAZINE blocks between a cache and the pool then touches one block
-/// instead of linking through each of them.
-#[repr(C)]
-struct Magazine {
-    next: *mut Magazine,
-    rest: [*mut u8; MAGAZINE - 1],
-}
-
 struct Stack {
     head: *mut FreeBlock,
-    /// Parked full magazines (their blocks are free too).
-    mags: *mut Magazine,
     nr_active: usize,
 }
 
@@ -161,7 +153,6 @@ impl RawBlockPool {
             blocks_per_chunk: chunk_size / block_size,
             stack: SpinLock::new(Stack {
                 head: ptr::null_mut(),
-                mags: ptr::null_mut(),
                 nr_active: 0,
             }),
             chunks: Mutex::new(Vec::new()),
@@ -194,15 +185,11 @@ impl RawBlockPool {
             if !b.is_null() {
                 // SAFETY: a non-null head is a free block inside one of our
                 // chunks whose first word holds a valid link (written by
-                // `push_chain` or `free`), and only we touch it under the lock.
+                // `grow_and_alloc` or `free`), and only we touch it under the lock.
                 s.head = unsafe { (*b).next };
                 s.nr_active += 1;
-                b
-            } else if !s.mags.is_null() {
-                Self::unpack_magazine(s)
-            } else {
-                b
             }
+            b
         });
         match NonNull::new(got) {
             Some(b) => b.cast(),
@@ -275,224 +262,6 @@ impl RawBlockPool {
     }
 }
 
-impl RawBlockPool {
-    /// Under the lock, with the block stack empty: hand out a parked
-    /// magazine's own block and push its other blocks on the block stack.
-    #[cold]
-    fn unpack_magazine(s: &mut Stack) -> *mut FreeBlock {
-        let m = s.mags;
-        // SAFETY: a parked magazine lives in a free block of ours, written
-        // by `LocalBlockCache::drain`; its `rest` are free blocks of ours,
-        // each large enough for a link. We hold the lock.
-        unsafe {
-            s.mags = (*m).next;
-            for &b in (*m).rest.iter() {
-                let b = b as *mut FreeBlock;
-                b.write(FreeBlock { next: s.head });
-                s.head = b;
-            }
-        }
-        s.nr_active += 1;
-        m as *mut FreeBlock
-    }
-
-    /// Whether thread caches park whole magazines in this pool.
-    #[inline]
-    fn parks_magazines(&self) -> bool {
-        self.block_size >= size_of::<Magazine>()
-    }
-
-    /// Move up to MAGAZINE free blocks into `slots` (a thread cache's
-    /// empty array); returns how many. A parked magazine is taken whole;
-    /// otherwise blocks are popped off the block stack.
-    fn refill_slots(&self, slots: &mut [*mut u8; 2 * MAGAZINE]) -> usize {
-        let (m, k) = self.stack.with(|s| {
-            if !s.mags.is_null() {
-                let m = s.mags;
-                // SAFETY: parked magazine, see `unpack_magazine`.
-                s.mags = unsafe { (*m).next };
-                s.nr_active += MAGAZINE;
-                return (m, MAGAZINE);
-            }
-            let mut k = 0;
-            let mut b = s.head;
-            while k < MAGAZINE && !b.is_null() {
-                slots[k] = b as *mut u8;
-                // SAFETY: every node reachable from head is a free block of
-                // ours with a valid link; we hold the lock.
-                b = unsafe { (*b).next };
-                k += 1;
-            }
-            s.head = b;
-            s.nr_active += k;
-            (ptr::null_mut(), k)
-        });
-        if !m.is_null() {
-            // SAFETY: the magazine was detached under the lock: we own it
-            // and its blocks now.
-            unsafe {
-                slots[..MAGAZINE - 1].copy_from_slice(&(*m).rest);
-            }
-            slots[MAGAZINE - 1] = m as *mut u8;
-        }
-        k
-    }
-
-    /// Park a full magazine (MAGAZINE free blocks, written into `m`).
-    ///
-    /// # Safety
-    /// `m` is a free block of this pool holding a valid Magazine whose
-    /// `rest` are MAGAZINE - 1 other free blocks of this pool.
-    unsafe fn push_magazine(&self, m: *mut Magazine) {
-        self.stack.with(|s| {
-            // SAFETY: per the contract `m` is ours and free.
-            unsafe { (*m).next = s.mags };
-            s.mags = m;
-            s.nr_active -= MAGAZINE;
-        });
-    }
-
-    /// Push a chain of `k` free blocks from `first` to `last`.
-    ///
-    /// # Safety
-    /// The chain must consist of `k` blocks of this pool, allocated and not
-    /// in use, linked from `first` to `last`.
-    unsafe fn push_chain(&self, first: *mut FreeBlock, last: *mut FreeBlock, k: usize) {
-        self.stack.with(|s| {
-            // SAFETY: per the contract `last` is a free block of ours.
-            unsafe { (*last).next = s.head };
-            s.head = first;
-            s.nr_active -= k;
-        });
-    }
-
-    /// A per-thread cache of this pool's blocks (see [`LocalBlockCache`]).
-    pub fn local(&self) -> LocalBlockCache<'_> {
-        LocalBlockCache {
-            pool: self,
-            slots: UnsafeCell::new([ptr::null_mut(); 2 * MAGAZINE]),
-            count: Cell::new(0),
-        }
-    }
-}
-
-/// Blocks moved between a thread cache and the shared stack at a time.
-const MAGAZINE: usize = 32;
-
-/// A thread's private array of free blocks in front of a [`RawBlockPool`]
-/// (like the allocator's per-thread caches): alloc and free are an array pop
-/// and push — no atomic operation and no access to the block's memory — and
-/// the shared, locked stack is visited once per [`MAGAZINE`] blocks to refill
-/// or drain. Not `Sync`: one per worker thread. Blocks are interchangeable:
-/// one allocated here may be freed through the pool or another cache.
-/// Dropping the cache returns its blocks.
-pub struct LocalBlockCache<'p> {
-    pool: &'p RawBlockPool,
-    slots: UnsafeCell<[*mut u8; 2 * MAGAZINE]>,
-    count: Cell<usize>,
-}
-
-impl LocalBlockCache<'_> {
-    /// A block (contents unspecified).
-    #[inline]
-    pub fn alloc(&self) -> NonNull<u8> {
-        let n = self.count.get();
-        if n > 0 {
-            // SAFETY: the cache is !Sync and no reference into `slots`
-            // outlives a method call, so this access is unique; slots[..n]
-            // hold free blocks owned by this cache (non-null).
-            let b = unsafe { (*self.slots.get())[n - 1] };
-            self.count.set(n - 1);
-            // SAFETY: see above: stored pointers are non-null blocks.
-            return unsafe { NonNull::new_unchecked(b) };
-        }
-        self.refill()
-    }
-
-    #[cold]
-    fn refill(&self) -> NonNull<u8> {
-        // SAFETY: unique access to `slots` (the cache is !Sync and no
-        // reference into it outlives a method call).
-        let k = self.pool.refill_slots(unsafe { &mut *self.slots.get() });
-        if k == 0 {
-            return self.pool.alloc();
-        }
-        self.count.set(k);
-        self.alloc()
-    }
-
-    /// Return a block to this cache.
-    ///
-    /// # Safety
-    /// `block` must come from this cache's pool (through any cache or the
-    /// pool itself), be in use, and not be used afterwards.
-    #[inline]
-    pub unsafe fn free(&self, block: NonNull<u8>) {
-        let mut n = self.count.get();
-        if n == 2 * MAGAZINE {
-            self.drain(MAGAZINE);
-            n -= MAGAZINE;
-        }
-        // SAFETY: unique access as in `alloc`; n < slots.len().
-        unsafe { (*self.slots.get())[n] = block.as_ptr() };
-        self.count.set(n + 1);
-    }
-
-    /// Give the `n` (<= count) oldest blocks back to the shared pool.
-    #[cold]
-    fn drain(&self, n: usize) {
-        if n == 0 {
-            return;
-        }
-        let count = self.count.get();
-        // SAFETY: unique access as in `alloc`; slots[..count] are free blocks
-        // of the pool owned by this cache, each large and aligned enough for
-        // a link (and for a Magazine when the pool parks magazines). Writing
-        // into them is writing into memory we own.
-        unsafe {
-            let slots = &mut *self.slots.get();
-            if n == MAGAZINE && self.pool.parks_magazines() {
-                let m = slots[0] as *mut Magazine;
-                let mut rest = [ptr::null_mut(); MAGAZINE - 1];
-                rest.copy_from_slice(&slots[1..MAGAZINE]);
-                m.write(Magazine {
-                    next: ptr::null_mut(),
-                    rest,
-                });
-                self.pool.push_magazine(m);
-            } else {
-                for i in 0..n - 1 {
-                    (slots[i] as *mut FreeBlock).write(FreeBlock {
-                        next: slots[i + 1] as *mut FreeBlock,
-                    });
-                }
-                let first = slots[0] as *mut FreeBlock;
-                let last = slots[n - 1] as *mut FreeBlock;
-                last.write(FreeBlock {
-                    next: ptr::null_mut(),
-                });
-                self.pool.push_chain(first, last, n);
-            }
-            slots.copy_within(n..count, 0);
-        }
-        self.count.set(count - n);
-    }
-
-    /// Free blocks held by this cache.
-    pub fn cached(&self) -> usize {
-        self.count.get()
-    }
-}
-
-impl Drop for LocalBlockCache<'_> {
-    fn drop(&mut self) {
-        while self.count.get() >= MAGAZINE {
-            self.drain(MAGAZINE);
-        }
-        self.drain(self.count.get());
-    }
-}
-
 impl Drop for RawBlockPool {
     fn drop(&mut self) {
         let active = self.stack.with(|s| s.nr_active);
@@ -500,7 +269,7 @@ impl Drop for RawBlockPool {
         if active != 0 {
             // Like dma_pool_destroy on a busy pool: leak rather than free
             // memory someone may still use. Unreachable through the typed
-            // API, whose boxes borrow or own the pool.
+            // API, whose boxes borrow the pool.
             tracing::error!(
                 active,
                 "block pool dropped with blocks in use; leaking its chunks"
@@ -553,18 +322,6 @@ impl<T> BlockPool<T> {
         PoolBox { ptr: p, pool: self }
     }
 
-    /// Like [`BlockPool::alloc`] but the box keeps the pool alive.
-    #[inline]
-    pub fn alloc_arc(self: &Arc<Self>, value: T) -> ArcPoolBox<T> {
-        let p = self.raw.alloc().cast::<T>();
-        // SAFETY: as in `alloc`.
-        unsafe { p.as_ptr().write(value) };
-        ArcPoolBox {
-            ptr: p,
-            pool: self.clone(),
-        }
-    }
-
     pub fn active(&self) -> usize {
         self.raw.active()
     }
@@ -581,70 +338,6 @@ impl<T> BlockPool<T> {
         unsafe {
             ptr::drop_in_place(p.as_ptr());
             self.raw.free(p.cast());
-        }
-    }
-}
-
-impl<T> BlockPool<T> {
-    /// A per-thread cache in front of this pool (see [`LocalBlockCache`]).
-    pub fn local(&self) -> LocalPool<'_, T> {
-        LocalPool {
-            cache: self.raw.local(),
-            _t: PhantomData,
-        }
-    }
-}
-
-/// Typed per-thread cache of a [`BlockPool<T>`]; boxes return to it.
-pub struct LocalPool<'p, T> {
-    cache: LocalBlockCache<'p>,
-    _t: PhantomData<fn(T) -> T>,
-}
-
-impl<T> LocalPool<'_, T> {
-    /// Move `value` into a block; no atomic operation on the fast path.
-    #[inline]
-    pub fn alloc(&self, value: T) -> LocalBox<'_, T> {
-        let p = self.cache.alloc().cast::<T>();
-        // SAFETY: the block is unused and has T's size and alignment.
-        unsafe { p.as_ptr().write(value) };
-        LocalBox {
-            ptr: p,
-            cache: &self.cache,
-        }
-    }
-}
-
-/// A `T` in a block of a [`LocalPool`], returned to it on drop.
-pub struct LocalBox<'c, T> {
-    ptr: NonNull<T>,
-    cache: &'c LocalBlockCache<'c>,
-}
-
-impl<T> Deref for LocalBox<'_, T> {
-    type Target = T;
-    #[inline]
-    fn deref(&self) -> &T {
-        // SAFETY: ptr holds a live T owned by this box.
-        unsafe { self.ptr.as_ref() }
-    }
-}
-
-impl<T> DerefMut for LocalBox<'_, T> {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: as in deref; &mut self makes the access unique.
-        unsafe { self.ptr.as_mut() }
-    }
-}
-
-impl<T> Drop for LocalBox<'_, T> {
-    #[inline]
-    fn drop(&mut self) {
-        // SAFETY: the box owns a live T in a block of the cache's pool.
-        unsafe {
-            ptr::drop_in_place(self.ptr.as_ptr());
-            self.cache.free(self.ptr.cast());
         }
     }
 }
@@ -691,42 +384,6 @@ impl<T> DerefMut for PoolBox<'_, T> {
 }
 
 impl<T> Drop for PoolBox<'_, T> {
-    #[inline]
-    fn drop(&mut self) {
-        // SAFETY: the box owns a live T from this pool and is dropping.
-        unsafe { self.pool.release(self.ptr) }
-    }
-}
-
-/// A `T` in a [`BlockPool`] block that keeps the pool alive (`Arc`).
-pub struct ArcPoolBox<T> {
-    ptr: NonNull<T>,
-    pool: Arc<BlockPool<T>>,
-}
-
-// SAFETY: as for PoolBox.
-unsafe impl<T: Send> Send for ArcPoolBox<T> {}
-// SAFETY: as for PoolBox.
-unsafe impl<T: Sync> Sync for ArcPoolBox<T> {}
-
-impl<T> Deref for ArcPoolBox<T> {
-    type Target = T;
-    #[inline]
-    fn deref(&self) -> &T {
-        // SAFETY: ptr holds a live T owned by this box.
-        unsafe { self.ptr.as_ref() }
-    }
-}
-
-impl<T> DerefMut for ArcPoolBox<T> {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: as in deref, and &mut self makes the access unique.
-        unsafe { self.ptr.as_mut() }
-    }
-}
-
-impl<T> Drop for ArcPoolBox<T> {
     #[inline]
     fn drop(&mut self) {
         // SAFETY: the box owns a live T from this pool and is dropping.
@@ -847,26 +504,21 @@ mod tests {
         }
         assert_eq!(DROPS.load(Ordering::SeqCst), 500);
         assert_eq!(pool.active(), 0);
-        let arc = Arc::new(BlockPool::<String>::new());
-        let b = arc.alloc_arc("kept".to_string());
-        drop(arc);
-        // The box keeps the pool alive.
-        assert_eq!(&*b, "kept");
     }
 
     /// Threads allocating and freeing concurrently never receive the same
     /// block twice at once (each writes its id into the block and checks it).
     #[test]
     fn concurrent_alloc_free_never_shares_a_block() {
-        let pool = Arc::new(BlockPool::<[u64; 4]>::new());
-        let hs: Vec<_> = (0..4u64)
-            .map(|t| {
-                let pool = pool.clone();
-                std::thread::spawn(move || {
+        let pool = BlockPool::<[u64; 4]>::new();
+        std::thread::scope(|sc| {
+            for t in 0..4u64 {
+                let pool = &pool;
+                sc.spawn(move || {
                     let mut held = Vec::new();
                     for i in 0..20_000u64 {
                         let tag = (t << 32) | i;
-                        held.push(pool.alloc_arc([tag; 4]));
+                        held.push(pool.alloc([tag; 4]));
                         if i % 3 == 2 {
                             for b in held.drain(..) {
                                 let v = b[0];
@@ -874,149 +526,9 @@ mod tests {
                             }
                         }
                     }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap();
-        }
-        assert_eq!(pool.active(), 0);
-    }
-
-    /// The per-thread cache hands out distinct blocks, drains to and
-    /// refills from the shared stack, and mixes with direct pool frees.
-    #[test]
-    fn local_cache_round_trips_through_the_shared_stack() {
-        let pool = RawBlockPool::new(48, 16).unwrap();
-        {
-            let c = pool.local();
-            let a: Vec<NonNull<u8>> = (0..1000).map(|_| c.alloc()).collect();
-            let set: HashSet<usize> = a.iter().map(|p| p.as_ptr() as usize).collect();
-            assert_eq!(set.len(), 1000);
-            assert_eq!(pool.active(), 1000 + c.cached());
-            for (i, b) in a.iter().enumerate() {
-                // SAFETY: ours, 48 bytes, in use.
-                unsafe { ptr::write_bytes(b.as_ptr(), i as u8, 48) };
+                });
             }
-            for (i, b) in a.iter().enumerate() {
-                // SAFETY: as above.
-                let s = unsafe { std::slice::from_raw_parts(b.as_ptr(), 48) };
-                assert!(s.iter().all(|&x| x == i as u8));
-            }
-            for (i, b) in a.into_iter().enumerate() {
-                // SAFETY: allocated above, freed once (half via the pool).
-                unsafe {
-                    if i % 2 == 0 {
-                        c.free(b)
-                    } else {
-                        pool.free(b)
-                    }
-                }
-                assert!(c.cached() <= 2 * MAGAZINE);
-            }
-            let other = pool.local();
-            let x = other.alloc();
-            // SAFETY: allocated just above.
-            unsafe { c.free(x) };
-        }
-        assert_eq!(pool.active(), 0, "cache drop did not return its blocks");
-        let typed = BlockPool::<u64>::new();
-        let local = typed.local();
-        let v: Vec<_> = (0..200u64).map(|i| local.alloc(i * 3)).collect();
-        assert!(v.iter().enumerate().all(|(i, b)| **b == i as u64 * 3));
-        drop(v);
-        drop(local);
-        assert_eq!(typed.active(), 0);
-    }
-
-    /// Pools with blocks large enough to park whole magazines: blocks go
-    /// out through caches, come back as magazines, and are reachable again
-    /// through a cache (magazine taken whole) and through the locked path
-    /// (magazine unpacked), never handed out twice and without growing.
-    #[test]
-    fn parked_magazines_round_trip() {
-        for size in [256usize, 300, 4096] {
-            let pool = RawBlockPool::new(size, 8).unwrap();
-            assert!(pool.parks_magazines());
-            let n = 10 * MAGAZINE + 5;
-            let all: HashSet<usize> = {
-                let c = pool.local();
-                let v: Vec<NonNull<u8>> = (0..n).map(|_| c.alloc()).collect();
-                let set = v
-                    .iter()
-                    .map(|p| p.as_ptr() as usize)
-                    .collect::<HashSet<_>>();
-                assert_eq!(set.len(), n);
-                for b in v {
-                    // SAFETY: allocated above, freed once.
-                    unsafe { c.free(b) };
-                }
-                set
-            };
-            assert_eq!(pool.active(), 0);
-            // Half through a cache (whole magazines), the rest through the
-            // locked path (unpacking), all distinct and all from the set.
-            let chunks = pool.chunks();
-            let c = pool.local();
-            let mut got: Vec<NonNull<u8>> = (0..n / 2).map(|_| c.alloc()).collect();
-            drop(c); // its spare blocks go back
-            got.extend((0..n - n / 2).map(|_| pool.alloc()));
-            let set: HashSet<usize> = got.iter().map(|p| p.as_ptr() as usize).collect();
-            assert_eq!(set.len(), n, "a block was handed out twice (size {size})");
-            assert_eq!(pool.chunks(), chunks, "grew although {n} blocks were free");
-            assert!(all.len() == n);
-            for (i, b) in got.iter().enumerate() {
-                // SAFETY: ours, `size` bytes, in use.
-                unsafe { ptr::write_bytes(b.as_ptr(), i as u8, size) };
-            }
-            for (i, b) in got.iter().enumerate() {
-                // SAFETY: as above.
-                let s = unsafe { std::slice::from_raw_parts(b.as_ptr(), size) };
-                assert!(s.iter().all(|&x| x == i as u8), "overlap at size {size}");
-            }
-            for b in got {
-                // SAFETY: allocated above, freed once.
-                unsafe { pool.free(b) };
-            }
-            assert_eq!(pool.active(), 0);
-        }
-    }
-
-    /// Several threads, each with its own cache over one pool.
-    #[test]
-    fn local_caches_on_many_threads() {
-        let pool = Arc::new(RawBlockPool::new(32, 8).unwrap());
-        let hs: Vec<_> = (0..4usize)
-            .map(|t| {
-                let pool = pool.clone();
-                std::thread::spawn(move || {
-                    let c = pool.local();
-                    let mut held = Vec::new();
-                    for i in 0..30_000usize {
-                        let b = c.alloc();
-                        // SAFETY: ours, 32 bytes, in use.
-                        unsafe { ptr::write_bytes(b.as_ptr(), (t * 7 + i) as u8, 32) };
-                        held.push((b, (t * 7 + i) as u8));
-                        if i % 100 == 99 {
-                            for (b, v) in held.drain(..) {
-                                // SAFETY: as above.
-                                let s = unsafe { std::slice::from_raw_parts(b.as_ptr(), 32) };
-                                assert!(s.iter().all(|&x| x == v), "block shared");
-                                // SAFETY: allocated above, freed once.
-                                unsafe { c.free(b) };
-                            }
-                        }
-                    }
-                    for (b, _) in held {
-                        // SAFETY: allocated above, freed once.
-                        unsafe { c.free(b) };
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap();
-        }
+        });
         assert_eq!(pool.active(), 0);
     }
 

@@ -256,9 +256,10 @@ impl MemPool {
         }
     }
 
-    /// `n` elements one at a time, the way dm-crypt does without bulk allocation: a
-    /// non-blocking pass per element; on the first failure free all, take
-    /// the mutex and allocate each element blocking. (Ablation path.)
+    /// `n` elements one at a time, the way dm-crypt does without bulk
+    /// allocation: a non-blocking pass per element; on the first failure
+    /// free all, take the mutex and allocate each element blocking.
+    /// (Ablation path.)
     pub fn alloc_each(self: &Arc<Self>, n: usize) -> PageList {
         let mut list = self.list(n);
         self.alloc_each_into(&mut list, n);

@@ -43,9 +43,7 @@ pub mod secret;
 /// The size parser lives in `core::units`; named here too for callers that
 /// take it together with the budget functions.
 pub use crate::core::units::parse_size;
-pub use blockpool::{
-    ArcPoolBox, BlockPool, LocalBlockCache, LocalBox, LocalPool, PoolBox, RawBlockPool,
-};
+pub use blockpool::{BlockPool, PoolBox, RawBlockPool, SpinLock};
 pub use budget::{default_total_budget, per_device_budget, total_ram_bytes, Budget};
 pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
 pub use mempool::{MemPool, PageList, BIO_MAX_VECS};

@@ -11,8 +11,13 @@ use std::sync::Arc;
 use crate::core::BlockDevice;
 
 pub mod crypt;
+pub mod delay;
+pub mod dust;
 pub mod error;
+pub mod flakey;
 pub mod linear;
+pub mod log_replay;
+pub mod log_writes;
 pub mod striped;
 pub mod zero;
 
@@ -80,6 +85,10 @@ pub static TYPES: &[&TargetType] = &[
     &crypt::TYPE,
     &zero::TYPE,
     &error::TYPE,
+    &flakey::TYPE,
+    &delay::TYPE,
+    &dust::TYPE,
+    &log_writes::TYPE,
 ];
 
 /// The target type a table names, if udm has it.
@@ -230,3 +239,6 @@ pub fn expect_args(args: &[String], n: usize, usage: &str) -> Result<(), TargetE
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod fault_tests;

@@ -44,6 +44,14 @@ pub fn parse_mk_dump(text: &str) -> Vec<u8> {
 
 /// True if cryptsetup accepts `key_file` for `img`.
 pub fn cs_test(img: &Path, header: Option<&Path>, key_file: &Path) -> bool {
+    cs_test_code(img, header, key_file) == Some(0)
+}
+
+/// cryptsetup's exit code for `open --test-passphrase` with `key_file`:
+/// 0 accepted, 2 wrong passphrase, 1 no usable keyslot. Negative checks
+/// assert the specific code, so a cryptsetup failing for another reason
+/// (missing file, bad option) does not pass as "refused the passphrase".
+pub fn cs_test_code(img: &Path, header: Option<&Path>, key_file: &Path) -> Option<i32> {
     let mut c = cryptsetup();
     c.args(["open", "--test-passphrase", "--key-file"])
         .arg(key_file);
@@ -51,7 +59,7 @@ pub fn cs_test(img: &Path, header: Option<&Path>, key_file: &Path) -> bool {
         c.arg("--header").arg(h);
     }
     c.arg(img);
-    c.output().unwrap().status.success()
+    c.output().unwrap().status.code()
 }
 
 /// dm-crypt transform of `data` by the independent Python implementation.

@@ -306,6 +306,19 @@ impl UdmServe {
     }
 }
 
+impl UdmServe {
+    /// SIGKILL (no cleanup of any kind, as a crash) and reap the process.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The process id, for tests that signal it themselves.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for UdmServe {
     fn drop(&mut self) {
         let _ = self.child.kill();

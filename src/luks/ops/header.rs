@@ -138,3 +138,41 @@ fn data_offset(v: &Volume) -> u64 {
             .unwrap_or(0),
     }
 }
+
+/// convert: LUKS1 to LUKS2 or back, after asking.
+pub fn convert(dev: &Device, to: u8, fb: &dyn Feedback) -> Result<(), LuksError> {
+    let mut v = dev.load(true, fb)?;
+    if v.version() == to {
+        return Err(LuksError::Usage(format!(
+            "Device is already LUKS{} type.",
+            if to == 1 { "1" } else { "2" }
+        )));
+    }
+    if !fb.confirm(&format!(
+        "This operation will convert {} to LUKS{} format.\n",
+        dev.meta_path().display(),
+        if to == 1 { "1" } else { "2" }
+    ))? {
+        return Err(LuksError::Denied(
+            "Operation aborted, device was NOT converted.".into(),
+        ));
+    }
+    v.convert(to)
+}
+
+/// repair: after asking (LUKS1), fix what cryptsetup fixes; returns the
+/// messages to show.
+pub fn repair(dev: &Device, fb: &dyn Feedback) -> Result<Vec<String>, LuksError> {
+    if !super::exists(dev.meta_path()) {
+        return Err(LuksError::Device(dev.meta_path().display().to_string()));
+    }
+    let luks2_ok = matches!(Volume::load(&dev.path, dev.header.as_deref(), false), Ok(v) if v.version() == 2 && v.warnings().is_empty());
+    if !luks2_ok {
+        confirm_or(
+            fb,
+            "Really try to repair LUKS device header?",
+            "Operation aborted.",
+        )?;
+    }
+    crate::luks::repair::repair(&dev.path, dev.header.as_deref())
+}

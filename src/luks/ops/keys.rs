@@ -139,7 +139,20 @@ pub fn kill_slot(
         }
         // The last slot must be opened by its own passphrase; otherwise
         // any other slot's passphrase proves the right to remove it.
-        let pass = u.key.read("Enter any remaining passphrase: ", false)?;
+        let pass = match u.key.read("Enter any remaining passphrase: ", false) {
+            Ok(p) => p,
+            // cryptsetup: empty piped input is no proof at all, and no
+            // refusal either (batch scripts kill slots with stdin closed).
+            Err(LuksError::NoInput(_))
+                if u.key
+                    .key_file
+                    .as_deref()
+                    .is_none_or(|k| k == std::path::Path::new("-")) =>
+            {
+                return v.kill_slot(slot);
+            }
+            Err(e) => return Err(e),
+        };
         let ok = if last {
             v.unlock(&pass, Some(slot)).is_ok()
         } else {
@@ -195,6 +208,7 @@ fn rewrite_slot(
             v.add_key(key, pass, Some(new), kdf, hash)?;
             if v.version() == 2 {
                 // Keep the passphrase under its old number, as cryptsetup.
+                v.copy_token_assignment(old, new)?;
                 v.swap_luks2_slots(old, new)?;
                 v.write_header()?;
                 v.kill_slot(new)?;

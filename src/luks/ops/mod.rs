@@ -11,6 +11,7 @@ pub mod format;
 pub mod header;
 pub mod info;
 pub mod keys;
+pub mod token;
 
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;

@@ -1,0 +1,512 @@
+//! `udm cryptsetup ...`, or udm run through a link named `cryptsetup`:
+//! cryptsetup 2.6's own command line (actions, option names and forms,
+//! which option goes with which action, exit codes), so scripts written
+//! for cryptsetup run unchanged. The LUKS work is done by `luks::ops`, the
+//! same functions as `udm luks`; this module maps argv to them.
+//!
+//! Exit codes are cryptsetup's: 0 success, 1 wrong or missing parameters
+//! (and invalid headers), 2 no permission or bad passphrase, 3 out of
+//! memory, 4 wrong device or file, 5 device busy or already exists.
+
+mod args;
+mod offline;
+
+use std::ffi::OsString;
+
+use crate::luks::error::LuksError;
+
+pub use args::{parse, parse_size, Args};
+
+/// What a verb returns: Ok, or the error to print and its exit code.
+pub(crate) type Outcome = Result<(), LuksError>;
+
+/// One cryptsetup action: name, positional arguments it needs (after the
+/// action), their description, and the handler.
+struct Action {
+    name: &'static str,
+    min_args: usize,
+    usage: &'static str,
+    run: fn(&Ctx) -> Outcome,
+}
+
+/// The parsed command line as the handlers see it.
+pub(crate) struct Ctx {
+    pub a: Args,
+    pub action: &'static str,
+    /// Positional arguments after the action.
+    pub argv: Vec<String>,
+    /// `--type`, or what an old action name implies (`luksOpen` → luks).
+    pub device_type: Option<String>,
+}
+
+impl Ctx {
+    pub fn verbose(&self) -> bool {
+        self.a.has("verbose") || self.a.has("debug")
+    }
+
+    pub fn batch(&self) -> bool {
+        self.a.has("batch-mode")
+    }
+
+    /// `log_verbose` of cryptsetup: a message only with `-v`.
+    pub fn verbose_msg(&self, m: &str) {
+        if self.verbose() {
+            println!("{m}");
+        }
+    }
+}
+
+const ACTIONS: &[Action] = &[
+    Action {
+        name: "open",
+        min_args: 1,
+        usage: "<device> [--type <type>] [<name>]",
+        run: offline::open,
+    },
+    Action {
+        name: "close",
+        min_args: 1,
+        usage: "<name>",
+        run: offline::needs_server,
+    },
+    Action {
+        name: "resize",
+        min_args: 1,
+        usage: "<name>",
+        run: offline::needs_server,
+    },
+    Action {
+        name: "status",
+        min_args: 1,
+        usage: "<name>",
+        run: offline::needs_server,
+    },
+    Action {
+        name: "benchmark",
+        min_args: 0,
+        usage: "[--cipher <cipher>]",
+        run: offline::benchmark,
+    },
+    Action {
+        name: "repair",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::repair,
+    },
+    Action {
+        name: "reencrypt",
+        min_args: 0,
+        usage: "<device>",
+        run: offline::reencrypt,
+    },
+    Action {
+        name: "erase",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::erase,
+    },
+    Action {
+        name: "convert",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::convert,
+    },
+    Action {
+        name: "config",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::config,
+    },
+    Action {
+        name: "luksFormat",
+        min_args: 1,
+        usage: "<device> [<new key file>]",
+        run: offline::format,
+    },
+    Action {
+        name: "luksAddKey",
+        min_args: 1,
+        usage: "<device> [<new key file>]",
+        run: offline::add_key,
+    },
+    Action {
+        name: "luksRemoveKey",
+        min_args: 1,
+        usage: "<device> [<key file>]",
+        run: offline::remove_key,
+    },
+    Action {
+        name: "luksChangeKey",
+        min_args: 1,
+        usage: "<device> [<key file>]",
+        run: offline::change_key,
+    },
+    Action {
+        name: "luksConvertKey",
+        min_args: 1,
+        usage: "<device> [<key file>]",
+        run: offline::convert_key,
+    },
+    Action {
+        name: "luksKillSlot",
+        min_args: 2,
+        usage: "<device> <key slot>",
+        run: offline::kill_slot,
+    },
+    Action {
+        name: "luksUUID",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::uuid,
+    },
+    Action {
+        name: "isLuks",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::is_luks,
+    },
+    Action {
+        name: "luksDump",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::dump,
+    },
+    Action {
+        name: "luksSuspend",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::needs_server,
+    },
+    Action {
+        name: "luksResume",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::needs_server,
+    },
+    Action {
+        name: "luksHeaderBackup",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::header_backup,
+    },
+    Action {
+        name: "luksHeaderRestore",
+        min_args: 1,
+        usage: "<device>",
+        run: offline::header_restore,
+    },
+    Action {
+        name: "token",
+        min_args: 2,
+        usage: "<add|remove|import|export> <device>",
+        run: offline::token,
+    },
+];
+
+/// The version line: cryptsetup's command line, served by udm.
+pub const VERSION: &str = concat!("cryptsetup 2.6.1 (udm ", env!("CARGO_PKG_VERSION"), ")");
+
+fn usage_error(msg: &str) -> i32 {
+    eprintln!("Usage: cryptsetup [OPTION...] <action> <action-specific>");
+    eprintln!("cryptsetup: {msg}");
+    1
+}
+
+fn help() {
+    println!("{VERSION}");
+    println!("Usage: cryptsetup [OPTION...] <action> <action-specific>\n");
+    println!("<action> is one of:");
+    for a in ACTIONS {
+        println!("\t{} {}", a.name, a.usage);
+    }
+    println!(
+        "\nOptions are those of cryptsetup 2.6 (see cryptsetup(8)); README.md lists which\n\
+         udm implements. --no-kdf-limit lets udm try passphrases on keyslots whose KDF\n\
+         cost is above its limit."
+    );
+}
+
+/// Old action names and what they mean: (alias, action, implied type).
+const ALIASES: &[(&str, &str, Option<&str>)] = &[
+    ("create", "open", Some("plain")),
+    ("plainOpen", "open", Some("plain")),
+    ("luksOpen", "open", Some("luks")),
+    ("loopaesOpen", "open", Some("loopaes")),
+    ("tcryptOpen", "open", Some("tcrypt")),
+    ("bitlkOpen", "open", Some("bitlk")),
+    ("fvault2Open", "open", Some("fvault2")),
+    ("remove", "close", None),
+    ("plainClose", "close", None),
+    ("luksClose", "close", None),
+    ("loopaesClose", "close", None),
+    ("tcryptClose", "close", None),
+    ("bitlkClose", "close", None),
+    ("fvault2Close", "close", None),
+    ("luksErase", "erase", Some("luks")),
+    ("luksConfig", "config", Some("luks2")),
+    ("refresh", "open", None),
+];
+
+/// Entry point: `argv` without the program name. Returns the exit code.
+pub fn main(argv: Vec<OsString>) -> i32 {
+    let a = match args::parse(&argv) {
+        Ok(a) => a,
+        Err(e) => return usage_error(&e),
+    };
+    if a.has("help") {
+        help();
+        return 0;
+    }
+    if a.has("version") {
+        println!("{VERSION}");
+        return 0;
+    }
+    if a.has("usage") {
+        println!("Usage: cryptsetup [OPTION...] <action> <action-specific>");
+        return 0;
+    }
+    let Some(first) = a.pos.first().cloned() else {
+        return usage_error("Argument <action> missing.");
+    };
+    let mut argv: Vec<String> = a.pos[1..].to_vec();
+    // cryptsetup's default device type is LUKS (any version).
+    let mut device_type = Some(a.str("type").unwrap_or("luks").to_string());
+    let mut a = a;
+    let name = match ALIASES.iter().find(|(n, _, _)| *n == first) {
+        Some((alias, action, ty)) => {
+            if *alias == "create" && argv.len() >= 2 {
+                argv.swap(0, 1);
+            }
+            if *alias == "refresh" {
+                a.opts.insert("refresh", args::Val::Flag);
+            }
+            if let Some(t) = ty {
+                device_type = Some(t.to_string());
+            }
+            *action
+        }
+        None => first.as_str(),
+    };
+    let Some(action) = ACTIONS.iter().find(|x| x.name == name) else {
+        return usage_error("Unknown action.");
+    };
+    if argv.len() < action.min_args {
+        let what = action
+            .usage
+            .split_whitespace()
+            .nth(argv.len())
+            .unwrap_or("<device>");
+        return usage_error(&format!("Argument {what} missing."));
+    }
+    if let Err(e) = args::check_allowed(&a, action.name) {
+        return usage_error(&e);
+    }
+    if let Err(e) = verify(&a, action.name, &argv, device_type.as_deref()) {
+        return usage_error(&e);
+    }
+    if a.has("test-args") {
+        println!("No action taken. Invoked with --test-args option.");
+        return 0;
+    }
+    let ctx = Ctx {
+        a,
+        action: action.name,
+        argv,
+        device_type,
+    };
+    match (action.run)(&ctx) {
+        Ok(()) => {
+            ctx.verbose_msg("Command successful.");
+            0
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            if !msg.is_empty() {
+                eprintln!("{msg}");
+            }
+            let code = e.exit_code();
+            if ctx.verbose() {
+                let what = match code {
+                    1 => "wrong or missing parameters",
+                    2 => "no permission or bad passphrase",
+                    3 => "out of memory",
+                    4 => "wrong device or file specified",
+                    5 => "device already exists or device is busy",
+                    _ => "unknown error",
+                };
+                println!("Command failed with code -{code} ({what}).");
+            }
+            code
+        }
+    }
+}
+
+/// The cross-option rules cryptsetup checks before running an action
+/// (its `verify_*` functions and main's own checks).
+fn verify(a: &Args, action: &str, argv: &[String], ty: Option<&str>) -> Result<(), String> {
+    if a.key_files > 1 && ty != Some("tcrypt") {
+        return Err("Only one --key-file argument is allowed.".into());
+    }
+    if let Some(p) = a.str("pbkdf") {
+        if !["pbkdf2", "argon2i", "argon2id"].contains(&p) {
+            return Err("Password-based key derivation function (PBKDF) can be only pbkdf2 or argon2i/argon2id.".into());
+        }
+    }
+    if a.has("pbkdf-force-iterations") && a.has("iter-time") {
+        return Err(
+            "PBKDF forced iterations cannot be combined with iteration time option.".into(),
+        );
+    }
+    if a.has("keyslot-cipher") != a.has("keyslot-key-size") {
+        return Err(
+            "Options --keyslot-cipher and --keyslot-key-size must be used together.".into(),
+        );
+    }
+    if let Some(k) = a.u32("key-size") {
+        if k % 8 != 0 {
+            return Err("Key size must be a multiple of 8 bits".into());
+        }
+    }
+    if let Some(s) = a.i32("key-slot") {
+        if s < 0 {
+            return Err("Key slot is invalid.".into());
+        }
+    }
+    if let Some(s) = a.u32("sector-size") {
+        if !(512..=4096).contains(&s) || !s.is_power_of_two() {
+            return Err("Unsupported encryption sector size.".into());
+        }
+    }
+    if let Some(p) = a.str("priority") {
+        if !["normal", "prefer", "ignore"].contains(&p) {
+            return Err("Option --priority can be only ignore/normal/prefer.".into());
+        }
+    }
+    if a.u64("hotzone-size") == Some(0) {
+        return Err("Invalid max reencryption hotzone size specification.".into());
+    }
+    if let Some(d) = a.u64("device-size") {
+        if d == 0 || d % 512 != 0 {
+            return Err("Device size must be multiple of 512 bytes sector.".into());
+        }
+    }
+    let plain = ty == Some("plain");
+    match action {
+        "open" => {
+            if a.has("persistent") && a.has("test-passphrase") {
+                return Err("Option --persistent is not allowed with --test-passphrase.".into());
+            }
+            if a.has("refresh") && a.has("test-passphrase") {
+                return Err(
+                    "Options --refresh and --test-passphrase are mutually exclusive.".into(),
+                );
+            }
+            if a.has("shared") && !plain {
+                return Err("Option --shared is allowed only for open of plain device.".into());
+            }
+            if a.has("skip") && !plain && ty != Some("loopaes") {
+                return Err(
+                    "Option --skip is supported only for open of plain and loopaes devices.".into(),
+                );
+            }
+            if a.has("offset") && !plain && ty != Some("loopaes") {
+                return Err("Option --offset with open action is only supported for plain and loopaes devices.".into());
+            }
+            if a.has("sector-size") && !plain {
+                return Err(
+                    "Sector size option with open action is supported only for plain devices."
+                        .into(),
+                );
+            }
+            if a.has("iv-large-sectors") && (!plain || a.u32("sector-size").unwrap_or(512) <= 512) {
+                return Err("Large IV sectors option is supported only for opening plain type device with sector size larger than 512 bytes.".into());
+            }
+            let luks_like = ty.is_none_or(|t| t.starts_with("luks"))
+                || matches!(ty, Some("tcrypt" | "bitlk" | "fvault2"));
+            if a.has("test-passphrase") && !luks_like {
+                return Err("Option --test-passphrase is allowed only for open of LUKS, TCRYPT, BITLK and FVAULT2 devices.".into());
+            }
+            if a.has("device-size") && a.has("size") {
+                return Err("Options --device-size and --size cannot be combined.".into());
+            }
+            if a.has("unbound") && !a.has("test-passphrase") {
+                return Err("Option --unbound cannot be used without --test-passphrase.".into());
+            }
+        }
+        "close" if a.has("cancel-deferred") && a.has("deferred") => {
+            return Err(
+                "Options --cancel-deferred and --deferred cannot be used at the same time.".into(),
+            );
+        }
+        "resize" if a.has("device-size") && a.has("size") => {
+            return Err("Options --device-size and --size cannot be combined.".into());
+        }
+        "reencrypt" => {
+            if a.has("reduce-device-size") && a.has("device-size") {
+                return Err(
+                    "Options --reduce-device-size and --data-size cannot be combined.".into(),
+                );
+            }
+            if a.has("active-name") && a.has("force-offline-reencrypt") {
+                return Err(
+                    "Options --active-name and --force-offline-reencrypt cannot be combined."
+                        .into(),
+                );
+            }
+        }
+        "config" if a.has("priority") && !a.has("key-slot") => {
+            return Err("Keyslot specification is required.".into());
+        }
+        "luksFormat" => {
+            if a.has("align-payload") && a.has("offset") {
+                return Err("Options --align-payload and --offset cannot be combined.".into());
+            }
+            if a.has("integrity-no-wipe") && !a.has("integrity") {
+                return Err("Option --integrity-no-wipe can be used only for format action with integrity extension.".into());
+            }
+            if a.has("use-random") && a.has("use-urandom") {
+                return Err("Only one of --use-[u]random options is allowed.".into());
+            }
+        }
+        "luksAddKey" if a.has("unbound") && a.u32("key-size").unwrap_or(0) == 0 => {
+            return Err("Key size is required with --unbound option.".into());
+        }
+        "luksDump" if a.has("unbound") && !a.has("key-slot") => {
+            return Err("Keyslot specification is required.".into());
+        }
+        "token" => {
+            let verb = argv.first().map(String::as_str).unwrap_or("");
+            if !["add", "remove", "import", "export", "unassign"].contains(&verb) {
+                return Err("Invalid token action.".into());
+            }
+            if verb == "add" && !a.has("key-description") {
+                return Err(
+                    "--key-description parameter is mandatory for token add action.".into(),
+                );
+            }
+            if !a.has("token-id") && (verb == "remove" || verb == "export") {
+                return Err("Action requires specific token. Use --token-id parameter.".into());
+            }
+            if a.has("unbound") {
+                if verb != "add" {
+                    return Err("Option --unbound is valid only with token add action.".into());
+                }
+                if a.has("key-slot") {
+                    return Err("Options --key-slot and --unbound cannot be combined.".into());
+                }
+            }
+            if verb == "unassign" {
+                if !a.has("key-slot") {
+                    return Err(
+                        "Action requires specific keyslot. Use --key-slot parameter.".into(),
+                    );
+                }
+                if !a.has("token-id") {
+                    return Err("Action requires specific token. Use --token-id parameter.".into());
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,457 @@
+//! Actions that work on a header without a running device: argv to
+//! `luks::ops` requests, cryptsetup's verbose messages, and the option
+//! precedence rules of cryptsetup's action functions.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{Ctx, Outcome};
+use crate::cli::ui::{Style, Ui};
+use crate::luks::error::LuksError;
+use crate::luks::ops::{self, Device, Unlock};
+use crate::luks::passphrase::KeySource;
+use crate::luks::pbkdf::PbkdfChoice;
+
+pub(super) fn ui(c: &Ctx) -> Ui {
+    Ui::new(c.batch(), Style::Cryptsetup)
+}
+
+pub(super) fn device(c: &Ctx) -> Device {
+    Device {
+        path: PathBuf::from(&c.argv[0]),
+        header: c.a.str("header").map(PathBuf::from),
+        no_cost_limit: c.a.has("no-kdf-limit"),
+    }
+}
+
+pub(super) fn key_source(c: &Ctx, key_file: Option<&str>) -> KeySource {
+    KeySource {
+        key_file: key_file.map(PathBuf::from),
+        offset: c.a.u64("keyfile-offset").unwrap_or(0),
+        size: c.a.u32("keyfile-size").map(u64::from).filter(|&s| s > 0),
+        timeout: c
+            .a
+            .u32("timeout")
+            .filter(|&t| t > 0)
+            .map(|t| Duration::from_secs(u64::from(t))),
+    }
+}
+
+pub(super) fn unlock(c: &Ctx) -> Unlock {
+    Unlock {
+        key: key_source(c, c.a.str("key-file")),
+        slot: c.a.i32("key-slot").map(|s| s as u32),
+        tries: c.a.u32("tries").unwrap_or(3),
+    }
+}
+
+fn pbkdf(c: &Ctx) -> PbkdfChoice {
+    PbkdfChoice {
+        pbkdf: c.a.str("pbkdf").map(str::to_string),
+        iter_time: c.a.u32("iter-time"),
+        force_iterations: c.a.u32("pbkdf-force-iterations"),
+        memory: c.a.u32("pbkdf-memory"),
+        parallel: c.a.u32("pbkdf-parallel"),
+        hash: c.a.str("hash").map(str::to_string),
+    }
+}
+
+/// LUKS version `--type` asks for: None = any (`luks`).
+fn wanted_version(c: &Ctx) -> Result<Option<u8>, LuksError> {
+    match c.device_type.as_deref() {
+        None | Some("luks") => Ok(None),
+        Some("luks1") => Ok(Some(1)),
+        Some("luks2") => Ok(Some(2)),
+        Some(t) => Err(LuksError::Usage(format!(
+            "Unrecognized metadata device type {t}."
+        ))),
+    }
+}
+
+/// cryptsetup loads the header as the requested type; a LUKS1 header read
+/// as `--type luks2` (or the reverse) is "not a valid LUKS device".
+fn check_type(c: &Ctx, dev: &Device) -> Outcome {
+    if let Some(v) = wanted_version(c)? {
+        let fb = ui(c);
+        let vol = dev.load(false, &fb)?;
+        if vol.version() != v {
+            return Err(LuksError::NotLuks(dev.meta_path().display().to_string()));
+        }
+    }
+    Ok(())
+}
+
+fn slot_msg(c: &Ctx, slot: u32, what: &str) {
+    c.verbose_msg(&format!("Key slot {slot} {what}."));
+}
+
+pub(super) fn format(c: &Ctx) -> Outcome {
+    let version = wanted_version(c)?.unwrap_or(2);
+    // A second positional argument is the key file, unless --key-file.
+    let kf = match (c.a.str("key-file"), c.argv.get(1)) {
+        (Some(k), Some(_)) => {
+            eprintln!("Option --key-file takes precedence over specified key file argument.");
+            Some(k)
+        }
+        (Some(k), None) => Some(k),
+        (None, p) => p.map(String::as_str),
+    };
+    let o = ops::format::FormatOpts {
+        dev: device(c),
+        key: key_source(c, kf),
+        version,
+        cipher: c.a.str("cipher").map(str::to_string),
+        key_bits: c.a.u32("key-size"),
+        sector_size: c.a.u32("sector-size"),
+        label: c.a.str("label").map(str::to_string),
+        subsystem: c.a.str("subsystem").map(str::to_string),
+        uuid: c.a.str("uuid").map(str::to_string),
+        metadata_size: c.a.u64("luks2-metadata-size"),
+        keyslots_size: c.a.u64("luks2-keyslots-size"),
+        offset_sectors: c.a.u64("offset"),
+        align_sectors: c.a.u32("align-payload").map(u64::from),
+        key_slot: c.a.i32("key-slot").map(|s| s as u32),
+        volume_key_file: c.a.str("volume-key-file").map(PathBuf::from),
+        pbkdf: pbkdf(c),
+        create_size: None,
+    };
+    if c.a.has("integrity") {
+        return Err(LuksError::Unsupported(
+            "--integrity (authenticated encryption needs dm-integrity, which udm does not implement)"
+                .into(),
+        ));
+    }
+    let slot = ops::format::luks_format(&o, &ui(c))?;
+    slot_msg(c, slot, "created");
+    Ok(())
+}
+
+pub(super) fn add_key(c: &Ctx) -> Outcome {
+    if c.a.has("unbound") {
+        return Err(LuksError::Unsupported(
+            "unbound keyslots (--unbound) are not implemented by udm".into(),
+        ));
+    }
+    check_type(c, &device(c))?;
+    let new_file = c.argv.get(1).map(String::as_str).or(c.a.str("new-keyfile"));
+    // Old behaviour kept by cryptsetup: --key-slot alone names the new slot.
+    let mut u = unlock(c);
+    let mut new_slot = c.a.i32("new-key-slot").map(|s| s as u32);
+    if !c.a.has("new-key-slot") && c.a.has("key-slot") {
+        if !c.batch() {
+            println!("WARNING: The --key-slot parameter is used for new keyslot number.");
+        }
+        new_slot = u.slot.take();
+    }
+    let mut new_key = key_source(c, new_file);
+    new_key.offset = c.a.u64("new-keyfile-offset").unwrap_or(0);
+    new_key.size =
+        c.a.u32("new-keyfile-size")
+            .map(u64::from)
+            .filter(|&s| s > 0);
+    let o = ops::keys::AddKeyOpts {
+        dev: device(c),
+        unlock: u,
+        new_key,
+        new_slot,
+        volume_key_file: c.a.str("volume-key-file").map(PathBuf::from),
+        pbkdf: pbkdf(c),
+    };
+    let slot = ops::keys::add_key(&o, &ui(c))?;
+    slot_msg(c, slot, "created");
+    Ok(())
+}
+
+pub(super) fn remove_key(c: &Ctx) -> Outcome {
+    check_type(c, &device(c))?;
+    let mut u = unlock(c);
+    if c.a.str("key-file").is_none() {
+        u.key.key_file = c.argv.get(1).map(PathBuf::from);
+    } else if c.argv.len() > 1 {
+        eprintln!("Option --key-file takes precedence over specified key file argument.");
+    }
+    u.slot = None;
+    let slot = ops::keys::remove_key(&device(c), &u, &ui(c))?;
+    slot_msg(c, slot, "removed");
+    Ok(())
+}
+
+pub(super) fn change_key(c: &Ctx) -> Outcome {
+    check_type(c, &device(c))?;
+    let mut new = key_source(c, c.argv.get(1).map(String::as_str));
+    new.offset = c.a.u64("new-keyfile-offset").unwrap_or(0);
+    new.size =
+        c.a.u32("new-keyfile-size")
+            .map(u64::from)
+            .filter(|&s| s > 0);
+    let slot = ops::keys::change_key(&device(c), &unlock(c), &new, &pbkdf(c), &ui(c))?;
+    slot_msg(c, slot, "created");
+    Ok(())
+}
+
+pub(super) fn convert_key(c: &Ctx) -> Outcome {
+    let slot = ops::keys::convert_key(&device(c), &unlock(c), &pbkdf(c), &ui(c))?;
+    slot_msg(c, slot, "created");
+    Ok(())
+}
+
+pub(super) fn kill_slot(c: &Ctx) -> Outcome {
+    let dev = device(c);
+    check_type(c, &dev)?;
+    let slot: u32 = c.argv[1]
+        .parse()
+        .map_err(|_| LuksError::Usage("Key slot is invalid.".into()))?;
+    let stdin_tty = {
+        use std::io::IsTerminal;
+        std::io::stdin().is_terminal()
+    };
+    // cryptsetup asks for a remaining passphrase unless in batch mode with
+    // no key file on a terminal.
+    let proof = (!c.batch() || c.a.has("key-file") || !stdin_tty).then(|| {
+        let mut u = unlock(c);
+        u.slot = None;
+        u
+    });
+    ops::keys::kill_slot(&dev, slot, proof.as_ref(), &ui(c))?;
+    slot_msg(c, slot, "removed");
+    Ok(())
+}
+
+pub(super) fn uuid(c: &Ctx) -> Outcome {
+    let dev = device(c);
+    check_type(c, &dev)?;
+    if let Some(u) = ops::info::luks_uuid(&dev, c.a.str("uuid"), &ui(c))? {
+        println!("{u}");
+    }
+    Ok(())
+}
+
+pub(super) fn is_luks(c: &Ctx) -> Outcome {
+    if c.argv.len() > 1 {
+        return Err(LuksError::Device(
+            "Only one device argument for isLuks operation is supported.".into(),
+        ));
+    }
+    let dev = device(c);
+    // isLuks is quiet: the exit code is the answer (messages only with -v).
+    match ops::info::is_luks(&dev, wanted_version(c)?) {
+        Ok(()) => Ok(()),
+        Err(e) if c.verbose() => Err(e),
+        Err(e) => Err(LuksError::Silent(e.exit_code())),
+    }
+}
+
+pub(super) fn dump(c: &Ctx) -> Outcome {
+    if c.a.has("unbound") {
+        return Err(LuksError::Unsupported(
+            "unbound keyslots (--unbound) are not implemented by udm".into(),
+        ));
+    }
+    let dev = device(c);
+    check_type(c, &dev)?;
+    let kind = if c.a.has("dump-volume-key") {
+        ops::info::DumpKind::VolumeKey(c.a.str("volume-key-file").map(PathBuf::from))
+    } else if c.a.has("dump-json-metadata") {
+        ops::info::DumpKind::Json
+    } else {
+        ops::info::DumpKind::Header
+    };
+    let mut u = unlock(c);
+    u.slot = None;
+    let t = ops::info::luks_dump(&dev, &kind, &u, &ui(c))?;
+    crate::cli::luks::emit(t.as_bytes(), false)
+}
+
+pub(super) fn header_backup(c: &Ctx) -> Outcome {
+    let Some(f) = c.a.str("header-backup-file") else {
+        return Err(LuksError::Usage(
+            "Option --header-backup-file is required.".into(),
+        ));
+    };
+    ops::header::backup(&device(c), Path::new(f), &ui(c))
+}
+
+pub(super) fn header_restore(c: &Ctx) -> Outcome {
+    let Some(f) = c.a.str("header-backup-file") else {
+        return Err(LuksError::Usage(
+            "Option --header-backup-file is required.".into(),
+        ));
+    };
+    ops::header::restore(&device(c), Path::new(f), &ui(c))
+}
+
+pub(super) fn erase(c: &Ctx) -> Outcome {
+    let dev = device(c);
+    check_type(c, &dev)?;
+    ops::keys::erase(&dev, &ui(c))
+}
+
+pub(super) fn config(c: &Ctx) -> Outcome {
+    let priority = match c.a.str("priority") {
+        None => None,
+        Some(p) => {
+            let n = match p {
+                "ignore" => 0,
+                "normal" => 1,
+                _ => 2,
+            };
+            Some((c.a.i32("key-slot").unwrap_or(0) as u32, n))
+        }
+    };
+    let o = ops::info::ConfigOpts {
+        priority,
+        label: c.a.str("label").map(str::to_string),
+        subsystem: c.a.str("subsystem").map(str::to_string),
+    };
+    ops::info::config(&device(c), &o, &ui(c))
+}
+
+pub(super) fn open(c: &Ctx) -> Outcome {
+    let ty = c.device_type.as_deref().unwrap_or("luks");
+    if ty.starts_with("luks") && c.a.has("test-passphrase") {
+        let dev = device(c);
+        check_type(c, &dev)?;
+        let slot = ops::test_passphrase(&dev, &unlock(c), &ui(c))?;
+        slot_msg(c, slot, "unlocked");
+        return Ok(());
+    }
+    if !matches!(ty, "luks" | "luks1" | "luks2" | "plain") {
+        return Err(LuksError::Unsupported(format!(
+            "device type {ty} (udm opens LUKS and plain dm-crypt only)"
+        )));
+    }
+    if c.argv.len() < 2 && !c.a.has("refresh") {
+        return Err(LuksError::Usage(
+            "Command requires device and mapped name as arguments.".into(),
+        ));
+    }
+    needs_server(c)
+}
+
+/// Actions on an active device need a running `udm serve --control`.
+pub(super) fn needs_server(c: &Ctx) -> Outcome {
+    Err(LuksError::Unsupported(format!(
+        "{} on an active device needs a running udm server with a control socket, which this \
+         build does not have yet",
+        c.action
+    )))
+}
+
+pub(super) fn benchmark(c: &Ctx) -> Outcome {
+    let a = crate::cli::benchmark::Args {
+        cipher: c.a.str("cipher").map(str::to_string),
+        key_size: c.a.u32("key-size"),
+        sector_size: 512,
+        time_ms: 500,
+        iter_time: u64::from(c.a.u32("iter-time").unwrap_or(2000)),
+        json: false,
+    };
+    match crate::cli::benchmark::run(a) {
+        0 => Ok(()),
+        _ => Err(LuksError::Usage(String::new())),
+    }
+}
+
+pub(super) fn token(c: &Ctx) -> Outcome {
+    let verb = c.argv[0].as_str();
+    let dev = Device {
+        path: PathBuf::from(&c.argv[1]),
+        header: c.a.str("header").map(PathBuf::from),
+        no_cost_limit: c.a.has("no-kdf-limit"),
+    };
+    let fb = ui(c);
+    let id = c.a.i32("token-id").map(|t| t as u32);
+    let slot = c.a.i32("key-slot").map(|s| s as u32);
+    let replace = c.a.has("token-replace");
+    match verb {
+        "add" => {
+            let desc = c.a.str("key-description").unwrap_or("");
+            let n =
+                ops::token::add_keyring(&dev, desc, id, slot, c.a.has("unbound"), replace, &fb)?;
+            c.verbose_msg(&format!("Token {n} created."));
+            Ok(())
+        }
+        "remove" => {
+            let n = id.unwrap_or(0);
+            ops::token::remove(&dev, n, &fb)?;
+            c.verbose_msg(&format!("Token {n} removed."));
+            Ok(())
+        }
+        "import" => {
+            use std::io::Read;
+            let mut json = Vec::new();
+            match c.a.str("json-file") {
+                Some(f) if f != "-" => {
+                    json = std::fs::read(f).map_err(|e| {
+                        LuksError::io(format!("Failed to open file {f} in read-only mode"), e)
+                    })?;
+                }
+                _ => {
+                    std::io::stdin()
+                        .lock()
+                        .take(4 << 20)
+                        .read_to_end(&mut json)
+                        .map_err(|e| LuksError::io("Failed to read JSON file", e))?;
+                }
+            }
+            let n = ops::token::import(&dev, &json, id, slot, replace, &fb)?;
+            c.verbose_msg(&format!("Token {n} created."));
+            Ok(())
+        }
+        "export" => {
+            let json = ops::token::export(&dev, id.unwrap_or(0), &fb)?;
+            match c.a.str("json-file") {
+                Some(f) if f != "-" => {
+                    use std::io::Write;
+                    use std::os::unix::fs::OpenOptionsExt;
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .mode(0o600)
+                        .open(f)
+                        .and_then(|mut o| o.write_all(json.as_bytes()))
+                        .map_err(|e| {
+                            LuksError::io(format!("Failed to open file {f} in write mode"), e)
+                        })
+                }
+                _ => {
+                    use std::io::IsTerminal;
+                    let nl = std::io::stdout().is_terminal();
+                    crate::cli::luks::emit(json.as_bytes(), nl)
+                }
+            }
+        }
+        _ => ops::token::unassign(&dev, id.unwrap_or(0), slot.unwrap_or(0), &fb),
+    }
+}
+
+pub(super) fn convert(c: &Ctx) -> Outcome {
+    let to = match c.a.str("type") {
+        Some("luks2") => 2,
+        Some("luks1") => 1,
+        _ => {
+            return Err(LuksError::Usage(
+                "Invalid LUKS type, only luks1 and luks2 are supported.".into(),
+            ))
+        }
+    };
+    ops::header::convert(&device(c), to, &ui(c))
+}
+
+pub(super) fn repair(c: &Ctx) -> Outcome {
+    for m in ops::header::repair(&device(c), &ui(c))? {
+        if m.starts_with("No known problems") {
+            c.verbose_msg(&m);
+        } else {
+            eprintln!("{m}");
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn reencrypt(_c: &Ctx) -> Outcome {
+    Err(LuksError::Unsupported(
+        "reencrypt (not implemented by udm yet)".into(),
+    ))
+}

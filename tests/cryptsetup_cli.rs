@@ -1,0 +1,419 @@
+//! `udm cryptsetup` against cryptsetup 2.6 itself: one script of
+//! cryptsetup command lines is run twice, once by `cryptsetup` and once by
+//! udm started through a link named `cryptsetup` (argv[0] dispatch), each
+//! on its own copy of the same images. After every step the exit codes
+//! must be equal (and equal to the code the script expects, so a step that
+//! fails for an unrelated reason on both sides is caught), printed output
+//! equal where the step prints, and the resulting headers equal as
+//! cryptsetup reads them (`luksDump --dump-json-metadata` for LUKS2,
+//! `luksDump` for LUKS1), salts and digests aside. At the end each side's
+//! volume opens with the other tool.
+//!
+//! FAILS if cryptsetup is missing (apt-get install cryptsetup-bin).
+
+mod common;
+
+use common::luks::*;
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// Which output of a step is compared.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Out {
+    /// Exit code and header only.
+    Code,
+    /// Also stdout, byte for byte.
+    Stdout,
+    /// Also stdout, parsed as JSON and normalised.
+    Json,
+}
+
+struct Step {
+    args: Vec<String>,
+    code: i32,
+    out: Out,
+}
+
+const FAST: &str = "--pbkdf pbkdf2 --pbkdf-force-iterations 1000";
+
+fn step(cmd: &str, code: i32, out: Out) -> Step {
+    Step {
+        args: cmd
+            .replace("FAST", FAST)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        code,
+        out,
+    }
+}
+
+/// A directory holding `cryptsetup` → the udm binary.
+fn udm_as_cryptsetup(dir: &Path) -> PathBuf {
+    let link = dir.join("cryptsetup");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_udm"), &link).unwrap();
+    link
+}
+
+/// Run one step with `prog`, `@IMG` being `img`, `@D` this side's
+/// directory and `@K` the shared key directory. Stdin is empty (a pipe at
+/// EOF), as in a script run from cron.
+fn run_step(prog: &Path, s: &Step, img: &Path, side: &Path, keys: &Path) -> Output {
+    let args: Vec<String> = s
+        .args
+        .iter()
+        .map(|a| {
+            a.replace("@IMG", &img.display().to_string())
+                .replace("@D", &side.display().to_string())
+                .replace("@K", &keys.display().to_string())
+        })
+        .collect();
+    Command::new(prog)
+        .args(&args)
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {prog:?}: {e}"))
+}
+
+/// Salts and digests are random per side; everything else must match.
+fn normalise(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            for (k, x) in o.iter_mut() {
+                if (k == "salt" || k == "digest") && x.is_string() {
+                    let n = x.as_str().map_or(0, str::len);
+                    *x = Value::String(format!("<base64 of {n} chars>"));
+                } else {
+                    normalise(x);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(normalise),
+        _ => {}
+    }
+}
+
+/// The header as cryptsetup reads it, normalised.
+fn header_state(img: &Path) -> String {
+    let o = cryptsetup()
+        .args(["luksDump", "--dump-json-metadata"])
+        .arg(img)
+        .output()
+        .unwrap();
+    if o.status.success() {
+        let mut v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        normalise(&mut v);
+        // Key order inside objects is not part of the format.
+        let mut s = serde_json::to_string_pretty(&sorted(&v)).unwrap();
+        s.push_str(&dump_fields(img));
+        return s;
+    }
+    let o = cryptsetup().arg("luksDump").arg(img).output().unwrap();
+    if !o.status.success() {
+        return format!(
+            "(not a LUKS device: {})",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // LUKS1: drop hex dumps (salts, digests) and their continuation lines.
+    String::from_utf8_lossy(&o.stdout)
+        .replace(&img.display().to_string(), "@IMG")
+        .lines()
+        .filter(|l| {
+            let secret = l.contains("Salt:") || l.contains("MK digest") || l.contains("MK salt");
+            let hex_continuation = l
+                .trim_start()
+                .chars()
+                .take(3)
+                .all(|c| c.is_ascii_hexdigit() || c == ' ');
+            !secret && !hex_continuation
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// UUID, label and subsystem from the text dump (they live in the binary
+/// header, not in the JSON).
+fn dump_fields(img: &Path) -> String {
+    let o = cryptsetup().arg("luksDump").arg(img).output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| {
+            l.starts_with("UUID:") || l.starts_with("Label:") || l.starts_with("Subsystem:")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn sorted(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => {
+            let mut keys: Vec<&String> = o.keys().collect();
+            keys.sort();
+            let mut m = serde_json::Map::new();
+            for k in keys {
+                m.insert(k.clone(), sorted(&o[k]));
+            }
+            Value::Object(m)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+        x => x.clone(),
+    }
+}
+
+fn compare_out(s: &Step, cs: &Output, ud: &Output, cs_img: &Path, ud_img: &Path) {
+    let norm = |o: &Output, img: &Path| -> String {
+        String::from_utf8_lossy(&o.stdout).replace(&img.display().to_string(), "@IMG")
+    };
+    match s.out {
+        Out::Code => {}
+        Out::Stdout => assert_eq!(
+            norm(ud, ud_img),
+            norm(cs, cs_img),
+            "stdout of `{}` differs",
+            s.args.join(" ")
+        ),
+        Out::Json => {
+            let mut a: Value = serde_json::from_slice(&cs.stdout).unwrap();
+            let mut b: Value = serde_json::from_slice(&ud.stdout).unwrap();
+            normalise(&mut a);
+            normalise(&mut b);
+            assert_eq!(
+                sorted(&b),
+                sorted(&a),
+                "JSON of `{}` differs",
+                s.args.join(" ")
+            );
+        }
+    }
+}
+
+/// Run `script` on copies of `image` with both tools, comparing as the
+/// module docs say. Returns both sides' final images.
+fn compare(
+    name: &str,
+    image: &Path,
+    script: &[Step],
+    keys: &Path,
+    root: &Path,
+) -> (PathBuf, PathBuf) {
+    let cs_dir = root.join(format!("{name}-cryptsetup"));
+    let ud_dir = root.join(format!("{name}-udm"));
+    std::fs::create_dir_all(&cs_dir).unwrap();
+    std::fs::create_dir_all(&ud_dir).unwrap();
+    let udm_prog = udm_as_cryptsetup(&ud_dir);
+    let cs_prog = PathBuf::from(need("cryptsetup"));
+    let cs_img = cs_dir.join("img");
+    let ud_img = ud_dir.join("img");
+    std::fs::copy(image, &cs_img).unwrap();
+    std::fs::copy(image, &ud_img).unwrap();
+    for (i, s) in script.iter().enumerate() {
+        let cs = run_step(&cs_prog, s, &cs_img, &cs_dir, keys);
+        let ud = run_step(&udm_prog, s, &ud_img, &ud_dir, keys);
+        let what = format!("{name} step {i} `cryptsetup {}`", s.args.join(" "));
+        assert_eq!(
+            cs.status.code(),
+            Some(s.code),
+            "{what}: cryptsetup's exit code is not the expected one:\n{}",
+            show(&cs)
+        );
+        assert_eq!(
+            ud.status.code(),
+            cs.status.code(),
+            "{what}: exit code differs from cryptsetup's\nudm:\n{}\ncryptsetup:\n{}",
+            show(&ud),
+            show(&cs)
+        );
+        compare_out(s, &cs, &ud, &cs_img, &ud_img);
+        assert_eq!(
+            header_state(&ud_img),
+            header_state(&cs_img),
+            "{what}: resulting header differs from cryptsetup's"
+        );
+    }
+    (cs_img, ud_img)
+}
+
+fn keys(d: &Path) -> PathBuf {
+    let k = d.join("keys");
+    std::fs::create_dir_all(&k).unwrap();
+    for (n, v) in [
+        ("k0", "first"),
+        ("k1", "second"),
+        ("k2", "third"),
+        ("k3", "fourth"),
+        ("bad", "wrong"),
+    ] {
+        let p = write_file(&k, n, v.as_bytes());
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    std::fs::write(
+        k.join("tok.json"),
+        br#"{"type":"x-udm-test","keyslots":[],"where":"a/b"}"#,
+    )
+    .unwrap();
+    k
+}
+
+/// The verbs every LUKS version shares; `l2` marks LUKS2-only outcomes.
+fn key_script(l2: bool) -> Vec<Step> {
+    let only2 = |c: i32| if l2 { c } else { 1 };
+    vec![
+        step("luksAddKey FAST --key-file @K/k0 @IMG @K/k1", 0, Out::Code),
+        step("luksAddKey FAST --key-file @K/bad @IMG @K/k2", 2, Out::Code),
+        step("open --test-passphrase --key-file @K/k1 @IMG", 0, Out::Code),
+        step("open --test-passphrase --key-file @K/bad @IMG", 2, Out::Code),
+        step("open --test-passphrase --key-slot 5 --key-file @K/k1 @IMG", 1, Out::Code),
+        step("open --test-passphrase --key-slot 1 --key-file @K/k1 @IMG", 0, Out::Code),
+        step("luksAddKey -q FAST --key-slot 5 --key-file @K/k1 @IMG @K/k2", 0, Out::Code),
+        step("luksAddKey -q FAST --key-slot 5 --key-file @K/k1 @IMG @K/k2", 1, Out::Code),
+        step("luksAddKey FAST --new-key-slot 6 --key-slot 1 --key-file @K/k1 @IMG @K/k3", 0, Out::Code),
+        step("luksKillSlot -q @IMG 6", 0, Out::Code),
+        step("luksChangeKey FAST --key-file @K/k1 @IMG @K/k3", 0, Out::Code),
+        step("open --test-passphrase --key-file @K/k1 @IMG", 2, Out::Code),
+        step(
+            "luksConvertKey --key-file @K/k3 --pbkdf argon2id --pbkdf-force-iterations 4 --pbkdf-memory 32 --pbkdf-parallel 1 @IMG",
+            only2(0),
+            Out::Code,
+        ),
+        step("luksKillSlot --key-file @K/k2 @IMG 5", 2, Out::Code),
+        step("luksKillSlot --key-file @K/k0 @IMG 5", 0, Out::Code),
+        step("luksKillSlot -q @IMG 7", 1, Out::Code),
+        step("luksRemoveKey --key-file @K/k3 @IMG", 0, Out::Code),
+        step("luksRemoveKey --key-file @K/k3 @IMG", 2, Out::Code),
+        step("luksUUID @IMG", 0, Out::Stdout),
+        step("luksUUID -q --uuid 12345678-1234-4234-8234-123456789abc @IMG", 0, Out::Code),
+        step("luksUUID -q --uuid not-a-uuid @IMG", 1, Out::Code),
+        step("luksUUID @IMG", 0, Out::Stdout),
+        step("config --label lab --subsystem sub @IMG", only2(0), Out::Code),
+        step("config --priority prefer --key-slot 0 @IMG", only2(0), Out::Code),
+        step("config --priority ignore @IMG", 1, Out::Code),
+        step("isLuks @IMG", 0, Out::Code),
+        step(if l2 { "isLuks --type luks1 @IMG" } else { "isLuks --type luks2 @IMG" }, 1, Out::Code),
+        step("isLuks @K/k0", 1, Out::Code),
+        step("token add --key-description some-key @IMG", only2(0), Out::Code),
+        step("token export --token-id 0 @IMG", only2(0), Out::Stdout),
+        step("token import --json-file @K/tok.json --token-id 3 --key-slot 0 @IMG", only2(0), Out::Code),
+        step("token import --json-file @K/tok.json --token-id 3 @IMG", 1, Out::Code),
+        step("token unassign --token-id 3 --key-slot 0 @IMG", only2(0), Out::Code),
+        step("token remove --token-id 0 @IMG", only2(0), Out::Code),
+        step("token remove --token-id 0 @IMG", 1, Out::Code),
+        step("luksDump --dump-json-metadata @IMG", only2(0), if l2 { Out::Json } else { Out::Code }),
+        step("luksDump -q --dump-volume-key --key-file @K/k0 @IMG", 0, Out::Stdout),
+        step("luksHeaderBackup --header-backup-file @D/bk @IMG", 0, Out::Code),
+        step("luksHeaderBackup --header-backup-file @D/bk @IMG", 1, Out::Code),
+        step("erase -q @IMG", 0, Out::Code),
+        step("open --test-passphrase --key-file @K/k0 @IMG", 1, Out::Code),
+        step("luksHeaderRestore -q --header-backup-file @D/bk @IMG", 0, Out::Code),
+        step("open --test-passphrase --key-file @K/k0 @IMG", 0, Out::Code),
+        step("repair -q @IMG", 0, Out::Code),
+        step("luksDump --nonsense @IMG", 1, Out::Code),
+        step("luksDump", 1, Out::Code),
+        step("luksDump --label x @IMG", 1, Out::Code),
+        step("notAnAction @IMG", 1, Out::Code),
+        step("luksDump @D/missing.img", 4, Out::Code),
+        step("luksAddKey --key-file @K/missing @IMG @K/k1", 1, Out::Code),
+    ]
+}
+
+fn formatted(d: &Path, name: &str, opts: &str, size: u64) -> PathBuf {
+    let img = sparse(d, name, size);
+    let opts: Vec<&str> = opts.split_whitespace().collect();
+    cs_format(&img, &opts, &d.join("keys/k0"));
+    img
+}
+
+#[test]
+fn luks2_verbs_match_cryptsetup_step_by_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let k = keys(d);
+    let img = formatted(
+        d,
+        "l2.img",
+        "--type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000",
+        20 << 20,
+    );
+    let (cs, ud) = compare("luks2", &img, &key_script(true), &k, d);
+    // Each side's result opens in the other tool.
+    assert!(udm::luks::open(&cs, None, b"first").is_ok());
+    assert!(cs_test(&ud, None, &k.join("k0")));
+}
+
+#[test]
+fn luks1_verbs_match_cryptsetup_step_by_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let k = keys(d);
+    let img = formatted(
+        d,
+        "l1.img",
+        "--type luks1 --pbkdf-force-iterations 1000",
+        8 << 20,
+    );
+    let (cs, ud) = compare("luks1", &img, &key_script(false), &k, d);
+    assert!(udm::luks::open(&cs, None, b"first").is_ok());
+    assert!(cs_test(&ud, None, &k.join("k0")));
+}
+
+/// luksFormat with the same explicit choices (the UUID too) gives the same
+/// header; conversion both ways gives cryptsetup's layout.
+#[test]
+fn format_and_convert_match_cryptsetup() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let k = keys(d);
+    let blank = sparse(d, "blank.img", 24 << 20);
+    let u = "--uuid 0badc0de-1234-4234-8234-123456789abc";
+    let script = vec![
+        step(&format!("luksFormat -q FAST {u} --label L @IMG @K/k0"), 0, Out::Code),
+        step("open --test-passphrase --key-file @K/k0 @IMG", 0, Out::Code),
+        step(&format!("luksFormat -q FAST {u} --type luks2 --sector-size 512 --key-size 256 --luks2-metadata-size 64k @IMG --key-file @K/k1"), 0, Out::Code),
+        step(&format!("luksFormat -q FAST {u} --type luks2 --cipher aes-cbc-essiv:sha256 --key-size 256 --offset 65536 @IMG @K/k1"), 0, Out::Code),
+        step(&format!("luksFormat -q FAST {u} --type luks1 --hash sha1 @IMG @K/k0"), 0, Out::Code),
+        step("luksAddKey FAST --key-file @K/k0 --key-slot 3 -q @IMG @K/k2", 0, Out::Code),
+        step("convert -q --type luks1 @IMG", 1, Out::Code),
+        step("convert -q --type luks2 @IMG", 0, Out::Code),
+        step("open --test-passphrase --key-file @K/k2 @IMG", 0, Out::Code),
+        step("convert -q --type luks2 @IMG", 1, Out::Code),
+        step("convert -q --type luks1 @IMG", 0, Out::Code),
+        step("open --test-passphrase --key-file @K/k0 @IMG", 0, Out::Code),
+        step(&format!("luksFormat -q {u} --type luks2 --pbkdf argon2id --pbkdf-force-iterations 4 --pbkdf-memory 64 --pbkdf-parallel 1 @IMG @K/k0"), 0, Out::Code),
+        step("convert -q --type luks1 @IMG", 1, Out::Code),
+        step("luksFormat -q --type plain @IMG @K/k0", 1, Out::Code),
+        step("luksFormat -q --sector-size 1000 @IMG @K/k0", 1, Out::Code),
+        step("luksFormat -q --offset 8 --align-payload 8 @IMG @K/k0", 1, Out::Code),
+        step("luksFormat -q FAST @D/missing.img @K/k0", 4, Out::Code),
+    ];
+    let (cs, ud) = compare("format", &blank, &script, &k, d);
+    assert!(udm::luks::open(&cs, None, b"first").is_ok());
+    assert!(cs_test(&ud, None, &k.join("k0")));
+    // The LUKS1 → LUKS2 → LUKS1 round trip is byte-identical to
+    // cryptsetup's (no random salt survives in a LUKS1 header).
+    let l1 = formatted(
+        d,
+        "rt.img",
+        "--type luks1 --pbkdf-force-iterations 1000",
+        8 << 20,
+    );
+    let (a, b) = (d.join("rt-cs.img"), d.join("rt-udm.img"));
+    std::fs::copy(&l1, &a).unwrap();
+    std::fs::copy(&l1, &b).unwrap();
+    let link_dir = d.join("link");
+    std::fs::create_dir_all(&link_dir).unwrap();
+    let prog = udm_as_cryptsetup(&link_dir);
+    for to in ["luks2", "luks1"] {
+        run(cryptsetup().args(["convert", "-q", "--type", to]).arg(&a));
+        run(Command::new(&prog)
+            .args(["convert", "-q", "--type", to])
+            .arg(&b));
+    }
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "round trip differs from cryptsetup's"
+    );
+}
