@@ -274,11 +274,6 @@ impl UdmServe {
         format!("nbd+unix:///{export}?socket={}", self.sock.display())
     }
 
-    /// The server's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Threads of the server process (from /proc).
     pub fn threads(&self) -> usize {
         let st = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
