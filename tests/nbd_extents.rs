@@ -19,7 +19,11 @@ fn map(uri: &str) -> Vec<(u64, u64, u32)> {
     out.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            Some((f.first()?.parse().ok()?, f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?))
+            Some((
+                f.first()?.parse().ok()?,
+                f.get(1)?.parse().ok()?,
+                f.get(2)?.parse().ok()?,
+            ))
         })
         .collect()
 }
@@ -107,6 +111,10 @@ fn holes_show_through_linear_over_striped_crypt_and_zero() {
         .filter(|e| e["data"] == true)
         .map(|e| (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap()))
         .collect();
-    assert_eq!(data, vec![(0, CHUNK), (3 * CHUNK, CHUNK)], "qemu-img map: {qmap}");
+    assert_eq!(
+        data,
+        vec![(0, CHUNK), (3 * CHUNK, CHUNK)],
+        "qemu-img map: {qmap}"
+    );
     drop(srv);
 }

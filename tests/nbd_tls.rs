@@ -22,11 +22,22 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// holds what the server needs, `client/` what a client with a
 /// certificate needs, `anon/` only the CA.
 fn make_certs(dir: &Path) {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
     let mut a = vec!["req", "-x509", "-days", "2", "-subj", "/CN=udm test CA"];
     a.extend(ec);
     a.extend(["-keyout", "ca-key.pem", "-out", "ca-cert.pem"]);
-    a.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+    a.extend([
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
     openssl(dir, &a);
     std::fs::write(
         dir.join("server.ext"),
@@ -51,8 +62,21 @@ fn make_certs(dir: &Path) {
         openssl(
             dir,
             &[
-                "x509", "-req", "-in", &csr, "-CA", "ca-cert.pem", "-CAkey", "ca-key.pem",
-                "-CAcreateserial", "-days", "2", "-out", &cert, "-extfile", &ext,
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca-cert.pem",
+                "-CAkey",
+                "ca-key.pem",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-out",
+                &cert,
+                "-extfile",
+                &ext,
             ],
         );
     }
@@ -97,7 +121,10 @@ fn serve_tcp(disk: &Path, extra: &[&str]) -> Tcp {
         .unwrap();
     let t = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(30), "udm serve did not listen");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "udm serve did not listen"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     Tcp { child, port }
@@ -119,7 +146,11 @@ fn tls_clients_reach_a_tls_export_and_plain_ones_are_refused() {
     let certs = p.join("server");
     let srv = serve_tcp(
         &disk,
-        &["--tls=require", "--tls-certificates", certs.to_str().unwrap()],
+        &[
+            "--tls=require",
+            "--tls-certificates",
+            certs.to_str().unwrap(),
+        ],
     );
     let anon = p.join("anon");
     let uri = format!(
@@ -129,7 +160,10 @@ fn tls_clients_reach_a_tls_export_and_plain_ones_are_refused() {
     );
     let o = nbdinfo(&uri);
     assert!(o.status.success(), "nbdinfo over TLS failed:\n{}", show(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), (4u64 << 20).to_string());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        (4u64 << 20).to_string()
+    );
     // Data goes both ways encrypted: a round trip through nbdcopy.
     let data = bytes(5, 1 << 20);
     let src = write_file(p, "src.bin", &data);
@@ -141,7 +175,10 @@ fn tls_clients_reach_a_tls_export_and_plain_ones_are_refused() {
     let q = run_text(Command::new(need("qemu-img")).args([
         "info",
         "--object",
-        &format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", anon.display()),
+        &format!(
+            "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+            anon.display()
+        ),
         "--image-opts",
         &format!(
             "driver=nbd,host=localhost,port={},export=disk,tls-creds=tls0",
@@ -163,7 +200,11 @@ fn tls_clients_reach_a_tls_export_and_plain_ones_are_refused() {
     );
     for uri in [
         format!("nbd://localhost:{}/disk", srv.port),
-        format!("nbds://localhost:{}/disk?tls-certificates={}", srv.port, anon.display()),
+        format!(
+            "nbds://localhost:{}/disk?tls-certificates={}",
+            srv.port,
+            anon.display()
+        ),
     ] {
         let o = nbdinfo(&uri);
         assert!(o.status.success(), "{uri}:\n{}", show(&o));
@@ -186,7 +227,11 @@ fn tls_clients_reach_a_tls_export_and_plain_ones_are_refused() {
         p.join("client").display()
     );
     let o = nbdinfo(&with);
-    assert!(o.status.success(), "client certificate refused:\n{}", show(&o));
+    assert!(
+        o.status.success(),
+        "client certificate refused:\n{}",
+        show(&o)
+    );
     let o = nbdinfo(&format!(
         "nbds://localhost:{}/disk?tls-certificates={}",
         srv.port,
@@ -218,9 +263,18 @@ fn per_export_read_only_and_allow_lists() {
     let info = run_text(Command::new(need("nbdinfo")).arg(srv.uri("a")));
     assert!(info.contains("is_read_only: true"), "{info}");
     let list = run_text(Command::new("nbdinfo").args(["--list", &srv.uri("")]));
-    assert!(list.contains("export=\"a\"") || list.contains("export: a") || list.contains("\na"), "{list}");
-    assert!(!list.contains("b.img") && !list.contains("udm file b"), "b listed to a client not allowed: {list}");
+    assert!(
+        list.contains("export=\"a\"") || list.contains("export: a") || list.contains("\na"),
+        "{list}"
+    );
+    assert!(
+        !list.contains("b.img") && !list.contains("udm file b"),
+        "b listed to a client not allowed: {list}"
+    );
     let o = Command::new("nbdinfo").arg(srv.uri("b")).output().unwrap();
-    assert!(!o.status.success(), "a client outside b's allow-list reached it");
+    assert!(
+        !o.status.success(),
+        "a client outside b's allow-list reached it"
+    );
     drop(srv);
 }

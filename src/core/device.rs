@@ -364,12 +364,7 @@ pub trait BlockDevice: Send + Sync {
     /// as holes or zeros, so the copy costs the data, not the size. The
     /// default says "all data" — always correct, never fast — so a device
     /// that cannot tell keeps working unchanged.
-    fn extents(
-        &self,
-        offset: u64,
-        len: u64,
-        out: &mut dyn FnMut(Extent) -> bool,
-    ) -> DevResult<()> {
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
         let _ = offset;
         out(Extent::data(len));
         Ok(())

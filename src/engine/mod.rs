@@ -511,9 +511,8 @@ impl Engine {
 
     /// Budget cost of a plain buffer of `n` bytes (its pool size class).
     pub fn mem_cost_plain(&self, n: u64) -> u64 {
-        crate::mem::bufpool::class_of(n as usize).map_or(n, |c| {
-            crate::mem::bufpool::class_size(c) as u64
-        })
+        crate::mem::bufpool::class_of(n as usize)
+            .map_or(n, |c| crate::mem::bufpool::class_size(c) as u64)
     }
 
     /// A plain buffer of `n` bytes for a request admitted by

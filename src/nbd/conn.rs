@@ -916,7 +916,8 @@ impl Session {
             // `dmsetup remove --force` ends the connection through this hook.
             _attached: {
                 let closing = self.conn.clone();
-                neg.export.connect_closable(Box::new(move || closing.kill()))
+                neg.export
+                    .connect_closable(Box::new(move || closing.kill()))
             },
             client,
             meta: neg.meta_base_allocation,

@@ -409,12 +409,7 @@ impl BlockDevice for FileStore {
     /// Holes from `SEEK_DATA`/`SEEK_HOLE` (files; tmpfs, ext4, xfs and
     /// btrfs answer them from their extent maps): a hole reads as zeros.
     /// Block devices, and filesystems that cannot say, report data.
-    fn extents(
-        &self,
-        offset: u64,
-        len: u64,
-        out: &mut dyn FnMut(Extent) -> bool,
-    ) -> DevResult<()> {
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
         if self.block_device {
             out(Extent::data(len));
             return Ok(());

@@ -87,12 +87,7 @@ impl BlockDevice for Linear {
             .dev
             .write_zeroes(self.area.offset + offset, len, fua)
     }
-    fn extents(
-        &self,
-        offset: u64,
-        len: u64,
-        out: &mut dyn FnMut(Extent) -> bool,
-    ) -> DevResult<()> {
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
         extents_of(self.area.dev.as_ref(), self.area.offset + offset, len, out).map(|_| ())
     }
 }
@@ -102,6 +97,9 @@ impl Target for Linear {
         "linear"
     }
     fn table_params(&self, _show_keys: bool) -> String {
-        format!("{} {}", self.area.table_name(), self.area.offset / 512)
+        format!("{} {}", self.area.table_name(), self.area.table_offset())
+    }
+    fn as_linear(&self) -> Option<(&Arc<dyn BlockDevice>, u64)> {
+        Some((&self.area.dev, self.area.offset))
     }
 }

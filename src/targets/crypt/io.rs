@@ -125,12 +125,7 @@ impl BlockDevice for Crypt {
     /// do not read as zeros: a hole reads as zero *ciphertext*, which
     /// decrypts to noise. So holes keep the hole flag and lose the zero
     /// flag, and nothing is ever reported as zero.
-    fn extents(
-        &self,
-        offset: u64,
-        len: u64,
-        out: &mut dyn FnMut(Extent) -> bool,
-    ) -> DevResult<()> {
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
         extents_of(
             self.area.dev.as_ref(),
             self.area.offset + offset,
