@@ -628,8 +628,9 @@ mod tests {
         assert!(find(&out, &simple_reply(EPERM, 2)).is_some());
         // Structured replies: block status and the last read's data chunk.
         let out = h.run(&seeds[2].1);
+        // (Its length depends on how many extents the export reports.)
         let bs = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, 5, 12);
-        assert!(find(&out, &bs).is_some());
+        assert!(find(&out, &bs[..16]).is_some(), "no block status chunk");
         let rd = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 9, 108);
         let at = find(&out, &rd).expect("read chunk") + 20;
         assert_eq!(&out[at..at + 8], &(DEV_SIZE - 100).to_be_bytes());
