@@ -20,7 +20,11 @@
 //! `log_write_entry { sector, nr_sectors, flags, data_len }` (sector and
 //! nr_sectors in `sectorsize` units of `<dev>`; a mark's text right after
 //! the 32 bytes), followed by the written data unless it is a discard.
-//! `sectorsize` is `<dev>`'s logical block size.
+//! `sectorsize` is `<dev>`'s logical block size. The distribution ships
+//! no `replay-log` (xfstests is not packaged), so the format is
+//! cross-checked by an independent reader written from the kernel's
+//! structs (`tests/faults/replay_log.py`), which must replay a log to the
+//! same bytes as [`super::log_replay`].
 //!
 //! Status: `<#logged entries> <highest allocated sector>` (512-byte sectors
 //! of the log device), plus `logging_disabled` once logging stopped (log
