@@ -35,6 +35,15 @@ pub struct Args {
     /// Passphrase file for --luks (whole content; `-` for stdin).
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+    /// Volumes from a crypttab file (systemd's format: NAME DEVICE
+    /// KEYFILE OPTIONS), each served under its NAME; passphrases are asked
+    /// on the terminal for lines whose key file is `none`.
+    #[arg(long, value_name = "FILE")]
+    pub crypttab: Option<PathBuf>,
+    /// Try LUKS passphrases even on keyslots whose KDF cost is above
+    /// udm's limit (see `udm cryptsetup --help`).
+    #[arg(long)]
+    pub no_kdf_limit: bool,
     /// Detached LUKS header for --luks (as cryptsetup's --header).
     #[arg(long, value_name = "FILE")]
     pub header: Option<PathBuf>,
@@ -124,8 +133,33 @@ fn serve(a: Args) -> Result<(), String> {
             },
         ));
     }
+    let mut read_only_devices = Vec::new();
+    if let Some(ct) = &a.crypttab {
+        let text = std::fs::read_to_string(ct)
+            .map_err(|e| format!("--crypttab: cannot read {}: {e}", ct.display()))?;
+        let entries = crate::luks::crypttab::parse(&text, ct).map_err(|e| e.to_string())?;
+        for e in entries {
+            for n in &e.notes {
+                tracing::info!("{}:{} ({}): {n}", ct.display(), e.line, e.name);
+            }
+            let text = e.table(a.no_kdf_limit).map_err(|x| x.to_string())?;
+            if e.read_only {
+                read_only_devices.push(e.name.clone());
+            }
+            specs.push((
+                position(&ct.display().to_string()).saturating_add(e.line),
+                e.name.clone(),
+                DeviceSpec::Table {
+                    text,
+                    source: format!("{} line {}", ct.display(), e.line),
+                },
+            ));
+        }
+    }
     if specs.is_empty() {
-        return Err("nothing to serve: give at least one --table, --file or --luks".into());
+        return Err(
+            "nothing to serve: give at least one --table, --file, --luks or --crypttab".into(),
+        );
     }
     specs.sort_by_key(|(p, _, _)| *p);
 
@@ -151,6 +185,7 @@ fn serve(a: Args) -> Result<(), String> {
             threads: a.threads,
             crypt_threads: a.crypt_threads,
             memory_budget: budget,
+            read_only_devices,
         },
     )
 }
@@ -164,6 +199,9 @@ pub struct Settings {
     pub threads: usize,
     pub crypt_threads: usize,
     pub memory_budget: Option<u64>,
+    /// Devices exported read-only although the server is not (crypttab's
+    /// `readonly`).
+    pub read_only_devices: Vec<String>,
 }
 
 /// Build the devices and serve them until a signal arrives.
@@ -204,7 +242,7 @@ pub fn serve_specs(
                 None => format!("udm file {}", e.name),
             },
             device: Arc::clone(&e.device),
-            read_only: st.read_only,
+            read_only: st.read_only || st.read_only_devices.contains(&e.name),
         })
         .collect();
     crate::nbd::server::serve_with(
