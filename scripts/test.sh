@@ -27,6 +27,10 @@ if ((${#need_pkgs[@]})); then
     apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 
+# Ceph for the `rbd` feature (librbd-dev, librados-dev to link; ceph-mon,
+# ceph-osd, ceph-common for tests/remote_rbd.rs's throwaway clusters).
+bash scripts/ceph-dev.sh deps
+
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy"

@@ -15,23 +15,7 @@ use crate::core::BlockDevice;
 
 use super::file::{FileStore, OpenFlags};
 use super::nbd::{NbdAddr, NbdSpec, NbdStore};
-
-/// An RBD image as named in a path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RbdSpec {
-    pub pool: String,
-    pub image: String,
-    /// Open this snapshot (read-only) instead of the image head.
-    pub snap: Option<String>,
-    /// Ceph configuration file (`conf=`); `None` = librados' own search
-    /// (`$CEPH_CONF`, `/etc/ceph/ceph.conf`, …).
-    pub conf: Option<PathBuf>,
-    /// Client id without the `client.` prefix (`id=`); `None` = `admin`.
-    pub id: Option<String>,
-    /// Any other `key=value` (including `keyring=`), set on the cluster
-    /// handle with `rados_conf_set`, as qemu does.
-    pub options: Vec<(String, String)>,
-}
+pub use super::rbd_spec::RbdSpec;
 
 /// A parsed device path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +94,12 @@ pub fn open_path(path: &Path, flags: OpenFlags) -> Result<Arc<dyn BlockDevice>, 
     }
 }
 
+#[cfg(feature = "rbd")]
+fn open_rbd(r: &RbdSpec, flags: OpenFlags) -> Result<Arc<dyn BlockDevice>, String> {
+    super::rbd::RbdStore::open(r, flags.read_only).map(|s| Arc::new(s) as Arc<dyn BlockDevice>)
+}
+
+#[cfg(not(feature = "rbd"))]
 fn open_rbd(r: &RbdSpec, _flags: OpenFlags) -> Result<Arc<dyn BlockDevice>, String> {
     Err(format!(
         "cannot open RBD image {}/{}: this udm was built without RBD support; rebuild with `cargo build --features rbd` (needs Debian's librbd-dev and librados-dev)",

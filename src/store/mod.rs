@@ -8,6 +8,9 @@ mod filemap;
 pub mod location;
 pub mod mem;
 pub mod nbd;
+#[cfg(feature = "rbd")]
+pub mod rbd;
+pub mod rbd_spec;
 
 pub use file::{FileStore, OpenFlags};
 pub use location::{open, open_path, Location};
