@@ -3,10 +3,10 @@
 //! decoder can be unit-tested on byte arrays, and so that header values are
 //! only ever turned into numbers here, in one place, with no panics.
 
-/// `NBDMAGIC`, first 8 bytes of the greeting.
 /// The IANA port of NBD.
 pub const DEFAULT_PORT: u16 = 10809;
 
+/// `NBDMAGIC`, first 8 bytes of the greeting.
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
 /// `IHAVEOPT`: greeting second word and the magic of every option request.
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
