@@ -214,7 +214,7 @@ fn exercise(dev: &MappedDevice, stores: bool) {
 /// the default export) and `ro` (read-only), and one worker thread. Built
 /// once and reused for every input, as a server is for every client.
 pub struct NbdHarness {
-    exports: ExportSet,
+    exports: Arc<ExportSet>,
     shutting_down: AtomicBool,
 }
 
@@ -230,7 +230,8 @@ impl NbdHarness {
             read_only,
         };
         let exports = vec![export("fuzz", false), export("ro", true)];
-        let exports = export_set(exports, 1, None).expect("cannot start the engine's worker");
+        let exports =
+            Arc::new(export_set(exports, 1, None).expect("cannot start the engine's worker"));
         NbdHarness {
             exports,
             shutting_down: AtomicBool::new(false),

@@ -295,6 +295,15 @@ impl UdmServe {
         format!("nbd+unix:///{export}?socket={}", self.sock.display())
     }
 
+    /// Threads of the server process (from /proc).
+    pub fn threads(&self) -> usize {
+        let st = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        st.lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("Threads: line in /proc/PID/status")
+    }
+
     /// SIGTERM and wait; returns the exit code.
     pub fn stop(mut self) -> Option<i32> {
         // SAFETY: kill(2) with the pid of a child we own and a valid signal.
