@@ -119,6 +119,7 @@ def main():
         pw = os.path.join(work, "pass")
         with open(pw, "w") as f:
             f.write("bench passphrase")
+        os.chmod(pw, 0o600)
         sh(rbd + ["create", "--size", "1G", "rbd/raw"])
         sh(rbd + ["create", "--size", "1G", "rbd/lk"])
         sh(rbd + ["bench", "--io-type", "write", "--io-size", "4M", "--io-threads", "16",
