@@ -75,6 +75,7 @@ fn target(dev: Arc<dyn BlockDevice>, ss: u32, threads: usize) -> Arc<dyn Target>
         resolver: &mut One(dev),
         options: &TargetOptions {
             crypt_threads: threads,
+            ..Default::default()
         },
     })
     .expect("crypt table")

@@ -38,7 +38,10 @@ fn target(bulk: bool) -> Arc<dyn Target> {
         args: &args,
         len: SIZE,
         resolver: &mut One(store),
-        options: &TargetOptions { crypt_threads: 0 },
+        options: &TargetOptions {
+            crypt_threads: 0,
+            ..Default::default()
+        },
     })
     .expect("crypt table");
     set_bulk_bounce_default(true);

@@ -20,6 +20,7 @@ need openssl openssl
 need script bsdutils
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need_pkgs+=(python3-libnbd)
 /usr/bin/python3 -c 'import cryptography' 2>/dev/null || need_pkgs+=(python3-cryptography)
+/usr/bin/python3 -c 'import jsonschema' 2>/dev/null || need_pkgs+=(python3-jsonschema)
 if ((${#need_pkgs[@]})); then
     echo "== installing test peers: ${need_pkgs[*]}"
     export DEBIAN_FRONTEND=noninteractive

@@ -79,7 +79,10 @@ pub fn table(data: &[u8]) -> bool {
     let mut res = MemResolver::default();
     // One crypt thread: no worker pool per target (a pool per input would
     // make the fuzzer measure thread creation).
-    let opts = TargetOptions { crypt_threads: 1 };
+    let opts = TargetOptions {
+        crypt_threads: 1,
+        ..Default::default()
+    };
     let Ok(dev) = mapper::build(&lines, &mut res, &opts) else {
         return false;
     };
@@ -406,7 +409,10 @@ mod tests {
             let dev = mapper::build(
                 &lines,
                 &mut MemResolver::default(),
-                &TargetOptions { crypt_threads: 1 },
+                &TargetOptions {
+                    crypt_threads: 1,
+                    ..Default::default()
+                },
             )
             .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(dev.size() > 0);

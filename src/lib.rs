@@ -11,7 +11,9 @@
 //!    [`engine`] (workers, ordering, fairness);
 //! 4. [`mapper`]: tables into mapped devices, the named-device registry;
 //! 5. [`luks`] (LUKS1/LUKS2 volumes) and [`nbd`] (the server);
-//! 6. [`cli`], and `fuzzing` (behind the `fuzzing` feature).
+//! 6. [`control`]: the control socket (dmsetup's verbs on a running
+//!    server), over the device registry and the exports;
+//! 7. [`cli`], and `fuzzing` (behind the `fuzzing` feature).
 
 // Every unsafe block says why it is sound, and an `unsafe fn` body is not
 // an unsafe block by itself: each unsafe operation in it is marked.
@@ -19,6 +21,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cli;
+pub mod control;
 pub mod core;
 pub mod crypto;
 pub mod engine;

@@ -98,7 +98,10 @@ fn crypt_requests_split_across_threads_without_allocating() {
         args: &args,
         len: 8 << 20,
         resolver: &mut legs,
-        options: &TargetOptions { crypt_threads: 2 },
+        options: &TargetOptions {
+            crypt_threads: 2,
+            ..Default::default()
+        },
     })
     .map_err(|e| e.msg)
     .unwrap();

@@ -31,6 +31,7 @@ fn target(line: &str, len: u64, threads: usize) -> Arc<dyn Target> {
         resolver: &mut Files,
         options: &TargetOptions {
             crypt_threads: threads,
+            ..Default::default()
         },
     })
     .unwrap_or_else(|e| panic!("table '{}...': {e:?}", &line[..20.min(line.len())]))

@@ -64,7 +64,10 @@ fn trace_level_logs_never_contain_the_key() {
                 args: &args,
                 len: 2 << 20,
                 resolver: &mut Mem(store.clone()),
-                options: &TargetOptions { crypt_threads: 2 },
+                options: &TargetOptions {
+                    crypt_threads: 2,
+                    ..Default::default()
+                },
             });
             match r {
                 Ok(t) => {

@@ -16,6 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["targets", "engine"],
     &["mapper"],
     &["luks", "nbd"],
+    &["control"],
     &["cli", "fuzzing"],
 ];
 

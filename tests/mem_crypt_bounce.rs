@@ -38,6 +38,7 @@ fn target(opts: &str, threads: usize) -> (Arc<dyn Target>, Arc<MemStore>) {
         resolver: &mut One(store.clone()),
         options: &TargetOptions {
             crypt_threads: threads,
+            ..Default::default()
         },
     })
     .expect("crypt table");

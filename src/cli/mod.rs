@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 pub mod benchmark;
 pub mod cryptsetup;
 pub mod demo;
+pub mod dmsetup;
 pub mod luks;
 pub mod replay_log;
 pub mod serve;
@@ -66,6 +67,13 @@ enum Command {
     /// Replay a log-writes log onto a device, to an entry or a mark, with
     /// an optional check at every flush or FUA write.
     ReplayLog(replay_log::Args),
+    /// dmsetup's verbs on a running `udm serve` (also when udm is run
+    /// through a link named `dmsetup`): `udm dmsetup help` lists them.
+    #[command(disable_help_flag = true)]
+    Dmsetup {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// A program udm can stand in for: it gets the arguments after its name.
@@ -74,7 +82,8 @@ pub type Personality = fn(Vec<std::ffi::OsString>) -> i32;
 /// Programs udm runs as when started through a link of that name (argv[0]
 /// dispatch: `ln -s udm cryptsetup`), or as `udm NAME ARGS...`. Each takes
 /// that program's own command line and exit codes.
-pub const PERSONALITIES: &[(&str, Personality)] = &[("cryptsetup", cryptsetup::main)];
+pub const PERSONALITIES: &[(&str, Personality)] =
+    &[("cryptsetup", cryptsetup::main), ("dmsetup", dmsetup::main)];
 
 /// The personality for this invocation and its arguments, if any.
 fn personality(args: &[std::ffi::OsString]) -> Option<(Personality, Vec<std::ffi::OsString>)> {
@@ -108,6 +117,7 @@ pub fn main() -> i32 {
         Command::Benchmark(a) => benchmark::run(a),
         Command::Cryptsetup { args } => cryptsetup::main(args),
         Command::ReplayLog(a) => replay_log::run(a),
+        Command::Dmsetup { args } => dmsetup::main(args),
     }
 }
 

@@ -1,14 +1,22 @@
 //! `udm serve`: build the named devices and export each over NBD until
 //! SIGINT/SIGTERM. The first device named on the command line is also the
 //! default export (`""`), as a client that names no export expects.
+//!
+//! Every device is a runtime device (`mapper::Devices`): the ones given on
+//! the command line are created, loaded and resumed at start, exactly as
+//! `udm dmsetup create` would, and the control socket (`--control`)
+//! manages them and any others while the server runs.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
-use crate::mapper::{BuildOptions, DeviceSpec, Registry};
-use crate::nbd::{Export, Listen, ServerConfig};
+use crate::control::{self, ControlServer, Service};
+use crate::engine::Engine;
+use crate::mapper::{BuildOptions, DeviceSpec, Devices};
+use crate::nbd::export::BudgetPolicy;
+use crate::nbd::{ExportSet, Listen, ServerConfig};
 use crate::targets::TargetOptions;
 
 /// Arguments of `udm serve`.
@@ -58,6 +66,26 @@ pub struct Args {
     /// target encrypts straight into the file's pages).
     #[arg(long)]
     pub no_mmap: bool,
+    /// The control socket (`udm dmsetup` talks to it). Default:
+    /// $UDM_CONTROL, else /run/udm/control as root, else
+    /// $XDG_RUNTIME_DIR/udm/control; a default path another server holds
+    /// is skipped with a warning.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Run without a control socket (devices are fixed at start).
+    #[arg(long, conflicts_with = "control")]
+    pub no_control: bool,
+    /// Serve every device's counters as Prometheus text on HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
+    /// Start devices with latency histograms off (counters stay on;
+    /// `dmsetup message NAME 0 @stats_histograms on` turns them on).
+    #[arg(long)]
+    pub no_histograms: bool,
+    /// Do not compile stacked tables flat (each layer is then one more
+    /// call per request); for measuring what flattening saves.
+    #[arg(long, hide = true)]
+    pub no_flatten: bool,
 }
 
 /// Split `NAME=VALUE`.
@@ -124,8 +152,12 @@ fn serve(a: Args) -> Result<(), String> {
             },
         ));
     }
-    if specs.is_empty() {
-        return Err("nothing to serve: give at least one --table, --file or --luks".into());
+    if specs.is_empty() && a.no_control {
+        return Err(
+            "nothing to serve: give at least one --table, --file or --luks, or a control \
+             socket to create devices through"
+                .into(),
+        );
     }
     specs.sort_by_key(|(p, _, _)| *p);
 
@@ -151,12 +183,34 @@ fn serve(a: Args) -> Result<(), String> {
             threads: a.threads,
             crypt_threads: a.crypt_threads,
             memory_budget: budget,
+            control: if a.no_control {
+                ControlPath::Off
+            } else {
+                match a.control {
+                    Some(p) => ControlPath::Given(p),
+                    None => ControlPath::Default,
+                }
+            },
+            metrics: a.metrics,
+            histograms: !a.no_histograms,
+            flatten: !a.no_flatten,
         },
     )
 }
 
-/// Server-wide settings shared by `serve` and `demo`.
+/// Where the control socket goes.
 #[derive(Debug, Clone, Default)]
+pub enum ControlPath {
+    /// The default path, if free (else run without, with a warning).
+    #[default]
+    Default,
+    /// This path; failing to listen there is an error.
+    Given(PathBuf),
+    Off,
+}
+
+/// Server-wide settings shared by `serve` and `demo`.
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub read_only: bool,
     pub direct: bool,
@@ -164,6 +218,64 @@ pub struct Settings {
     pub threads: usize,
     pub crypt_threads: usize,
     pub memory_budget: Option<u64>,
+    pub control: ControlPath,
+    pub metrics: Option<String>,
+    pub histograms: bool,
+    pub flatten: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            read_only: false,
+            direct: false,
+            no_mmap: false,
+            threads: 0,
+            crypt_threads: 0,
+            memory_budget: None,
+            control: ControlPath::Default,
+            metrics: None,
+            histograms: true,
+            flatten: true,
+        }
+    }
+}
+
+/// The table text of a spec, and where it came from (for errors).
+fn spec_table(spec: DeviceSpec, st: &Settings) -> Result<(Zeroizing<String>, String), String> {
+    match spec {
+        DeviceSpec::Table { text, source } => Ok((text, format!("table {source}"))),
+        DeviceSpec::File(path) => {
+            let f = crate::store::location::open_path(
+                &path,
+                crate::store::OpenFlags {
+                    read_only: true,
+                    direct: false,
+                    no_map: true,
+                },
+            )?;
+            let size = f.size();
+            drop(f);
+            if size % 512 != 0 {
+                tracing::warn!(
+                    "{} is {size} bytes, not whole 512-byte sectors: serving its first {} sectors",
+                    path.display(),
+                    size / 512
+                );
+            }
+            if size < 512 {
+                return Err(format!(
+                    "{} is smaller than one 512-byte sector: nothing to serve",
+                    path.display()
+                ));
+            }
+            let _ = st;
+            Ok((
+                crate::mapper::compile::file_table(&path, size),
+                format!("file {}", path.display()),
+            ))
+        }
+    }
 }
 
 /// Build the devices and serve them until a signal arrives.
@@ -172,51 +284,129 @@ pub fn serve_specs(
     listen: Listen,
     st: &Settings,
 ) -> Result<(), String> {
-    let registry = Registry::build(
-        specs,
+    let devices = Arc::new(Devices::new(
         BuildOptions {
             read_only: st.read_only,
             direct: st.direct,
             no_mmap: st.no_mmap,
             target: TargetOptions {
                 crypt_threads: st.crypt_threads,
+                ..Default::default()
             },
         },
-    )?;
-    for e in &registry.entries {
-        match &e.mapped {
-            Some(m) => tracing::info!(
-                "device {}: {} bytes, table:\n{}",
-                e.name,
-                e.device.size(),
-                m.table_text(false).trim_end()
-            ),
-            None => tracing::info!("device {}: {} bytes (file)", e.name, e.device.size()),
+        st.flatten,
+        st.histograms,
+    ));
+    let engine = Arc::new(Engine::start(st.threads).map_err(|e| e.to_string())?);
+    let exports = Arc::new(ExportSet::new(
+        engine,
+        BudgetPolicy {
+            total: st.memory_budget,
+            exports: specs.len().max(1),
+        },
+    ));
+    let service = Arc::new(Service::new(devices.clone(), exports.clone(), st.read_only));
+    // Command-line devices may name each other in any order: build what
+    // can be built, repeat while that makes progress.
+    let order: Vec<String> = specs.iter().map(|(n, _)| n.clone()).collect();
+    let mut pending: Vec<(String, Zeroizing<String>, String)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (name, spec) in specs {
+        if !seen.insert(name.clone()) {
+            return Err(format!("device name '{name}' is used twice"));
+        }
+        let (text, source) = spec_table(spec, st).map_err(|e| format!("device '{name}': {e}"))?;
+        pending.push((name, text, source));
+    }
+    while !pending.is_empty() {
+        let before = pending.len();
+        let mut errors = Vec::new();
+        pending.retain(
+            |(name, text, source)| match service.activate(name, text.clone(), false) {
+                Ok(()) => false,
+                Err(e) => {
+                    errors.push(format!("device '{name}' ({source}): {e}"));
+                    true
+                }
+            },
+        );
+        if pending.len() == before {
+            return Err(errors.swap_remove(0));
         }
     }
-    let exports = registry
-        .entries
-        .iter()
-        .map(|e| Export {
-            name: e.name.clone(),
-            description: match &e.mapped {
-                Some(_) => format!("udm mapped device {}", e.name),
-                None => format!("udm file {}", e.name),
+    // The first device of the command line is the default export.
+    let mut ordered = exports.list();
+    ordered.sort_by_key(|e| order.iter().position(|n| *n == e.export.name));
+    for e in &ordered {
+        exports.remove(&e.export.name);
+    }
+    for e in ordered {
+        let ex = &e.export;
+        if let Ok(segs) = devices.segments(&ex.name, false, false) {
+            let table: String = segs
+                .unwrap_or_default()
+                .iter()
+                .map(|s| format!("{} {} {} {}\n", s.start, s.len, s.target, s.params.as_str()))
+                .collect();
+            tracing::info!(
+                "device {}: {} bytes, table:\n{}",
+                ex.name,
+                ex.device.size(),
+                table.trim_end()
+            );
+        }
+        exports
+            .add(crate::nbd::Export {
+                name: ex.name.clone(),
+                description: ex.description.clone(),
+                device: ex.device.clone(),
+                read_only: ex.read_only,
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    let control = match &st.control {
+        ControlPath::Off => None,
+        ControlPath::Given(p) => {
+            Some(ControlServer::start(p, service.clone()).map_err(|e| e.to_string())?)
+        }
+        ControlPath::Default => match control::default_path() {
+            None => {
+                tracing::warn!(
+                    "no control socket: neither $UDM_CONTROL nor $XDG_RUNTIME_DIR is set \
+                     (give --control PATH)"
+                );
+                None
+            }
+            Some(p) => match ControlServer::start(&p, service.clone()) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!("running without a control socket: {e}");
+                    None
+                }
             },
-            device: Arc::clone(&e.device),
-            read_only: st.read_only,
-        })
-        .collect();
-    crate::nbd::server::serve_with(
+        },
+    };
+    let metrics = match &st.metrics {
+        Some(a) => {
+            Some(control::metrics::Metrics::start(a, service.clone()).map_err(|e| e.to_string())?)
+        }
+        None => None,
+    };
+    let r = crate::nbd::server::serve_with(
         ServerConfig {
             listen,
-            exports,
+            exports: Vec::new(),
             threads: st.threads,
         },
         crate::nbd::server::ServeOptions {
             memory_budget: st.memory_budget,
+            exports: Some(exports),
             ..Default::default()
         },
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string());
+    service.stop();
+    drop(control);
+    drop(metrics);
+    r
 }

@@ -39,7 +39,10 @@ pub fn check(lines: &[TableLine], devices: CheckDevices) -> Result<(), TableErro
         placeholder: Arc::new(Placeholder),
     };
     // One crypt thread: a check needs no worker pool.
-    let options = TargetOptions { crypt_threads: 1 };
+    let options = TargetOptions {
+        crypt_threads: 1,
+        ..Default::default()
+    };
     super::build(lines, &mut resolver, &options).map(drop)
 }
 

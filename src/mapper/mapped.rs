@@ -1,19 +1,13 @@
-//! A mapped device: a table's segments, each with its target. It routes a
-//! request to the segment(s) it covers and cuts it exactly at segment
-//! boundaries, as dm core does with its clones — but without cloning: each
-//! piece is a sub-slice of the caller's buffer (no-clone remap), so routing costs a
-//! binary search and no allocation.
-//!
-//! Direct access (see [`crate::core::device::Transform`]) is forwarded when
-//! every segment offers it and the request lies inside one segment (the
-//! common case, and the only one where forwarding is free); a request that
-//! crosses a segment boundary takes the generic path, because a boundary
-//! need not fall on a whole unit of the transform.
+//! A mapped device: a table's segments, each with its target, as dm's
+//! `struct dm_table`. It keeps the targets for what `table`, `status` and
+//! `message` need, and routes I/O over them with [`Routes`] (one segment,
+//! one route; see `route` for how a request is cut at the boundaries).
 
 use std::sync::Arc;
 
-use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use super::route::{Route, Routes};
+use crate::core::device::Transform;
+use crate::core::{BlockDevice, DevResult, Limits, WriteBuf};
 use crate::targets::Target;
 
 /// One table segment, in bytes.
@@ -26,16 +20,12 @@ pub struct Segment {
 /// A device built from a table.
 pub struct MappedDevice {
     segments: Vec<Segment>,
-    size: u64,
-    limits: Limits,
-    /// Every segment offers direct access (fixed at construction).
-    direct: bool,
+    routes: Routes,
 }
 
 impl MappedDevice {
     /// Segments must be contiguous from 0 (the table parser guarantees it).
     pub fn new(segments: Vec<Segment>) -> MappedDevice {
-        let size = segments.last().map(|s| s.start + s.len).unwrap_or(0);
         let mut limits: Option<Limits> = None;
         for s in &segments {
             let l = s.target.limits();
@@ -44,17 +34,35 @@ impl MappedDevice {
                 Some(acc) => acc.stack(l),
             });
         }
-        let direct = !segments.is_empty() && segments.iter().all(|s| s.target.direct_access());
+        let routes = segments
+            .iter()
+            .map(|s| Route {
+                start: s.start,
+                len: s.len,
+                dev: s.target.clone(),
+                shift: 0,
+            })
+            .collect();
         MappedDevice {
+            routes: Routes::new(routes, limits.unwrap_or_default()),
             segments,
-            size,
-            limits: limits.unwrap_or_default(),
-            direct,
         }
     }
 
     pub fn segments(&self) -> &[Segment] {
         &self.segments
+    }
+
+    /// The segment holding byte `offset`, if any.
+    pub fn segment_at(&self, offset: u64) -> Option<&Segment> {
+        self.segments
+            .iter()
+            .find(|s| s.start <= offset && offset < s.start + s.len)
+    }
+
+    /// The routes of this table (one per segment).
+    pub fn routes(&self) -> &Routes {
+        &self.routes
     }
 
     /// The table as `dmsetup table` prints it; keys masked unless asked.
@@ -71,110 +79,33 @@ impl MappedDevice {
         }
         out
     }
-
-    fn check(&self, offset: u64, len: u64) -> DevResult<()> {
-        if offset.checked_add(len).is_none_or(|e| e > self.size) {
-            return Err(DevError::OutOfRange {
-                offset,
-                len,
-                size: self.size,
-            });
-        }
-        Ok(())
-    }
-
-    /// Index of the segment containing byte `offset` (< size).
-    #[inline]
-    fn find(&self, offset: u64) -> usize {
-        // First segment whose end is beyond `offset`.
-        self.segments.partition_point(|s| s.start + s.len <= offset)
-    }
-
-    /// Visit the pieces of `[offset, offset+len)`, one per segment:
-    /// `f(segment, offset_in_segment, piece_len)`.
-    #[inline]
-    fn for_each_piece(
-        &self,
-        offset: u64,
-        len: u64,
-        mut f: impl FnMut(&Segment, u64, u64) -> DevResult<()>,
-    ) -> DevResult<()> {
-        self.check(offset, len)?;
-        let mut pos = offset;
-        let end = offset + len;
-        let mut i = self.find(offset);
-        while pos < end {
-            let s = &self.segments[i];
-            let n = (s.start + s.len).min(end) - pos;
-            f(s, pos - s.start, n)?;
-            pos += n;
-            i += 1;
-        }
-        Ok(())
-    }
 }
 
 impl BlockDevice for MappedDevice {
     fn size(&self) -> u64 {
-        self.size
+        self.routes.size()
     }
 
     fn limits(&self) -> Limits {
-        self.limits
+        self.routes.limits()
     }
 
+    #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
-        self.check(offset, buf.len() as u64)?;
-        // Fast path: inside one segment (the common case).
-        let i = self.find(offset);
-        if let Some(s) = self.segments.get(i) {
-            if offset + buf.len() as u64 <= s.start + s.len {
-                return s.target.read(offset - s.start, buf);
-            }
-        }
-        let mut rest = buf;
-        self.for_each_piece(offset, rest.len() as u64, |s, off, n| {
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(n as usize);
-            rest = tail;
-            s.target.read(off, head)
-        })
+        self.routes.read(offset, buf)
     }
 
+    #[inline]
     fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
-        self.check(offset, data.len() as u64)?;
-        let i = self.find(offset);
-        if let Some(s) = self.segments.get(i) {
-            if offset + data.len() as u64 <= s.start + s.len {
-                return s.target.write(offset - s.start, data, fua);
-            }
-        }
-        let mut rest = Some(data);
-        self.for_each_piece(
-            offset,
-            rest.as_ref().map_or(0, |d| d.len()) as u64,
-            |s, off, n| {
-                let (head, tail) = rest
-                    .take()
-                    .expect("piece within request")
-                    .split_at(n as usize);
-                rest = Some(tail);
-                s.target.write(off, head, fua)
-            },
-        )
+        self.routes.write(offset, data, fua)
     }
 
     fn direct_access(&self) -> bool {
-        self.direct
+        self.routes.direct_access()
     }
 
     fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
-        self.check(offset, buf.len() as u64)?;
-        if let Some(s) = self.segments.get(self.find(offset)) {
-            if offset + buf.len() as u64 <= s.start + s.len {
-                return s.target.read_transformed(offset - s.start, buf, t);
-            }
-        }
-        read_transformed_by_reading(self, offset, buf, t)
+        self.routes.read_transformed(offset, buf, t)
     }
 
     fn write_transformed(
@@ -184,28 +115,19 @@ impl BlockDevice for MappedDevice {
         fua: bool,
         t: &dyn Transform,
     ) -> DevResult<()> {
-        self.check(offset, src.len() as u64)?;
-        if let Some(s) = self.segments.get(self.find(offset)) {
-            if offset + src.len() as u64 <= s.start + s.len {
-                return s.target.write_transformed(offset - s.start, src, fua, t);
-            }
-        }
-        write_transformed_by_writing(self, offset, src, fua, t)
+        self.routes.write_transformed(offset, src, fua, t)
     }
 
     fn flush(&self) -> DevResult<()> {
-        for s in &self.segments {
-            s.target.flush()?;
-        }
-        Ok(())
+        self.routes.flush()
     }
 
     fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
-        self.for_each_piece(offset, len, |s, off, n| s.target.discard(off, n))
+        self.routes.discard(offset, len)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        self.for_each_piece(offset, len, |s, off, n| s.target.write_zeroes(off, n, fua))
+        self.routes.write_zeroes(offset, len, fua)
     }
 }
 
@@ -213,6 +135,7 @@ impl BlockDevice for MappedDevice {
 mod tests {
     use super::*;
     use crate::core::table;
+    use crate::core::DevError;
     use crate::mapper::build;
     use crate::store::MemStore;
     use crate::targets::{DeviceResolver, TargetOptions};

@@ -126,7 +126,7 @@ impl Class {
         format!(
             "{} {} {}",
             self.area.table_name(),
-            self.area.offset / 512,
+            self.area.table_offset(),
             self.delay_ms
         )
     }

@@ -258,7 +258,7 @@ impl Target for Dust {
         format!(
             "{} {} {}",
             self.area.table_name(),
-            self.area.offset / 512,
+            self.area.table_offset(),
             self.blksz
         )
     }

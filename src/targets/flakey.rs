@@ -503,7 +503,7 @@ impl Target for Flakey {
         let mut s = format!(
             "{} {} {} {} {count}",
             self.area.table_name(),
-            self.area.offset / 512,
+            self.area.table_offset(),
             self.up,
             self.down
         );

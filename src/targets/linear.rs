@@ -94,6 +94,9 @@ impl Target for Linear {
         "linear"
     }
     fn table_params(&self, _show_keys: bool) -> String {
-        format!("{} {}", self.area.table_name(), self.area.offset / 512)
+        format!("{} {}", self.area.table_name(), self.area.table_offset())
+    }
+    fn as_linear(&self) -> Option<(&Arc<dyn BlockDevice>, u64)> {
+        Some((&self.area.dev, self.area.offset))
     }
 }

@@ -152,11 +152,13 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             dev,
             name: dev_name,
             offset: 0,
+            given: 0,
         },
         log: Area {
             dev: log,
             name: log_name,
             offset: 0,
+            given: 0,
         },
         len: a.len,
         sectorsize,

@@ -49,6 +49,32 @@ pub trait Target: BlockDevice {
             argv.join(" ")
         ))
     }
+
+    /// `Some((device, byte offset))` when this target is a plain offset
+    /// shift onto one device (linear). The mapper compiles such segments
+    /// away: a request goes straight to the device below (a stack of
+    /// linear layers costs one call, see `mapper::flat`).
+    fn as_linear(&self) -> Option<(&Arc<dyn BlockDevice>, u64)> {
+        None
+    }
+}
+
+/// How a target tells its device that something happened that `dmsetup
+/// wait` should see (dm's `dm_table_event`): e.g. a striped leg failing.
+/// The mapper gives each table it builds the hook of its own device.
+#[derive(Clone)]
+pub struct EventHook(pub Arc<dyn Fn() + Send + Sync>);
+
+impl EventHook {
+    pub fn raise(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for EventHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventHook")
+    }
 }
 
 /// A target type as tables name it: what `dmsetup targets` lists and what
@@ -106,6 +132,22 @@ pub fn type_names() -> String {
 /// another device of the same server) to an open device.
 pub trait DeviceResolver {
     fn resolve(&mut self, spec: &str) -> Result<Arc<dyn BlockDevice>, String>;
+
+    /// A shorter path to the same bytes: `[offset, offset+len)` of `dev`
+    /// (which [`DeviceResolver::resolve`] returned for `spec`) may lie on
+    /// one device further down (e.g. `dev` is a linear device over a
+    /// file); then `Some((that device, offset on it))`, and the target
+    /// uses it instead, saving a layer per request. The table still shows
+    /// `spec` and `offset`. Default: no shorter path.
+    fn redirect(
+        &mut self,
+        _spec: &str,
+        _dev: &Arc<dyn BlockDevice>,
+        _offset: u64,
+        _len: u64,
+    ) -> Option<(Arc<dyn BlockDevice>, u64)> {
+        None
+    }
 }
 
 /// What a target constructor gets: its arguments (after the type name), the
@@ -124,6 +166,18 @@ pub struct TargetArgs<'a> {
 pub struct TargetOptions {
     /// Threads a crypt target may use to split one request (0 = all cores).
     pub crypt_threads: usize,
+    /// Where targets report events (`dmsetup wait`); none outside a
+    /// managed device.
+    pub events: Option<EventHook>,
+}
+
+impl TargetOptions {
+    /// Report an event to the device, if anyone listens.
+    pub fn raise_event(&self) {
+        if let Some(h) = &self.events {
+            h.raise();
+        }
+    }
 }
 
 /// A constructor error: which argument (0-based index into `args`, or
@@ -187,10 +241,16 @@ pub fn parse_number(args: &[String], idx: usize, expected: &str) -> Result<u64, 
 
 /// A device area a target maps onto: the device, the name it was given in
 /// the table (printed back by `table`), and the byte offset of the area.
+///
+/// `dev`/`offset` are where I/O goes; they may be a shorter path to the
+/// same bytes than the table names (see [`DeviceResolver::redirect`]), so
+/// `table` prints `name` and `given` instead.
 pub struct Area {
     pub dev: Arc<dyn BlockDevice>,
     pub name: String,
     pub offset: u64,
+    /// The offset as the table gave it, in bytes.
+    pub given: u64,
 }
 
 impl Area {
@@ -198,6 +258,11 @@ impl Area {
     /// as one word: see [`crate::core::table::escape_arg`]).
     pub fn table_name(&self) -> std::borrow::Cow<'_, str> {
         crate::core::table::escape_arg(&self.name)
+    }
+
+    /// The offset as the table gave it, in 512-byte sectors.
+    pub fn table_offset(&self) -> u64 {
+        self.given / 512
     }
 }
 
@@ -226,7 +291,16 @@ pub fn resolve_area(a: &mut TargetArgs<'_>, dev_idx: usize, len: u64) -> Result<
             ),
         ));
     }
-    Ok(Area { dev, name, offset })
+    let (dev, at) = match a.resolver.redirect(&name, &dev, offset, len) {
+        Some((d, o)) => (d, o),
+        None => (dev, offset),
+    };
+    Ok(Area {
+        dev,
+        name,
+        offset: at,
+        given: offset,
+    })
 }
 
 /// Check the argument count of a target with a fixed number of arguments.

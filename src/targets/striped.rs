@@ -11,16 +11,25 @@
 //! of a transform's units (crypt sectors up to 4 KiB), and no caller needs
 //! it today (crypt over striped takes its copying path, which is correct).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use super::{parse_sectors, resolve_area, Area, Target, TargetArgs, TargetError};
-use crate::core::{BlockDevice, DevResult, Limits, WriteBuf};
+use super::{parse_sectors, resolve_area, Area, EventHook, Target, TargetArgs, TargetError};
+use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 
 pub struct Striped {
     legs: Vec<Area>,
     chunk: u64, // bytes
     len: u64,
+    /// Failed requests per leg, as dm-stripe's `error_count`: `status`
+    /// shows a leg with any as `D` (dead).
+    errors: Vec<AtomicU32>,
+    events: Option<EventHook>,
 }
+
+/// dm-stripe raises an event for each of a leg's first failures only, so
+/// a dying disk does not flood `dmsetup wait` (DM_IO_ERROR_THRESHOLD).
+const EVENT_ERRORS: u32 = 15;
 
 /// The `striped` target type, for the table of [`super::TYPES`].
 pub static TYPE: super::TargetType = super::TargetType {
@@ -91,9 +100,11 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         legs.push(resolve_area(&mut a, 2 + 2 * i, width * 512)?);
     }
     Ok(Arc::new(Striped {
+        errors: legs.iter().map(|_| AtomicU32::new(0)).collect(),
         legs,
         chunk: chunk_sectors * 512,
         len: a.len,
+        events: a.options.events.clone(),
     }))
 }
 
@@ -126,7 +137,8 @@ impl Striped {
     }
 
     /// Visit the per-chunk pieces of `[offset, offset+len)`:
-    /// `f(leg, leg_offset, index_in_request, piece_len)`.
+    /// `f(leg, leg_offset, index_in_request, piece_len)`. A leg's failure
+    /// is counted against it (dm-stripe's rule: not for "not supported").
     #[inline]
     fn pieces(
         &self,
@@ -138,10 +150,26 @@ impl Striped {
         while done < len {
             let (leg, leg_off, left) = self.map(offset + done);
             let n = left.min(len - done);
-            f(&self.legs[leg], leg_off, done, n)?;
+            if let Err(e) = f(&self.legs[leg], leg_off, done, n) {
+                self.leg_failed(leg, &e);
+                return Err(e);
+            }
             done += n;
         }
         Ok(())
+    }
+
+    #[cold]
+    fn leg_failed(&self, leg: usize, e: &DevError) {
+        if matches!(e, DevError::NotSupported(_) | DevError::OutOfRange { .. }) {
+            return;
+        }
+        let before = self.errors[leg].fetch_add(1, Ordering::Relaxed);
+        if before < EVENT_ERRORS {
+            if let Some(h) = &self.events {
+                h.raise();
+            }
+        }
     }
 }
 
@@ -184,8 +212,11 @@ impl BlockDevice for Striped {
     }
 
     fn flush(&self) -> DevResult<()> {
-        for leg in &self.legs {
-            leg.dev.flush()?;
+        for (i, leg) in self.legs.iter().enumerate() {
+            if let Err(e) = leg.dev.flush() {
+                self.leg_failed(i, &e);
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -208,7 +239,26 @@ impl Target for Striped {
     fn table_params(&self, _show_keys: bool) -> String {
         let mut s = format!("{} {}", self.legs.len(), self.chunk / 512);
         for leg in &self.legs {
-            s.push_str(&format!(" {} {}", leg.table_name(), leg.offset / 512));
+            s.push_str(&format!(" {} {}", leg.table_name(), leg.table_offset()));
+        }
+        s
+    }
+
+    /// dm-stripe's status: `<#stripes> <dev>... 1 <A|D per leg>`, devices
+    /// by the name the table gave them (the kernel prints `maj:min`).
+    fn status(&self) -> String {
+        let mut s = format!("{}", self.legs.len());
+        for leg in &self.legs {
+            s.push(' ');
+            s.push_str(&leg.table_name());
+        }
+        s.push_str(" 1 ");
+        for e in &self.errors {
+            s.push(if e.load(Ordering::Relaxed) > 0 {
+                'D'
+            } else {
+                'A'
+            });
         }
         s
     }
@@ -266,6 +316,73 @@ mod tests {
         t.read(0, &mut back).unwrap();
         assert_eq!(back, data);
         assert_eq!(t.table_params(false), "3 8 0 0 1 16 2 32");
+        assert_eq!(t.status(), "3 0 1 2 1 AAA");
+    }
+
+    /// A failing leg turns `D` in the status line and raises an event,
+    /// as dm-stripe's error counting does; the other legs stay `A`.
+    #[test]
+    fn a_failing_leg_is_reported_dead() {
+        use crate::targets::EventHook;
+        use std::sync::atomic::AtomicUsize;
+        struct Failing;
+        impl BlockDevice for Failing {
+            fn size(&self) -> u64 {
+                1 << 20
+            }
+            fn limits(&self) -> Limits {
+                Limits::default()
+            }
+            fn read(&self, _: u64, _: &mut [u8]) -> DevResult<()> {
+                Err(DevError::Target("leg is gone".into()))
+            }
+            fn write(&self, _: u64, _: WriteBuf<'_>, _: bool) -> DevResult<()> {
+                Err(DevError::Target("leg is gone".into()))
+            }
+            fn flush(&self) -> DevResult<()> {
+                Ok(())
+            }
+            fn discard(&self, _: u64, _: u64) -> DevResult<()> {
+                Ok(())
+            }
+            fn write_zeroes(&self, _: u64, _: u64, _: bool) -> DevResult<()> {
+                Ok(())
+            }
+        }
+        struct Two(Arc<MemStore>);
+        impl DeviceResolver for Two {
+            fn resolve(&mut self, spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
+                Ok(if spec == "bad" {
+                    Arc::new(Failing)
+                } else {
+                    self.0.clone()
+                })
+            }
+        }
+        let events = Arc::new(AtomicUsize::new(0));
+        let ev = events.clone();
+        let opts = TargetOptions {
+            events: Some(EventHook(Arc::new(move || {
+                ev.fetch_add(1, Ordering::SeqCst);
+            }))),
+            ..Default::default()
+        };
+        let a = args(&["2", "8", "good", "0", "bad", "0"]);
+        let t = new(TargetArgs {
+            args: &a,
+            len: 2 * 64 * 512,
+            resolver: &mut Two(Arc::new(MemStore::new(1 << 20))),
+            options: &opts,
+        })
+        .map_err(|e| e.msg)
+        .unwrap();
+        assert_eq!(t.status(), "2 good bad 1 AA");
+        t.read(0, &mut [0u8; 4096]).unwrap();
+        for _ in 0..20 {
+            assert!(t.read(4096, &mut [0u8; 4096]).is_err());
+        }
+        assert_eq!(t.status(), "2 good bad 1 AD");
+        assert_eq!(events.load(Ordering::SeqCst), 15, "events stop at 15");
     }
 
     #[test]

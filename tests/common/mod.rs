@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod alloc;
+pub mod dm;
 pub mod luks;
 pub mod nbd;
 
@@ -28,7 +29,7 @@ use udm::store::file::{FileStore, OpenFlags};
 
 /// Where the test peers come from (scripts/test.sh installs them all).
 const PEERS: &str = "apt-get install qemu-utils cryptsetup-bin nbdkit libnbd-bin \
-                     python3-libnbd python3-cryptography fio e2fsprogs fuse3 nbdfuse openssl; \
+                     python3-libnbd python3-cryptography python3-jsonschema fio e2fsprogs fuse3 nbdfuse openssl; \
                      scripts/test.sh installs them";
 
 /// Debian's python, which has the libnbd bindings.

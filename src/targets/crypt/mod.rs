@@ -101,7 +101,7 @@ impl std::fmt::Debug for Crypt {
             .field("key", &"<hidden>")
             .field("iv_offset", &self.iv_offset)
             .field("device", &self.area.name)
-            .field("offset", &(self.area.offset / 512))
+            .field("offset", &self.area.table_offset())
             .field("options", &self.opts)
             .finish()
     }
@@ -272,7 +272,7 @@ impl Target for Crypt {
             key,
             self.iv_offset,
             self.area.table_name(),
-            self.area.offset / 512
+            self.area.table_offset()
         );
         let o = &self.opts;
         let mut feats: Vec<String> = Vec::new();

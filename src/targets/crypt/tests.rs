@@ -35,6 +35,7 @@ fn build(line: &str, len: u64, threads: usize) -> Result<Arc<dyn Target>, Target
         resolver: &mut One(store),
         options: &TargetOptions {
             crypt_threads: threads,
+            ..Default::default()
         },
     })
 }
@@ -266,6 +267,7 @@ fn direct_access_stores_the_same_bytes_as_the_copying_path() {
                             resolver: &mut One(d),
                             options: &TargetOptions {
                                 crypt_threads: threads,
+                                ..Default::default()
                             },
                         })
                         .unwrap()

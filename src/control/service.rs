@@ -1,0 +1,672 @@
+//! What each control request does: the named devices of `mapper` on one
+//! side, their NBD exports and engine queues on the other. This is where
+//! dm's suspend and resume happen:
+//!
+//! - **suspend** holds the engine queue of the device and of every device
+//!   stacked on it (in the kernel their I/O would queue at the suspended
+//!   device; here stacks are compiled flat, so it is held at their own
+//!   queues), waits for the requests running on them to finish, then
+//!   flushes the device (unless `--noflush`). Requests arriving meanwhile
+//!   wait in arrival order; other devices are untouched.
+//! - **resume** compiles the inactive table and, over it, every device
+//!   stacked on it; checks them (sizes clients rely on, block sizes the
+//!   queues were built for); holds and drains all of them; swaps their
+//!   routes in one step; then lets the held requests go — they run on the
+//!   new tables, the ones that were running finished on the old.
+//!
+//! Mutating requests are serialised (one at a time, as dm's ioctls on a
+//! device are); reading ones only take the device registry's lock briefly.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use zeroize::Zeroizing;
+
+use super::model::*;
+use super::proto::{Code, OpError, Request};
+use crate::core::BlockDevice;
+use crate::mapper::compile::Dep;
+use crate::mapper::{DevInfo, Devices};
+use crate::nbd::{Export, ExportSet, Exported};
+
+type OpResult = Result<(Value, Zeroizing<Vec<u8>>), OpError>;
+
+fn ok(v: Value) -> OpResult {
+    Ok((v, Zeroizing::new(Vec::new())))
+}
+
+fn err(code: Code, msg: impl Into<String>) -> OpError {
+    OpError::new(code, msg)
+}
+
+/// Map a registry error to a reply code by what it says.
+fn classify(msg: String) -> OpError {
+    let code = if msg.contains("does not exist") {
+        Code::Enxio
+    } else if msg.contains("already exists") {
+        Code::Eexist
+    } else if msg.contains("in use") || msg.contains("named in the table") {
+        Code::Ebusy
+    } else {
+        Code::Einval
+    };
+    OpError::new(code, msg)
+}
+
+/// The devices and exports of one server, and how requests change them.
+pub struct Service {
+    devices: Arc<Devices>,
+    exports: Arc<ExportSet>,
+    /// Export every device read-only (`udm serve --read-only`).
+    read_only: bool,
+    op: Mutex<()>,
+    stopping: AtomicBool,
+}
+
+impl Service {
+    pub fn new(devices: Arc<Devices>, exports: Arc<ExportSet>, read_only: bool) -> Service {
+        Service {
+            devices,
+            exports,
+            read_only,
+            op: Mutex::new(()),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    pub fn devices(&self) -> &Arc<Devices> {
+        &self.devices
+    }
+
+    pub fn exports(&self) -> &Arc<ExportSet> {
+        &self.exports
+    }
+
+    /// The server is shutting down: `wait` requests return.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    fn export_of(&self, name: &str) -> Option<Arc<Exported>> {
+        self.exports
+            .list()
+            .into_iter()
+            .find(|e| e.export.name == name)
+    }
+
+    fn open_count(&self, name: &str) -> u32 {
+        self.export_of(name).map_or(0, |e| e.connections() as u32)
+    }
+
+    fn device_info(&self, d: &DevInfo) -> DeviceInfo {
+        let all = self.devices.list();
+        DeviceInfo {
+            name: d.name.clone(),
+            uuid: d.uuid.clone(),
+            major: MAJOR,
+            minor: d.minor,
+            read_only: d.read_only || self.read_only,
+            suspended: d.suspended,
+            live_table: d.live_table,
+            inactive_table: d.inactive_table,
+            deferred_remove: d.deferred_remove,
+            open_count: self.open_count(&d.name),
+            event_nr: d.event_nr,
+            target_count: d.targets as u32,
+            target_types: d.target_types.clone(),
+            size_sectors: d.size / 512,
+            deps: d
+                .deps
+                .iter()
+                .map(|x| match x {
+                    Dep::Device(n) => DepInfo {
+                        kind: "device".into(),
+                        name: n.clone(),
+                        minor: all.iter().find(|o| &o.name == n).map(|o| o.minor),
+                    },
+                    Dep::Path(p) => DepInfo {
+                        kind: "path".into(),
+                        name: p.clone(),
+                        minor: None,
+                    },
+                })
+                .collect(),
+        }
+    }
+
+    /// The devices a read-only request is about: the named ones, or all.
+    fn selected(&self, names: &[String]) -> Result<Vec<DevInfo>, OpError> {
+        if names.is_empty() {
+            return Ok(self.devices.list());
+        }
+        names
+            .iter()
+            .map(|n| self.devices.info(n).map_err(classify))
+            .collect()
+    }
+
+    fn one_name(req: &Request) -> Result<&str, OpError> {
+        match req.names.as_slice() {
+            [n] => Ok(n),
+            [] => Err(err(Code::Einval, format!("{}: give a device name", req.op))),
+            _ => Err(err(
+                Code::Einval,
+                format!("{}: give one device name, not {}", req.op, req.names.len()),
+            )),
+        }
+    }
+
+    /// Run one request. `payload` is the table for `create`/`load`;
+    /// `alive` tells a long `wait` whether its client is still there.
+    pub fn handle(
+        &self,
+        req: &Request,
+        payload: Zeroizing<Vec<u8>>,
+        alive: &dyn Fn() -> bool,
+    ) -> OpResult {
+        let table = || -> Result<Zeroizing<String>, OpError> {
+            std::str::from_utf8(&payload)
+                .map(|s| Zeroizing::new(s.to_string()))
+                .map_err(|_| err(Code::Einval, "the table is not UTF-8 text"))
+        };
+        match req.op.as_str() {
+            "version" => ok(json!({
+                "version": env!("CARGO_PKG_VERSION"),
+                "protocol": super::proto::VERSION,
+            })),
+            "targets" => ok(json!({
+                "targets": crate::targets::TYPES
+                    .iter()
+                    .map(|t| TargetVersion { name: t.name.to_string(), version: t.version })
+                    .collect::<Vec<_>>()
+            })),
+            "create" => {
+                let name = Self::one_name(req)?;
+                let t = if req.has_table { Some(table()?) } else { None };
+                self.create(name, req.uuid.as_deref().unwrap_or(""), req.readonly, t)
+            }
+            "load" | "reload" => {
+                let name = Self::one_name(req)?;
+                self.load(name, table()?, req.force)
+            }
+            "suspend" => {
+                for n in &req.names {
+                    self.suspend(n, req.noflush)?;
+                }
+                ok(json!({}))
+            }
+            "resume" => {
+                for n in &req.names {
+                    self.resume(n, req.force)?;
+                }
+                ok(json!({}))
+            }
+            "remove" => {
+                for n in &req.names {
+                    self.remove(n, req.force, req.deferred)?;
+                }
+                ok(json!({}))
+            }
+            "remove_all" => self.remove_all(req.force, req.deferred),
+            "rename" => {
+                let name = Self::one_name(req)?;
+                let new = req
+                    .new_name
+                    .as_deref()
+                    .ok_or_else(|| err(Code::Einval, "rename: give the new name"))?;
+                let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+                self.devices.rename(name, new).map_err(classify)?;
+                if self.export_of(name).is_some() {
+                    self.exports
+                        .rename(name, new)
+                        .map_err(|e| err(Code::Eexist, e))?;
+                }
+                ok(json!({}))
+            }
+            "clear" => {
+                let name = Self::one_name(req)?;
+                self.devices.clear(name).map_err(classify)?;
+                ok(json!({}))
+            }
+            "info" | "ls" | "deps" => {
+                let devs = self.selected(&req.names)?;
+                ok(
+                    json!({ "devices": devs.iter().map(|d| self.device_info(d)).collect::<Vec<_>>() }),
+                )
+            }
+            "table" => self.table(req),
+            "status" => {
+                let devs = self.selected(&req.names)?;
+                let mut out = Vec::new();
+                for d in devs {
+                    let segs = self
+                        .devices
+                        .segments(&d.name, false, false)
+                        .map_err(classify)?
+                        .unwrap_or_default();
+                    out.push(DeviceStatus {
+                        name: d.name.clone(),
+                        major: MAJOR,
+                        minor: d.minor,
+                        suspended: d.suspended,
+                        size_sectors: d.size / 512,
+                        open_count: self.open_count(&d.name),
+                        event_nr: d.event_nr,
+                        targets: segs
+                            .into_iter()
+                            .map(|s| TargetStatus {
+                                start: s.start,
+                                length: s.len,
+                                target_type: s.target,
+                                status: s.status,
+                            })
+                            .collect(),
+                        stats: d.device.stats().snapshot(),
+                    });
+                }
+                ok(json!({ "devices": out }))
+            }
+            "message" => {
+                let name = Self::one_name(req)?;
+                self.message(name, req.sector, &req.message)
+            }
+            "wait" => {
+                let name = Self::one_name(req)?;
+                let ev = self.devices.events(name).map_err(classify)?;
+                loop {
+                    let n = ev.wait_past(req.event_nr, Duration::from_millis(250));
+                    if n > req.event_nr {
+                        return ok(json!({ "event_nr": n }));
+                    }
+                    if self.devices.info(name).is_err() {
+                        return Err(err(Code::Enxio, format!("device '{name}' was removed")));
+                    }
+                    if !alive() || self.stopping.load(Ordering::SeqCst) {
+                        return Err(err(Code::Eagain, "wait abandoned"));
+                    }
+                }
+            }
+            "stats_clear" => {
+                for d in self.selected(&req.names)? {
+                    d.device.stats().clear();
+                }
+                ok(json!({}))
+            }
+            other => Err(err(
+                Code::Enosys,
+                format!(
+                    "unknown operation '{}' (this server speaks control protocol {})",
+                    other.escape_debug(),
+                    super::proto::VERSION
+                ),
+            )),
+        }
+    }
+
+    fn table(&self, req: &Request) -> OpResult {
+        let devs = self.selected(&req.names)?;
+        let mut text = Zeroizing::new(String::new());
+        let mut out = Vec::new();
+        for d in devs {
+            let segs = self
+                .devices
+                .segments(&d.name, req.inactive, req.showkeys)
+                .map_err(classify)?
+                .unwrap_or_default();
+            for s in &segs {
+                text.push_str(&format!("{} {} {} ", s.start, s.len, s.target));
+                text.push_str(&s.params);
+                text.push('\n');
+            }
+            out.push(TableDevice {
+                name: d.name.clone(),
+                lines: segs.len(),
+            });
+        }
+        let bytes = Zeroizing::new(text.as_bytes().to_vec());
+        Ok((json!({ "devices": out }), bytes))
+    }
+
+    fn message(&self, name: &str, sector: u64, argv: &[String]) -> OpResult {
+        let Some(first) = argv.first() else {
+            return Err(err(Code::Einval, "message: no message given"));
+        };
+        // dm's own messages (dm-stats) start with '@'; the rest go to the
+        // target at `sector`.
+        if first.starts_with('@') {
+            let d = self.devices.info(name).map_err(classify)?;
+            let stats = d.device.stats();
+            return match (first.as_str(), argv.get(1).map(String::as_str)) {
+                ("@stats_clear", _) => {
+                    stats.clear();
+                    ok(json!({}))
+                }
+                ("@stats_histograms", Some("on")) => {
+                    stats.set_histograms(true);
+                    ok(json!({}))
+                }
+                ("@stats_histograms", Some("off")) => {
+                    stats.set_histograms(false);
+                    ok(json!({}))
+                }
+                ("@stats_print", _) => {
+                    let s = serde_json::to_string(&stats.snapshot()).unwrap_or_default();
+                    ok(json!({ "response": s }))
+                }
+                _ => Err(err(
+                    Code::Einval,
+                    format!(
+                        "unknown message '{}': udm knows @stats_clear, \
+                         @stats_histograms on|off and @stats_print",
+                        argv.join(" ")
+                    ),
+                )),
+            };
+        }
+        let r = self
+            .devices
+            .message(name, sector, argv)
+            .map_err(|e| err(Code::Einval, e))?;
+        ok(match r {
+            Some(s) => json!({ "response": s }),
+            None => json!({}),
+        })
+    }
+
+    /// Hold (and drain) or release each device's queue so that exactly
+    /// the devices that are suspended, or stacked on a suspended one, are
+    /// held.
+    fn apply_holds(&self) {
+        let engine = self.exports.engine();
+        let devs = self.devices.list();
+        let suspended: Vec<&str> = devs
+            .iter()
+            .filter(|d| d.suspended)
+            .map(|d| d.name.as_str())
+            .collect();
+        let mut newly = Vec::new();
+        for d in &devs {
+            let Some(e) = self.export_of(&d.name) else {
+                continue;
+            };
+            let want = d.suspended
+                || self
+                    .devices
+                    .lowers(&d.name)
+                    .iter()
+                    .any(|l| suspended.contains(&l.as_str()));
+            let held = engine.is_held(&e.queue);
+            if want && !held {
+                engine.hold(&e.queue);
+                newly.push(e);
+            } else if !want && held {
+                engine.release(&e.queue);
+            }
+        }
+        for e in newly {
+            engine.drain(&e.queue);
+        }
+    }
+
+    /// Export `name` if it has a live table and no export yet.
+    fn ensure_export(&self, name: &str) -> Result<(), OpError> {
+        if self.export_of(name).is_some() {
+            return Ok(());
+        }
+        let d = self.devices.info(name).map_err(classify)?;
+        if !d.live_table {
+            return Ok(());
+        }
+        self.exports
+            .add(Export {
+                name: name.to_string(),
+                description: format!("udm mapped device {name}"),
+                device: d.device.clone(),
+                read_only: self.read_only || d.read_only,
+            })
+            .map_err(|e| err(Code::Eexist, e))?;
+        Ok(())
+    }
+
+    fn create(
+        &self,
+        name: &str,
+        uuid: &str,
+        read_only: bool,
+        table: Option<Zeroizing<String>>,
+    ) -> OpResult {
+        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        self.devices
+            .create(name, uuid, read_only)
+            .map_err(classify)?;
+        if let Some(t) = table {
+            let r = self
+                .devices
+                .load(name, t)
+                .and_then(|()| self.devices.prepare_resume(name));
+            match r {
+                Ok(plan) => {
+                    self.devices.commit(plan);
+                    if let Err(e) = self.ensure_export(name) {
+                        let _ = self.devices.remove(name);
+                        return Err(e);
+                    }
+                }
+                Err(e) => {
+                    let _ = self.devices.remove(name);
+                    return Err(classify(e));
+                }
+            }
+        }
+        ok(json!({}))
+    }
+
+    fn load(&self, name: &str, table: Zeroizing<String>, force: bool) -> OpResult {
+        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        self.devices.load(name, table).map_err(classify)?;
+        // Refuse early what resume would refuse, before a script suspends.
+        if let Err(e) = self.check_shrink(name, force) {
+            let _ = self.devices.clear(name);
+            return Err(e);
+        }
+        ok(json!({}))
+    }
+
+    /// A table smaller than the live one must not pull bytes from under
+    /// connected clients (NBD cannot tell them the size changed).
+    fn check_shrink(&self, name: &str, force: bool) -> Result<(), OpError> {
+        if force {
+            return Ok(());
+        }
+        let Some(new) = self
+            .devices
+            .segments(name, true, false)
+            .map_err(classify)?
+            .map(|s| s.last().map_or(0, |x| x.start + x.len))
+        else {
+            return Ok(());
+        };
+        let d = self.devices.info(name).map_err(classify)?;
+        let clients = self.open_count(name);
+        if clients > 0 && new * 512 < d.size {
+            return Err(err(
+                Code::Ebusy,
+                format!(
+                    "the new table of '{name}' has {new} sectors, fewer than the {} the \
+                     {clients} connected NBD client(s) may address: disconnect them, or \
+                     use --force (their requests beyond the end then fail)",
+                    d.size / 512
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn suspend(&self, name: &str, noflush: bool) -> Result<(), OpError> {
+        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        self.devices.set_suspended(name, true).map_err(classify)?;
+        self.apply_holds();
+        if !noflush {
+            let d = self.devices.info(name).map_err(classify)?;
+            if d.live_table {
+                d.device.flush().map_err(|e| {
+                    err(
+                        Code::Einval,
+                        format!("device '{name}' is suspended, but its flush failed: {e}"),
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn resume(&self, name: &str, force: bool) -> Result<(), OpError> {
+        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        let plan = self.devices.prepare_resume(name).map_err(classify)?;
+        let affected = plan.affected();
+        if plan.new_size(name).is_some() {
+            self.check_shrink(name, force)?;
+        }
+        for n in &affected {
+            let (Some(e), Some(bs)) = (self.export_of(n), plan.new_block_size(n)) else {
+                continue;
+            };
+            let have = e.queue.block_size();
+            if u64::from(bs.max(1)).next_power_of_two() != have {
+                return Err(err(
+                    Code::Einval,
+                    format!(
+                        "the new table of '{n}' has {bs}-byte logical blocks, its clients \
+                         {have}-byte ones: a device's block size cannot change while it is \
+                         exported; remove and create it again"
+                    ),
+                ));
+            }
+        }
+        // Hold every affected device, wait for their running requests,
+        // swap, let the held ones go.
+        let engine = self.exports.engine();
+        let held: Vec<Arc<Exported>> = affected.iter().filter_map(|n| self.export_of(n)).collect();
+        for e in &held {
+            engine.hold(&e.queue);
+        }
+        for e in &held {
+            engine.drain(&e.queue);
+        }
+        self.devices.commit(plan);
+        self.devices.set_suspended(name, false).map_err(classify)?;
+        let exported = self.ensure_export(name);
+        // Releases what no suspended device keeps held.
+        for e in &held {
+            engine.release(&e.queue);
+        }
+        self.apply_holds();
+        exported
+    }
+
+    fn remove(&self, name: &str, force: bool, deferred: bool) -> Result<(), OpError> {
+        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        self.remove_locked(name, force, deferred)
+    }
+
+    fn remove_locked(&self, name: &str, force: bool, deferred: bool) -> Result<(), OpError> {
+        self.devices.info(name).map_err(classify)?;
+        let uppers = self.devices.uppers(name);
+        if !uppers.is_empty() {
+            return Err(err(
+                Code::Ebusy,
+                format!(
+                    "device '{name}' is in use by {}: remove {} first",
+                    uppers.join(", "),
+                    if uppers.len() == 1 { "it" } else { "them" }
+                ),
+            ));
+        }
+        let export = self.export_of(name);
+        let clients = export.as_ref().map_or(0, |e| e.connections());
+        if clients > 0 && !force {
+            if deferred {
+                return self.devices.set_deferred_remove(name).map_err(classify);
+            }
+            return Err(err(
+                Code::Ebusy,
+                format!(
+                    "device '{name}' is open: {clients} NBD client(s) attached; disconnect \
+                     them, or use --force (their requests then fail) or --deferred \
+                     (removed when the last one leaves)"
+                ),
+            ));
+        }
+        if let Some(e) = &export {
+            let engine = self.exports.engine();
+            if clients > 0 {
+                // dm's --force: the table is replaced by one that fails
+                // every request, then the clients are cut off.
+                self.devices.fail(name).map_err(classify)?;
+            }
+            self.exports.remove(name);
+            engine.release(&e.queue);
+            e.close_connections();
+        }
+        self.devices.remove(name).map_err(classify)?;
+        Ok(())
+    }
+
+    fn remove_all(&self, force: bool, deferred: bool) -> OpResult {
+        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        let mut errors = Vec::new();
+        // Top of each stack first: repeat while something goes.
+        loop {
+            let mut progress = false;
+            for d in self.devices.list() {
+                if !self.devices.uppers(&d.name).is_empty() || d.deferred_remove {
+                    continue;
+                }
+                match self.remove_locked(&d.name, force, deferred) {
+                    Ok(()) => progress = self.devices.info(&d.name).is_err() || progress,
+                    Err(e) => errors.push(e.msg),
+                }
+            }
+            if !progress {
+                break;
+            }
+            errors.clear();
+        }
+        if errors.is_empty() {
+            ok(json!({}))
+        } else {
+            Err(err(Code::Ebusy, errors.join("; ")))
+        }
+    }
+
+    /// Remove devices marked `--deferred` whose last client has left.
+    pub fn reap_deferred(&self) {
+        for d in self.devices.list() {
+            if d.deferred_remove && self.open_count(&d.name) == 0 {
+                let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+                if let Err(e) = self.remove_locked(&d.name, false, false) {
+                    tracing::warn!("deferred removal of {}: {}", d.name, e.msg);
+                }
+            }
+        }
+    }
+
+    /// Set up a device from the command line: create, load, resume.
+    pub fn activate(
+        &self,
+        name: &str,
+        table: Zeroizing<String>,
+        read_only: bool,
+    ) -> Result<(), String> {
+        self.create(name, "", read_only, Some(table))
+            .map(|_| ())
+            .map_err(|e| e.msg)
+    }
+
+    /// Release every hold (server shutdown).
+    pub fn release_all(&self) {
+        self.exports.engine().release_all();
+    }
+}
