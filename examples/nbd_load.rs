@@ -43,7 +43,9 @@ fn request(cmd: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
 }
 
 fn pattern(block: u64, gen: u32, out: &mut [u8]) {
-    let mut x = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(gen).wrapping_mul(0xD6E8_FEB8_6659_FD93) | 1;
+    let mut x = block.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ u64::from(gen).wrapping_mul(0xD6E8_FEB8_6659_FD93)
+        | 1;
     for c in out.chunks_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -225,8 +227,16 @@ fn main() {
     let mut o = out.lock().unwrap();
     let (nr, nw) = (o.read.len(), o.write.len());
     let failures = o.failures;
-    let (r50, r99, r999) = (pct(&mut o.read, 0.5), pct(&mut o.read, 0.99), pct(&mut o.read, 0.999));
-    let (w50, w99, w999) = (pct(&mut o.write, 0.5), pct(&mut o.write, 0.99), pct(&mut o.write, 0.999));
+    let (r50, r99, r999) = (
+        pct(&mut o.read, 0.5),
+        pct(&mut o.read, 0.99),
+        pct(&mut o.read, 0.999),
+    );
+    let (w50, w99, w999) = (
+        pct(&mut o.write, 0.5),
+        pct(&mut o.write, 0.99),
+        pct(&mut o.write, 0.999),
+    );
     println!(
         "{{\"clients\":{clients},\"qd\":{qd},\"seconds\":{el:.2},\"requests\":{},\"iops\":{:.0},\"failures\":{failures},\
          \"read\":{{\"n\":{nr},\"p50\":{r50},\"p99\":{r99},\"p999\":{r999}}},\
