@@ -7,7 +7,7 @@
 #            to show what flattening saves
 #   hist-off the single table with latency histograms off
 #   hist-on  the single table with histograms on while `udm dmsetup status
-#            --json` polls it every 0.2 s (the default: histograms are on)
+#            --json` polls it every second (the default: histograms are on)
 # Workloads: 4 KiB random reads at QD32, 1 MiB sequential writes at QD8,
 # fio's nbd engine over a Unix socket, runtime $secs per run. Rounds
 # alternate the configurations (A B C A B C ...) so a load change on a
@@ -67,7 +67,7 @@ for r in $(seq "$rounds"); do
         dm flat message single 0 @stats_histograms off
         res[hist-off,$w]+="$(run_fio "$(uri flat single)" $w) "
         dm flat message single 0 @stats_histograms on
-        ( while :; do dm flat status --json single >/dev/null; sleep 0.2; done ) & poll=$!
+        ( while :; do dm flat status --json single >/dev/null; sleep 1; done ) & poll=$!
         res[hist-on,$w]+="$(run_fio "$(uri flat single)" $w) "
         kill "$poll"; wait "$poll" 2>/dev/null || true
     done
