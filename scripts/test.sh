@@ -15,6 +15,8 @@ need nbdinfo libnbd-bin
 need nbdfuse nbdfuse
 need fio fio
 need mkfs.ext4 e2fsprogs
+need mkfs.xfs xfsprogs
+need xfs_repair xfsprogs
 need fusermount3 fuse3
 need openssl openssl
 need script bsdutils

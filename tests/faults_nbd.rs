@@ -175,3 +175,133 @@ fn dust_bad_blocks_set_by_messages_fail_reads_over_nbd() {
     println!("{}", String::from_utf8_lossy(&out.stdout).trim());
     srv.stop().unwrap();
 }
+
+/// The same targets driven as dmsetup users drive them, through `udm
+/// dmsetup` on a running server: table and status lines as the kernel
+/// prints them, dust's messages (with their replies), log-writes marks,
+/// a flakey table reloaded from up to down (`drop_writes`) and back.
+#[test]
+fn fault_targets_through_udm_dmsetup() {
+    use common::dm::DmServer;
+    need_python_module("nbd", "python3-libnbd");
+    let d = scratch("udm-dmfault-");
+    let p = d.path();
+    let disk = sparse(p, "disk.img", 4 << 20);
+    let logf = sparse(p, "log.img", 8 << 20);
+    let disk = disk.to_str().unwrap();
+    let srv = DmServer::start(p, &[]);
+
+    // dust: the documentation's walk-through.
+    srv.ok(&[
+        "create",
+        "dust1",
+        "--table",
+        &format!("0 8192 dust {disk} 0 512"),
+    ]);
+    assert!(srv
+        .ok(&["table", "dust1"])
+        .contains(&format!("dust {disk} 0 512")));
+    assert!(srv
+        .ok(&["status", "dust1"])
+        .contains(&format!("dust {disk} bypass verbose")));
+    for b in ["60", "67", "72"] {
+        srv.ok(&["message", "dust1", "0", "addbadblock", b]);
+    }
+    let e = srv.fails(&["message", "dust1", "0", "addbadblock", "60"]);
+    assert!(e.contains("already in badblocklist"), "{e}");
+    srv.ok(&["message", "dust1", "0", "enable"]);
+    assert!(srv
+        .ok(&["status", "dust1"])
+        .contains("fail_read_on_bad_block verbose"));
+    assert!(srv
+        .ok(&["message", "dust1", "0", "countbadblocks"])
+        .contains("countbadblocks: 3 badblock(s) found"));
+    assert_eq!(
+        srv.ok(&["message", "dust1", "0", "listbadblocks"]).trim(),
+        "60\n67\n72"
+    );
+    assert!(srv
+        .ok(&["message", "dust1", "0", "queryblock", "67"])
+        .contains("block 67 found in badblocklist"));
+    let e = srv.fails(&["message", "dust1", "0", "removebadblock", "87"]);
+    assert!(e.contains("not found in badblocklist"), "{e}");
+    srv.ok(&["message", "dust1", "0", "quiet"]);
+    assert!(srv
+        .ok(&["status", "dust1"])
+        .contains("fail_read_on_bad_block quiet"));
+    assert!(srv
+        .ok(&["message", "dust1", "0", "clearbadblocks"])
+        .contains("badblocks cleared"));
+    srv.ok(&["message", "dust1", "0", "disable"]);
+
+    // log-writes: a mark by message, entries in the status.
+    srv.ok(&[
+        "create",
+        "lw",
+        "--table",
+        &format!("0 8192 log-writes {disk} {}", logf.display()),
+    ]);
+    srv.ok(&["message", "lw", "0", "mark", "mkfs"]);
+    let st = srv.ok(&["status", "lw"]);
+    assert!(st.contains("log-writes 1 1"), "{st}");
+    let e = srv.fails(&["message", "lw", "0", "bogus", "x"]);
+    assert!(e.contains("Unrecognised"), "{e}");
+    srv.ok(&["remove", "lw"]);
+    let found = run_text(
+        udm()
+            .args(["replay-log", "--find", "--end-mark", "mkfs", "--log"])
+            .arg(&logf),
+    );
+    assert_eq!(found.trim(), "0");
+    let listed = run_text(udm().args(["replay-log", "--list", "--log"]).arg(&logf));
+    assert!(listed.contains("mark 'dm-log-writes-end'"), "{listed}");
+
+    // delay and flakey: tables and status as the kernel prints them.
+    srv.ok(&[
+        "create",
+        "dl",
+        "--table",
+        &format!("0 4096 delay {disk} 0 0 {disk} 8 0"),
+    ]);
+    assert!(srv
+        .ok(&["table", "dl"])
+        .contains(&format!("delay {disk} 0 0 {disk} 8 0")));
+    assert!(srv.ok(&["status", "dl"]).contains("delay 0 0 0"));
+    srv.ok(&[
+        "create",
+        "fl",
+        "--table",
+        &format!("0 8192 flakey {disk} 0 3600 0"),
+    ]);
+    assert!(srv.ok(&["table", "fl"]).contains(&format!(
+        "flakey {disk} 0 3600 0 2 error_reads error_writes"
+    )));
+    // Reload to always down with drop_writes, write, reload back up: the
+    // write was acknowledged and is not there.
+    srv.ok(&[
+        "reload",
+        "fl",
+        "--table",
+        &format!("0 8192 flakey {disk} 0 0 3600 1 drop_writes"),
+    ]);
+    srv.ok(&["suspend", "fl"]);
+    srv.ok(&["resume", "fl"]);
+    let out = python(
+        "faults/isolate.py",
+        &[srv.serve.sock.to_str().unwrap(), "dropped", "fl"],
+    );
+    println!("{}", String::from_utf8_lossy(&out.stdout).trim());
+    srv.ok(&[
+        "reload",
+        "fl",
+        "--table",
+        &format!("0 8192 flakey {disk} 0 3600 0"),
+    ]);
+    srv.ok(&["suspend", "fl"]);
+    srv.ok(&["resume", "fl"]);
+    let out = python(
+        "faults/isolate.py",
+        &[srv.serve.sock.to_str().unwrap(), "kept", "fl"],
+    );
+    println!("{}", String::from_utf8_lossy(&out.stdout).trim());
+}

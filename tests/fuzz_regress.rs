@@ -93,7 +93,11 @@ fn seed_files_are_current() {
         .into_iter()
         .map(|(n, t)| (n, t.into_bytes()))
         .collect();
-    for (target, seeds) in [("table", table), ("nbd_client", fuzzing::nbd_seeds())] {
+    for (target, seeds) in [
+        ("table", table),
+        ("nbd_client", fuzzing::nbd_seeds()),
+        ("cipher_spec", fuzzing::cipher_spec_seeds()),
+    ] {
         let dir = seed_dir(target);
         for (name, bytes) in seeds {
             let f = dir.join(name);
@@ -114,7 +118,15 @@ fn seed_files_are_current() {
 #[test]
 fn mutated_tables_never_panic() {
     let seeds = corpus("table");
-    let tokens: [&[u8]; 16] = [
+    let tokens: [&[u8]; 24] = [
+        b" flakey a 0 1 1",
+        b" delay a 0 0",
+        b" dust a 0 512",
+        b" log-writes a b",
+        b"drop_writes",
+        b"corrupt_bio_byte 1 r 0 0",
+        b"random_read_corrupt 1000000000",
+        b"@",
         b" ",
         b"\n",
         b"\\",
@@ -145,6 +157,41 @@ fn mutated_tables_never_panic() {
     // The mutations must reach the targets' I/O, not only the parser.
     assert!(built * 20 >= n, "only {built} of {n} mutated tables built");
     eprintln!("{built} of {n} mutated tables built a device");
+}
+
+#[test]
+fn mutated_cipher_specs_never_panic() {
+    let seeds = corpus("cipher_spec");
+    let tokens: [&[u8]; 12] = [
+        b"-",
+        b":",
+        b"aes",
+        b"serpent",
+        b"twofish",
+        b"xts",
+        b"cbc",
+        b"essiv:sha256",
+        b"plain64",
+        b"benbi",
+        b"capi:",
+        b"(",
+    ];
+    let mut r = Rng(0x0dd_ba11_cafe_f00d);
+    for s in &seeds {
+        assert!(
+            fuzzing::cipher_spec(s),
+            "seed {:?} does not key",
+            String::from_utf8_lossy(s)
+        );
+    }
+    let n = iterations(20_000);
+    let mut keyed = 0;
+    for _ in 0..n {
+        let s = &seeds[r.below(seeds.len())];
+        keyed += usize::from(fuzzing::cipher_spec(&mutate(&mut r, s, &seeds, &tokens)));
+    }
+    assert!(keyed * 20 >= n, "only {keyed} of {n} mutated specs keyed");
+    eprintln!("{keyed} of {n} mutated cipher specs keyed a transform");
 }
 
 #[test]

@@ -131,7 +131,7 @@ fn client_vanishing_mid_request() {
 }
 
 #[test]
-fn block_status_reports_all_data() {
+fn block_status_reports_the_devices_extents() {
     case("block_status");
 }
 

@@ -181,13 +181,21 @@ impl LocalBlockCache<'_> {
         self.refill()
     }
 
+    /// From the depot, or, when it is empty, a magazine's worth from the
+    /// pool (in the order the pool hands them out, so the blocks' order in
+    /// memory is the one a cache refilling from the pool's own free stack
+    /// would see).
     #[cold]
     fn refill(&self) -> NonNull<u8> {
         // SAFETY: unique access to `slots` (the cache is !Sync and no
         // reference into it outlives a method call).
-        let k = self.depot.refill(unsafe { &mut *self.slots.get() });
+        let slots = unsafe { &mut *self.slots.get() };
+        let mut k = self.depot.refill(slots);
         if k == 0 {
-            return self.depot.pool.alloc();
+            for s in &mut slots[..MAGAZINE] {
+                *s = self.depot.pool.alloc().as_ptr();
+            }
+            k = MAGAZINE;
         }
         self.count.set(k);
         self.alloc()

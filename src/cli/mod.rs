@@ -48,7 +48,7 @@ enum Command {
     /// Unix socket and print how to reach it.
     Demo(demo::Args),
     /// Serve devices over NBD until SIGINT/SIGTERM.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// Work with dmsetup-syntax tables.
     #[command(subcommand)]
     Table(table::Cmd),
@@ -111,7 +111,7 @@ pub fn main() -> i32 {
     let _ = LOG_FORMAT.set(cli.log_format);
     match cli.cmd {
         Command::Demo(a) => demo::run(a),
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Table(c) => table::run(c),
         Command::Luks(c) => luks::run(c),
         Command::Benchmark(a) => benchmark::run(a),

@@ -66,6 +66,47 @@ pub struct Args {
     /// target encrypts straight into the file's pages).
     #[arg(long)]
     pub no_mmap: bool,
+    /// Most open client connections (default 16384, or what the descriptor
+    /// limit allows). At the cap the oldest unfinished handshake is dropped
+    /// to make room; a client is refused only when all are past it.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Seconds a client may take to finish the handshake.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub handshake_timeout: f64,
+    /// Drop a client with nothing in flight and no request for this many
+    /// seconds (default: never).
+    #[arg(long, value_name = "SECS")]
+    pub idle_timeout: Option<f64>,
+    /// Drop a client whose replies make no progress (it stopped reading)
+    /// for this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub reply_timeout: f64,
+    /// Most requests one connection may have in flight.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_inflight_requests: u32,
+    /// Most bytes one connection may have in flight (payloads and replies
+    /// not yet sent), e.g. `64M`.
+    #[arg(long, value_name = "SIZE", default_value = "64M")]
+    pub max_inflight_bytes: String,
+    /// Event loop threads for the sockets (default: cores).
+    #[arg(long, default_value_t = 0)]
+    pub net_threads: usize,
+    /// TLS (NBD STARTTLS): off, on (offered) or require, as nbdkit.
+    #[arg(long, value_name = "off|on|require", default_value = "off")]
+    pub tls: String,
+    /// Directory with ca-cert.pem, server-cert.pem, server-key.pem (the
+    /// layout nbdkit and qemu use).
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Accept only TLS clients with a certificate signed by ca-cert.pem.
+    #[arg(long)]
+    pub tls_verify_peer: bool,
+    /// Who may use an export: NAME=ENTRY[,ENTRY...] with entries `unix`,
+    /// `tls`, an IP address or ADDRESS/PREFIX. Exports without a list are
+    /// open to every client that reaches the server.
+    #[arg(long = "allow", value_name = "NAME=LIST")]
+    pub allow: Vec<String>,
     /// The control socket (`udm dmsetup` talks to it). Default:
     /// $UDM_CONTROL, else /run/udm/control as root, else
     /// $XDG_RUNTIME_DIR/udm/control; a default path another server holds
@@ -96,6 +137,24 @@ fn name_value(s: &str, flag: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `ro:NAME=VALUE` (a read-only export) or `NAME=VALUE`.
+fn export_value(s: &str, flag: &str) -> Result<(String, String, bool), String> {
+    match s.strip_prefix("ro:") {
+        Some(rest) => name_value(rest, flag).map(|(n, v)| (n, v, true)),
+        None => name_value(s, flag).map(|(n, v)| (n, v, false)),
+    }
+}
+
+fn seconds(v: f64, flag: &str) -> Result<std::time::Duration, String> {
+    if v.is_finite() && v > 0.0 && v < 1e9 {
+        Ok(std::time::Duration::from_secs_f64(v))
+    } else {
+        Err(format!(
+            "{flag} expects a positive number of seconds, got {v}"
+        ))
+    }
+}
+
 /// Position of an option value on the command line, to keep the user's
 /// order of exports across the different flags.
 fn position(value: &str) -> usize {
@@ -117,8 +176,12 @@ pub fn run(a: Args) -> i32 {
 
 fn serve(a: Args) -> Result<(), String> {
     let mut specs: Vec<(usize, String, DeviceSpec)> = Vec::new();
+    let mut read_only_exports = Vec::new();
     for t in &a.tables {
-        let (name, file) = name_value(t, "--table")?;
+        let (name, file, ro) = export_value(t, "--table")?;
+        if ro {
+            read_only_exports.push(name.clone());
+        }
         let text = std::fs::read_to_string(&file)
             .map_err(|e| format!("--table {name}: cannot read {file}: {e}"))?;
         specs.push((
@@ -131,11 +194,17 @@ fn serve(a: Args) -> Result<(), String> {
         ));
     }
     for f in &a.files {
-        let (name, path) = name_value(f, "--file")?;
+        let (name, path, ro) = export_value(f, "--file")?;
+        if ro {
+            read_only_exports.push(name.clone());
+        }
         specs.push((position(f), name, DeviceSpec::File(PathBuf::from(path))));
     }
     for l in &a.luks {
-        let (name, image) = name_value(l, "--luks")?;
+        let (name, image, ro) = export_value(l, "--luks")?;
+        if ro {
+            read_only_exports.push(name.clone());
+        }
         let text = crate::luks::activation_table(
             &name,
             &image,
@@ -173,6 +242,32 @@ fn serve(a: Args) -> Result<(), String> {
         (None, Some(h)) => Listen::Tcp(h.clone()),
         (None, None) => unreachable!("clap requires one of --socket/--listen"),
     };
+    let mut allow = Vec::new();
+    for entry in &a.allow {
+        let (name, list) = name_value(entry, "--allow")?;
+        let rules = list
+            .split(',')
+            .map(|x| x.trim().parse::<crate::nbd::Allow>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("--allow {name}: {e}"))?;
+        allow.push((name, rules));
+    }
+    let tls_mode: crate::nbd::TlsMode = a.tls.parse()?;
+    let max_bytes = crate::mem::parse_size(&a.max_inflight_bytes)
+        .map_err(|e| format!("--max-inflight-bytes: {e}"))?;
+    let net = crate::nbd::NetOptions {
+        handshake_timeout: seconds(a.handshake_timeout, "--handshake-timeout")?,
+        idle_timeout: a
+            .idle_timeout
+            .map(|v| seconds(v, "--idle-timeout"))
+            .transpose()?,
+        reply_timeout: seconds(a.reply_timeout, "--reply-timeout")?,
+        client: crate::engine::ClientLimits {
+            max_requests: a.max_inflight_requests.max(1),
+            max_bytes: max_bytes.max(1),
+        },
+        tls: tls_mode,
+    };
     serve_specs(
         specs.into_iter().map(|(_, n, s)| (n, s)).collect(),
         listen,
@@ -183,6 +278,16 @@ fn serve(a: Args) -> Result<(), String> {
             threads: a.threads,
             crypt_threads: a.crypt_threads,
             memory_budget: budget,
+            read_only_exports,
+            allow,
+            max_connections: a.max_connections,
+            net_threads: a.net_threads,
+            net,
+            tls: crate::nbd::TlsOptions {
+                mode: tls_mode,
+                certificates: a.tls_certificates.clone(),
+                verify_peer: a.tls_verify_peer,
+            },
             control: if a.no_control {
                 ControlPath::Off
             } else {
@@ -218,6 +323,14 @@ pub struct Settings {
     pub threads: usize,
     pub crypt_threads: usize,
     pub memory_budget: Option<u64>,
+    /// Exports served read-only (`ro:NAME=...`).
+    pub read_only_exports: Vec<String>,
+    /// Per-export allow-lists.
+    pub allow: Vec<(String, Vec<crate::nbd::Allow>)>,
+    pub max_connections: Option<usize>,
+    pub net_threads: usize,
+    pub net: crate::nbd::NetOptions,
+    pub tls: crate::nbd::TlsOptions,
     pub control: ControlPath,
     pub metrics: Option<String>,
     pub histograms: bool,
@@ -237,6 +350,12 @@ impl Default for Settings {
             metrics: None,
             histograms: true,
             flatten: true,
+            read_only_exports: Vec::new(),
+            allow: Vec::new(),
+            max_connections: None,
+            net_threads: 0,
+            net: crate::nbd::NetOptions::default(),
+            tls: crate::nbd::TlsOptions::default(),
         }
     }
 }
@@ -360,7 +479,7 @@ pub fn serve_specs(
                 name: ex.name.clone(),
                 description: ex.description.clone(),
                 device: ex.device.clone(),
-                read_only: ex.read_only,
+                read_only: ex.read_only || st.read_only_exports.contains(&ex.name),
             })
             .map_err(|e| e.to_string())?;
     }
@@ -392,6 +511,11 @@ pub fn serve_specs(
         }
         None => None,
     };
+    for (name, _) in &st.allow {
+        if !exports.list().iter().any(|e| &e.export.name == name) {
+            return Err(format!("--allow {name}: no device of that name"));
+        }
+    }
     let r = crate::nbd::server::serve_with(
         ServerConfig {
             listen,
@@ -400,6 +524,11 @@ pub fn serve_specs(
         },
         crate::nbd::server::ServeOptions {
             memory_budget: st.memory_budget,
+            max_connections: st.max_connections,
+            net_threads: st.net_threads,
+            net: st.net.clone(),
+            tls: st.tls.clone(),
+            allow: st.allow.clone(),
             exports: Some(exports),
             ..Default::default()
         },

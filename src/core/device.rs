@@ -222,6 +222,56 @@ pub fn write_transformed_by_writing(
     Ok(())
 }
 
+/// The allocation state of a run of bytes (NBD's `base:allocation`): a
+/// `hole` has no storage behind it, and `zero` bytes read as zeros. Data
+/// is `hole: false`; "not known to be zero" is always a safe answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    pub hole: bool,
+    pub zero: bool,
+}
+
+impl Extent {
+    /// Allocated data, not known to read as zeros.
+    pub fn data(len: u64) -> Extent {
+        Extent {
+            len,
+            hole: false,
+            zero: false,
+        }
+    }
+}
+
+/// Ask `dev` for the extents of `[offset, offset+len)` and pass them to
+/// `out`, clipped to the range and completed (as data) if the device
+/// reported less without being stopped. Returns whether `out` wants more
+/// (false: it stopped the walk). Devices that forward to lower devices
+/// call this, so a lower device's mistake cannot put a reply out of
+/// range.
+pub fn extents_of(
+    dev: &(impl BlockDevice + ?Sized),
+    offset: u64,
+    len: u64,
+    out: &mut dyn FnMut(Extent) -> bool,
+) -> DevResult<bool> {
+    let mut seen = 0u64;
+    let mut more = true;
+    dev.extents(offset, len, &mut |e| {
+        let n = e.len.min(len - seen);
+        if n == 0 {
+            return seen < len;
+        }
+        seen += n;
+        more = out(Extent { len: n, ..e });
+        more && seen < len
+    })?;
+    if more && seen < len {
+        more = out(Extent::data(len - seen));
+    }
+    Ok(more)
+}
+
 /// A block device: anything that serves reads and writes by byte offset.
 ///
 /// Contract for implementors:
@@ -306,27 +356,43 @@ pub trait BlockDevice: Send + Sync {
 
     /// Make `[offset, offset+len)` read back as zeros.
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()>;
+
+    /// Report the allocation of `[offset, offset+len)` as consecutive
+    /// extents in order, through `out`, which returns false once it has
+    /// enough (the walk may then stop early). Why: a client copying a
+    /// sparse image (`nbdcopy`, `qemu-img convert`) skips what is reported
+    /// as holes or zeros, so the copy costs the data, not the size. The
+    /// default says "all data" — always correct, never fast — so a device
+    /// that cannot tell keeps working unchanged.
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
+        let _ = offset;
+        out(Extent::data(len));
+        Ok(())
+    }
 }
 
+/// Zeros to write from, shared by every caller: a static in the zero
+/// page-backed .bss, so reading it costs no memory at all.
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
 /// Write zeros through ordinary writes, for devices that have no cheaper
-/// way (crypt: zeros must be encrypted). Uses one reusable zero buffer.
+/// way (crypt: zeros must be encrypted). The zeros are *borrowed* from a
+/// static buffer, so nothing is allocated on the request path: a
+/// transforming device encrypts them into its own (budgeted) bounce
+/// memory, as for any borrowed write.
 pub fn write_zeroes_by_writing(
     dev: &dyn BlockDevice,
     offset: u64,
     len: u64,
     fua: bool,
 ) -> DevResult<()> {
-    const CHUNK: usize = 1 << 20;
-    let mut buf = vec![0u8; (len as usize).min(CHUNK)];
     let mut pos = offset;
     let end = offset + len;
     while pos < end {
-        let n = ((end - pos) as usize).min(CHUNK);
-        // Owned: the target may encrypt in place, so re-zero each round.
-        buf[..n].fill(0);
+        let n = ((end - pos) as usize).min(ZEROS.len());
         dev.write(
             pos,
-            WriteBuf::Owned(&mut buf[..n]),
+            WriteBuf::Borrowed(&ZEROS[..n]),
             fua && pos + n as u64 == end,
         )?;
         pos += n as u64;

@@ -524,8 +524,8 @@ mod tests {
     use super::super::spec::Alg;
     use super::*;
 
-    fn bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    fn bytes(case: u64, n: usize) -> Vec<u8> {
+        let mut x = case.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|_| {
                 x ^= x << 13;
@@ -544,16 +544,16 @@ mod tests {
             eprintln!("VAES/AVX-512 not available: kernel not exercised on this CPU");
             return;
         }
-        for seed in 0..24u64 {
-            let half = if seed % 2 == 0 { 16 } else { 32 };
-            let key = bytes(seed, 2 * half);
-            let ss = [512usize, 1024, 2048, 4096][(seed / 2 % 4) as usize];
-            let nsec = 1 + (seed as usize * 7) % 70;
-            let plain = bytes(seed + 99, ss * nsec);
+        for case in 0..24u64 {
+            let half = if case % 2 == 0 { 16 } else { 32 };
+            let key = bytes(case, 2 * half);
+            let ss = [512usize, 1024, 2048, 4096][(case / 2 % 4) as usize];
+            let nsec = 1 + (case as usize * 7) % 70;
+            let plain = bytes(case + 99, ss * nsec);
             let ivs: Vec<Block> = (0..nsec)
                 .map(|i| {
                     Block::from(
-                        bytes(seed * 1000 + i as u64, 16)
+                        bytes(case * 1000 + i as u64, 16)
                             .try_into()
                             .unwrap_or([0; 16]),
                     )
@@ -566,15 +566,15 @@ mod tests {
             let v = VaesXts::new(&key[..half], &key[half..]).unwrap();
             let mut got = plain.clone();
             v.run(None, &mut got, ss, &ivs, true);
-            assert!(got == want, "encrypt seed {seed} ss {ss} n {nsec}");
+            assert!(got == want, "encrypt case {case} ss {ss} n {nsec}");
             let mut out = vec![0u8; plain.len()];
             v.run(Some(&plain), &mut out, ss, &ivs, true);
-            assert!(out == want, "encrypt_to seed {seed}");
+            assert!(out == want, "encrypt_to case {case}");
             let mut back = vec![0u8; plain.len()];
             v.run(Some(&want), &mut back, ss, &ivs, false);
-            assert!(back == plain, "decrypt_to seed {seed}");
+            assert!(back == plain, "decrypt_to case {case}");
             v.run(None, &mut got, ss, &ivs, false);
-            assert!(got == plain, "decrypt seed {seed}");
+            assert!(got == plain, "decrypt case {case}");
         }
     }
 }

@@ -5,7 +5,7 @@
 //! touched by any conflicting request while this runs, which is what makes
 //! the read-modify-write here atomic without a lock of its own.
 
-use crate::core::{BlockDevice, DevError, DevResult, WriteBuf};
+use crate::core::{BlockDevice, DevError, DevResult, Extent, WriteBuf};
 
 use super::{Op, Request};
 
@@ -120,6 +120,48 @@ pub(crate) fn execute(
                 }
                 pos += n;
             }
+            Ok(())
+        }
+        Op::BlockStatus => {
+            let max = req.buf.len() / 8;
+            let mut n = 0usize;
+            let mut run: Option<(u64, u32)> = None;
+            let flags = |e: &Extent| u32::from(e.hole) | (u32::from(e.zero) << 1);
+            let buf = &mut req.buf;
+            let mut put = |len: u64, f: u32, n: &mut usize| {
+                let d = &mut buf[*n * 8..*n * 8 + 8];
+                d[..4].copy_from_slice(&(len.min(u64::from(u32::MAX)) as u32).to_be_bytes());
+                d[4..].copy_from_slice(&f.to_be_bytes());
+                *n += 1;
+            };
+            // Adjacent extents of the same kind are merged (a striped
+            // device reports one per chunk).
+            crate::core::extents_of(dev, req.offset, req.len, &mut |e| {
+                let f = flags(&e);
+                match &mut run {
+                    Some((l, rf)) if *rf == f => {
+                        *l += e.len;
+                        true
+                    }
+                    _ => {
+                        if let Some((l, rf)) = run.take() {
+                            put(l, rf, &mut n);
+                        }
+                        run = Some((e.len, f));
+                        n < max
+                    }
+                }
+            })?;
+            if let Some((l, f)) = run {
+                if n < max {
+                    put(l, f, &mut n);
+                }
+            }
+            if n == 0 {
+                put(req.len, 0, &mut n);
+            }
+            req.head = 0;
+            req.len = (n * 8) as u64;
             Ok(())
         }
         Op::Flush => dev.flush(),

@@ -4,13 +4,26 @@
 //! Why this shape:
 //! - **One pool for all clients** bounds the threads (default: one per
 //!   core) and lets any idle core take any ready request.
-//! - **Fairness**: ready requests wait in per-client queues served round
-//!   robin, so a client with a deep queue of 32 MiB writes delays another
-//!   client's 4 KiB read by at most one request per busy worker.
-//! - **Backpressure**: a client may have at most [`MAX_CLIENT_REQUESTS`]
-//!   requests and [`MAX_CLIENT_BYTES`] of payload admitted; its connection
-//!   reader blocks in [`Engine::admit`] before reading more from the
-//!   socket, so a fast writer is throttled by TCP flow control.
+//! - **Fairness**: ready requests wait in per-client queues served by
+//!   deficit round robin over bytes: one request per turn, and a request
+//!   larger than the client's accumulated credit waits for more turns. A
+//!   client with a deep queue of 32 MiB writes delays another client's
+//!   4 KiB read by at most one request per busy worker, and two clients
+//!   that both have work get the same bytes per second whatever their
+//!   request sizes.
+//! - **Admission and a fairly shared budget** ([`Engine::try_admit`]): a
+//!   client may have at most [`ClientLimits`] requests and bytes in
+//!   flight, and an export's payload memory (its buffer pool's budget) is
+//!   shared by the clients that use it: while nobody waits, one client may
+//!   use all of it; once another client waits, nobody grows beyond an
+//!   equal share and waiters are served first come, first served, so a
+//!   greedy client cannot starve the others and a large request cannot be
+//!   overtaken forever. Admission never blocks: a refused client is woken
+//!   (its [`Waker`]) when memory comes back, and meanwhile its connection
+//!   stops reading from the socket, so TCP flow control throttles it.
+//!   Memory is counted in the pool's class sizes and charged until the
+//!   buffer is dropped (after its reply has really been sent), so the
+//!   pool never makes an admitted request wait.
 //! - **Ordering** (ordered parallel execution): see [`order`]. Overlapping requests run in
 //!   arrival order, flushes wait for earlier writes, and the same range
 //!   tracking makes the server's read-modify-write of partial blocks atomic.
@@ -63,11 +76,38 @@ thread_local! {
 pub const MAX_QUEUE_DEPTH: u32 = 128;
 const MAX_RESERVED_WORKERS: usize = 256;
 
-/// Most requests one client may have admitted at once.
+/// Most requests one client may have admitted at once (default).
 pub const MAX_CLIENT_REQUESTS: u32 = 128;
-/// Most payload bytes one client may have admitted at once (a single
-/// request of any legal size is always admitted when the client is idle).
+/// Most bytes one client may have in flight at once (default): payload
+/// buffers, replies not sent yet, and the work of zeroing requests. A
+/// single request of any legal size is always admitted when the client is
+/// idle.
 pub const MAX_CLIENT_BYTES: u64 = 64 << 20;
+
+/// Deficit round robin: credit a client gets per turn when its next
+/// request costs more than it has.
+const QUANTUM: u64 = 2 << 20;
+
+/// Per-client caps on what is in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    pub max_requests: u32,
+    pub max_bytes: u64,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits {
+            max_requests: MAX_CLIENT_REQUESTS,
+            max_bytes: MAX_CLIENT_BYTES,
+        }
+    }
+}
+
+/// Called (from any thread, possibly under the engine's lock: it must only
+/// post a notification) when a client refused by [`Engine::try_admit`] may
+/// be admitted now.
+pub type Waker = Arc<dyn Fn() + Send + Sync>;
 
 /// The operation of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,12 +117,16 @@ pub enum Op {
     Flush,
     Trim,
     WriteZeroes,
+    /// Allocation extents of the range (NBD BLOCK_STATUS): written into
+    /// the request's buffer as (length, flags) pairs of big-endian u32,
+    /// at most as many as fit; `len` becomes the bytes written.
+    BlockStatus,
 }
 
 impl Op {
     fn kind(self) -> Kind {
         match self {
-            Op::Read => Kind::Read,
+            Op::Read | Op::BlockStatus => Kind::Read,
             Op::Write | Op::Trim | Op::WriteZeroes => Kind::Write,
             Op::Flush => Kind::Flush,
         }
@@ -125,17 +169,24 @@ impl Request {
     }
 }
 
-/// Receives finished requests (an NBD connection sends the reply).
+/// Receives finished requests (an NBD connection sends the reply). The
+/// sink may take `req.buf` (a reply that must wait for the socket): the
+/// buffer's charge then stays with the client until the buffer is dropped.
 pub trait Sink: Send + Sync {
-    fn complete(&self, req: &Request, result: DevResult<()>);
+    fn complete(&self, req: &mut Request, result: DevResult<()>);
 }
 
-/// A client's admission, returned by [`Engine::admit`]; pass it to
-/// [`Engine::submit`] or [`Engine::cancel`].
+/// A client's admission, returned by [`Engine::admit`] or
+/// [`Engine::try_admit`]; pass it to [`Engine::submit`] or
+/// [`Engine::cancel`].
 #[must_use]
 pub struct Ticket {
     client: u32,
-    bytes: u64,
+    queue: u32,
+    /// Payload memory charged and not yet attached to a buffer.
+    mem: u64,
+    /// Work charged until the request finishes.
+    work: u64,
 }
 
 /// A registered client (one NBD connection).
@@ -179,6 +230,7 @@ impl Drop for Queue {
             let mut st = lock(&shared.state);
             let i = self.id as usize;
             st.queues[i] = None;
+            st.qstate[i] = QState::default();
             st.inflight[i].clear();
             st.reserved -= st.caps[i] as usize;
             st.caps[i] = 0;
@@ -193,7 +245,10 @@ struct Slot {
     queue: Option<Arc<Queue>>,
     export: u32,
     client: u32,
-    bytes: u64,
+    /// Work charged to the client until the request finishes.
+    work: u64,
+    /// What the request costs in the fair scheduler (bytes moved).
+    cost: u64,
     span: Span,
     /// Earlier conflicting requests not finished yet.
     deps: u32,
@@ -205,9 +260,49 @@ struct ClientQ {
     ready: VecDeque<u32>,
     in_ring: bool,
     requests: u32,
-    bytes: u64,
+    /// Work of admitted requests (zeroing, legacy admissions).
+    work: u64,
+    /// Payload memory charged to this client (buffers alive).
+    mem: u64,
+    limits: ClientLimits,
+    waker: Option<Waker>,
+    /// The queue this client's memory is charged to.
+    queue: Option<u32>,
+    /// In its queue's waiter list.
+    waiting: bool,
+    /// Refused by its own caps; woken when a request of its finishes.
+    blocked: bool,
+    /// Gone: the slot is freed when nothing is in flight any more.
+    closing: bool,
+    /// Deficit round robin credit.
+    deficit: u64,
+    /// Wake the client when its last request finishes.
+    idle_wake: bool,
     /// Someone waits in admit/drain for this client's counters to drop.
     watched: bool,
+}
+
+impl ClientQ {
+    fn active(&self) -> bool {
+        self.mem > 0 || self.waiting
+    }
+
+    fn wake(&self) {
+        if let Some(w) = &self.waker {
+            w();
+        }
+    }
+}
+
+/// Memory accounting of one queue (export): its budget shared fairly.
+#[derive(Default)]
+struct QState {
+    limit: u64,
+    used: u64,
+    /// Clients with memory charged or waiting for it.
+    active: u32,
+    /// Clients refused for memory, first come first served: (client, bytes).
+    waiters: VecDeque<(u32, u64)>,
 }
 
 struct State {
@@ -217,6 +312,7 @@ struct State {
     inflight: Vec<Vec<u32>>,
     /// Live queues by id (for [`Engine::flush_all`]), and free ids.
     queues: Vec<Option<Weak<Queue>>>,
+    qstate: Vec<QState>,
     /// Per queue: most requests running on workers at once (0 = no cap;
     /// how many run now is `holds[q].running`).
     caps: Vec<u32>,
@@ -277,6 +373,7 @@ impl Engine {
                 free_slots: Vec::with_capacity(256),
                 inflight: Vec::new(),
                 queues: Vec::new(),
+                qstate: Vec::new(),
                 caps: Vec::new(),
                 reserved: 0,
                 free_queues: Vec::new(),
@@ -360,8 +457,13 @@ impl Engine {
                 st.queues.push(None);
                 st.caps.push(0);
                 st.holds.push(Hold::default());
+                st.qstate.push(QState::default());
                 st.inflight.len() as u32 - 1
             }
+        };
+        st.qstate[id as usize] = QState {
+            limit: pool.budget().limit().unwrap_or(u64::MAX),
+            ..QState::default()
         };
         st.holds[id as usize] = Hold::default();
         st.caps[id as usize] = cap;
@@ -386,7 +488,9 @@ impl Engine {
 
     /// A buffer for a data request on `[offset, offset+len)` of `q`, laid
     /// out over the block-widened range, and where the client's bytes start
-    /// in it. Blocks while the device is over its memory budget.
+    /// in it. Blocks while the device is over its memory budget (callers
+    /// that admitted with [`Engine::try_admit`] use
+    /// [`Engine::charged_buffer`], which never waits).
     pub fn buffer(&self, q: &Queue, offset: u64, len: u64) -> (Buf, usize) {
         let g = &q.geometry;
         let start = g.down(offset);
@@ -395,11 +499,76 @@ impl Engine {
         (b, (offset - start) as usize)
     }
 
-    /// Register a client (a connection) for fair scheduling.
+    /// The payload memory a data request on `[offset, offset+len)` of `q`
+    /// takes from the export's budget: its block-widened buffer, rounded to
+    /// the pool's size class (what the pool really hands out).
+    pub fn mem_cost(&self, q: &Queue, offset: u64, len: u64) -> u64 {
+        let g = &q.geometry;
+        let n = (g.widened_end(offset.saturating_add(len)) - g.down(offset)) as usize;
+        crate::mem::bufpool::class_of(n)
+            .map_or(n as u64, |c| crate::mem::bufpool::class_size(c) as u64)
+    }
+
+    /// Budget cost of a plain buffer of `n` bytes (its pool size class).
+    pub fn mem_cost_plain(&self, n: u64) -> u64 {
+        crate::mem::bufpool::class_of(n as usize)
+            .map_or(n, |c| crate::mem::bufpool::class_size(c) as u64)
+    }
+
+    /// A plain buffer of `n` bytes for a request admitted by
+    /// [`Engine::try_admit`] with [`Engine::mem_cost_plain`] (the reply of
+    /// a BLOCK_STATUS), carrying the ticket's charge.
+    pub fn charged_plain_buffer(&self, t: &mut Ticket, q: &Queue, n: usize) -> Buf {
+        let mut b = buf::get_buf(&q.pool, n);
+        if t.mem > 0 {
+            b.set_charge(buf::Charge {
+                to: self.shared.clone(),
+                client: t.client,
+                queue: t.queue,
+                bytes: t.mem,
+            });
+            t.mem = 0;
+        }
+        b
+    }
+
+    /// The payload memory budget of `q` (requests costing more can never
+    /// be admitted and must be refused).
+    pub fn mem_limit(&self, q: &Queue) -> u64 {
+        lock(&self.shared.state).qstate[q.id as usize].limit
+    }
+
+    /// [`Engine::buffer`] for a request admitted by [`Engine::try_admit`]:
+    /// the ticket's memory charge moves to the buffer and comes back when
+    /// the buffer is dropped. Never waits: admission reserved the memory.
+    pub fn charged_buffer(&self, t: &mut Ticket, q: &Queue, offset: u64, len: u64) -> (Buf, usize) {
+        let (mut b, head) = self.buffer(q, offset, len);
+        if t.mem > 0 {
+            b.set_charge(buf::Charge {
+                to: self.shared.clone(),
+                client: t.client,
+                queue: t.queue,
+                bytes: t.mem,
+            });
+            t.mem = 0;
+        }
+        (b, head)
+    }
+
+    /// Register a client (a connection) for fair scheduling, with the
+    /// default caps and no waker (for [`Engine::admit`], which blocks).
     pub fn add_client(&self) -> ClientId {
+        self.add_client_with(ClientLimits::default(), None)
+    }
+
+    /// Register a client with its caps and the waker
+    /// [`Engine::try_admit`] calls when a refused admission may succeed.
+    pub fn add_client_with(&self, limits: ClientLimits, waker: Option<Waker>) -> ClientId {
         let mut st = lock(&self.shared.state);
         let q = ClientQ {
-            ready: VecDeque::with_capacity(MAX_CLIENT_REQUESTS as usize),
+            ready: VecDeque::new(),
+            limits,
+            waker,
             ..ClientQ::default()
         };
         if let Some(i) = st.free_clients.pop() {
@@ -412,15 +581,17 @@ impl Engine {
     }
 
     /// Wait until `client` may put one more request of `bytes` payload in
-    /// flight, and count it. This is the backpressure point.
+    /// flight, and count it (per-client caps only; the memory is taken by
+    /// [`Engine::buffer`], which may wait for the budget itself).
     pub fn admit(&self, client: ClientId, bytes: u64) -> Ticket {
         let mut st = lock(&self.shared.state);
         while let Some(c) = st.clients[client.0 as usize].as_mut() {
             if c.requests == 0
-                || (c.requests < MAX_CLIENT_REQUESTS && c.bytes + bytes <= MAX_CLIENT_BYTES)
+                || (c.requests < c.limits.max_requests
+                    && c.work + c.mem + bytes <= c.limits.max_bytes)
             {
                 c.requests += 1;
-                c.bytes += bytes;
+                c.work += bytes;
                 break;
             }
             c.watched = true;
@@ -428,15 +599,86 @@ impl Engine {
         }
         Ticket {
             client: client.0,
-            bytes,
+            queue: u32::MAX,
+            mem: 0,
+            work: bytes,
         }
+    }
+
+    /// Admit a request of `client` on `q` that needs `mem` bytes of
+    /// payload memory (see [`Engine::mem_cost`]) and causes `work` bytes of
+    /// other work, or refuse it without waiting: `None` means "not now";
+    /// the client's waker is called when trying again may succeed (a
+    /// request of its own finished, or memory of the queue came back).
+    /// See the module doc for the sharing rule.
+    pub fn try_admit(&self, client: ClientId, q: &Queue, mem: u64, work: u64) -> Option<Ticket> {
+        let mut guard = lock(&self.shared.state);
+        let st = &mut *guard;
+        let qi = q.id as usize;
+        let c = st.clients.get_mut(client.0 as usize)?.as_mut()?;
+        if c.requests > 0
+            && (c.requests >= c.limits.max_requests
+                || c.work + c.mem + mem + work > c.limits.max_bytes)
+        {
+            c.blocked = true;
+            return None;
+        }
+        let qs = &mut st.qstate[qi];
+        let fits = qs.used + mem <= qs.limit;
+        let ok = mem == 0
+            || match qs.waiters.front() {
+                None => fits,
+                Some(&(h, _)) if h == client.0 => fits,
+                Some(&(_, head)) => {
+                    let share = qs.limit / u64::from(qs.active.max(1));
+                    fits && (c.mem == 0 || c.mem + mem <= share) && qs.used + mem + head <= qs.limit
+                }
+            };
+        let was = c.active();
+        if !ok {
+            if c.waiting {
+                if let Some(w) = qs.waiters.iter_mut().find(|w| w.0 == client.0) {
+                    w.1 = mem;
+                }
+            } else {
+                c.waiting = true;
+                qs.waiters.push_back((client.0, mem));
+            }
+            if !was {
+                qs.active += 1;
+            }
+            return None;
+        }
+        if c.waiting {
+            c.waiting = false;
+            qs.waiters.retain(|w| w.0 != client.0);
+        }
+        c.mem += mem;
+        qs.used += mem;
+        c.requests += 1;
+        c.work += work;
+        c.queue = Some(q.id);
+        match (was, c.active()) {
+            (false, true) => qs.active += 1,
+            (true, false) => qs.active -= 1,
+            _ => {}
+        }
+        Some(Ticket {
+            client: client.0,
+            queue: q.id,
+            mem,
+            work,
+        })
     }
 
     /// Give back an admission that was not submitted (e.g. the payload
     /// could not be read).
     pub fn cancel(&self, t: Ticket) {
         let mut st = lock(&self.shared.state);
-        release(&mut st, &self.shared, t.client, t.bytes);
+        if t.mem > 0 {
+            uncharge_locked(&mut st, t.client, t.queue, t.mem);
+        }
+        release(&mut st, &self.shared, t.client, t.work);
     }
 
     /// Queue an admitted request on `q`. It runs once every earlier
@@ -470,6 +712,12 @@ impl Engine {
             && g.depth == 0
             && req.len <= INLINE_MAX
             && matches!(req.op, Op::Read | Op::Write);
+        if t.mem > 0 {
+            // Memory charged at admission but no buffer made: it comes back
+            // when the request finishes.
+            let mut st = lock(&self.shared.state);
+            uncharge_locked(&mut st, t.client, t.queue, t.mem);
+        }
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
         let mut deps = 0;
@@ -484,12 +732,18 @@ impl Engine {
         } else {
             (Some(req), None)
         };
+        let cost = if matches!(kind, Kind::Read | Kind::Write) {
+            (t.work + t.mem).max(4096)
+        } else {
+            4096
+        };
         let slot = Slot {
             queue: queued.as_ref().map(|_| q.clone()),
             req: queued,
             export: export as u32,
             client: t.client,
-            bytes: t.bytes,
+            work: t.work,
+            cost,
             span,
             deps,
             waiting: deps > 0,
@@ -512,10 +766,12 @@ impl Engine {
             drop(guard);
             let res = INLINE_SCRATCH
                 .with(|s| exec::execute(q.device.as_ref(), g, &mut req, &mut s.borrow_mut()));
-            req.sink.complete(&req, res);
+            let sink = req.sink.clone();
+            sink.complete(&mut req, res);
+            let mem = req.buf.free_and_take_charge();
             drop(req);
             let mut st = lock(&self.shared.state);
-            finish(&mut st, &self.shared, id);
+            finish(&mut st, &self.shared, id, mem);
             return;
         }
         if deps == 0 && ready_or_park(st, id) {
@@ -585,13 +841,47 @@ impl Engine {
         let mut st = lock(&self.shared.state);
         loop {
             match st.clients[client.0 as usize].as_mut() {
-                Some(c) if c.requests > 0 => c.watched = true,
+                Some(c) if c.requests > 0 || c.mem > 0 => c.watched = true,
                 _ => break,
             }
             st = self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+        forget_waiter(&mut st, client.0);
         st.clients[client.0 as usize] = None;
         st.free_clients.push(client.0);
+    }
+
+    /// Forget `client` without waiting: its requests still run (their
+    /// results go to its sink, which may drop them) and the client's slot
+    /// is freed once nothing of it is in flight.
+    pub fn close_client(&self, client: ClientId) {
+        let mut st = lock(&self.shared.state);
+        forget_waiter(&mut st, client.0);
+        if let Some(c) = st.clients[client.0 as usize].as_mut() {
+            c.closing = true;
+            c.waker = None;
+        }
+        maybe_free_client(&mut st, client.0);
+    }
+
+    /// Whether `client` has no request in flight; if it has, its waker is
+    /// called when the last one finishes.
+    pub fn wake_when_idle(&self, client: ClientId) -> bool {
+        let mut st = lock(&self.shared.state);
+        match st.clients[client.0 as usize].as_mut() {
+            Some(c) if c.requests > 0 => {
+                c.idle_wake = true;
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Requests of `client` admitted and not finished.
+    pub fn client_requests(&self, client: ClientId) -> u32 {
+        lock(&self.shared.state).clients[client.0 as usize]
+            .as_ref()
+            .map_or(0, |c| c.requests)
     }
 
     /// Flush every device; returns the first error.
@@ -653,33 +943,135 @@ fn make_ready(st: &mut State, id: u32) {
     }
 }
 
-fn release(st: &mut State, shared: &Shared, client: u32, bytes: u64) {
+/// A request of `client` finished (or was cancelled): count it out and
+/// wake whoever waits for that.
+fn release(st: &mut State, shared: &Shared, client: u32, work: u64) {
     if let Some(c) = st.clients[client as usize].as_mut() {
         c.requests -= 1;
-        c.bytes -= bytes;
+        c.work -= work;
+        if c.blocked || (c.idle_wake && c.requests == 0) {
+            c.blocked = false;
+            c.idle_wake &= c.requests != 0;
+            c.wake();
+        }
         if c.watched {
             c.watched = false;
             shared.done.notify_all();
         }
     }
+    maybe_free_client(st, client);
 }
 
-/// Take the next ready request, round robin over clients. A client whose
-/// next request is for a queue already running its cap of requests is
-/// passed over (it stays in the ring).
+/// Give back `bytes` of payload memory of `client` on queue `qi`, and wake
+/// the waiters of the queue that fit now (first come, first served).
+fn uncharge_locked(st: &mut State, client: u32, qi: u32, bytes: u64) {
+    if let Some(qs) = st.qstate.get_mut(qi as usize) {
+        qs.used = qs.used.saturating_sub(bytes);
+    }
+    if let Some(c) = st.clients.get_mut(client as usize).and_then(|c| c.as_mut()) {
+        let was = c.active();
+        c.mem = c.mem.saturating_sub(bytes);
+        if was && !c.active() {
+            if let Some(qs) = st.qstate.get_mut(qi as usize) {
+                qs.active = qs.active.saturating_sub(1);
+            }
+        }
+        if c.blocked {
+            c.blocked = false;
+            c.wake();
+        }
+    }
+    if let Some(qs) = st.qstate.get(qi as usize) {
+        let mut free = qs.limit.saturating_sub(qs.used);
+        for &(w, need) in &qs.waiters {
+            if need > free {
+                break;
+            }
+            free -= need;
+            if let Some(Some(c)) = st.clients.get(w as usize) {
+                c.wake();
+            }
+        }
+    }
+    maybe_free_client(st, client);
+}
+
+/// Take `client` out of its queue's waiter list.
+fn forget_waiter(st: &mut State, client: u32) {
+    let Some(Some(c)) = st.clients.get_mut(client as usize) else {
+        return;
+    };
+    if !c.waiting {
+        return;
+    }
+    c.waiting = false;
+    let now_active = c.active();
+    if let Some(qi) = c.queue {
+        let qs = &mut st.qstate[qi as usize];
+        qs.waiters.retain(|w| w.0 != client);
+        if !now_active {
+            qs.active = qs.active.saturating_sub(1);
+        }
+    } else {
+        for qs in st.qstate.iter_mut() {
+            let before = qs.waiters.len();
+            qs.waiters.retain(|w| w.0 != client);
+            if qs.waiters.len() != before && !now_active {
+                qs.active = qs.active.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// Free a closed client's slot once nothing of it is in flight.
+fn maybe_free_client(st: &mut State, client: u32) {
+    let done = matches!(
+        st.clients.get(client as usize),
+        Some(Some(c)) if c.closing && c.requests == 0 && c.mem == 0
+    );
+    if done {
+        st.clients[client as usize] = None;
+        st.free_clients.push(client);
+    }
+}
+
+impl buf::Uncharge for Shared {
+    fn uncharge(&self, client: u32, queue: u32, bytes: u64) {
+        let mut st = lock(&self.state);
+        uncharge_locked(&mut st, client, queue, bytes);
+        if let Some(Some(c)) = st.clients.get_mut(client as usize) {
+            if c.watched {
+                c.watched = false;
+                self.done.notify_all();
+            }
+        }
+    }
+}
+
+/// Take the next ready request: deficit round robin over clients, one
+/// request per turn; a client whose next request costs more than its
+/// credit gets [`QUANTUM`] more and goes to the back of the ring.
+///
+/// A client whose next request is for a queue already running its cap of
+/// requests is passed over (it stays in the ring); a ring of only such
+/// clients ends the search.
 fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
     let mut passes = st.ring.len();
-    while let Some(client) = st.ring.pop_front() {
+    while let Some(&client) = st.ring.front() {
         let Some(c) = st.clients[client as usize].as_mut() else {
+            st.ring.pop_front();
             continue;
         };
         let Some(&id) = c.ready.front() else {
             c.in_ring = false;
+            c.deficit = 0;
+            st.ring.pop_front();
             continue;
         };
         let q = st.slots[id as usize].export as usize;
         let cap = st.caps[q];
         if cap > 0 && st.holds[q].running >= cap {
+            st.ring.pop_front();
             st.ring.push_back(client);
             if passes == 0 {
                 return None;
@@ -687,12 +1079,18 @@ fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
             passes -= 1;
             continue;
         }
-        let Some(c) = st.clients[client as usize].as_mut() else {
+        let cost = st.slots[id as usize].cost;
+        st.ring.pop_front();
+        if c.deficit < cost {
+            c.deficit += QUANTUM;
+            st.ring.push_back(client);
             continue;
-        };
+        }
+        c.deficit -= cost;
         c.ready.pop_front();
         if c.ready.is_empty() {
             c.in_ring = false;
+            c.deficit = 0;
         } else {
             st.ring.push_back(client);
         }
@@ -712,11 +1110,12 @@ fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
 }
 
 /// Bookkeeping once request `id` has finished: release it, wake what
-/// waited for it, free its slot.
-fn finish(st: &mut State, shared: &Shared, id: u32) {
-    let (export, client, bytes, span) = {
+/// waited for it, free its slot. `mem`: the charge of its buffer, when the
+/// buffer was freed (not kept by the sink).
+fn finish(st: &mut State, shared: &Shared, id: u32, mem: Option<(u32, u32, u64)>) {
+    let (export, client, work, span) = {
         let s = &st.slots[id as usize];
-        (s.export as usize, s.client, s.bytes, s.span)
+        (s.export as usize, s.client, s.work, s.span)
     };
     let cap = st.caps[export];
     if cap > 0 && st.holds[export].running == cap {
@@ -747,7 +1146,10 @@ fn finish(st: &mut State, shared: &Shared, id: u32) {
     if h.held && h.running == 0 {
         shared.done.notify_all();
     }
-    release(st, shared, client, bytes);
+    if let Some((c, q, bytes)) = mem {
+        uncharge_locked(st, c, q, bytes);
+    }
+    release(st, shared, client, work);
     st.free_slots.push(id);
 }
 
@@ -777,11 +1179,13 @@ fn worker(shared: Arc<Shared>) {
         drop(st);
         drop(last.take());
         let res = exec::execute(q.device.as_ref(), &q.geometry, &mut req, &mut scratch);
-        req.sink.complete(&req, res);
+        let sink = req.sink.clone();
+        sink.complete(&mut req, res);
+        let mem = req.buf.free_and_take_charge();
         drop(req);
         last = Some(q);
         st = lock(&shared.state);
-        finish(&mut st, &shared, id);
+        finish(&mut st, &shared, id, mem);
     }
 }
 

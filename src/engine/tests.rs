@@ -10,7 +10,7 @@ use crate::store::mem::MemStore;
 struct Collect(Mutex<mpsc::Sender<Done>>);
 
 impl Sink for Collect {
-    fn complete(&self, req: &Request, result: DevResult<()>) {
+    fn complete(&self, req: &mut Request, result: DevResult<()>) {
         let data = if req.op == Op::Read {
             req.data().to_vec()
         } else {

@@ -74,8 +74,8 @@ pub fn split(
 mod tests {
     use super::*;
 
-    fn fill(seed: u8) -> impl FnMut(&mut [u8]) {
-        let mut x = seed as u32;
+    fn fill(start: u8) -> impl FnMut(&mut [u8]) {
+        let mut x = start as u32;
         move |b: &mut [u8]| {
             for v in b {
                 x = x.wrapping_mul(1103515245).wrapping_add(12345);

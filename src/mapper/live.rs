@@ -134,4 +134,14 @@ impl BlockDevice for LiveDevice {
         self.stats.done(t, StatOp::Write, len, r.is_ok());
         r
     }
+
+    /// The current table's extents (through its routes).
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut dyn FnMut(crate::core::Extent) -> bool,
+    ) -> DevResult<()> {
+        self.routes.load().extents(offset, len, out)
+    }
 }

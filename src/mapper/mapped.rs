@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::route::{Route, Routes};
 use crate::core::device::Transform;
-use crate::core::{BlockDevice, DevResult, Limits, WriteBuf};
+use crate::core::{BlockDevice, DevResult, Extent, Limits, WriteBuf};
 use crate::targets::Target;
 
 /// One table segment, in bytes.
@@ -128,6 +128,10 @@ impl BlockDevice for MappedDevice {
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         self.routes.write_zeroes(offset, len, fua)
+    }
+
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
+        self.routes.extents(offset, len, out)
     }
 }
 

@@ -250,4 +250,21 @@ impl BlockDevice for Routes {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         self.for_each_piece(offset, len, |r, off, n| r.dev.write_zeroes(off, n, fua))
     }
+
+    /// Each route's piece asks its device, in order (a flattened stack
+    /// asks the bottom devices directly).
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut dyn FnMut(crate::core::Extent) -> bool,
+    ) -> DevResult<()> {
+        let mut more = true;
+        self.for_each_piece(offset, len, |r, off, n| {
+            if more {
+                more = crate::core::extents_of(r.dev.as_ref(), off, n, out)?;
+            }
+            Ok(())
+        })
+    }
 }

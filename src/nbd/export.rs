@@ -28,6 +28,72 @@ impl Export {
     }
 }
 
+/// Who may use an export (an allow-list entry). An export with no entries
+/// is open to every client that reaches the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Allow {
+    /// TCP clients from this network (address, prefix length).
+    Net(std::net::IpAddr, u8),
+    /// Clients on the server's Unix socket.
+    Unix,
+    /// Clients that upgraded to TLS (with `--tls-verify-peer`, that means a
+    /// certificate signed by the server's CA).
+    Tls,
+}
+
+impl std::str::FromStr for Allow {
+    type Err = String;
+    /// `unix`, `tls`, an address (`192.0.2.7`, `::1`) or a network
+    /// (`10.0.0.0/8`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "unix" => return Ok(Allow::Unix),
+            "tls" => return Ok(Allow::Tls),
+            _ => {}
+        }
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let ip: std::net::IpAddr = a.parse().map_err(|_| {
+            format!("'{s}' is not an allow-list entry (unix, tls, an IP address or ADDRESS/PREFIX)")
+        })?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|&n| n <= max)
+                .ok_or_else(|| format!("'{s}': the prefix length must be 0..={max}"))?,
+            None => max,
+        };
+        Ok(Allow::Net(ip, prefix))
+    }
+}
+
+impl Allow {
+    fn admits(&self, ip: Option<std::net::IpAddr>, tls: bool) -> bool {
+        match (self, ip) {
+            (Allow::Unix, None) => true,
+            (Allow::Tls, _) => tls,
+            (Allow::Net(net, prefix), Some(ip)) => {
+                let (n, a, bits) = match (net, ip) {
+                    (std::net::IpAddr::V4(n), std::net::IpAddr::V4(a)) => {
+                        (u128::from(u32::from(*n)), u128::from(u32::from(a)), 32)
+                    }
+                    (std::net::IpAddr::V6(n), std::net::IpAddr::V6(a)) => {
+                        (u128::from(*n), u128::from(a), 128)
+                    }
+                    _ => return false,
+                };
+                let shift = bits - u32::from(*prefix);
+                shift >= 128 || (n >> shift) == (a >> shift)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// An export being served: its configuration, its engine queue, and the
 /// clients in transmission on it.
 pub struct Exported {
@@ -51,9 +117,31 @@ struct Attached {
     /// (a handshake that found the export just before it was removed) are
     /// closed at once.
     closed: AtomicBool,
+    /// Who may use the export (empty: everyone).
+    allow: RwLock<Vec<Allow>>,
 }
 
 impl Exported {
+    /// Whether a client from `ip` (`None`: Unix socket), over TLS or not,
+    /// may see and use this export.
+    pub fn allows(&self, ip: Option<std::net::IpAddr>, tls: bool) -> bool {
+        let list = self
+            .attached
+            .allow
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        list.is_empty() || list.iter().any(|a| a.admits(ip, tls))
+    }
+
+    /// Replace the allow-list (empty: everyone).
+    pub fn set_allow(&self, list: Vec<Allow>) {
+        *self
+            .attached
+            .allow
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = list;
+    }
+
     /// Clients currently in transmission on this export.
     pub fn connections(&self) -> usize {
         self.attached.count.load(Ordering::Relaxed)

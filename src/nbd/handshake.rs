@@ -1,17 +1,21 @@
-//! Fixed-newstyle option haggling (protocol document, "Handshake").
+//! Fixed-newstyle option haggling (protocol document, "Handshake"), as a
+//! state machine fed one complete option at a time, so the event loop can
+//! run thousands of handshakes without a thread each: it frames the
+//! client's bytes (`conn.rs`) and sends what this module writes.
 //!
 //! Every option gets an answer except `EXPORT_NAME` (which cannot report an
 //! error, so an unknown name ends the session). Unknown options get
 //! `NBD_REP_ERR_UNSUP` and haggling continues. Lengths sent by the client
 //! are bounded before anything is allocated, and parsing never panics.
+//! With TLS required, everything but STARTTLS and ABORT is refused with
+//! `NBD_REP_ERR_TLS_REQD` until the client has upgraded.
 
-use std::io::{self, IoSlice};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io;
 use std::sync::Arc;
 
 use super::export::{Export, ExportSet, Exported};
 use super::proto::*;
-use super::sock::Sock;
+use super::tls::TlsMode;
 
 /// What a client chose before entering transmission.
 #[derive(Clone)]
@@ -34,7 +38,13 @@ pub fn transmission_flags(ex: &Export, structured: bool) -> u16 {
     if ex.is_read_only() {
         f |= TF_READ_ONLY;
     } else {
-        f |= TF_SEND_TRIM | TF_SEND_WRITE_ZEROES | TF_SEND_FAST_ZERO;
+        f |= TF_SEND_TRIM | TF_SEND_WRITE_ZEROES;
+        // Only where zeroing is O(1) below (punched holes, a block
+        // device's write-zeroes-unmap): a client asking for a fast zero
+        // elsewhere is told to fall back to writing.
+        if ex.device.limits().write_zeroes {
+            f |= TF_SEND_FAST_ZERO;
+        }
     }
     if structured {
         f |= TF_SEND_DF;
@@ -42,29 +52,42 @@ pub fn transmission_flags(ex: &Export, structured: bool) -> u16 {
     f
 }
 
-/// (minimum, preferred, maximum) block sizes advertised for `ex`. We serve
+/// (minimum, preferred, maximum) block sizes advertised for `e`. We serve
 /// any alignment (read-modify-write below the device's block size), so the
-/// minimum is 1; the preferred size avoids that read-modify-write.
-pub fn block_sizes(ex: &Export) -> (u32, u32, u32) {
+/// minimum is 1; the preferred size avoids that read-modify-write. The
+/// maximum is also bounded by the export's memory budget: a request whose
+/// buffer could never be admitted is refused, so clients are told not to
+/// send one.
+pub fn block_sizes(e: &Exported) -> (u32, u32, u32) {
+    let ex = &e.export;
     let lbs = ex.device.limits().logical_block_size.max(1);
     let pref = lbs
         .max(4096)
         .checked_next_power_of_two()
         .unwrap_or(MAX_PAYLOAD);
-    (1, pref.min(MAX_PAYLOAD), MAX_PAYLOAD)
+    (1, pref.min(MAX_PAYLOAD), max_payload(e))
 }
 
-fn reply(sock: &Sock, opt: u32, ty: u32, parts: &[&[u8]]) -> io::Result<()> {
+/// Largest data request `e` serves: 32 MiB, or less when the export's
+/// memory budget is smaller (half of it, rounded down to a power of two,
+/// so the buffer's size class and block widening still fit).
+pub fn max_payload(e: &Exported) -> u32 {
+    let budget = e.queue.pool().budget().limit().unwrap_or(u64::MAX);
+    let half = (budget / 2).max(4096);
+    let p2 = 1u64 << (63 - half.leading_zeros());
+    p2.min(u64::from(MAX_PAYLOAD)) as u32
+}
+
+fn reply(out: &mut Vec<u8>, opt: u32, ty: u32, parts: &[&[u8]]) {
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    let h = option_reply_header(opt, ty, len as u32);
-    let mut v: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
-    v.push(IoSlice::new(&h));
-    v.extend(parts.iter().map(|p| IoSlice::new(p)));
-    sock.write_all_vectored(&mut v)
+    out.extend_from_slice(&option_reply_header(opt, ty, len as u32));
+    for p in parts {
+        out.extend_from_slice(p);
+    }
 }
 
-fn reply_err(sock: &Sock, opt: u32, ty: u32, msg: &str) -> io::Result<()> {
-    reply(sock, opt, ty, &[msg.as_bytes()])
+fn reply_err(out: &mut Vec<u8>, opt: u32, ty: u32, msg: &str) {
+    reply(out, opt, ty, &[msg.as_bytes()])
 }
 
 fn invalid(msg: &str) -> io::Error {
@@ -81,99 +104,174 @@ fn name_prefix<'a>(c: &mut Cursor<'a>) -> Option<&'a [u8]> {
     c.bytes(n)
 }
 
-/// Run the handshake. `Ok(None)`: the client aborted or went away.
-pub fn negotiate(
-    sock: &Sock,
-    exports: &ExportSet,
-    shutting_down: &AtomicBool,
-) -> io::Result<Option<Negotiated>> {
+/// The server's greeting (fixed newstyle, no zeroes offered).
+pub fn greeting() -> [u8; 18] {
     let mut greet = [0u8; 18];
     greet[0..8].copy_from_slice(&NBD_MAGIC.to_be_bytes());
     greet[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
     greet[16..18].copy_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    sock.write_all(&greet)?;
+    greet
+}
 
-    let mut cf = [0u8; 4];
-    if !sock.read_full(&mut cf)? {
-        return Ok(None);
+/// What the haggling state machine wants next.
+pub enum Step {
+    /// Send what was written and wait for the next option.
+    Continue,
+    /// Send what was written (the ACK), then start TLS on the socket; the
+    /// next option comes encrypted.
+    StartTls,
+    /// Send what was written, then enter transmission.
+    Done(Negotiated),
+    /// End the session (after sending what was written).
+    Close,
+}
+
+/// Who asks, for per-export access rules.
+#[derive(Debug, Clone, Default)]
+pub struct Peer {
+    /// The client's IP address (TCP), `None` on a Unix socket.
+    pub ip: Option<std::net::IpAddr>,
+}
+
+/// The environment of one handshake.
+pub struct Ctx<'a> {
+    pub exports: &'a ExportSet,
+    pub shutting_down: bool,
+    pub tls: TlsMode,
+    pub peer: &'a Peer,
+}
+
+/// One client's option haggling.
+#[derive(Default)]
+pub struct Negotiation {
+    no_zeroes: bool,
+    structured: bool,
+    /// (export name the contexts were chosen for, selected?)
+    meta: Option<(Vec<u8>, bool)>,
+    /// The session runs over TLS.
+    pub tls_active: bool,
+}
+
+impl Negotiation {
+    /// Check the client flags (the 4 bytes after the greeting).
+    pub fn client_flags(&mut self, client_flags: u32) -> io::Result<()> {
+        if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+            return Err(invalid("client sent unknown client flags"));
+        }
+        self.no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+        Ok(())
     }
-    let client_flags = u32::from_be_bytes(cf);
-    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
-        return Err(invalid("client sent unknown client flags"));
+
+    /// The export `name`, if it exists and this client may use it.
+    fn find(&self, cx: &Ctx<'_>, name: &[u8]) -> Option<Arc<Exported>> {
+        cx.exports
+            .find(name)
+            .filter(|e| e.allows(cx.peer.ip, self.tls_active))
     }
-    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
 
-    let mut structured = false;
-    // (export name the contexts were chosen for, selected?)
-    let mut meta: Option<(Vec<u8>, bool)> = None;
-
-    loop {
-        let mut h = [0u8; 16];
-        if !sock.read_full(&mut h)? {
-            return Ok(None);
-        }
-        let magic = u64::from_be_bytes(h[0..8].try_into().unwrap_or([0; 8]));
-        let opt = u32::from_be_bytes([h[8], h[9], h[10], h[11]]);
-        let len = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
-        if magic != IHAVEOPT {
-            return Err(invalid("bad option magic"));
-        }
-        if len > MAX_OPTION_LEN {
-            return Err(invalid("option payload too large"));
-        }
-        let mut data = vec![0u8; len as usize];
-        sock.read_exact(&mut data)?;
-
-        if shutting_down.load(Ordering::Relaxed) && opt != OPT_ABORT {
+    /// Handle one option (`opt`, its payload `data`, at most
+    /// [`MAX_OPTION_LEN`] bytes), appending the replies to `out`.
+    pub fn option(
+        &mut self,
+        cx: &Ctx<'_>,
+        opt: u32,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> io::Result<Step> {
+        let len = data.len();
+        if cx.shutting_down && opt != OPT_ABORT {
             if opt == OPT_EXPORT_NAME {
-                return Ok(None);
+                return Ok(Step::Close);
             }
-            reply_err(sock, opt, REP_ERR_SHUTDOWN, "server is shutting down")?;
-            continue;
+            reply_err(out, opt, REP_ERR_SHUTDOWN, "server is shutting down");
+            return Ok(Step::Continue);
+        }
+        if cx.tls == TlsMode::Require
+            && !self.tls_active
+            && !matches!(opt, OPT_STARTTLS | OPT_ABORT)
+        {
+            if opt == OPT_EXPORT_NAME {
+                // Cannot carry an error: hang up, as nbdkit does.
+                return Err(invalid(
+                    "client asked for an export without TLS, which is required",
+                ));
+            }
+            reply_err(
+                out,
+                opt,
+                REP_ERR_TLS_REQD,
+                "this server requires TLS: use STARTTLS (nbds:// URIs, qemu tls-creds)",
+            );
+            return Ok(Step::Continue);
         }
 
         match opt {
             OPT_EXPORT_NAME => {
-                let Some(found) = exports.find(&data) else {
+                let Some(found) = self.find(cx, data) else {
                     // This option cannot carry an error: end the session.
                     return Err(invalid("client asked for an unknown export"));
                 };
                 let ex = &found.export;
-                let mut out = [0u8; 10 + 124];
-                out[0..8].copy_from_slice(&ex.device.size().to_be_bytes());
-                out[8..10].copy_from_slice(&transmission_flags(ex, structured).to_be_bytes());
-                let n = if no_zeroes { 10 } else { out.len() };
-                sock.write_all(&out[..n])?;
-                return Ok(Some(Negotiated {
+                let mut info = [0u8; 10 + 124];
+                info[0..8].copy_from_slice(&ex.device.size().to_be_bytes());
+                info[8..10].copy_from_slice(&transmission_flags(ex, self.structured).to_be_bytes());
+                let n = if self.no_zeroes { 10 } else { info.len() };
+                out.extend_from_slice(&info[..n]);
+                Ok(Step::Done(Negotiated {
                     export: found,
-                    structured,
+                    structured: self.structured,
                     meta_base_allocation: None,
-                }));
+                }))
             }
             OPT_ABORT => {
                 // The client may already have closed; either way we end.
-                let _ = reply(sock, opt, REP_ACK, &[]);
-                return Ok(None);
+                reply(out, opt, REP_ACK, &[]);
+                Ok(Step::Close)
+            }
+            OPT_STARTTLS => {
+                if cx.tls == TlsMode::Off {
+                    reply_err(
+                        out,
+                        opt,
+                        REP_ERR_UNSUP,
+                        "TLS is not enabled on this server (udm serve --tls=on)",
+                    );
+                } else if len != 0 {
+                    reply_err(out, opt, REP_ERR_INVALID, "STARTTLS takes no data");
+                } else if self.tls_active {
+                    reply_err(out, opt, REP_ERR_INVALID, "TLS is already active");
+                } else {
+                    reply(out, opt, REP_ACK, &[]);
+                    // Everything negotiated in plain text is forgotten.
+                    self.structured = false;
+                    self.meta = None;
+                    return Ok(Step::StartTls);
+                }
+                Ok(Step::Continue)
             }
             OPT_LIST => {
                 if len != 0 {
-                    reply_err(sock, opt, REP_ERR_INVALID, "LIST takes no data")?;
-                    continue;
+                    reply_err(out, opt, REP_ERR_INVALID, "LIST takes no data");
+                    return Ok(Step::Continue);
                 }
-                for e in exports.list() {
+                for e in cx.exports.list() {
+                    if !e.allows(cx.peer.ip, self.tls_active) {
+                        continue;
+                    }
                     let ex = &e.export;
                     let n = (ex.name.len() as u32).to_be_bytes();
                     reply(
-                        sock,
+                        out,
                         opt,
                         REP_SERVER,
                         &[&n, ex.name.as_bytes(), ex.description.as_bytes()],
-                    )?;
+                    );
                 }
-                reply(sock, opt, REP_ACK, &[])?;
+                reply(out, opt, REP_ACK, &[]);
+                Ok(Step::Continue)
             }
             OPT_INFO | OPT_GO => {
-                let mut c = Cursor::new(&data);
+                let mut c = Cursor::new(data);
                 let parsed = (|| {
                     let name = name_prefix(&mut c)?;
                     let n = c.u16()? as usize;
@@ -187,84 +285,87 @@ pub fn negotiate(
                     (c.remaining() == 0).then_some((name, wanted))
                 })();
                 let Some((name, wanted)) = parsed else {
-                    reply_err(sock, opt, REP_ERR_INVALID, "malformed INFO/GO request")?;
-                    continue;
+                    reply_err(out, opt, REP_ERR_INVALID, "malformed INFO/GO request");
+                    return Ok(Step::Continue);
                 };
-                let Some(found) = exports.find(name) else {
-                    reply_err(sock, opt, REP_ERR_UNKNOWN, "no such export")?;
-                    continue;
+                let Some(found) = self.find(cx, name) else {
+                    reply_err(out, opt, REP_ERR_UNKNOWN, "no such export");
+                    return Ok(Step::Continue);
                 };
                 let ex = &found.export;
                 let mut info = [0u8; 12];
                 info[0..2].copy_from_slice(&INFO_EXPORT.to_be_bytes());
                 info[2..10].copy_from_slice(&ex.device.size().to_be_bytes());
-                info[10..12].copy_from_slice(&transmission_flags(ex, structured).to_be_bytes());
-                reply(sock, opt, REP_INFO, &[&info])?;
+                info[10..12]
+                    .copy_from_slice(&transmission_flags(ex, self.structured).to_be_bytes());
+                reply(out, opt, REP_INFO, &[&info]);
                 if wanted[INFO_NAME as usize] {
                     reply(
-                        sock,
+                        out,
                         opt,
                         REP_INFO,
                         &[&INFO_NAME.to_be_bytes(), ex.name.as_bytes()],
-                    )?;
+                    );
                 }
                 if wanted[INFO_DESCRIPTION as usize] && !ex.description.is_empty() {
                     reply(
-                        sock,
+                        out,
                         opt,
                         REP_INFO,
                         &[&INFO_DESCRIPTION.to_be_bytes(), ex.description.as_bytes()],
-                    )?;
+                    );
                 }
                 // Block sizes are always sent: a client that did not ask
                 // may ignore them, and we cope with any alignment anyway.
-                let (min, pref, max) = block_sizes(ex);
+                let (min, pref, max) = block_sizes(&found);
                 let mut bs = [0u8; 14];
                 bs[0..2].copy_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
                 bs[2..6].copy_from_slice(&min.to_be_bytes());
                 bs[6..10].copy_from_slice(&pref.to_be_bytes());
                 bs[10..14].copy_from_slice(&max.to_be_bytes());
-                reply(sock, opt, REP_INFO, &[&bs])?;
-                reply(sock, opt, REP_ACK, &[])?;
+                reply(out, opt, REP_INFO, &[&bs]);
+                reply(out, opt, REP_ACK, &[]);
                 if opt == OPT_GO {
-                    let selected = match &meta {
+                    let selected = match &self.meta {
                         Some((n, true))
-                            if exports.find(n).is_some_and(|e| Arc::ptr_eq(&e, &found)) =>
+                            if cx.exports.find(n).is_some_and(|e| Arc::ptr_eq(&e, &found)) =>
                         {
                             Some(BASE_ALLOCATION_ID)
                         }
                         _ => None,
                     };
-                    return Ok(Some(Negotiated {
+                    return Ok(Step::Done(Negotiated {
                         export: found,
-                        structured,
+                        structured: self.structured,
                         meta_base_allocation: selected,
                     }));
                 }
+                Ok(Step::Continue)
             }
             OPT_STRUCTURED_REPLY => {
                 if len != 0 {
-                    reply_err(sock, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data")?;
-                    continue;
+                    reply_err(out, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data");
+                    return Ok(Step::Continue);
                 }
-                structured = true;
-                reply(sock, opt, REP_ACK, &[])?;
+                self.structured = true;
+                reply(out, opt, REP_ACK, &[]);
+                Ok(Step::Continue)
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
                 let set = opt == OPT_SET_META_CONTEXT;
                 if set {
-                    meta = None;
+                    self.meta = None;
                 }
-                if !structured {
+                if !self.structured {
                     reply_err(
-                        sock,
+                        out,
                         opt,
                         REP_ERR_INVALID,
                         "negotiate structured replies first",
-                    )?;
-                    continue;
+                    );
+                    return Ok(Step::Continue);
                 }
-                let mut c = Cursor::new(&data);
+                let mut c = Cursor::new(data);
                 let parsed = (|| {
                     let name = name_prefix(&mut c)?;
                     let n = c.u32()?;
@@ -281,12 +382,12 @@ pub fn negotiate(
                     (c.remaining() == 0).then_some((name, all, base))
                 })();
                 let Some((name, all, base)) = parsed else {
-                    reply_err(sock, opt, REP_ERR_INVALID, "malformed meta context request")?;
-                    continue;
+                    reply_err(out, opt, REP_ERR_INVALID, "malformed meta context request");
+                    return Ok(Step::Continue);
                 };
-                if exports.find(name).is_none() {
-                    reply_err(sock, opt, REP_ERR_UNKNOWN, "no such export")?;
-                    continue;
+                if self.find(cx, name).is_none() {
+                    reply_err(out, opt, REP_ERR_UNKNOWN, "no such export");
+                    return Ok(Step::Continue);
                 }
                 // SET ignores the bare namespace; LIST treats it (and no
                 // query at all) as "everything".
@@ -294,20 +395,21 @@ pub fn negotiate(
                 if chosen {
                     let id = if set { BASE_ALLOCATION_ID } else { 0 };
                     reply(
-                        sock,
+                        out,
                         opt,
                         REP_META_CONTEXT,
                         &[&id.to_be_bytes(), META_BASE_ALLOCATION.as_bytes()],
-                    )?;
+                    );
                 }
                 if set {
-                    meta = Some((name.to_vec(), chosen));
+                    self.meta = Some((name.to_vec(), chosen));
                 }
-                reply(sock, opt, REP_ACK, &[])?;
+                reply(out, opt, REP_ACK, &[]);
+                Ok(Step::Continue)
             }
             _ => {
-                // Includes STARTTLS: we run without TLS (NOTLS mode).
-                reply_err(sock, opt, REP_ERR_UNSUP, "option not supported by udm")?;
+                reply_err(out, opt, REP_ERR_UNSUP, "option not supported by udm");
+                Ok(Step::Continue)
             }
         }
     }

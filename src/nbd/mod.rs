@@ -2,10 +2,12 @@
 //! structured replies, several named exports over Unix or TCP sockets.
 //!
 //! Layout, each file depending only on those listed before it: [`proto`]
-//! (wire constants, header codecs), [`sock`] (the socket type), [`export`]
-//! (the named devices a server offers, changeable at runtime),
-//! [`handshake`] (option haggling), [`conn`] (one connection's
-//! transmission phase), [`server`] (listen/accept/shutdown). Request
+//! (wire constants, header codecs), [`sock`] (the socket type), [`tls`]
+//! (rustls configuration), [`export`] (the named devices a server offers,
+//! changeable at runtime, with their allow-lists), [`handshake`] (option
+//! haggling, a state machine), [`conn`] (one connection: replies and their
+//! queue, the session state machine), [`reactor`] (the event loops that
+//! drive sessions), [`server`] (listen/accept/cap/shutdown). Request
 //! execution, ordering and fairness live in [`crate::engine`].
 //!
 //! Copies per byte (why the buffers are laid out as they are):
@@ -25,9 +27,13 @@ pub mod conn;
 pub mod export;
 pub mod handshake;
 pub mod proto;
+pub mod reactor;
 pub mod server;
 pub mod sock;
+pub mod tls;
 
-pub use export::{Export, ExportSet, Exported};
+pub use conn::NetOptions;
+pub use export::{Allow, Export, ExportSet, Exported};
 pub use proto::DEFAULT_PORT;
 pub use server::{serve, serve_with, serve_with_shutdown, Listen, ServeOptions, ServerConfig};
+pub use tls::{TlsMode, TlsOptions};

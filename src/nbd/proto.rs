@@ -3,10 +3,10 @@
 //! decoder can be unit-tested on byte arrays, and so that header values are
 //! only ever turned into numbers here, in one place, with no panics.
 
-/// `NBDMAGIC`, first 8 bytes of the greeting.
 /// The IANA port of NBD.
 pub const DEFAULT_PORT: u16 = 10809;
 
+/// `NBDMAGIC`, first 8 bytes of the greeting.
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
 /// `IHAVEOPT`: greeting second word and the magic of every option request.
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
@@ -53,6 +53,7 @@ pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR_UNSUP: u32 = 0x8000_0001;
 pub const REP_ERR_POLICY: u32 = 0x8000_0002;
 pub const REP_ERR_INVALID: u32 = 0x8000_0003;
+pub const REP_ERR_TLS_REQD: u32 = 0x8000_0005;
 pub const REP_ERR_UNKNOWN: u32 = 0x8000_0006;
 pub const REP_ERR_SHUTDOWN: u32 = 0x8000_0007;
 
@@ -86,6 +87,10 @@ pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 
+// `base:allocation` extent flags.
+pub const STATE_HOLE: u32 = 1 << 0;
+pub const STATE_ZERO: u32 = 1 << 1;
+
 // Error values (protocol numbering, not the host's errno).
 pub const EPERM: u32 = 1;
 pub const EIO: u32 = 5;
@@ -95,7 +100,7 @@ pub const EOVERFLOW: u32 = 75;
 pub const ENOTSUP: u32 = 95;
 pub const ESHUTDOWN: u32 = 108;
 
-/// The one metadata context we offer: everything reads as allocated data.
+/// The one metadata context we offer: allocation (holes, zeros).
 pub const META_BASE_ALLOCATION: &str = "base:allocation";
 
 /// Largest payload we serve in one request (advertised maximum).

@@ -1,27 +1,38 @@
 //! Listening, accepting and shutting down.
 //!
-//! One thread per connection runs the handshake and then reads requests;
-//! the shared [`Engine`] executes them. Shutdown (SIGINT/SIGTERM, or a
-//! flag for embedders and tests): stop accepting, stop reading new
-//! requests (the read side of every socket is shut down), let every
-//! admitted request finish and be answered, flush every export, return.
+//! The accepting thread only accepts: it hands each connection to an event
+//! loop (`reactor.rs`), which runs the handshake and the requests; the
+//! shared [`Engine`] executes them. So the accept path never waits behind
+//! a handshake, and threads do not grow with connections.
+//!
+//! Connection cap (`--max-connections`): at the cap, the oldest connection
+//! still in its handshake is shed to make room; only when every connection
+//! is past its handshake is a new client refused. A flood of sockets that
+//! never negotiate therefore cannot lock real clients out, and the
+//! handshake deadline clears them anyway.
+//!
+//! Shutdown (SIGINT/SIGTERM, or a flag for embedders and tests): stop
+//! accepting, stop reading new requests, let every admitted request finish
+//! and be answered, flush every export, return.
 
+use std::collections::VecDeque;
 use std::io;
-use std::net::{Shutdown, TcpListener, ToSocketAddrs};
+use std::net::{TcpListener, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use crate::engine::Engine;
 
-use super::conn::{transmission, Conn};
+use super::conn::{Conn, Cx, NetOptions};
 use super::export::{BudgetPolicy, Export, ExportSet};
-use super::handshake::negotiate;
+use super::reactor::Net;
 use super::sock::Sock;
+use super::tls::{self, TlsOptions};
 
 /// Where to listen.
 #[derive(Debug, Clone)]
@@ -41,6 +52,10 @@ pub struct ServerConfig {
     pub threads: usize,
 }
 
+/// Default `--max-connections` (lowered to what the descriptor limit
+/// allows).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
+
 /// Optional knobs of [`serve_with`].
 #[derive(Clone, Default)]
 pub struct ServeOptions {
@@ -50,6 +65,16 @@ pub struct ServeOptions {
     /// Stop when this becomes true (checked every 100 ms) instead of on
     /// SIGINT/SIGTERM; no signal handlers are installed then.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Most open connections (`None`: [`DEFAULT_MAX_CONNECTIONS`]).
+    pub max_connections: Option<usize>,
+    /// Event loop threads (0: one per core).
+    pub net_threads: usize,
+    /// Handshake deadline, idle deadline, reply deadline, per-connection
+    /// caps (the TLS mode inside is set from `tls`).
+    pub net: NetOptions,
+    pub tls: TlsOptions,
+    /// Per-export allow-lists (export name, entries).
+    pub allow: Vec<(String, Vec<super::export::Allow>)>,
     /// Serve this export set, owned by the caller (who adds and removes
     /// exports while the server runs: the control socket). The exports of
     /// the [`ServerConfig`] are added to it, and it may start empty.
@@ -63,6 +88,10 @@ impl std::fmt::Debug for ServeOptions {
             .field("memory_budget", &self.memory_budget)
             .field("stop", &self.stop)
             .field("exports", &self.exports.as_ref().map(|e| e.list().len()))
+            .field("max_connections", &self.max_connections)
+            .field("net_threads", &self.net_threads)
+            .field("net", &self.net)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -137,16 +166,17 @@ impl Listener {
         }
     }
 
+    /// Accept one connection, non-blocking (the event loops' mode).
     fn accept(&self) -> io::Result<Sock> {
         let s = match self {
             Listener::Unix(u, _) => {
                 let (s, _) = u.accept()?;
-                s.set_nonblocking(false)?;
+                s.set_nonblocking(true)?;
                 Sock::Unix(s)
             }
             Listener::Tcp(t) => {
                 let (s, _) = t.accept()?;
-                s.set_nonblocking(false)?;
+                s.set_nonblocking(true)?;
                 s.set_nodelay(true)?;
                 Sock::Tcp(s)
             }
@@ -264,12 +294,58 @@ pub fn serve_with(cfg: ServerConfig, opts: ServeOptions) -> io::Result<()> {
     r
 }
 
+/// Raise the soft limit on open descriptors to the hard limit (each
+/// connection is one) and return the limit now in force.
+fn raise_nofile_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the live struct only.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 1024;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                return want.rlim_cur;
+            }
+        }
+    }
+    r.rlim_cur
+}
+
+/// Descriptors kept back from the connection cap (exports, the listener,
+/// epoll, pipes, logs).
+const FD_RESERVE: usize = 64;
+
 fn run(
     cfg: ServerConfig,
     stop: &AtomicBool,
     pipe: Option<&Pipe>,
     opts: &ServeOptions,
 ) -> io::Result<()> {
+    let tls_config = tls::server_config(&opts.tls)
+        .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+    let nofile = raise_nofile_limit();
+    let fd_cap = (nofile as usize).saturating_sub(FD_RESERVE).max(1);
+    let max_conns = match opts.max_connections {
+        Some(n) => {
+            if n > fd_cap {
+                tracing::warn!(
+                    "--max-connections {n} is above what the descriptor limit ({nofile}) \
+                     allows; connections past {fd_cap} will be refused by the system \
+                     (raise `ulimit -n`)"
+                );
+            }
+            n.max(1)
+        }
+        None => DEFAULT_MAX_CONNECTIONS.min(fd_cap),
+    };
     let exports = match &opts.exports {
         Some(set) => {
             for e in cfg.exports {
@@ -286,16 +362,36 @@ fn run(
         }
         None => Arc::new(export_set(cfg.exports, cfg.threads, opts.memory_budget)?),
     };
+    for (name, rules) in &opts.allow {
+        match exports.find(name.as_bytes()).filter(|_| !name.is_empty()) {
+            Some(e) => e.set_allow(rules.clone()),
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("allow-list for '{name}': no export of that name"),
+                ))
+            }
+        }
+    }
     let engine = exports.engine().clone();
     let listener = Listener::bind(&cfg.listen)?;
     listener.set_nonblocking()?;
-    let shutting_down = Arc::new(AtomicBool::new(false));
-    // Connections: a handle to shut the socket's read side, and the thread.
-    let conns: Arc<Mutex<Vec<(u64, Sock)>>> = Arc::new(Mutex::new(Vec::new()));
-    let mut threads: Vec<JoinHandle<()>> = Vec::new();
-    let mut next_id = 0u64;
+    let mut net_opts = opts.net.clone();
+    net_opts.tls = opts.tls.mode;
+    let cx = Arc::new(Cx {
+        exports: exports.clone(),
+        engine: engine.clone(),
+        opts: net_opts,
+        tls: tls_config,
+        shutting_down: AtomicBool::new(false),
+    });
+    let mut net = Net::start(cx.clone(), opts.net_threads)?;
+    let live = Arc::new(AtomicUsize::new(0));
+    // Connections in accept order, for shedding the oldest handshake.
+    let mut handshaking: VecDeque<Weak<Conn>> = VecDeque::new();
+    let mut last_refusal_log: Option<Instant> = None;
     tracing::info!(
-        "serving {} export(s) on {}",
+        "serving {} export(s) on {} (at most {max_conns} connections)",
         exports.list().len(),
         listener.describe()
     );
@@ -320,49 +416,60 @@ fn run(
         if n <= 0 || fds[0].revents == 0 {
             continue;
         }
-        let sock = match listener.accept() {
-            Ok(s) => s,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => {
-                // Out of descriptors and the like: keep serving the others.
-                tracing::warn!("accept failed: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(50));
-                continue;
+        // Take a burst of pending connections per wake-up (bounded, so a
+        // flood cannot keep the stop flag from being looked at).
+        for _ in 0..1024 {
+            let sock = match listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    // Out of descriptors and the like: keep serving the others.
+                    tracing::warn!("accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(20));
+                    break;
+                }
+            };
+            while handshaking.front().is_some_and(|w| {
+                w.upgrade()
+                    .is_none_or(|c| !c.in_handshake.load(Ordering::Acquire) || c.is_closed())
+            }) {
+                handshaking.pop_front();
             }
-        };
-        let handle = match dup_sock(&sock) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!("cannot track connection: {e}");
-                continue;
+            if live.load(Ordering::Acquire) >= max_conns {
+                // Make room: the oldest connection still negotiating goes.
+                let mut shed = false;
+                while let Some(w) = handshaking.pop_front() {
+                    if let Some(c) = w.upgrade() {
+                        if c.in_handshake.load(Ordering::Acquire) && !c.is_closed() {
+                            tracing::debug!(
+                                "at the connection cap: shedding the oldest unfinished handshake"
+                            );
+                            c.shed();
+                            shed = true;
+                            break;
+                        }
+                    }
+                }
+                if !shed {
+                    let now = Instant::now();
+                    if last_refusal_log
+                        .is_none_or(|t| now.duration_since(t) > Duration::from_secs(5))
+                    {
+                        last_refusal_log = Some(now);
+                        tracing::warn!(
+                            "refusing a client: {max_conns} connections are open and all are \
+                             past their handshake (raise --max-connections)"
+                        );
+                    }
+                    drop(sock);
+                    continue;
+                }
             }
-        };
-        let id = next_id;
-        next_id += 1;
-        conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((id, handle));
-        let (exports, engine, shutting_down, conns) = (
-            exports.clone(),
-            engine.clone(),
-            shutting_down.clone(),
-            conns.clone(),
-        );
-        let spawned = std::thread::Builder::new()
-            .name(format!("udm-conn-{id}"))
-            .spawn(move || {
-                connection(sock, &exports, &engine, &shutting_down);
-                conns
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .retain(|(i, _)| *i != id);
-            });
-        match spawned {
-            Ok(t) => threads.push(t),
-            Err(e) => tracing::warn!("cannot start a connection thread: {e}"),
+            live.fetch_add(1, Ordering::AcqRel);
+            let conn = Arc::new(Conn::new(sock, Some(live.clone())));
+            handshaking.push_back(Arc::downgrade(&conn));
+            net.add(conn);
         }
-        threads.retain(|t| !t.is_finished());
     }
 
     tracing::info!("shutting down: finishing in-flight requests");
@@ -370,25 +477,14 @@ fn run(
     // Requests waiting behind a suspended device must run before the
     // connections can finish.
     engine.release_all();
-    shutting_down.store(true, Ordering::SeqCst);
-    for (_, s) in conns.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-        s.shutdown(Shutdown::Read);
-    }
-    for t in threads {
-        let _ = t.join();
-    }
+    cx.shutting_down.store(true, Ordering::SeqCst);
+    net.stop();
+    drop(cx);
     let flushed = engine.flush_all();
     engine.shutdown();
     flushed.map_err(|e| io::Error::other(format!("final flush failed: {e}")))?;
     tracing::info!("all exports flushed; bye");
     Ok(())
-}
-
-fn dup_sock(s: &Sock) -> io::Result<Sock> {
-    Ok(match s {
-        Sock::Unix(u) => Sock::Unix(u.try_clone()?),
-        Sock::Tcp(t) => Sock::Tcp(t.try_clone()?),
-    })
 }
 
 /// An engine with `threads` workers and a set holding `exports`, with the
@@ -418,39 +514,21 @@ pub fn export_set(
 /// or closes its socket.
 ///
 /// The entry point for the fuzz target `nbd_client` and its regression test
-/// (`udm::fuzzing`); the server itself calls it per accepted connection.
+/// (`udm::fuzzing`); it runs the server's own event loop on the calling
+/// thread for this one connection.
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
-pub fn serve_connection(sock: Sock, exports: &ExportSet, shutting_down: &AtomicBool) {
-    connection(sock, exports, exports.engine(), shutting_down)
-}
-
-/// One client from handshake to close. Never panics on client input; any
-/// error ends this connection only.
-fn connection(sock: Sock, exports: &ExportSet, engine: &Engine, shutting_down: &AtomicBool) {
-    let peer = sock.peer();
-    // A client that stops reading replies must not hold a worker forever.
-    let _ = sock.set_write_timeout(Some(std::time::Duration::from_secs(60)));
-    // Haggling takes milliseconds; a client silent for long during it is
-    // holding a thread for nothing. (Transmission may idle forever.)
-    let _ = sock.set_read_timeout(Some(std::time::Duration::from_secs(120)));
-    let neg = match negotiate(&sock, exports, shutting_down) {
-        Ok(Some(n)) => n,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::info!("client {peer}: handshake ended: {e}");
-            sock.shutdown(Shutdown::Both);
-            return;
-        }
-    };
-    if let Err(e) = sock.set_read_timeout(None) {
-        tracing::info!("client {peer}: {e}");
+pub fn serve_connection(sock: Sock, exports: &Arc<ExportSet>, shutting_down: &AtomicBool) {
+    if let Err(e) = sock.set_nonblocking(true) {
+        tracing::warn!("cannot make the socket non-blocking: {e}");
         return;
     }
-    tracing::debug!("client {peer}: serving export {:?}", neg.export.export.name);
-    let conn = Arc::new(Conn::new(sock, neg.structured));
-    if let Err(e) = transmission(&conn, neg, engine) {
-        tracing::info!("client {peer}: disconnected: {e}");
-    }
-    conn.sock.shutdown(Shutdown::Both);
+    let cx = Arc::new(Cx {
+        exports: exports.clone(),
+        engine: exports.engine().clone(),
+        opts: NetOptions::default(),
+        tls: None,
+        shutting_down: AtomicBool::new(shutting_down.load(Ordering::Relaxed)),
+    });
+    super::reactor::run_one(cx, Arc::new(Conn::new(sock, None)));
 }

@@ -1,10 +1,13 @@
 //! One type for a client connection over a Unix or TCP socket, so the
 //! handshake and the transmission code do not care which it is. Reads and
-//! writes go through `&Sock`, so a reader thread and worker threads share
-//! one descriptor without cloning it.
+//! writes go through `&Sock`, so the event loop and worker threads share
+//! one descriptor without cloning it. The server's sockets are
+//! non-blocking: `try_*` calls return `WouldBlock` instead of waiting,
+//! because no thread of the server may ever wait for one client.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -34,6 +37,47 @@ impl Sock {
         match self {
             Sock::Unix(s) => s.set_read_timeout(t),
             Sock::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Sock::Unix(s) => s.set_nonblocking(on),
+            Sock::Tcp(s) => s.set_nonblocking(on),
+        }
+    }
+
+    /// The peer's IP address (TCP only).
+    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Sock::Unix(_) => None,
+            Sock::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+        }
+    }
+
+    /// One `read`; `WouldBlock` on a non-blocking socket with no data,
+    /// `Ok(0)` at end of stream. Retries on EINTR.
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match (&*self).read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+
+    /// One `writev`; `WouldBlock` when the socket buffer is full. Retries
+    /// on EINTR.
+    pub fn try_writev(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        loop {
+            let r = match self {
+                Sock::Unix(s) => (&*s).write_vectored(bufs),
+                Sock::Tcp(s) => (&*s).write_vectored(bufs),
+            };
+            match r {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
         }
     }
 
@@ -121,156 +165,35 @@ impl Sock {
     }
 }
 
+impl AsRawFd for Sock {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Sock::Unix(s) => s.as_raw_fd(),
+            Sock::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Write for &Sock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match *self {
+            Sock::Unix(s) => (&*s).write(buf),
+            Sock::Tcp(s) => (&*s).write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.try_writev(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 impl Read for &Sock {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match *self {
             Sock::Unix(s) => (&*s).read(buf),
             Sock::Tcp(s) => (&*s).read(buf),
         }
-    }
-}
-
-/// Buffered reading of a connection's request stream. Request headers are
-/// 28 bytes and a pipelining client sends dozens at once: reading them
-/// through a small buffer takes one syscall per batch instead of one per
-/// header. Payloads larger than half the buffer are read straight into
-/// their destination (only bytes that already arrived with a header pass
-/// through the buffer), so large writes keep their single copy.
-pub struct Reader {
-    buf: Box<[u8]>,
-    start: usize,
-    end: usize,
-}
-
-impl Reader {
-    pub const CAPACITY: usize = 16 << 10;
-
-    pub fn new() -> Reader {
-        Reader {
-            buf: vec![0u8; Self::CAPACITY].into_boxed_slice(),
-            start: 0,
-            end: 0,
-        }
-    }
-
-    /// Fill `out` completely. `Ok(false)`: clean end of stream before the
-    /// first byte.
-    pub fn read_full(&mut self, sock: &Sock, out: &mut [u8]) -> io::Result<bool> {
-        let mut got = self.take(out);
-        if got == out.len() {
-            return Ok(true);
-        }
-        if out.len() - got >= Self::CAPACITY / 2 {
-            // Large remainder: straight into the destination.
-            let rest = &mut out[got..];
-            if !sock.read_full(rest)? {
-                return if got == 0 {
-                    Ok(false)
-                } else {
-                    Err(Self::eof_mid_message())
-                };
-            }
-            return Ok(true);
-        }
-        while got < out.len() {
-            let n = loop {
-                match (&*sock).read(&mut self.buf[..]) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
-            };
-            if n == 0 {
-                return if got == 0 {
-                    Ok(false)
-                } else {
-                    Err(Self::eof_mid_message())
-                };
-            }
-            self.start = 0;
-            self.end = n;
-            got += self.take(&mut out[got..]);
-        }
-        Ok(true)
-    }
-
-    /// Fill `out` completely; end of stream is an error.
-    pub fn read_exact(&mut self, sock: &Sock, out: &mut [u8]) -> io::Result<()> {
-        if out.is_empty() || self.read_full(sock, out)? {
-            Ok(())
-        } else {
-            Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "client closed the connection",
-            ))
-        }
-    }
-
-    /// Read and throw away `n` bytes.
-    pub fn skip(&mut self, sock: &Sock, mut n: u64) -> io::Result<()> {
-        let buffered = ((self.end - self.start) as u64).min(n);
-        self.start += buffered as usize;
-        n -= buffered;
-        sock.skip(n)
-    }
-
-    /// Move buffered bytes into `out`; returns how many.
-    fn take(&mut self, out: &mut [u8]) -> usize {
-        let n = (self.end - self.start).min(out.len());
-        out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
-        self.start += n;
-        n
-    }
-
-    fn eof_mid_message() -> io::Error {
-        io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "client closed the connection in the middle of a message",
-        )
-    }
-}
-
-impl Default for Reader {
-    fn default() -> Self {
-        Reader::new()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn buffered_reader_splits_and_joins_messages() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let (a, b) = (Sock::Unix(a), Sock::Unix(b));
-        let big: Vec<u8> = (0..40000u32).map(|i| i as u8).collect();
-        let mut msg = Vec::new();
-        msg.extend_from_slice(&[1u8; 28]);
-        msg.extend_from_slice(&[2u8; 100]);
-        msg.extend_from_slice(&[3u8; 28]);
-        msg.extend_from_slice(&big);
-        msg.extend_from_slice(&[4u8; 10]);
-        let writer = std::thread::spawn(move || {
-            for piece in msg.chunks(777) {
-                a.write_all(piece).unwrap();
-            }
-        });
-        let mut r = Reader::new();
-        let mut h = [0u8; 28];
-        assert!(r.read_full(&b, &mut h).unwrap());
-        assert_eq!(h, [1u8; 28]);
-        r.skip(&b, 100).unwrap();
-        r.read_exact(&b, &mut h).unwrap();
-        assert_eq!(h, [3u8; 28]);
-        let mut got = vec![0u8; big.len()];
-        r.read_exact(&b, &mut got).unwrap();
-        assert!(got == big);
-        let mut t = [0u8; 10];
-        r.read_exact(&b, &mut t).unwrap();
-        assert_eq!(t, [4u8; 10]);
-        writer.join().unwrap();
-        // Clean end of stream between messages.
-        assert!(!r.read_full(&b, &mut h).unwrap());
     }
 }

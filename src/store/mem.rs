@@ -215,6 +215,51 @@ impl BlockDevice for MemStore {
         Limits::default()
     }
 
+    /// Memory has no holes; pages that are all zeros are reported as data
+    /// that reads as zeros (one pass over the range, under the region
+    /// locks), which lets a copy skip them.
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut dyn FnMut(crate::core::Extent) -> bool,
+    ) -> DevResult<()> {
+        self.check(offset, len)?;
+        const PAGE: u64 = 4096;
+        let mut run: Option<crate::core::Extent> = None;
+        let mut more = true;
+        let mut pos = offset;
+        let end = offset + len;
+        while pos < end && more {
+            let n = (PAGE - pos % PAGE).min(end - pos);
+            let zero = {
+                let _g = self.lock(pos).read().unwrap_or_else(|p| p.into_inner());
+                // SAFETY: `[pos, pos+n)` is inside the memory (checked
+                // above) and the shared region lock excludes writers.
+                let s = unsafe { std::slice::from_raw_parts(self.ptr(pos), n as usize) };
+                s.iter().all(|&b| b == 0)
+            };
+            match &mut run {
+                Some(r) if r.zero == zero => r.len += n,
+                _ => {
+                    if let Some(r) = run.take() {
+                        more = out(r);
+                    }
+                    run = Some(crate::core::Extent {
+                        len: n,
+                        hole: false,
+                        zero,
+                    });
+                }
+            }
+            pos += n;
+        }
+        if let (true, Some(r)) = (more, run) {
+            out(r);
+        }
+        Ok(())
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len() as u64)?;
         if buf.is_empty() {

@@ -91,17 +91,15 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
 
 fn class(a: &mut TargetArgs<'_>, at: usize) -> Result<Class, TargetError> {
     let s = &a.args[at + 2];
-    let delay_ms = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        s.parse::<u32>().ok()
-    } else {
-        None
-    }
-    .ok_or_else(|| {
-        TargetError::at(
-            at + 2,
-            format!("Invalid delay: expected milliseconds (0 to 4294967295), got '{s}'"),
-        )
-    })?;
+    let delay_ms = crate::core::units::parse_decimal(s)
+        .ok()
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| {
+            TargetError::at(
+                at + 2,
+                format!("Invalid delay: expected milliseconds (0 to 4294967295), got '{s}'"),
+            )
+        })?;
     let len = a.len;
     let area = resolve_area(a, at, len)?;
     Ok(Class {

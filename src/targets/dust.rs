@@ -13,6 +13,7 @@
 //! something return the kernel's text. Status: `<dev> bypass|
 //! fail_read_on_bad_block verbose|quiet`.
 
+use crate::core::units::{parse_decimal, DecimalError};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -56,17 +57,15 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         )));
     }
     let s = &a.args[2];
-    let blksz = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        s.parse::<u32>().ok().filter(|&b| b != 0)
-    } else {
-        None
-    }
-    .ok_or_else(|| {
-        TargetError::at(
-            2,
-            format!("Invalid block size parameter: expected bytes, got '{s}'"),
-        )
-    })? as u64;
+    let blksz = parse_decimal(s)
+        .ok()
+        .filter(|&b| b != 0 && b <= u64::from(u32::MAX))
+        .ok_or_else(|| {
+            TargetError::at(
+                2,
+                format!("Invalid block size parameter: expected bytes, got '{s}'"),
+            )
+        })?;
     if blksz < 512 {
         return Err(TargetError::at(2, "Block size must be at least 512"));
     }
@@ -96,12 +95,12 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     }))
 }
 
-fn parse_num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("invalid {what} '{s}': expected a decimal number"));
+fn parse_num<T: TryFrom<u64>>(s: &str, what: &str) -> Result<T, String> {
+    match parse_decimal(s) {
+        Ok(v) => T::try_from(v).map_err(|_| format!("invalid {what} '{s}': too large")),
+        Err(DecimalError::TooLarge) => Err(format!("invalid {what} '{s}': too large")),
+        Err(_) => Err(format!("invalid {what} '{s}': expected a decimal number")),
     }
-    s.parse()
-        .map_err(|_| format!("invalid {what} '{s}': too large"))
 }
 
 impl Dust {

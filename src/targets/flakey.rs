@@ -144,11 +144,10 @@ fn parse_u32(args: &[String], idx: usize, what: &str) -> Result<u32, TargetError
     let s = args
         .get(idx)
         .ok_or_else(|| TargetError::at(idx, format!("missing: {what}")))?;
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(TargetError::at(idx, format!("{what}, got '{s}'")));
-    }
-    s.parse::<u32>()
-        .map_err(|_| TargetError::at(idx, format!("{what}, got '{s}'")))
+    crate::core::units::parse_decimal(s)
+        .ok()
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| TargetError::at(idx, format!("{what}, got '{s}'")))
 }
 
 fn bounded(args: &[String], idx: usize, lo: u32, hi: u32, what: &str) -> Result<u32, TargetError> {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{expect_args, resolve_area, Area, Target, TargetArgs, TargetError};
 use crate::core::device::Transform;
-use crate::core::{BlockDevice, DevResult, Limits, WriteBuf};
+use crate::core::{extents_of, BlockDevice, DevResult, Extent, Limits, WriteBuf};
 
 pub struct Linear {
     area: Area,
@@ -86,6 +86,9 @@ impl BlockDevice for Linear {
         self.area
             .dev
             .write_zeroes(self.area.offset + offset, len, fua)
+    }
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
+        extents_of(self.area.dev.as_ref(), self.area.offset + offset, len, out).map(|_| ())
     }
 }
 

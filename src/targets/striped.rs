@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::{parse_sectors, resolve_area, Area, EventHook, Target, TargetArgs, TargetError};
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{extents_of, BlockDevice, DevError, DevResult, Extent, Limits, WriteBuf};
 
 pub struct Striped {
     legs: Vec<Area>,
@@ -228,6 +228,17 @@ impl BlockDevice for Striped {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         self.pieces(offset, len, |leg, off, _at, n| {
             leg.dev.write_zeroes(off, n, fua)
+        })
+    }
+
+    /// Each chunk's piece asks its leg, in order.
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
+        let mut more = true;
+        self.pieces(offset, len, |leg, off, _at, n| {
+            if more {
+                more = extents_of(leg.dev.as_ref(), off, n, out)?;
+            }
+            Ok(())
         })
     }
 }

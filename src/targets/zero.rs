@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{expect_args, Target, TargetArgs, TargetError};
-use crate::core::{BlockDevice, DevResult, Limits, WriteBuf};
+use crate::core::{BlockDevice, DevResult, Extent, Limits, WriteBuf};
 
 pub struct Zero {
     len: u64,
@@ -45,6 +45,20 @@ impl BlockDevice for Zero {
         Ok(())
     }
     fn write_zeroes(&self, _offset: u64, _len: u64, _fua: bool) -> DevResult<()> {
+        Ok(())
+    }
+    /// Nothing is stored and everything reads as zeros.
+    fn extents(
+        &self,
+        _offset: u64,
+        len: u64,
+        out: &mut dyn FnMut(Extent) -> bool,
+    ) -> DevResult<()> {
+        out(Extent {
+            len,
+            hole: true,
+            zero: true,
+        });
         Ok(())
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod alloc;
 pub mod dm;
+pub mod fs;
 pub mod luks;
 pub mod nbd;
 
@@ -29,7 +30,7 @@ use udm::store::file::{FileStore, OpenFlags};
 
 /// Where the test peers come from (scripts/test.sh installs them all).
 const PEERS: &str = "apt-get install qemu-utils cryptsetup-bin nbdkit libnbd-bin \
-                     python3-libnbd python3-cryptography python3-jsonschema fio e2fsprogs fuse3 nbdfuse openssl; \
+                     python3-libnbd python3-cryptography python3-jsonschema fio e2fsprogs xfsprogs fuse3 nbdfuse openssl; \
                      scripts/test.sh installs them";
 
 /// Debian's python, which has the libnbd bindings.
@@ -273,6 +274,15 @@ impl UdmServe {
 
     pub fn uri(&self, export: &str) -> String {
         format!("nbd+unix:///{export}?socket={}", self.sock.display())
+    }
+
+    /// Threads of the server process (from /proc).
+    pub fn threads(&self) -> usize {
+        let st = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        st.lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("Threads: line in /proc/PID/status")
     }
 
     /// SIGTERM and wait; returns the exit code.

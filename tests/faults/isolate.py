@@ -105,4 +105,25 @@ def dust():
     print("dust: bad blocks 8..15 gave EIO, a write remapped block 8")
 
 
-{"flakey": flakey, "delay": delay, "dust": dust}[CASE]()
+def dropped():
+    """A flakey device down with drop_writes: the write is acknowledged,
+    flushed, and not stored."""
+    h = handle()
+    before = h.pread(CHUNK, 0)
+    h.pwrite(b"\xee" * CHUNK, 0)
+    h.flush()
+    assert h.pread(CHUNK, 0) == before, "a dropped write was stored"
+    h.shutdown()
+    print("flakey drop_writes: write and flush acknowledged, nothing stored")
+
+
+def kept():
+    h = handle()
+    h.pwrite(b"\xee" * CHUNK, 0)
+    h.flush()
+    assert h.pread(CHUNK, 0) == b"\xee" * CHUNK
+    h.shutdown()
+    print("flakey up again: writes stored")
+
+
+{"flakey": flakey, "delay": delay, "dust": dust, "dropped": dropped, "kept": kept}[CASE]()

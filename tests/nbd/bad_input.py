@@ -294,6 +294,7 @@ def case_vanish():
 
 
 def case_block_status():
+    """base:allocation from the device's extents (memory store: zero pages)."""
     h = nbd.NBD()
     h.add_meta_context("base:allocation")
     h.set_export_name("rw")
@@ -305,8 +306,19 @@ def case_block_status():
         seen.append((metacontext, offset, list(entries)))
         return 0
 
+    # A fresh memory store reads as zeros: data (not a hole), zero flag.
     h.block_status(65536, 4096, cb)
-    assert seen == [("base:allocation", 4096, [65536, 0])], seen
+    assert seen == [("base:allocation", 4096, [65536, 2])], seen
+    # Written bytes are data; the reply splits at page granularity and
+    # never runs past the request.
+    h.pwrite(b"x" * 4096, 8192)
+    seen.clear()
+    h.block_status(65536, 4096, cb)
+    assert seen == [("base:allocation", 4096, [4096, 2, 4096, 0, 57344, 2])], seen
+    # REQ_ONE: a single extent.
+    seen.clear()
+    h.block_status(65536, 4096, cb, flags=nbd.CMD_FLAG_REQ_ONE)
+    assert seen == [("base:allocation", 4096, [4096, 2])], seen
     h.shutdown()
 
 

@@ -7,7 +7,7 @@
 use super::split::{part, CryptIo};
 use super::Crypt;
 use crate::core::device::{whole_units, write_zeroes_by_writing, Transform};
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{extents_of, BlockDevice, DevError, DevResult, Extent, Limits, WriteBuf};
 use crate::crypto::SectorCrypt;
 
 /// Largest piece of a borrowed write encrypted into one bounce buffer.
@@ -119,6 +119,26 @@ impl BlockDevice for Crypt {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         // Zeros must be stored encrypted: write encrypted zeros.
         write_zeroes_by_writing(self, offset, len, fua)
+    }
+
+    /// The backing's holes are holes here too (nothing stored), but they
+    /// do not read as zeros: a hole reads as zero *ciphertext*, which
+    /// decrypts to noise. So holes keep the hole flag and lose the zero
+    /// flag, and nothing is ever reported as zero.
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
+        extents_of(
+            self.area.dev.as_ref(),
+            self.area.offset + offset,
+            len,
+            &mut |e| {
+                out(Extent {
+                    len: e.len,
+                    hole: e.hole,
+                    zero: false,
+                })
+            },
+        )
+        .map(|_| ())
     }
 }
 

@@ -36,7 +36,11 @@ impl Crypt {
             _ => 1,
         };
         let ss = self.opts.sector_size as usize;
-        let parts = threads.min(len / PART_MIN).clamp(1, MAX_PARTS);
+        // Two parts per thread: whoever is free takes the next one, so a
+        // helper that starts late (woken from sleep) still takes a share,
+        // and one that cannot start leaves it to the submitter.
+        let want = if threads > 1 { 2 * threads } else { 1 };
+        let parts = want.min(len / PART_MIN).clamp(1, MAX_PARTS);
         let per = (len / ss).div_ceil(parts).max(1) * ss;
         (per, len.div_ceil(per).max(1))
     }

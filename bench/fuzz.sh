@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Run every cargo-fuzz target (fuzz/fuzz_targets/) for the given number of
+# minutes each, one after the other, from a corpus seeded with
+# fuzz/seeds/<target>/, and print one table row per target:
+#   | target | minutes | executions | crashes |
+# A crash, leak or timeout leaves its input in fuzz/artifacts/<target>/ and
+# counts as a crash. Needs a nightly toolchain and `cargo install
+# cargo-fuzz`. The machine may be shared: the fuzzer runs at nice 19.
+#
+# Usage: bench/fuzz.sh [MINUTES] [TARGET...]     (default 10, every target)
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+export PATH="$HOME/.cargo/bin:$PATH"
+minutes=${1:-10}
+shift || true
+targets=("$@")
+if ((${#targets[@]} == 0)); then
+    mapfile -t targets < <(ls fuzz_targets | sed 's/\.rs$//' | sort)
+fi
+secs=$((minutes * 60))
+cargo +nightly fuzz build -O >/dev/null
+log_dir=$(mktemp -d /tmp/udm-fuzz.XXXXXX)
+echo "toolchain: $(rustc +nightly --version); cargo-fuzz $(cargo +nightly fuzz --version | awk '{print $2}'); $(nproc) cores; logs in $log_dir"
+echo "| target | minutes | executions | crashes |"
+echo "|---|---|---|---|"
+for t in "${targets[@]}"; do
+    mkdir -p "corpus/$t" "artifacts/$t"
+    cp -n "seeds/$t"/* "corpus/$t/" 2>/dev/null || true
+    before=$(ls "artifacts/$t" | wc -l)
+    set +e
+    nice -n 19 cargo +nightly fuzz run -O "$t" "corpus/$t" -- \
+        -max_total_time="$secs" -rss_limit_mb=2048 -timeout=30 \
+        >"$log_dir/$t.log" 2>&1
+    rc=$?
+    set -e
+    runs=$(grep -Eo 'Done [0-9]+ runs' "$log_dir/$t.log" | awk '{print $2}' | tail -1)
+    if [[ -z "$runs" ]]; then
+        runs=$(grep -Eo '^#[0-9]+' "$log_dir/$t.log" | tail -1 | tr -d '#')
+    fi
+    after=$(ls "artifacts/$t" | wc -l)
+    crashes=$((after - before))
+    if ((rc != 0 && crashes == 0)); then crashes="1 (exit $rc, see $log_dir/$t.log)"; fi
+    echo "| $t | $minutes | ${runs:-?} | $crashes |"
+done
