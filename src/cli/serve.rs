@@ -43,6 +43,15 @@ pub struct Args {
     /// Passphrase file for --luks (whole content; `-` for stdin).
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+    /// Volumes from a crypttab file (systemd's format: NAME DEVICE
+    /// KEYFILE OPTIONS), each served under its NAME; passphrases are asked
+    /// on the terminal for lines whose key file is `none`.
+    #[arg(long, value_name = "FILE")]
+    pub crypttab: Option<PathBuf>,
+    /// Try LUKS passphrases even on keyslots whose KDF cost is above
+    /// udm's limit (see `udm cryptsetup --help`).
+    #[arg(long)]
+    pub no_kdf_limit: bool,
     /// Detached LUKS header for --luks (as cryptsetup's --header).
     #[arg(long, value_name = "FILE")]
     pub header: Option<PathBuf>,
@@ -221,9 +230,31 @@ fn serve(a: Args) -> Result<(), String> {
             },
         ));
     }
+    if let Some(ct) = &a.crypttab {
+        let text = std::fs::read_to_string(ct)
+            .map_err(|e| format!("--crypttab: cannot read {}: {e}", ct.display()))?;
+        let entries = crate::luks::crypttab::parse(&text, ct).map_err(|e| e.to_string())?;
+        for e in entries {
+            for n in &e.notes {
+                tracing::info!("{}:{} ({}): {n}", ct.display(), e.line, e.name);
+            }
+            let text = e.table(a.no_kdf_limit).map_err(|x| x.to_string())?;
+            if e.read_only {
+                read_only_exports.push(e.name.clone());
+            }
+            specs.push((
+                position(&ct.display().to_string()).saturating_add(e.line),
+                e.name.clone(),
+                DeviceSpec::Table {
+                    text,
+                    source: format!("{} line {}", ct.display(), e.line),
+                },
+            ));
+        }
+    }
     if specs.is_empty() && a.no_control {
         return Err(
-            "nothing to serve: give at least one --table, --file or --luks, or a control \
+            "nothing to serve: give at least one --table, --file, --luks or --crypttab, or a control \
              socket to create devices through"
                 .into(),
         );

@@ -12,6 +12,8 @@ pub enum HashAlg {
     Sha256,
     Sha384,
     Sha512,
+    /// cryptsetup's default plain-mode hash, and an old LUKS1 hash-spec.
+    Ripemd160,
 }
 
 impl HashAlg {
@@ -23,6 +25,7 @@ impl HashAlg {
             "sha256" => HashAlg::Sha256,
             "sha384" => HashAlg::Sha384,
             "sha512" => HashAlg::Sha512,
+            "ripemd160" => HashAlg::Ripemd160,
             _ => return None,
         })
     }
@@ -35,6 +38,7 @@ impl HashAlg {
             HashAlg::Sha256 => "sha256",
             HashAlg::Sha384 => "sha384",
             HashAlg::Sha512 => "sha512",
+            HashAlg::Ripemd160 => "ripemd160",
         }
     }
 
@@ -46,6 +50,7 @@ impl HashAlg {
             HashAlg::Sha256 => 32,
             HashAlg::Sha384 => 48,
             HashAlg::Sha512 => 64,
+            HashAlg::Ripemd160 => 20,
         }
     }
 
@@ -64,6 +69,7 @@ impl HashAlg {
             HashAlg::Sha256 => run::<sha2::Sha256>(parts),
             HashAlg::Sha384 => run::<sha2::Sha384>(parts),
             HashAlg::Sha512 => run::<sha2::Sha512>(parts),
+            HashAlg::Ripemd160 => run::<ripemd::Ripemd160>(parts),
         }
     }
 
@@ -76,6 +82,7 @@ impl HashAlg {
             HashAlg::Sha256 => pbkdf2_hmac::<sha2::Sha256>(password, salt, iterations, out),
             HashAlg::Sha384 => pbkdf2_hmac::<sha2::Sha384>(password, salt, iterations, out),
             HashAlg::Sha512 => pbkdf2_hmac::<sha2::Sha512>(password, salt, iterations, out),
+            HashAlg::Ripemd160 => pbkdf2_hmac::<ripemd::Ripemd160>(password, salt, iterations, out),
         }
     }
 }

@@ -93,7 +93,7 @@ impl KeySource {
                         stdin.lock(),
                         None,
                         self.offset,
-                        if stop_eol { None } else { self.size },
+                        self.size,
                         stop_eol,
                         "standard input",
                     )

@@ -240,18 +240,37 @@ impl UdmServe {
     /// accepts connections. Its stderr goes to `<sock>.log`, shown if it
     /// exits before that.
     pub fn start<S: AsRef<OsStr>>(sock: &Path, args: &[S]) -> UdmServe {
+        UdmServe::start_with_input(sock, args, None)
+    }
+
+    /// [`UdmServe::start`] with `input` on its standard input (passphrases
+    /// it reads as a pipe), closed after.
+    pub fn start_with_input<S: AsRef<OsStr>>(
+        sock: &Path,
+        args: &[S],
+        input: Option<&[u8]>,
+    ) -> UdmServe {
         let log_path = sock.with_extension("log");
         let log = std::fs::File::create(&log_path).unwrap();
-        let child = udm()
+        let mut child = udm()
             .arg("serve")
             .arg("--socket")
             .arg(sock)
             .args(args)
             .env("UDM_LOG", "warn")
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start udm serve");
+        if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
+            use std::io::Write;
+            stdin.write_all(data).expect("write udm serve's stdin");
+        }
         let mut s = UdmServe {
             child,
             sock: sock.to_path_buf(),

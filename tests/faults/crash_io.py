@@ -78,9 +78,18 @@ def connect():
 
 
 def write(seed):
-    h = connect()
-    nblocks = h.get_size() // BLOCK
+    try:
+        h = connect()
+        nblocks = h.get_size() // BLOCK
+    except nbd.Error:
+        # Killed before this client got in: nothing was written.
+        print("writer: 0 writes acknowledged, 0 flushes completed, 0 writes in flight "
+              "at the kill (the server died before the connection)")
+        return
     st = load(nblocks)
+    # Tell the test the writes are starting (it kills the server after a
+    # random delay from here).
+    open(STATE + ".ready", "w").close()
     # Blocks left with a torn in-flight write are rewritten before use:
     # their expected generation is whatever the last verify accepted.
     st["pending"] = [False] * nblocks

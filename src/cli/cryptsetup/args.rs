@@ -190,6 +190,7 @@ pub static SPECS: &[Spec] = &[
     spec!("use-fsync", None, Flag),
     spec!("write-log", None, Flag),
     spec!("no-kdf-limit", None, Flag),
+    spec!("control", None, Str),
     spec!("help", Some('?'), Flag),
     spec!("usage", None, Flag),
     spec!("version", Some('V'), Flag),

@@ -8,6 +8,7 @@
 //! (and invalid headers), 2 no permission or bad passphrase, 3 out of
 //! memory, 4 wrong device or file, 5 device busy or already exists.
 
+mod active;
 mod args;
 mod offline;
 
@@ -67,19 +68,19 @@ const ACTIONS: &[Action] = &[
         name: "close",
         min_args: 1,
         usage: "<name>",
-        run: offline::needs_server,
+        run: active::close,
     },
     Action {
         name: "resize",
         min_args: 1,
         usage: "<name>",
-        run: offline::needs_server,
+        run: active::resize,
     },
     Action {
         name: "status",
         min_args: 1,
         usage: "<name>",
-        run: offline::needs_server,
+        run: active::status,
     },
     Action {
         name: "benchmark",
