@@ -290,6 +290,7 @@ fn device_with_a_short_last_block() {
 struct Remote {
     inner: MemStore,
     depth: u32,
+    started: std::sync::atomic::AtomicU32,
     running: std::sync::atomic::AtomicU32,
     peak: std::sync::atomic::AtomicU32,
     threads: Mutex<Vec<std::thread::ThreadId>>,
@@ -305,14 +306,26 @@ impl BlockDevice for Remote {
             ..self.inner.limits()
         }
     }
+    /// The first `depth` reads (one for a local device) wait for each
+    /// other, so the peak shows how many the engine runs at once whatever
+    /// the machine's load; later reads pass straight through.
     fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        let target = self.depth.max(1);
+        let first = self.started.fetch_add(1, Ordering::SeqCst) < target;
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
         self.threads
             .lock()
             .unwrap()
             .push(std::thread::current().id());
-        std::thread::sleep(Duration::from_millis(30));
+        let t = std::time::Instant::now();
+        while first
+            && self.running.load(Ordering::SeqCst) < target
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(5));
         self.running.fetch_sub(1, Ordering::SeqCst);
         self.inner.read(o, b)
     }
@@ -339,6 +352,7 @@ fn queue_depth_devices_get_their_own_workers_and_a_cap() {
         let dev = Arc::new(Remote {
             inner: MemStore::new(1 << 20),
             depth,
+            started: 0.into(),
             running: 0.into(),
             peak: 0.into(),
             threads: Mutex::new(Vec::new()),

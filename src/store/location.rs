@@ -172,6 +172,7 @@ fn parse_rbd(rest: &str) -> Result<RbdSpec, String> {
         conf: None,
         id: None,
         options: Vec::new(),
+        queue_depth: None,
     };
     for opt in &parts[1..] {
         let Some((k, v)) = opt.split_once('=') else {
@@ -184,6 +185,14 @@ fn parse_rbd(rest: &str) -> Result<RbdSpec, String> {
         match k.as_str() {
             "conf" => spec.conf = Some(PathBuf::from(v)),
             "id" => spec.id = Some(v),
+            "udm_queue_depth" => {
+                spec.queue_depth = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&d| d <= 1024)
+                        .ok_or_else(|| format!("udm_queue_depth={v}: give 0 to 1024"))?,
+                )
+            }
             _ => spec.options.push((k, v)),
         }
     }

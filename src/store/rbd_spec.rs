@@ -20,4 +20,8 @@ pub struct RbdSpec {
     /// Any other `key=value` (including `keyring=`), set on the cluster
     /// handle with `rados_conf_set`, as qemu does.
     pub options: Vec<(String, String)>,
+    /// `udm_queue_depth=N`: requests the engine keeps in flight for the
+    /// image (default 64; 0 = run requests like a local file's, for
+    /// comparison).
+    pub queue_depth: Option<u32>,
 }

@@ -53,6 +53,7 @@ pub struct RbdStore {
     read_only: bool,
     /// Whether librbd's cache is on (then FUA needs a flush).
     cache: bool,
+    queue_depth: u32,
     name: String,
 }
 
@@ -257,6 +258,7 @@ impl RbdStore {
             size,
             read_only,
             cache,
+            queue_depth: spec.queue_depth.unwrap_or(QUEUE_DEPTH),
             name: name.to_string(),
         };
         // The store owns the handles now.
@@ -366,7 +368,7 @@ impl BlockDevice for RbdStore {
             discard: !self.read_only,
             write_zeroes: !self.read_only,
             read_only: self.read_only,
-            queue_depth: QUEUE_DEPTH,
+            queue_depth: self.queue_depth,
         }
     }
 

@@ -29,10 +29,18 @@ pub(super) fn part(i: usize, per: usize, len: usize) -> std::ops::Range<usize> {
 impl Crypt {
     /// How a request of `len` bytes is cut for the pool: (bytes per part,
     /// number of parts). One part when the pool is off for this direction
-    /// or the request is small.
+    /// or the request is small, and one over a device that waits on a
+    /// network (`Limits::queue_depth`, an RBD image or a remote NBD
+    /// export): each part does its own I/O on the thread that runs it, so a
+    /// split would park that device's round trips on the few crypto
+    /// threads shared by every request; the engine already runs many such
+    /// requests at once, each on its own worker, which spreads the cipher
+    /// work over the cores instead.
     pub(super) fn plan(&self, len: usize, may_split: bool) -> (usize, usize) {
         let threads = match &self.pool {
-            Some(p) if may_split && len >= SPLIT_MIN => p.parallelism(),
+            Some(p) if may_split && len >= SPLIT_MIN && self.area.dev.limits().queue_depth == 0 => {
+                p.parallelism()
+            }
             _ => 1,
         };
         let ss = self.opts.sector_size as usize;

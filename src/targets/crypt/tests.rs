@@ -338,3 +338,88 @@ fn cipher_transform_refuses_partial_sectors() {
     sc.encrypt(&mut want, 8);
     assert_eq!(dst[..4096], want[..]);
 }
+
+/// A memory device that says it waits on a network (a queue depth) and
+/// records which threads called it.
+struct Remote {
+    inner: MemStore,
+    threads: std::sync::Mutex<Vec<std::thread::ThreadId>>,
+}
+
+impl BlockDevice for Remote {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        Limits {
+            queue_depth: 64,
+            ..self.inner.limits()
+        }
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        self.threads
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        self.inner.read(o, b)
+    }
+    fn write(&self, o: u64, d: WriteBuf<'_>, f: bool) -> DevResult<()> {
+        self.threads
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        self.inner.write(o, d, f)
+    }
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+    fn discard(&self, o: u64, l: u64) -> DevResult<()> {
+        self.inner.discard(o, l)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
+        self.inner.write_zeroes(o, l, f)
+    }
+}
+
+/// Over a device with a queue depth (RBD, a remote NBD export) a large
+/// request is not split over the crypto threads: its I/O stays on the
+/// calling thread, one call per request, and the data round-trips.
+#[test]
+fn no_split_over_a_device_that_waits_on_a_network() {
+    let dev = Arc::new(Remote {
+        inner: MemStore::new(8 << 20),
+        threads: std::sync::Mutex::new(Vec::new()),
+    });
+    let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 mem 0")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let t = new(TargetArgs {
+        args: &args,
+        len: 8 << 20,
+        resolver: &mut One(dev.clone()),
+        options: &TargetOptions {
+            crypt_threads: 4,
+            ..Default::default()
+        },
+    })
+    .unwrap();
+    assert_eq!(
+        t.limits().queue_depth,
+        64,
+        "the depth stacks up through crypt"
+    );
+    let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let mut buf = data.clone();
+    t.write(0, WriteBuf::Owned(&mut buf), false).unwrap();
+    let mut back = vec![0u8; 4 << 20];
+    t.read(0, &mut back).unwrap();
+    assert!(back == data);
+    let me = std::thread::current().id();
+    let calls = dev.threads.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2, "one lower call per 4 MiB request");
+    assert!(
+        calls.iter().all(|&c| c == me),
+        "lower I/O on the caller's thread"
+    );
+}
