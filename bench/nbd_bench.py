@@ -26,6 +26,7 @@ JOBS = [
     ("seq write 1M qd16", "write", "1M", 16),
     ("rand read 4k qd32", "randread", "4k", 32),
     ("rand write 4k qd32", "randwrite", "4k", 32),
+    ("rand read 4k qd1", "randread", "4k", 1),
 ]
 
 
