@@ -8,6 +8,7 @@ round by round so that noise from the shared machine hits them alike; the
 report gives the median of the rounds and the same-run ratio to a baseline.
 
 Usage: bench/nbd.sh [--runtime S] [--rounds N] [--only a,b] [--json FILE]
+                    [--compare OLD_UDM_BINARY]
 """
 
 import argparse
@@ -116,6 +117,9 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--no-crypt", action="store_true", help="skip the crypt/LUKS configurations")
     ap.add_argument("--udm", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "udm"))
+    ap.add_argument("--compare", default="",
+                    help="another udm binary (e.g. an older commit's): every udm configuration is also run "
+                         "with it, as NAME@old, interleaved in the same rounds")
     a = ap.parse_args()
 
     d = "/dev/shm/udm-bench"
@@ -150,6 +154,10 @@ def main():
     if a.only:
         keep = a.only.split(",")
         configs = {k: v for k, v in configs.items() if k in keep}
+    if a.compare:
+        old = os.path.abspath(a.compare)
+        for k in [k for k in configs if k.startswith("udm")]:
+            configs[k + "@old"] = [old if w == udm else w for w in configs[k]]
 
     results = {k: {job[0]: [] for job in JOBS} for k in configs}
     for r in range(a.rounds):

@@ -425,3 +425,36 @@ fn a_peer_of_another_uid_is_refused() {
     // Nothing happened; the owner still may.
     assert!(srv.ok(&["ls"]).starts_with("z\t"));
 }
+
+/// `udm serve --metrics HOST:PORT` serves every device's counters as
+/// Prometheus text.
+#[test]
+fn metrics_are_served_as_prometheus_text() {
+    use std::io::{Read, Write};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let d = scratch("udm-dm-");
+    let addr = format!("127.0.0.1:{port}");
+    let srv = DmServer::start(d.path(), &["--metrics", &addr]);
+    srv.ok(&["create", "z", "--table", "0 2048 zero"]);
+    // --no-extents: the zero target reports a hole, which nbdcopy would skip.
+    run(Command::new(need("nbdcopy")).args(["--no-extents", &srv.uri("z"), "null:"]));
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    assert!(body.contains("# TYPE udm_requests_total counter"), "{body}");
+    let reads = body
+        .lines()
+        .find(|l| l.starts_with("udm_requests_total{device=\"z\",op=\"read\"}"))
+        .unwrap_or_else(|| panic!("no read counter for z:\n{body}"));
+    assert!(
+        reads.split(' ').nth(1).unwrap().parse::<u64>().unwrap() > 0,
+        "{reads}"
+    );
+    assert!(body.contains("udm_latency_seconds{device=\"z\",op=\"read\",quantile=\"0.99\"}"));
+}

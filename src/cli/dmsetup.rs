@@ -133,6 +133,9 @@ fn parse(argv: &[String]) -> Result<Opts, String> {
             Some((n, v)) if a.starts_with("--") => (n.to_string(), Some(v.to_string())),
             _ => (a.clone(), None),
         };
+        if !name.starts_with("--") && !name.is_char_boundary(2.min(name.len())) {
+            return Err(format!("unrecognized option '{name}'"));
+        }
         let (name, short_value) = if !name.starts_with("--") && name.len() > 2 {
             // Bundled short options: -cv, or -oname.
             let first = &name[..2];
@@ -140,6 +143,7 @@ fn parse(argv: &[String]) -> Result<Opts, String> {
                 (first.to_string(), Some(name[2..].to_string()))
             } else {
                 for c in name[2..].chars() {
+                    // (each bundled flag is one ASCII letter, or refused)
                     apply_flag(&mut o, &format!("-{c}"))?;
                 }
                 (first.to_string(), None)
@@ -1108,6 +1112,8 @@ mod tests {
         assert_eq!(o.control, Some(PathBuf::from("/x")));
         assert_eq!(o.args, ["info", "d"]);
         assert!(parse(&["--bogus".to_string()]).is_err());
+        assert!(parse(&["-é".to_string()]).is_err());
+        assert!(parse(&["-cé".to_string()]).is_err());
     }
 
     /// The tree as dmsetup draws it for a stack and its files.
