@@ -2,8 +2,7 @@
 //! volume per line, `NAME DEVICE [KEYFILE [OPTIONS]]`, `#` comments.
 //!
 //! DEVICE is a path, or `UUID=`/`PARTUUID=`/`LABEL=`/`PARTLABEL=` resolved
-//! through /dev/disk/by-*; `UUID=` also matches the LUKS UUID of a file
-//! named on an earlier line's device directory, so images work too.
+//! through /dev/disk/by-* (udev's links; an image file is named by path).
 //! KEYFILE `none` or `-` (or absent) means: ask for the passphrase.
 //! OPTIONS are comma-separated; those that change the mapping are honoured
 //! (`luks`, `plain`, `cipher=`, `size=`, `hash=`, `offset=`, `skip=`,
