@@ -144,3 +144,118 @@ fn open_status_resize_close_through_the_control_socket() {
     );
     assert_eq!(srv.stop(), Some(0));
 }
+
+/// `luksSuspend` holds the device's I/O and wipes its key; `dmsetup
+/// resume` alone cannot bring it back; `luksResume` with a wrong
+/// passphrase fails with cryptsetup's 2 and leaves it suspended; with the
+/// right one the held read completes and returns the data written before.
+#[test]
+fn luks_suspend_wipes_the_key_and_luks_resume_restores_it() {
+    need("nbdcopy");
+    let dir = scratch("cssuspend");
+    let d = dir.path();
+    let kf = write_file(d, "k", b"suspend pass");
+    let bad = write_file(d, "bad", b"not the pass");
+    let img = sparse(d, "v.img", 20 << 20);
+    cs_format(&img, &FAST_PBKDF, &kf);
+    let key = cs_volume_key(&img, None, &kf);
+    let ctl = d.join("ctl");
+    let srv = UdmServe::start(
+        &d.join("nbd.sock"),
+        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
+    );
+    let cs = |args: &[&str]| {
+        udm()
+            .arg("cryptsetup")
+            .args(args)
+            .env("UDM_CONTROL", &ctl)
+            .output()
+            .unwrap()
+    };
+    let dm = |args: &[&str]| {
+        udm()
+            .arg("dmsetup")
+            .args(args)
+            .env("UDM_CONTROL", &ctl)
+            .output()
+            .unwrap()
+    };
+    let (kfs, bads, imgs) = (
+        kf.display().to_string(),
+        bad.display().to_string(),
+        img.display().to_string(),
+    );
+    let o = cs(&["open", "--key-file", &kfs, &imgs, "vol"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let data = fast_bytes(11, 4 << 20);
+    let src = write_file(d, "data", &data);
+    run(Command::new("nbdcopy").arg(&src).arg(srv.uri("vol")));
+
+    // Not active, not suspended: cryptsetup's codes.
+    let o = cs(&["luksSuspend", "nothere"]);
+    assert_eq!(o.status.code(), Some(4), "{}", show(&o));
+    let o = cs(&["luksResume", "--key-file", &kfs, "vol"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Volume vol is not suspended."));
+    // A key message on a running device is refused, as the kernel does.
+    let o = dm(&["message", "vol", "0", "key", "wipe"]);
+    assert!(
+        !o.status.success(),
+        "key wipe on a running device: {}",
+        show(&o)
+    );
+
+    let o = cs(&["luksSuspend", "vol"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let o = cs(&["luksSuspend", "vol"]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Volume vol is already suspended."));
+    let o = dm(&["table", "--showkeys", "vol"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        !table.contains(&hex::encode(&key)) && table.contains(&"0".repeat(128)),
+        "the wiped key still shows in `table --showkeys`: {table}"
+    );
+    let o = cs(&["status", "vol"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("  mode:    suspended"));
+
+    // A reader now waits for the device.
+    let out = d.join("out");
+    let mut reader = Command::new("nbdcopy")
+        .arg(srv.uri("vol"))
+        .arg(&out)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(
+        reader.try_wait().unwrap().is_none(),
+        "a read completed while the device was suspended"
+    );
+    // Without the key the device cannot resume.
+    let o = dm(&["resume", "vol"]);
+    assert!(!o.status.success(), "resumed without a key: {}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("key"),
+        "{}",
+        show(&o)
+    );
+    let o = cs(&["luksResume", "--key-file", &bads, "vol"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(
+        reader.try_wait().unwrap().is_none(),
+        "the read went on after failed resumes"
+    );
+    let o = cs(&["luksResume", "--key-file", &kfs, "vol"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let st = reader.wait().unwrap();
+    assert!(st.success(), "the held read failed after luksResume");
+    let got = std::fs::read(&out).unwrap();
+    assert!(
+        got[..data.len()] == data[..],
+        "data differs after luksSuspend/luksResume"
+    );
+    let o = dm(&["table", "--showkeys", "vol"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&hex::encode(&key)));
+    assert_eq!(srv.stop(), Some(0));
+}

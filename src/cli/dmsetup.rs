@@ -474,8 +474,9 @@ fn dispatch(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
                 .map_err(|_| Failure::Usage("Invalid sector.".into()))?;
             let mut r = req("message", &args[..1]);
             r.sector = sector;
-            r.message = args[2..].to_vec();
-            let (v, _) = client(o)?.call(r, &[])?;
+            // In the payload, never the JSON: `key set` carries a key.
+            let text = zeroize::Zeroizing::new(args[2..].join(" "));
+            let (v, _) = client(o)?.call(r, text.as_bytes())?;
             if let Some(s) = v.get("response").and_then(Value::as_str) {
                 if s.is_empty() || s.ends_with('\n') {
                     print!("{s}");

@@ -270,7 +270,16 @@ impl Service {
             }
             "message" => {
                 let name = Self::one_name(req)?;
-                self.message(name, req.sector, &req.message)
+                // A message may carry a key (`key set`): clients send it in
+                // the payload, read into a buffer wiped on drop.
+                let words = if req.message.is_empty() {
+                    let text = std::str::from_utf8(&payload)
+                        .map_err(|_| err(Code::Einval, "the message is not UTF-8 text"))?;
+                    Zeroizing::new(text.split_whitespace().map(str::to_string).collect())
+                } else {
+                    Zeroizing::new(req.message.clone())
+                };
+                self.message(name, req.sector, &words)
             }
             "wait" => {
                 let name = Self::one_name(req)?;
@@ -365,6 +374,9 @@ impl Service {
                 )),
             };
         }
+        // Serialised with suspend and resume: a key message must not
+        // slip between a resume's check and its release.
+        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
         let r = self
             .devices
             .message(name, sector, argv)
@@ -508,6 +520,11 @@ impl Service {
         let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
         self.devices.set_suspended(name, true).map_err(classify)?;
         self.apply_holds();
+        // Requests are held and drained: dm's postsuspend (dm-crypt takes
+        // key messages from now on).
+        for t in self.devices.live_targets(name).map_err(classify)? {
+            t.postsuspend();
+        }
         if !noflush {
             let d = self.devices.info(name).map_err(classify)?;
             if d.live_table {
@@ -545,6 +562,13 @@ impl Service {
                 ));
             }
         }
+        // dm's preresume: a target may refuse (dm-crypt with its key
+        // wiped); the device then stays suspended, nothing swapped.
+        let targets = self.devices.plan_targets(&plan).map_err(classify)?;
+        for t in &targets {
+            t.preresume()
+                .map_err(|e| err(Code::Eagain, format!("cannot resume '{name}': {e}")))?;
+        }
         // Hold every affected device, wait for their running requests,
         // swap, let the held ones go.
         let engine = self.exports.engine();
@@ -557,6 +581,9 @@ impl Service {
         }
         self.devices.commit(plan);
         self.devices.set_suspended(name, false).map_err(classify)?;
+        for t in &targets {
+            t.resume();
+        }
         let exported = self.ensure_export(name);
         // Releases what no suspended device keeps held.
         for e in &held {

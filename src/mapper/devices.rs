@@ -20,7 +20,7 @@ use super::live::LiveDevice;
 use super::registry::BuildOptions;
 use super::route::Routes;
 use crate::store::OpenFlags;
-use crate::targets::{EventHook, TargetOptions};
+use crate::targets::{EventHook, Target, TargetOptions};
 
 /// dm's limit on device names (DM_NAME_LEN less the NUL).
 pub const MAX_NAME: usize = 127;
@@ -112,6 +112,15 @@ pub struct SegmentInfo {
     pub params: Zeroizing<String>,
     /// `status` parameters.
     pub status: String,
+}
+
+fn targets_of(t: &Table) -> Vec<Arc<dyn Target>> {
+    t.compiled
+        .mapped
+        .segments()
+        .iter()
+        .map(|s| s.target.clone())
+        .collect()
 }
 
 /// A resume prepared by [`Devices::prepare_resume`]: the new tables of the
@@ -691,6 +700,27 @@ impl Devices {
                 })
                 .collect()
         }))
+    }
+
+    /// The targets of `name`'s live table (none without one), for dm's
+    /// suspend and resume hooks.
+    pub fn live_targets(&self, name: &str) -> Result<Vec<Arc<dyn Target>>, String> {
+        let inner = self.lock();
+        let d = inner
+            .devs
+            .iter()
+            .find(|d| d.name == name)
+            .ok_or_else(|| no_device(name))?;
+        Ok(d.live.as_ref().map(targets_of).unwrap_or_default())
+    }
+
+    /// The targets that serve `plan.name` once `plan` is committed: its
+    /// new table's, or the live one's for a plain resume.
+    pub fn plan_targets(&self, plan: &Plan) -> Result<Vec<Arc<dyn Target>>, String> {
+        match plan.swaps.iter().find(|(n, _)| *n == plan.name) {
+            Some((_, t)) => Ok(targets_of(t)),
+            None => self.live_targets(&plan.name),
+        }
     }
 
     /// Send a message to the target at `sector` of `name`'s live table.

@@ -50,6 +50,21 @@ pub trait Target: BlockDevice {
         ))
     }
 
+    /// dm's `postsuspend`: the device's requests are held and the ones in
+    /// flight have finished. dm-crypt takes key messages only from here
+    /// until [`Target::resume`].
+    fn postsuspend(&self) {}
+
+    /// dm's `preresume`: the last word before this table serves requests
+    /// again; an error keeps the device suspended (dm-crypt refuses while
+    /// its key is wiped, as the kernel does with EAGAIN).
+    fn preresume(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// dm's `resume`: requests flow again.
+    fn resume(&self) {}
+
     /// `Some((device, byte offset))` when this target is a plain offset
     /// shift onto one device (linear). The mapper compiles such segments
     /// away: a request goes straight to the device below (a stack of

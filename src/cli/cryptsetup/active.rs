@@ -324,3 +324,142 @@ pub(super) fn resize(c: &Ctx) -> Outcome {
     call(c, name, req("resume", name), &[])?;
     Ok(())
 }
+
+/// The active LUKS device `name` as luksSuspend/luksResume find it: its
+/// info and the table lines of its crypt segments (keys masked), or
+/// cryptsetup's error for a device that is not there.
+fn active_luks(c: &Ctx, name: &str) -> Result<(Value, Vec<String>), LuksError> {
+    let info = match call(c, name, req("info", name), &[]) {
+        Ok((v, _)) => v["devices"][0].clone(),
+        Err(LuksError::Device(_)) => {
+            eprintln!("Device {name} is not active.");
+            return Err(LuksError::Silent(4));
+        }
+        Err(e) => return Err(e),
+    };
+    let (_, payload) = call(c, name, req("table", name), &[])?;
+    let lines = String::from_utf8_lossy(&payload)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("crypt"))
+        .map(str::to_string)
+        .collect();
+    Ok((info, lines))
+}
+
+/// A dm-crypt message to every crypt segment of `name` (a LUKS2 device
+/// maps one key over every segment), the words in the payload: `key set`
+/// carries the key.
+fn crypt_message(c: &Ctx, name: &str, lines: &[String], text: &[u8]) -> Outcome {
+    for l in lines {
+        let sector: u64 = l
+            .split_whitespace()
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut r = req("message", name);
+        r.sector = sector;
+        call(c, name, r, text)?;
+    }
+    Ok(())
+}
+
+/// `luksSuspend NAME`: suspend (held requests wait, in-flight ones finish,
+/// the device is flushed), then wipe the key of every crypt segment; a
+/// failed wipe resumes the device again, as libcryptsetup does.
+pub(super) fn luks_suspend(c: &Ctx) -> Outcome {
+    let name = &c.argv[0];
+    let (info, lines) = active_luks(c, name)?;
+    let uuid = info["uuid"].as_str().unwrap_or("");
+    if !uuid.starts_with("CRYPT-LUKS1-") && !uuid.starts_with("CRYPT-LUKS2-") || lines.is_empty() {
+        return Err(LuksError::Usage(
+            "This operation is supported only for LUKS device.".into(),
+        ));
+    }
+    if info["suspended"].as_bool().unwrap_or(false) {
+        return Err(LuksError::Usage(format!(
+            "Volume {name} is already suspended."
+        )));
+    }
+    if let Err(e) = call(c, name, req("suspend", name), &[]) {
+        eprintln!("Error during suspending device {name}.");
+        return Err(e);
+    }
+    if let Err(e) = crypt_message(c, name, &lines, b"key wipe") {
+        let _ = call(c, name, req("resume", name), &[]);
+        eprintln!("Error during suspending device {name}.");
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// `luksResume NAME`: unlock the header of the device's data device (or
+/// `--header`) with a passphrase or key file, set the volume key into
+/// every crypt segment, resume.
+pub(super) fn luks_resume(c: &Ctx) -> Outcome {
+    let name = &c.argv[0];
+    let want = match c.device_type.as_deref() {
+        None | Some("luks") => None,
+        Some("luks1") => Some(1),
+        Some("luks2") => Some(2),
+        Some(_) => return Err(LuksError::Silent(1)),
+    };
+    let (info, lines) = active_luks(c, name)?;
+    let data = lines
+        .first()
+        .and_then(|l| l.split_whitespace().nth(6))
+        .map(str::to_string);
+    let not_luks = || {
+        LuksError::Usage(format!(
+            "{name} is not active LUKS device name or header is missing."
+        ))
+    };
+    let Some(data) = data else {
+        return Err(not_luks());
+    };
+    let dev = ops::Device {
+        path: PathBuf::from(&data),
+        header: c.a.str("header").map(PathBuf::from),
+        no_cost_limit: c.a.has("no-kdf-limit"),
+    };
+    let fb = ui(c);
+    let v = match dev.load(false, &fb) {
+        Ok(v) => v,
+        Err(LuksError::NotLuks(_)) => return Err(not_luks()),
+        Err(e) => return Err(e),
+    };
+    if let Some(w) = want {
+        if v.version() != w {
+            return Err(LuksError::Usage(format!(
+                "{name} is not active LUKS{w} device name."
+            )));
+        }
+    }
+    if !info["suspended"].as_bool().unwrap_or(false) {
+        return Err(LuksError::Usage(format!("Volume {name} is not suspended.")));
+    }
+    let (slot, key) = ops::unlock(
+        &v,
+        &unlock(c),
+        &format!("Enter passphrase for {}: ", dev.meta_path().display()),
+    )?;
+    c.verbose_msg(&format!("Key slot {slot} unlocked."));
+    // "key set " and the key in hex, in one buffer sized up front and
+    // wiped on drop.
+    let mut text = Zeroizing::new(Vec::with_capacity(8 + 2 * key.len()));
+    text.extend_from_slice(b"key set ");
+    if key.is_empty() {
+        text.push(b'-');
+    }
+    for b in key.iter() {
+        text.extend_from_slice(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+    }
+    let r = crypt_message(c, name, &lines, &text)
+        .and_then(|()| call(c, name, req("resume", name), &[]).map(|_| ()));
+    if let Err(e) = r {
+        eprintln!("Error during resuming device {name}.");
+        return Err(e);
+    }
+    Ok(())
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";

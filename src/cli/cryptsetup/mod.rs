@@ -33,7 +33,6 @@ struct Action {
 /// The parsed command line as the handlers see it.
 pub(crate) struct Ctx {
     pub a: Args,
-    pub action: &'static str,
     /// Positional arguments after the action.
     pub argv: Vec<String>,
     /// `--type`, or what an old action name implies (`luksOpen` → luks).
@@ -176,13 +175,13 @@ const ACTIONS: &[Action] = &[
         name: "luksSuspend",
         min_args: 1,
         usage: "<device>",
-        run: offline::needs_server,
+        run: active::luks_suspend,
     },
     Action {
         name: "luksResume",
         min_args: 1,
         usage: "<device>",
-        run: offline::needs_server,
+        run: active::luks_resume,
     },
     Action {
         name: "luksHeaderBackup",
@@ -311,7 +310,6 @@ pub fn main(argv: Vec<OsString>) -> i32 {
     }
     let ctx = Ctx {
         a,
-        action: action.name,
         argv,
         device_type,
     };

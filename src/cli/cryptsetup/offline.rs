@@ -328,15 +328,6 @@ pub(super) fn open(c: &Ctx) -> Outcome {
     super::active::open(c)
 }
 
-/// luksSuspend/luksResume drop and restore the key of a running crypt
-/// device; udm's crypt target has no key wipe message yet.
-pub(super) fn needs_server(c: &Ctx) -> Outcome {
-    Err(LuksError::Unsupported(format!(
-        "{} (wiping and restoring the key of a running device) is not implemented by udm yet",
-        c.action
-    )))
-}
-
 pub(super) fn benchmark(c: &Ctx) -> Outcome {
     let a = crate::cli::benchmark::Args {
         cipher: c.a.str("cipher").map(str::to_string),

@@ -39,6 +39,10 @@ impl BlockDevice for Crypt {
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len())?;
         tracing::trace!(offset, len = buf.len(), "crypt read");
+        let keyed = self.keyed.load();
+        let Some(sc) = keyed.as_deref().map(|k| &k.sc) else {
+            return Err(self.wiped());
+        };
         let (per, n) = self.plan(buf.len(), !self.opts.no_read_workqueue);
         let direct = self.area.dev.direct_access();
         let io = self.io_pool.alloc(CryptIo::new(buf, per));
@@ -48,11 +52,11 @@ impl BlockDevice for Crypt {
             };
             let at = offset + (i * per) as u64;
             if direct {
-                let t = self.cipher(at, false);
+                let t = self.cipher(sc, at, false);
                 return self.area.dev.read_transformed(self.area.offset + at, p, &t);
             }
             self.area.dev.read(self.area.offset + at, p)?;
-            self.sc.decrypt(p, self.cc_sector(at));
+            sc.decrypt(p, self.cc_sector(at));
             Ok(())
         })
     }
@@ -66,6 +70,10 @@ impl BlockDevice for Crypt {
     fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
         self.check(offset, data.len())?;
         tracing::trace!(offset, len = data.len(), fua, "crypt write");
+        let keyed = self.keyed.load();
+        let Some(sc) = keyed.as_deref().map(|k| &k.sc) else {
+            return Err(self.wiped());
+        };
         let (per, n) = self.plan(data.len(), !self.opts.no_write_workqueue);
         if self.area.dev.direct_access() {
             let src = data.as_slice();
@@ -75,7 +83,7 @@ impl BlockDevice for Crypt {
                     return Ok(());
                 }
                 let at = offset + r.start as u64;
-                let t = self.cipher(at, true);
+                let t = self.cipher(sc, at, true);
                 self.area
                     .dev
                     .write_transformed(self.area.offset + at, &src[r], fua, &t)
@@ -89,7 +97,7 @@ impl BlockDevice for Crypt {
                         return Ok(());
                     };
                     let at = offset + (i * per) as u64;
-                    self.sc.encrypt(p, self.cc_sector(at));
+                    sc.encrypt(p, self.cc_sector(at));
                     self.area
                         .dev
                         .write(self.area.offset + at, WriteBuf::Owned(p), fua)
@@ -97,7 +105,7 @@ impl BlockDevice for Crypt {
             }
             WriteBuf::Borrowed(src) => self.run_parts(n, &|i| {
                 let r = part(i, per, src.len());
-                self.write_borrowed(offset + r.start as u64, &src[r], fua)
+                self.write_borrowed(sc, offset + r.start as u64, &src[r], fua)
             }),
         }
     }
@@ -145,9 +153,9 @@ impl BlockDevice for Crypt {
 impl Crypt {
     /// The cipher as a transform for the part starting at target offset `at`.
     #[inline]
-    fn cipher(&self, at: u64, encrypt: bool) -> Cipher<'_> {
+    fn cipher<'a>(&self, sc: &'a SectorCrypt, at: u64, encrypt: bool) -> Cipher<'a> {
         Cipher {
-            sc: &self.sc,
+            sc,
             first: self.cc_sector(at),
             encrypt,
         }
@@ -155,7 +163,7 @@ impl Crypt {
 
     /// Encrypt a borrowed piece into bounce pages and write it at target
     /// offset `at` with one vectored write per piece of at most 1 MiB.
-    fn write_borrowed(&self, at: u64, src: &[u8], fua: bool) -> DevResult<()> {
+    fn write_borrowed(&self, sc: &SectorCrypt, at: u64, src: &[u8], fua: bool) -> DevResult<()> {
         let mut done = 0usize;
         for piece in src.chunks(BOUNCE_MAX) {
             let pos = at + done as u64;
@@ -165,7 +173,7 @@ impl Crypt {
             let first = self.cc_sector(pos);
             for (i, (dst, s)) in pages.iter_mut().zip(piece.chunks(page)).enumerate() {
                 let sector = first.wrapping_add(i as u64 * per_page);
-                self.sc.encrypt_to(s, &mut dst[..s.len()], sector);
+                sc.encrypt_to(s, &mut dst[..s.len()], sector);
             }
             self.area.dev.write_vectored(
                 self.area.offset + pos,

@@ -49,12 +49,24 @@
 //! (`mem::secret`); `table` prints the key only when asked; it never
 //! appears in logs, errors or Debug output.
 //!
+//! Messages, as dm-crypt's `crypt_message`, and only while the device is
+//! suspended (its requests held, none in flight): `key wipe` drops the
+//! key and the cipher schedules (their pages are wiped as they go), so
+//! nothing in memory can decrypt the volume and the device refuses to
+//! resume; `key set <hex>` installs a key of the same length again (what
+//! `cryptsetup luksSuspend`/`luksResume` do). The key and the cipher keyed
+//! with it sit behind one atomic pointer, so the hot path pays one load
+//! per request and a swap never races a request.
+//!
 //! Where things are: this file holds the target type, the constructor and
 //! the `table` output; [`args`] parses the arguments and feature options;
 //! [`split`] cuts a request into per-thread parts and runs them; `io`
 //! is the hot path (read, write, the cipher as a direct-access transform).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwapOption;
 
 use super::{parse_number, parse_sectors, resolve_area, Area, Target, TargetArgs, TargetError};
 use crate::core::{DevError, DevResult};
@@ -73,16 +85,28 @@ pub use args::CryptOptions;
 use args::{parse_key, parse_options};
 use split::CryptIo;
 
+/// The key and the cipher keyed with it, replaced as one by `key set` and
+/// dropped as one by `key wipe`.
+pub(super) struct Keyed {
+    /// Kept only for `table --showkeys`; on locked pages, wiped on drop.
+    key: SecretBytes,
+    pub(super) sc: SectorCrypt,
+}
+
 /// A `crypt` segment.
 pub struct Crypt {
     cipher: String,
-    /// Kept only for `table --showkeys`; on locked pages, wiped on drop.
-    key: SecretBytes,
+    /// Bytes of the key (`key set` must give as many; `table` prints that
+    /// many zeros while the key is wiped).
+    key_len: usize,
+    /// None while the key is wiped (`key wipe`).
+    keyed: ArcSwapOption<Keyed>,
+    /// Between dm's postsuspend and resume: key messages are allowed.
+    suspended: AtomicBool,
     iv_offset: u64,
     area: Area,
     len: u64,
     opts: CryptOptions,
-    sc: SectorCrypt,
     pool: Option<Arc<CryptPool>>,
     bounce_pool: OnceLock<Arc<MemPool>>,
     /// Per-request state of split requests, from a fixed-size block pool
@@ -196,12 +220,13 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     );
     Ok(Arc::new(Crypt {
         cipher,
-        key,
+        key_len: key.len(),
+        keyed: ArcSwapOption::from_pointee(Keyed { key, sc }),
+        suspended: AtomicBool::new(false),
         iv_offset,
         area,
         len,
         opts,
-        sc,
         pool,
         bounce_pool: OnceLock::new(),
         io_pool: BlockPool::new(),
@@ -249,6 +274,42 @@ impl Crypt {
     pub(super) fn cc_sector(&self, offset: u64) -> u64 {
         (offset / 512).wrapping_add(self.iv_offset)
     }
+
+    /// The error of a request that meets a wiped key. Requests only get
+    /// here if something bypassed the suspend a wipe needs; they fail
+    /// instead of touching data.
+    #[cold]
+    pub(super) fn wiped(&self) -> DevError {
+        DevError::Target(format!(
+            "crypt over {}: the key is wiped (`key wipe`); set it with `key set` \
+             (cryptsetup luksResume) before resuming",
+            self.area.name
+        ))
+    }
+
+    /// `key set <hex>`: a key of the same length, keyed into a new cipher
+    /// before anything changes, so a bad key leaves the old state.
+    fn set_key(&self, hex_key: &str) -> Result<(), String> {
+        let key = parse_key(hex_key).map_err(|e| format!("key set: {}", e.msg))?;
+        if key.len() != self.key_len || (key.is_empty() && hex_key != "-") {
+            return Err(format!(
+                "key set: the key has {} bits, the table's {}; the key size may not change",
+                key.len() * 8,
+                self.key_len * 8
+            ));
+        }
+        let secret = SecretBytes::new(&key)
+            .ok_or_else(|| "key set: the key is longer than udm supports".to_string())?;
+        let sc = SectorCrypt::new(
+            &self.cipher,
+            &secret,
+            self.opts.sector_size,
+            self.opts.iv_large_sectors,
+        )
+        .map_err(|e| format!("key set: {e}"))?;
+        self.keyed.store(Some(Arc::new(Keyed { key: secret, sc })));
+        Ok(())
+    }
 }
 
 impl Target for Crypt {
@@ -259,12 +320,12 @@ impl Target for Crypt {
     /// dm-crypt's STATUSTYPE_TABLE order: cipher, key, iv_offset, device,
     /// offset, then the feature args in the kernel's canonical order.
     fn table_params(&self, show_keys: bool) -> String {
-        let key = if self.key.is_empty() {
-            "-".to_string()
-        } else if show_keys {
-            hex::encode(&self.key[..])
-        } else {
-            "0".repeat(self.key.len() * 2)
+        let keyed = self.keyed.load();
+        // A wiped key prints as zeros, as the kernel's zeroed key does.
+        let key = match keyed.as_deref() {
+            _ if self.key_len == 0 => "-".to_string(),
+            Some(k) if show_keys => hex::encode(&k.key[..]),
+            _ => "0".repeat(self.key_len * 2),
         };
         let mut s = format!(
             "{} {} {} {} {}",
@@ -298,5 +359,67 @@ impl Target for Crypt {
             s.push_str(&format!(" {} {}", feats.len(), feats.join(" ")));
         }
         s
+    }
+
+    /// dm-crypt's messages: `key wipe` and `key set <key>`, only while
+    /// suspended (the kernel's rule: no request may see a key change).
+    fn message(&self, argv: &[String]) -> Result<Option<String>, String> {
+        let words: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let is = |w: &str, want: &str| w.eq_ignore_ascii_case(want);
+        match words.as_slice() {
+            [k, op, ..] if is(k, "key") => {
+                if !self.suspended.load(Ordering::SeqCst) {
+                    return Err(
+                        "key messages are accepted only while the device is suspended \
+                         (dmsetup suspend first)"
+                            .into(),
+                    );
+                }
+                match words.as_slice() {
+                    [_, _] if is(op, "wipe") => {
+                        // The last reference goes here: the locked pages of
+                        // the key and the schedules are wiped as they drop.
+                        drop(self.keyed.swap(None));
+                        tracing::debug!(device = %self.area.name, "crypt key wiped");
+                        Ok(None)
+                    }
+                    [_, _, key] if is(op, "set") => {
+                        self.set_key(key)?;
+                        tracing::debug!(device = %self.area.name, "crypt key set");
+                        Ok(None)
+                    }
+                    _ => Err(format!(
+                        "unrecognised crypt key message (\"key wipe\" or \"key set <key>\"; \
+                         got {} words)",
+                        words.len()
+                    )),
+                }
+            }
+            // The words are not quoted back: a mistyped message may hold a key.
+            _ => Err(format!(
+                "unrecognised crypt message of {} words (crypt accepts \"key wipe\" and \
+                 \"key set <key>\")",
+                words.len()
+            )),
+        }
+    }
+
+    fn postsuspend(&self) {
+        self.suspended.store(true, Ordering::SeqCst);
+    }
+
+    fn preresume(&self) -> Result<(), String> {
+        if self.keyed.load().is_none() {
+            return Err(format!(
+                "aborting resume: the crypt key over {} is not set (wiped by `key wipe`; \
+                 restore it with `key set`, e.g. cryptsetup luksResume)",
+                self.area.name
+            ));
+        }
+        Ok(())
+    }
+
+    fn resume(&self) {
+        self.suspended.store(false, Ordering::SeqCst);
     }
 }

@@ -423,3 +423,41 @@ fn no_split_over_a_device_that_waits_on_a_network() {
         "lower I/O on the caller's thread"
     );
 }
+
+/// dm-crypt's `key wipe` / `key set`: refused unless suspended; a wiped
+/// key prints as zeros, fails I/O and refuses resume; a key of another
+/// length is refused; the right key makes the old data readable again.
+#[test]
+fn key_wipe_and_set_only_while_suspended() {
+    let t = build(&format!("aes-xts-plain64 {KEY} 0 mem 0"), 1 << 20, 1).unwrap();
+    let w = |s: &str| -> Vec<String> { s.split_whitespace().map(String::from).collect() };
+    let data = vec![0x5au8; 8192];
+    t.write(4096, WriteBuf::Borrowed(&data), false).unwrap();
+    let e = t.message(&w("key wipe")).unwrap_err();
+    assert!(e.contains("suspended"), "{e}");
+    assert!(t.message(&w("key")).is_err());
+    t.postsuspend();
+    assert!(t.message(&w("key frobnicate")).is_err());
+    t.message(&w("key wipe")).unwrap();
+    assert_eq!(
+        t.table_params(true),
+        format!("aes-xts-plain64 {} 0 mem 0", "0".repeat(128))
+    );
+    let mut buf = vec![0u8; 8192];
+    assert!(t.read(4096, &mut buf).is_err(), "I/O with a wiped key");
+    assert!(t.preresume().unwrap_err().contains("not set"));
+    let short = &KEY[..64];
+    let e = t.message(&w(&format!("key set {short}"))).unwrap_err();
+    assert!(e.contains("may not change") && !e.contains(short), "{e}");
+    assert!(t.message(&w("key set zz")).is_err());
+    t.message(&w(&format!("KEY SET {KEY}"))).unwrap();
+    t.preresume().unwrap();
+    t.resume();
+    assert!(t.message(&w(&format!("key set {KEY}"))).is_err());
+    t.read(4096, &mut buf).unwrap();
+    assert_eq!(buf, data);
+    assert_eq!(
+        t.table_params(true),
+        format!("aes-xts-plain64 {KEY} 0 mem 0")
+    );
+}
