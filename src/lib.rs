@@ -2,7 +2,8 @@
 //!
 //! Layers, bottom to top; a module uses only modules of lower layers
 //! (tests/layers.rs checks it; docs/ARCHITECTURE.md follows a request):
-//! 0. [`core`]: the device trait, errors, the table syntax;
+//! 0. [`core`]: the device trait, errors, the table syntax; [`protocol`]:
+//!    the NBD wire format (server and client store);
 //! 1. [`mem`]: mempool with bulk allocation, per-core budget counter,
 //!    fixed-size block pool, payload buffers, locked key memory;
 //! 2. [`crypto`] (dm-crypt sector ciphers and IVs) and [`store`] (files,
@@ -32,6 +33,7 @@ pub mod luks;
 pub mod mapper;
 pub mod mem;
 pub mod nbd;
+pub mod protocol;
 pub mod store;
 pub mod targets;
 

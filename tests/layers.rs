@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// The layers, bottom first. A module may use modules of lower layers only
 /// (not of its own layer, so that a layer's modules stay independent).
 const LAYERS: &[&[&str]] = &[
-    &["core"],
+    &["core", "protocol"],
     &["mem"],
     &["crypto", "store"],
     &["targets", "engine"],

@@ -176,6 +176,38 @@ struct Inner {
     files: Files,
 }
 
+/// The device named `name`, or the error every verb gives for a missing one.
+fn find<'a>(devs: &'a [Dev], name: &str) -> Result<&'a Dev, String> {
+    devs.iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| no_device(name))
+}
+
+fn find_mut<'a>(devs: &'a mut [Dev], name: &str) -> Result<&'a mut Dev, String> {
+    devs.iter_mut()
+        .find(|d| d.name == name)
+        .ok_or_else(|| no_device(name))
+}
+
+/// The devices whose tables name `name` directly: the live ones, and with
+/// `inactive` the loaded but not yet resumed ones too.
+fn named_by(devs: &[Dev], name: &str, inactive: bool) -> Vec<String> {
+    devs.iter()
+        .filter(|d| {
+            d.live
+                .iter()
+                .chain(d.inactive.iter().filter(|_| inactive))
+                .any(|t| {
+                    t.compiled
+                        .deps
+                        .iter()
+                        .any(|x| matches!(x, Dep::Device(y) if y == name))
+                })
+        })
+        .map(|d| d.name.clone())
+        .collect()
+}
+
 /// Every device of a server.
 pub struct Devices {
     inner: Mutex<Inner>,
@@ -242,19 +274,7 @@ fn lowers(devs: &[Dev], name: &str) -> Vec<String> {
 
 /// The devices whose live tables name `name`, transitively, lower first.
 fn uppers(devs: &[Dev], name: &str) -> Vec<String> {
-    let direct = |n: &str| -> Vec<String> {
-        devs.iter()
-            .filter(|d| {
-                d.live.iter().any(|t| {
-                    t.compiled
-                        .deps
-                        .iter()
-                        .any(|x| matches!(x, Dep::Device(y) if y == n))
-                })
-            })
-            .map(|d| d.name.clone())
-            .collect()
-    };
+    let direct = |n: &str| named_by(devs, n, false);
     // Depth-first post-order from `name`, reversed: every device comes
     // after everything it is stacked on.
     fn visit(
@@ -333,10 +353,7 @@ impl Devices {
         text: Zeroizing<String>,
     ) -> Result<Table, String> {
         let Inner { devs, files } = inner;
-        let d = devs
-            .iter()
-            .find(|d| d.name == name)
-            .ok_or_else(|| no_device(name))?;
+        let d = find(devs, name)?;
         let ev = d.events.clone();
         let options = TargetOptions {
             events: Some(EventHook(Arc::new(move || ev.raise()))),
@@ -395,11 +412,7 @@ impl Devices {
     pub fn load(&self, name: &str, text: Zeroizing<String>) -> Result<(), String> {
         let mut inner = self.lock();
         let t = self.compile_for(&mut inner, &[], name, text)?;
-        let d = inner
-            .devs
-            .iter_mut()
-            .find(|d| d.name == name)
-            .ok_or_else(|| no_device(name))?;
+        let d = find_mut(&mut inner.devs, name)?;
         d.inactive = Some(t);
         Ok(())
     }
@@ -407,11 +420,7 @@ impl Devices {
     /// Drop the inactive table (`dmsetup clear`).
     pub fn clear(&self, name: &str) -> Result<(), String> {
         let mut inner = self.lock();
-        let d = inner
-            .devs
-            .iter_mut()
-            .find(|d| d.name == name)
-            .ok_or_else(|| no_device(name))?;
+        let d = find_mut(&mut inner.devs, name)?;
         d.inactive = None;
         Ok(())
     }
@@ -422,11 +431,7 @@ impl Devices {
     /// table would not fit any more.
     pub fn prepare_resume(&self, name: &str) -> Result<Plan, String> {
         let mut inner = self.lock();
-        let d = inner
-            .devs
-            .iter()
-            .find(|d| d.name == name)
-            .ok_or_else(|| no_device(name))?;
+        let d = find(&inner.devs, name)?;
         let Some(inactive) = &d.inactive else {
             return Ok(Plan {
                 swaps: Vec::new(),
@@ -490,11 +495,7 @@ impl Devices {
     /// Mark `name` suspended (the caller has held its requests).
     pub fn set_suspended(&self, name: &str, on: bool) -> Result<(), String> {
         let mut inner = self.lock();
-        let d = inner
-            .devs
-            .iter_mut()
-            .find(|d| d.name == name)
-            .ok_or_else(|| no_device(name))?;
+        let d = find_mut(&mut inner.devs, name)?;
         d.suspended = on;
         Ok(())
     }
@@ -502,11 +503,7 @@ impl Devices {
     /// Mark `name` for removal when its last client leaves.
     pub fn set_deferred_remove(&self, name: &str) -> Result<(), String> {
         let mut inner = self.lock();
-        let d = inner
-            .devs
-            .iter_mut()
-            .find(|d| d.name == name)
-            .ok_or_else(|| no_device(name))?;
+        let d = find_mut(&mut inner.devs, name)?;
         d.deferred_remove = true;
         Ok(())
     }
@@ -526,11 +523,7 @@ impl Devices {
     /// --force` leaves to clients still attached, as dm's error table).
     pub fn fail(&self, name: &str) -> Result<(), String> {
         let inner = self.lock();
-        let d = inner
-            .devs
-            .iter()
-            .find(|d| d.name == name)
-            .ok_or_else(|| no_device(name))?;
+        let d = find(&inner.devs, name)?;
         let r = d.device.routes();
         d.device
             .swap(Arc::new(Routes::failing(r.size_of(), r.limits_of())));
@@ -545,19 +538,7 @@ impl Devices {
             .iter()
             .position(|d| d.name == name)
             .ok_or_else(|| no_device(name))?;
-        let users: Vec<String> = inner
-            .devs
-            .iter()
-            .filter(|d| {
-                d.live.iter().chain(d.inactive.iter()).any(|t| {
-                    t.compiled
-                        .deps
-                        .iter()
-                        .any(|x| matches!(x, Dep::Device(y) if y == name))
-                })
-            })
-            .map(|d| d.name.clone())
-            .collect();
+        let users = named_by(&inner.devs, name, true);
         if !users.is_empty() {
             return Err(format!(
                 "device '{name}' is in use by {}: remove {} first",
@@ -579,19 +560,7 @@ impl Devices {
         if inner.devs.iter().any(|d| d.name == new) {
             return Err(format!("device '{new}' already exists"));
         }
-        let users: Vec<String> = inner
-            .devs
-            .iter()
-            .filter(|d| {
-                d.live.iter().chain(d.inactive.iter()).any(|t| {
-                    t.compiled
-                        .deps
-                        .iter()
-                        .any(|x| matches!(x, Dep::Device(y) if y == old))
-                })
-            })
-            .map(|d| d.name.clone())
-            .collect();
+        let users = named_by(&inner.devs, old, true);
         if !users.is_empty() {
             return Err(format!(
                 "device '{old}' is named in the table of {}: udm tables name devices, so \
@@ -599,11 +568,7 @@ impl Devices {
                 users.join(", ")
             ));
         }
-        let d = inner
-            .devs
-            .iter_mut()
-            .find(|d| d.name == old)
-            .ok_or_else(|| no_device(old))?;
+        let d = find_mut(&mut inner.devs, old)?;
         d.name = new.to_string();
         d.events.raise();
         Ok(())
@@ -680,11 +645,7 @@ impl Devices {
         show_keys: bool,
     ) -> Result<Option<Vec<SegmentInfo>>, String> {
         let inner = self.lock();
-        let d = inner
-            .devs
-            .iter()
-            .find(|d| d.name == name)
-            .ok_or_else(|| no_device(name))?;
+        let d = find(&inner.devs, name)?;
         let t = if inactive { &d.inactive } else { &d.live };
         Ok(t.as_ref().map(|t| {
             t.compiled
@@ -732,11 +693,7 @@ impl Devices {
     ) -> Result<Option<String>, String> {
         let target = {
             let inner = self.lock();
-            let d = inner
-                .devs
-                .iter()
-                .find(|d| d.name == name)
-                .ok_or_else(|| no_device(name))?;
+            let d = find(&inner.devs, name)?;
             let t = d
                 .live
                 .as_ref()

@@ -26,7 +26,8 @@
 pub mod conn;
 pub mod export;
 pub mod handshake;
-pub mod proto;
+/// The wire format, shared with the NBD client store (see [`crate::protocol`]).
+pub use crate::protocol::nbd as proto;
 pub mod reactor;
 pub mod server;
 pub mod sock;

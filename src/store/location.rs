@@ -278,7 +278,7 @@ fn parse_nbd(spec: &str) -> Result<NbdSpec, String> {
         };
         let port = match port {
             Some(p) => p.parse::<u16>().map_err(|_| format!("bad port '{p}'"))?,
-            None => 10809,
+            None => crate::protocol::nbd::DEFAULT_PORT,
         };
         NbdAddr::Tcp(host, port)
     };

@@ -48,44 +48,15 @@ use std::time::{Duration, Instant};
 use crate::core::device::write_zeroes_by_writing;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 
-// Wire constants of the NBD protocol (doc/proto.md of the NBD project).
-// The server side keeps its own copy in `nbd::proto`; a backing store sits
-// below the NBD layer and must not reach up to it.
-const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
-const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
-const OLDSTYLE_MAGIC: u64 = 0x0000_4202_8186_1253;
-const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
-const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
-const FLAG_FIXED_NEWSTYLE: u16 = 1;
-const FLAG_NO_ZEROES: u16 = 2;
-const TF_READ_ONLY: u16 = 1 << 1;
-const TF_SEND_FLUSH: u16 = 1 << 2;
-const TF_SEND_FUA: u16 = 1 << 3;
-const TF_SEND_TRIM: u16 = 1 << 5;
-const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
-const OPT_EXPORT_NAME: u32 = 1;
-const OPT_GO: u32 = 7;
-const OPT_STRUCTURED_REPLY: u32 = 8;
-const REP_ACK: u32 = 1;
-const REP_INFO: u32 = 3;
-const REP_ERR_UNSUP: u32 = 0x8000_0001;
-const INFO_EXPORT: u16 = 0;
-const INFO_BLOCK_SIZE: u16 = 3;
-const CMD_READ: u16 = 0;
-const CMD_WRITE: u16 = 1;
-const CMD_DISC: u16 = 2;
-const CMD_FLUSH: u16 = 3;
-const CMD_TRIM: u16 = 4;
-const CMD_WRITE_ZEROES: u16 = 6;
-const CMD_FLAG_FUA: u16 = 1;
-const REPLY_FLAG_DONE: u16 = 1;
-const REPLY_TYPE_NONE: u16 = 0;
-const REPLY_TYPE_OFFSET_DATA: u16 = 1;
-const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
-const REPLY_TYPE_ERROR_BIT: u16 = 1 << 15;
-const ESHUTDOWN: u32 = 108;
+use crate::protocol::nbd::{
+    CMD_DISC, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE, CMD_WRITE_ZEROES, ESHUTDOWN,
+    FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, IHAVEOPT, INFO_BLOCK_SIZE, INFO_EXPORT, MAX_PAYLOAD,
+    NBD_MAGIC, OLDSTYLE_MAGIC, OPT_EXPORT_NAME, OPT_GO, OPT_REPLY_MAGIC, OPT_STRUCTURED_REPLY,
+    REPLY_FLAG_DONE, REPLY_TYPE_ERROR_BIT, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA,
+    REPLY_TYPE_OFFSET_HOLE, REP_ACK, REP_ERR_UNSUP, REP_INFO, REQUEST_MAGIC, SIMPLE_REPLY_MAGIC,
+    STRUCTURED_REPLY_MAGIC, TF_READ_ONLY, TF_SEND_FLUSH, TF_SEND_FUA, TF_SEND_TRIM,
+    TF_SEND_WRITE_ZEROES,
+};
 
 /// Requests this store asks the engine to keep in flight.
 pub const QUEUE_DEPTH: u32 = 64;
@@ -97,7 +68,6 @@ pub const RETRY_WINDOW: Duration = Duration::from_secs(30);
 /// Connections one request may see break before it fails.
 pub const MAX_ATTEMPTS: u32 = 8;
 /// Largest payload sent in one request (the protocol's default maximum).
-const MAX_PAYLOAD: u32 = 32 << 20;
 /// Deadline for connecting and for each handshake read.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -7,6 +7,15 @@
 pub const DEFAULT_PORT: u16 = 10809;
 
 /// `NBDMAGIC`, first 8 bytes of the greeting.
+/// Oldstyle negotiation (refused by clients of this crate).
+pub const OLDSTYLE_MAGIC: u64 = 0x0000_4202_8186_1253;
+
+/// A structured read chunk that stands for zeros.
+pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+
+/// Set in every structured error chunk type.
+pub const REPLY_TYPE_ERROR_BIT: u16 = 1 << 15;
+
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
 /// `IHAVEOPT`: greeting second word and the magic of every option request.
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
