@@ -441,8 +441,6 @@ pub(super) fn repair(c: &Ctx) -> Outcome {
     Ok(())
 }
 
-pub(super) fn reencrypt(_c: &Ctx) -> Outcome {
-    Err(LuksError::Unsupported(
-        "reencrypt (not implemented by udm yet)".into(),
-    ))
+pub(super) fn reencrypt(c: &Ctx) -> Outcome {
+    super::reencrypt::run(c)
 }
