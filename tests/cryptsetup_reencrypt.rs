@@ -491,3 +491,54 @@ fn encrypt_detached_header_both_ways() {
         assert!(cs_data(&v) == v.plain);
     }
 }
+
+/// A volume stopped half-way through reencryption, opened by `udm
+/// cryptsetup open` on a running server (the multi-segment table), serves
+/// the plaintext to an NBD client, takes writes on both sides of the
+/// boundary, and cryptsetup finishes the reencryption with them.
+#[test]
+fn half_reencrypted_volume_served_over_nbd() {
+    need("nbdcopy");
+    let mut v = volume(4 << 20, false, &[]);
+    let o = udm_cs(
+        &["reencrypt", "--hotzone-size", "1M"],
+        &v,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "2")],
+    );
+    check_ok(&o);
+    assert_eq!(regular_segments(&dump(&v)), 2);
+    let d = v.dir.path().to_path_buf();
+    let ctl = d.join("ctl");
+    let srv = UdmServe::start(
+        &d.join("nbd.sock"),
+        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
+    );
+    let o = udm()
+        .args(["cryptsetup", "open", "--key-file"])
+        .arg(&v.key)
+        .arg(&v.img)
+        .arg("vol")
+        .env("UDM_CONTROL", &ctl)
+        .output()
+        .unwrap();
+    check_ok(&o);
+    let out = d.join("out.bin");
+    run(std::process::Command::new("nbdcopy")
+        .arg(srv.uri("vol"))
+        .arg(&out));
+    assert!(std::fs::read(&out).unwrap() == v.plain, "served plaintext");
+    // New data across the old/new boundary (at 2 MiB).
+    v.plain = fast_bytes(99, v.plain.len());
+    let src = write_file(&d, "new.bin", &v.plain);
+    run(std::process::Command::new("nbdcopy")
+        .arg(&src)
+        .arg(srv.uri("vol")));
+    srv.stop();
+    assert!(udm_data(&v) == v.plain);
+    cs(
+        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+        &v,
+    );
+    assert_finished(&v);
+    assert!(cs_data(&v) == v.plain);
+}

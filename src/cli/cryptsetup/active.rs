@@ -122,6 +122,17 @@ fn open_table(c: &Ctx, name: &str) -> Result<(Zeroizing<String>, String), LuksEr
             return Err(LuksError::NotLuks(dev.meta_path().display().to_string()));
         }
     }
+    if crate::luks::reencrypt::status(&v)?.is_some() {
+        // In reencryption: old and new segments, each with its own key.
+        let pass = key_source(c, c.a.str("key-file")).read(
+            &format!("Enter passphrase for {}: ", dev.meta_path().display()),
+            false,
+        )?;
+        let act = crate::luks::reencrypt::activation(&v, &pass)?
+            .ok_or_else(|| LuksError::Usage("reencryption state changed".into()))?;
+        let uuid = format!("CRYPT-LUKS2-{}-{name}", v.uuid().replace('-', ""));
+        return Ok((act.table(&dev_arg), uuid));
+    }
     v.check_requirements()?;
     let (slot, key) = match c.a.str("volume-key-file") {
         Some(f) => {
