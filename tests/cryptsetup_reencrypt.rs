@@ -197,9 +197,18 @@ fn cs_interrupted(v: &Vol, args: &[&str], sig: i32, ready: impl Fn(&str) -> bool
         .args(args)
         .arg("--key-file")
         .arg(&v.key)
-        .arg(&v.img)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .arg(&v.img);
+    interrupted(v, c, sig, ready);
+}
+
+/// Run `c` and send it `sig` once the header of `v` satisfies `ready`.
+fn interrupted(
+    v: &Vol,
+    mut c: std::process::Command,
+    sig: i32,
+    ready: impl Fn(&str) -> bool,
+) -> std::process::ExitStatus {
+    c.stdout(Stdio::null()).stderr(Stdio::null());
     let mut child = c.spawn().unwrap();
     let start = Instant::now();
     loop {
@@ -209,15 +218,15 @@ fn cs_interrupted(v: &Vol, args: &[&str], sig: i32, ready: impl Fn(&str) -> bool
         }
         assert!(
             start.elapsed() < Duration::from_secs(20),
-            "cryptsetup never reached the wanted state"
+            "the program never reached the wanted state"
         );
         if let Some(s) = child.try_wait().unwrap() {
-            panic!("cryptsetup ended ({s}) before it could be interrupted");
+            panic!("it ended ({s}) before it could be interrupted");
         }
     }
     // SAFETY: kill(2) on our own child, which has not been waited for.
     unsafe { libc::kill(child.id() as i32, sig) };
-    child.wait().unwrap();
+    child.wait().unwrap()
 }
 
 fn progress_started(json: &str) -> bool {
@@ -534,6 +543,109 @@ fn half_reencrypted_volume_served_over_nbd() {
         .arg(&src)
         .arg(srv.uri("vol")));
     srv.stop();
+    assert!(udm_data(&v) == v.plain);
+    cs(
+        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+        &v,
+    );
+    assert_finished(&v);
+    assert!(cs_data(&v) == v.plain);
+}
+
+/// Online: the volume is served (`udm cryptsetup open` on a running
+/// server) while `udm cryptsetup reencrypt --active-name` moves it hotzone
+/// by hotzone, suspending the device around each and loading its new
+/// multi-segment table after; an NBD client writing and reading random
+/// blocks the whole time always reads what it wrote. cryptsetup then sees
+/// a finished volume holding the client's data.
+#[test]
+fn online_reencryption_while_an_nbd_client_writes() {
+    need_python_module("nbd", "python3-libnbd");
+    let mut v = volume(16 << 20, false, &[]);
+    let d = v.dir.path().to_path_buf();
+    let ctl = d.join("ctl");
+    let srv = UdmServe::start(
+        &d.join("nbd.sock"),
+        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
+    );
+    let o = udm()
+        .args(["cryptsetup", "open", "--key-file"])
+        .arg(&v.key)
+        .arg(&v.img)
+        .arg("vol")
+        .env("UDM_CONTROL", &ctl)
+        .output()
+        .unwrap();
+    check_ok(&o);
+    let initial = write_file(&d, "initial.bin", &v.plain);
+    let (stop, model) = (d.join("stop"), d.join("model.bin"));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/luks/nbd_model_io.py");
+    let client = std::process::Command::new(PYTHON)
+        .arg(script)
+        .arg(srv.uri("vol"))
+        .arg(&initial)
+        .arg(&stop)
+        .arg(&model)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = udm_cs(
+        &[
+            "reencrypt",
+            "--active-name",
+            "vol",
+            "--hotzone-size",
+            "64K",
+            "--cipher",
+            "serpent-xts-plain64",
+        ],
+        &v,
+        &[("UDM_CONTROL", ctl.to_str().unwrap())],
+    );
+    std::fs::write(&stop, b"").unwrap();
+    let c = client.wait_with_output().unwrap();
+    check_ok(&o);
+    assert!(c.status.success(), "NBD client: {}", show(&c));
+    let ops: u64 = String::from_utf8_lossy(&c.stdout).trim().parse().unwrap();
+    assert!(ops >= 50, "{ops}");
+    eprintln!("NBD client: {ops} checked operations during the reencryption");
+    v.plain = std::fs::read(&model).unwrap();
+    let o = udm()
+        .args(["dmsetup", "table", "vol"])
+        .env("UDM_CONTROL", &ctl)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        table.lines().count() == 1 && table.contains("serpent-xts-plain64"),
+        "live table after reencryption: {table}"
+    );
+    srv.stop();
+    assert_finished(&v);
+    assert!(cs_data(&v) == v.plain);
+}
+
+/// SIGINT stops udm after the current hotzone: exit 0, resumable
+/// metadata, data readable; cryptsetup finishes.
+#[test]
+fn udm_sigint_then_cryptsetup_finishes() {
+    let v = volume(32 << 20, false, &[]);
+    let mut c = udm();
+    c.args([
+        "cryptsetup",
+        "reencrypt",
+        "-q",
+        "--hotzone-size",
+        "64K",
+        "--key-file",
+    ])
+    .arg(&v.key)
+    .arg(&v.img);
+    let st = interrupted(&v, c, libc::SIGINT, progress_started);
+    assert!(st.success(), "{st}");
+    let j = dump(&v);
+    assert!(in_reencryption(&j) && regular_segments(&j) == 2, "{j:#}");
     assert!(udm_data(&v) == v.plain);
     cs(
         &["reencrypt", "--resume-only", "--force-offline-reencrypt"],

@@ -2,7 +2,11 @@
 //! (`--cipher`, `--key-size`, `--sector-size`, new volume key), an
 //! `--encrypt` or `--decrypt` (detached header), or resumes one that
 //! either program started; `--init-only` writes the metadata and stops,
-//! `--resume-only` refuses to start a new one. SIGINT/SIGTERM stop after
+//! `--resume-only` refuses to start a new one. `--active-name NAME`
+//! reencrypts online: NAME, a device of a running `udm serve` (control
+//! socket), is suspended around each hotzone and reloaded with the
+//! volume's new multi-segment table after it, so its NBD clients keep
+//! reading and writing correct data. SIGINT/SIGTERM stop after
 //! the current hotzone, leaving resumable metadata. Progress goes to
 //! stderr: a bar on a terminal, or a line every `--progress-frequency`
 //! seconds.
@@ -143,10 +147,6 @@ pub(super) fn run(c: &Ctx) -> Outcome {
             "reduce-device-size",
             "--reduce-device-size (reencryption with data shift)",
         ),
-        (
-            "active-name",
-            "--active-name (online reencryption of a kernel device)",
-        ),
         ("integrity", "--integrity"),
         ("device-size", "--device-size (fixed-size reencryption)"),
         ("keep-key", "--keep-key"),
@@ -175,6 +175,10 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         stop_after: Cell::new(None),
         steps: Cell::new(0),
     };
+    if let Some(name) = c.a.str("active-name") {
+        // Online: the served device must exist before anything changes.
+        super::active::live_device(c, name)?;
+    }
     let dev = device(c);
     let hotzone = c.a.u64("hotzone-size");
     let key = key_source(c, c.a.str("key-file"));
@@ -193,7 +197,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
                 .as_ref()
                 .is_ok_and(|v| reencrypt::status(v).ok().flatten().is_some())
             {
-                return resume_only(&dev, &key, &prompt, hotzone, &fb);
+                return resume_only(c, &dev, &key, &prompt, hotzone, &fb);
             }
         }
         if c.a.has("resume-only") {
@@ -229,7 +233,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         if c.a.has("init-only") {
             return Ok(());
         }
-        return go(&mut vol, &pass, hotzone, &fb);
+        return go(c, &mut vol, &pass, hotzone, &fb);
     }
 
     let mut vol = dev.load(true, &fb)?;
@@ -246,7 +250,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
             ));
         }
         drop(vol);
-        return resume_only(&dev, &key, &prompt, hotzone, &fb);
+        return resume_only(c, &dev, &key, &prompt, hotzone, &fb);
     }
     if c.a.has("resume-only") {
         return Err(LuksError::Usage(format!(
@@ -293,7 +297,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
     if c.a.has("init-only") {
         return Ok(());
     }
-    go(&mut vol, &pass, hotzone, &fb)
+    go(c, &mut vol, &pass, hotzone, &fb)
 }
 
 fn params(c: &Ctx, mode: Mode) -> InitParams {
@@ -315,6 +319,7 @@ fn params(c: &Ctx, mode: Mode) -> InitParams {
 }
 
 fn resume_only(
+    c: &Ctx,
     dev: &crate::luks::ops::Device,
     key: &crate::luks::passphrase::KeySource,
     prompt: &str,
@@ -323,14 +328,18 @@ fn resume_only(
 ) -> Outcome {
     let mut vol = dev.load(true, fb)?;
     let pass = key.read(prompt, false)?;
-    go(&mut vol, &pass, hotzone, fb)
+    go(c, &mut vol, &pass, hotzone, fb)
 }
 
-fn go(vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progress) -> Outcome {
+fn go(c: &Ctx, vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progress) -> Outcome {
     install_handlers();
     // Test hooks (the interop tests stop or crash udm at a chosen hotzone).
     let hook = |n: &str| std::env::var(n).ok().and_then(|v| v.parse::<u64>().ok());
     fb.stop_after.set(hook("UDM_TEST_REENCRYPT_STOP_AFTER"));
+    let mut live = match c.a.str("active-name") {
+        Some(name) => Some(super::active::live_device(c, name)?),
+        None => None,
+    };
     let r = reencrypt::resume(
         vol,
         pass,
@@ -338,7 +347,20 @@ fn go(vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progress) -> Out
         &STOP,
         fb,
         hook("UDM_TEST_REENCRYPT_CRASH_IN"),
-    )?;
+        live.as_mut().map(|l| l as &mut dyn reencrypt::Live),
+    );
+    let r = match (r, c.a.str("active-name")) {
+        (Err(e), Some(name)) => {
+            // As libcryptsetup leaves a failed hotzone unreachable: the
+            // device stays suspended until the hotzone is recovered.
+            eprintln!(
+                "Online reencryption failed; device {name} may be left suspended. Recover \
+                 with `reencrypt --resume-only --active-name {name}`."
+            );
+            return Err(e);
+        }
+        (r, _) => r?,
+    };
     if r == Done::Interrupted {
         eprintln!("\nReencryption interrupted.");
     }

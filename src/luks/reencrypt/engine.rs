@@ -65,6 +65,12 @@ fn luks2(vol: &mut Volume) -> Result<&mut Luks2, LuksError> {
     }
 }
 
+/// Called around each hotzone when the volume is also served (online
+/// reencryption): `false` before the hotzone's old bytes are read (stop
+/// the device's I/O), `true` once its post table is in the header
+/// (load the mapping of the volume's new state and let I/O go on).
+pub type LiveHook<'a> = Box<dyn FnMut(bool, &Volume) -> Result<(), LuksError> + 'a>;
+
 /// One reencryption in progress, keys unlocked.
 pub struct Job<'a> {
     vol: &'a mut Volume,
@@ -79,6 +85,7 @@ pub struct Job<'a> {
     /// hot table is committed and half of the new data is written.
     crash_in: Option<u64>,
     steps: u64,
+    live: Option<LiveHook<'a>>,
 }
 
 impl<'a> Job<'a> {
@@ -235,7 +242,20 @@ impl<'a> Job<'a> {
             none_dirty: false,
             crash_in: None,
             steps: 0,
+            live: None,
         })
+    }
+
+    /// Online reencryption: call `hook` around every hotzone.
+    pub fn set_live(&mut self, hook: LiveHook<'a>) {
+        self.live = Some(hook);
+    }
+
+    fn live(&mut self, after: bool) -> Result<(), LuksError> {
+        match self.live.as_mut() {
+            Some(h) => h(after, self.vol),
+            None => Ok(()),
+        }
     }
 
     /// Simulate a crash inside hotzone number `n` of this run (tests).
@@ -296,6 +316,7 @@ impl<'a> Job<'a> {
 
     /// One hotzone, steps 1-4 of the module doc.
     fn step(&mut self) -> Result<(), LuksError> {
+        self.live(false)?;
         let z = self.zone;
         let current = self.regular()?;
         let hot = segments::hot(&self.st, &z, &current);
@@ -340,7 +361,7 @@ impl<'a> Job<'a> {
         if self.st.resilience != Resilience::None {
             self.commit()?;
         }
-        Ok(())
+        self.live(true)
     }
 
     /// Move to the next hotzone (cryptsetup's context update).
@@ -364,7 +385,23 @@ impl<'a> Job<'a> {
     /// Repair an interrupted hotzone (the header holds a hot table),
     /// commit the post table, and finish if that was the last one.
     pub fn recover(&mut self) -> Result<Outcome, LuksError> {
+        self.live(false)?;
         let z = self.zone;
+        // What recovery reads from the keyslot area must lie inside it.
+        let need = match self.st.resilience {
+            Resilience::Checksum { hash, block } => {
+                z.length / u64::from(block) * hash.digest_len() as u64
+            }
+            Resilience::Journal => z.length,
+            _ => 0,
+        };
+        if need > self.st.area_size {
+            return Err(LuksError::field(
+                format!("keyslots.{}.area.size", self.st.slot),
+                self.st.area_size,
+                format!("smaller than the {need} bytes the interrupted hotzone needs"),
+            ));
+        }
         let mut done = 0u64;
         while done < z.length {
             let n = RECOVERY_CHUNK.min(z.length - done);
@@ -409,6 +446,7 @@ impl<'a> Job<'a> {
         let post = segments::post(&self.st, &z, &current);
         self.set_segments(post, false)?;
         self.st.hot = None;
+        self.live(true)?;
         self.advance();
         if self.progress >= self.zone.size {
             return self.finish();

@@ -19,7 +19,7 @@ mod segments;
 mod state;
 mod verify;
 
-pub use engine::{Job, Outcome, UDM_MAX_HOTZONE};
+pub use engine::{Job, LiveHook, Outcome, UDM_MAX_HOTZONE};
 pub use init::{init, InitParams};
 pub use keys::{unlock_digest, Key};
 pub use state::{Direction, Mode, Resilience, State};
@@ -64,8 +64,21 @@ fn unlock_checked(
     Ok((old, new))
 }
 
+/// A served device whose table follows the reencryption (online).
+pub trait Live {
+    /// Stop I/O to the device (dm suspend): requests wait, none runs.
+    fn suspend(&mut self) -> Result<(), LuksError>;
+    /// Load `table` and resume the device.
+    fn reload(&mut self, table: &str) -> Result<(), LuksError>;
+    /// The data device as the device's table names it.
+    fn data_device(&self) -> &str;
+}
+
 /// Resume (or recover, then resume) the reencryption of `vol`, opened
-/// for writing, until it finishes or `stop` is set.
+/// for writing, until it finishes or `stop` is set. With `live`, the
+/// served device is suspended around each hotzone and reloaded with the
+/// volume's new mapping after it. `crash_in`: test hook, fail inside that
+/// hotzone of this run.
 pub fn resume(
     vol: &mut Volume,
     passphrase: &[u8],
@@ -73,6 +86,7 @@ pub fn resume(
     stop: &AtomicBool,
     fb: &dyn Feedback,
     crash_in: Option<u64>,
+    live: Option<&mut dyn Live>,
 ) -> Result<Outcome, LuksError> {
     let st = status(vol)?.ok_or_else(|| {
         LuksError::Usage(format!(
@@ -82,9 +96,20 @@ pub fn resume(
     })?;
     let (old, new) = unlock_checked(vol, &st, passphrase)?;
     let crashed = st.hot.is_some();
-    let mut job = Job::new(vol, st, old.as_ref(), new.as_ref(), max_hotzone)?;
+    let (k_old, k_new) = (old.clone(), new.clone());
+    let mut job = Job::new(vol, st.clone(), old.as_ref(), new.as_ref(), max_hotzone)?;
     if let Some(n) = crash_in {
         job.crash_in(n);
+    }
+    if let Some(live) = live {
+        job.set_live(Box::new(move |after, vol| {
+            if !after {
+                return live.suspend();
+            }
+            let act = assemble(vol, &st, k_old.clone(), k_new.clone())?;
+            let table = act.table(live.data_device());
+            live.reload(&table)
+        }));
     }
     if crashed && job.recover()? == Outcome::Finished {
         return Ok(Outcome::Finished);
@@ -100,9 +125,6 @@ pub fn activation(vol: &Volume, passphrase: &[u8]) -> Result<Option<Activation>,
     let Some(st) = status(vol)? else {
         return Ok(None);
     };
-    let Header::Luks2(h) = &vol.header else {
-        return Ok(None);
-    };
     if st.hot.is_some() {
         return Err(LuksError::Usage(
             "Reencryption was interrupted inside a hotzone; run `reencrypt --resume-only` \
@@ -111,6 +133,19 @@ pub fn activation(vol: &Volume, passphrase: &[u8]) -> Result<Option<Activation>,
         ));
     }
     let (old, new) = unlock_checked(vol, &st, passphrase)?;
+    assemble(vol, &st, old, new).map(Some)
+}
+
+/// The multi-segment mapping of `vol`'s current header with both keys.
+fn assemble(
+    vol: &Volume,
+    st: &State,
+    old: Option<Key>,
+    new: Option<Key>,
+) -> Result<Activation, LuksError> {
+    let Header::Luks2(h) = &vol.header else {
+        return Err(LuksError::NotLuks2(vol.data_path.display().to_string()));
+    };
     let mut keys: Vec<(Option<u32>, Key)> = Vec::new();
     if let Some(k) = old {
         keys.push((st.digest_old, k));
@@ -169,7 +204,7 @@ pub fn activation(vol: &Volume, passphrase: &[u8]) -> Result<Option<Activation>,
     let Some(first) = it.next() else {
         return Err(LuksError::field("digests", "", "no volume key"));
     };
-    Ok(Some(Activation {
+    Ok(Activation {
         key: first,
         other_keys: it.collect(),
         segments: segs,
@@ -178,5 +213,5 @@ pub fn activation(vol: &Volume, passphrase: &[u8]) -> Result<Option<Activation>,
         version: 2,
         uuid: vol.uuid().to_string(),
         warnings: vol.warnings(),
-    }))
+    })
 }
