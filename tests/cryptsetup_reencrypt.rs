@@ -317,8 +317,20 @@ fn cryptsetup_sigkill_in_hotzone_then_udm_recovers() {
         }
     }
     assert!(crashed, "SIGKILL never landed inside a hotzone");
-    // udm refuses to map a crashed hotzone, recovers it on resume.
+    // udm refuses to map a crashed hotzone; `repair` recovers it (as
+    // cryptsetup's), after which the data reads back and udm finishes.
     assert!(udm::luks::open(&v.img, None, PASS).is_err());
+    let twin = v.dir.path().join("twin.img");
+    std::fs::copy(&v.img, &twin).unwrap();
+    check_ok(&udm_cs(&["repair"], &v, &[]));
+    assert!(!serde_json::to_string(&dump(&v))
+        .unwrap()
+        .contains("in-reencryption"));
+    assert!(udm_data(&v) == v.plain, "recovered hotzone reads back");
+    check_ok(&udm_cs(&["reencrypt"], &v, &[]));
+    assert_finished(&v);
+    // The same crash, recovered by a plain resume.
+    std::fs::copy(&twin, &v.img).unwrap();
     check_ok(&udm_cs(&["reencrypt"], &v, &[]));
     assert_finished(&v);
     assert!(cs_data(&v) == v.plain);

@@ -132,12 +132,16 @@ fn pbkdf(c: &Ctx) -> PbkdfChoice {
     }
 }
 
+fn not_in_progress() -> LuksError {
+    LuksError::Usage("Device reencryption not in progress.".into())
+}
+
 fn unsupported(what: &str) -> LuksError {
     LuksError::Unsupported(what.into())
 }
 
 pub(super) fn run(c: &Ctx) -> Outcome {
-    let Some(path) = c.argv.first() else {
+    if c.argv.is_empty() {
         return Err(LuksError::Usage(
             "Command requires device as argument.".into(),
         ));
@@ -201,9 +205,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
             }
         }
         if c.a.has("resume-only") {
-            return Err(LuksError::Usage(format!(
-                "Device {path} is not in reencryption."
-            )));
+            return Err(not_in_progress());
         }
         let cipher = c.a.str("cipher").unwrap_or("aes-xts-plain64").to_string();
         let o = FormatOpts {
@@ -253,9 +255,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         return resume_only(c, &dev, &key, &prompt, hotzone, &fb);
     }
     if c.a.has("resume-only") {
-        return Err(LuksError::Usage(format!(
-            "Device {path} is not in reencryption."
-        )));
+        return Err(not_in_progress());
     }
     let mode = if c.a.has("decrypt") {
         if !vol.detached {
@@ -268,14 +268,16 @@ pub(super) fn run(c: &Ctx) -> Outcome {
     } else {
         Mode::Reencrypt
     };
-    if mode == Mode::Reencrypt
-        && slot.is_none()
-        && key.key_file.is_some()
-        && vol.active_slots().len() > 1
-    {
-        return Err(LuksError::Usage(
-            "Key file can be used only with --key-slot or with exactly one key slot active.".into(),
-        ));
+    if mode == Mode::Reencrypt && slot.is_none() && vol.active_slots().len() > 1 {
+        // cryptsetup asks for every keyslot's passphrase; udm re-keys the
+        // keyslot it is given, and the others would be dropped at the end.
+        return Err(LuksError::Usage(if key.key_file.is_some() {
+            "Key file can be used only with --key-slot or with exactly one key slot active.".into()
+        } else {
+            "udm re-keys one keyslot: choose it with --key-slot (the other keyslots of the \
+             old key are removed when the reencryption finishes)."
+                .into()
+        }));
     }
     let pass = key.read(&prompt, false)?;
     let (s, k_old) = vol.unlock(&pass, slot)?;
@@ -328,7 +330,14 @@ fn resume_only(
 ) -> Outcome {
     let mut vol = dev.load(true, fb)?;
     let pass = key.read(prompt, false)?;
-    go(c, &mut vol, &pass, hotzone, fb)
+    match go(c, &mut vol, &pass, hotzone, fb) {
+        // cryptsetup fails a resume with a wrong passphrase with code 1.
+        Err(LuksError::WrongPassphrase) => {
+            eprintln!("{}", LuksError::WrongPassphrase);
+            Err(LuksError::Silent(1))
+        }
+        r => r,
+    }
 }
 
 fn go(c: &Ctx, vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progress) -> Outcome {

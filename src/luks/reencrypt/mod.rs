@@ -117,6 +117,20 @@ pub fn resume(
     job.run(stop, fb)
 }
 
+/// Repair an interrupted hotzone and stop (cryptsetup's `repair` of a
+/// header in reencryption). Ok(None) if no hotzone was interrupted.
+pub fn recover_only(vol: &mut Volume, passphrase: &[u8]) -> Result<Option<Outcome>, LuksError> {
+    let Some(st) = status(vol)? else {
+        return Ok(None);
+    };
+    if st.hot.is_none() {
+        return Ok(None);
+    }
+    let (old, new) = unlock_checked(vol, &st, passphrase)?;
+    let mut job = Job::new(vol, st, old.as_ref(), new.as_ref(), None)?;
+    job.recover().map(Some)
+}
+
 /// The mapping of a volume in reencryption, as the kernel would get it
 /// from cryptsetup: each data segment with its own key (or linear).
 /// None if `vol` is not in reencryption. A header holding an interrupted
