@@ -385,23 +385,27 @@ fn udm_init_only_matches_cryptsetup_and_cryptsetup_finishes() {
 
 #[test]
 fn udm_stopped_or_crashed_then_cryptsetup_finishes() {
-    for (hook, resilience) in [
-        ("UDM_TEST_REENCRYPT_STOP_AFTER", "checksum"),
-        ("UDM_TEST_REENCRYPT_CRASH_IN", "checksum"),
-        ("UDM_TEST_REENCRYPT_CRASH_IN", "journal"),
+    for (hook, resilience, extra) in [
+        ("UDM_TEST_REENCRYPT_STOP_AFTER", "checksum", &[][..]),
+        ("UDM_TEST_REENCRYPT_STOP_AFTER", "none", &[][..]),
+        (
+            "UDM_TEST_REENCRYPT_STOP_AFTER",
+            "journal",
+            &["--sector-size", "512", "--key-size", "256"][..],
+        ),
+        ("UDM_TEST_REENCRYPT_CRASH_IN", "checksum", &[][..]),
+        ("UDM_TEST_REENCRYPT_CRASH_IN", "journal", &[][..]),
     ] {
         let v = volume(4 << 20, false, &[]);
-        let o = udm_cs(
-            &[
-                "reencrypt",
-                "--hotzone-size",
-                "512K",
-                "--resilience",
-                resilience,
-            ],
-            &v,
-            &[(hook, "3")],
-        );
+        let mut args = vec![
+            "reencrypt",
+            "--hotzone-size",
+            "512K",
+            "--resilience",
+            resilience,
+        ];
+        args.extend(extra);
+        let o = udm_cs(&args, &v, &[(hook, "3")]);
         let crashed = hook.ends_with("CRASH_IN");
         assert_eq!(o.status.success(), !crashed, "{}", show(&o));
         let j = dump(&v);

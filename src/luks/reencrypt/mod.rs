@@ -17,6 +17,8 @@ mod init;
 mod keys;
 mod segments;
 mod state;
+#[cfg(test)]
+mod tests;
 mod verify;
 
 pub use engine::{Job, LiveHook, Outcome, UDM_MAX_HOTZONE};
