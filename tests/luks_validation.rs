@@ -46,15 +46,17 @@ fn requirement_flags_are_refused_by_name() {
     let d = dir.path();
     let kf = write_file(d, "k", b"r");
     let img = luks2_image(d, "r.img", &kf);
+    // cryptsetup's legacy offline-reencryption flag (udm reads the online
+    // reencryption flags, tests/cryptsetup_reencrypt.rs).
     rewrite_json(&img, &|v| {
-        v["config"]["requirements"] = serde_json::json!({"mandatory": ["online-reencrypt-v2"]})
+        v["config"]["requirements"] = serde_json::json!({"mandatory": ["offline-reencrypt"]})
     });
     let e = udm::luks::open(&img, None, b"r").unwrap_err();
     assert!(
-        matches!(&e, LuksError::Requirement(r) if r == "online-reencrypt-v2"),
+        matches!(&e, LuksError::Requirement(r) if r == "offline-reencrypt"),
         "{e}"
     );
-    assert!(e.to_string().contains("online-reencrypt-v2"));
+    assert!(e.to_string().contains("offline-reencrypt"));
     let o = udm()
         .args([
             "luks",
@@ -69,13 +71,13 @@ fn requirement_flags_are_refused_by_name() {
         .output()
         .unwrap();
     assert!(
-        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("online-reencrypt-v2"),
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("offline-reencrypt"),
         "{}",
         show(&o)
     );
     // dump still works, and shows the requirement.
     let o = run(udm().args(["luks", "dump"]).arg(&img));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("online-reencrypt-v2"));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("offline-reencrypt"));
 }
 
 #[test]

@@ -27,6 +27,7 @@ pub mod ops;
 pub mod passphrase;
 pub mod pbkdf;
 pub mod plain;
+pub mod reencrypt;
 pub mod repair;
 pub mod secret;
 pub mod volume;
@@ -50,12 +51,20 @@ pub struct MappedSegment {
     pub sector_size: u32,
     /// dm-crypt iv_offset (512-byte units).
     pub iv_offset: u64,
+    /// Which key maps it: 0 the volume key, n the n-th of
+    /// [`Activation::other_keys`] (a device in reencryption has two).
+    pub key_index: usize,
+    /// Plaintext (`linear`): the side of an encryption or decryption in
+    /// progress that has no key.
+    pub linear: bool,
 }
 
 /// An unlocked volume: what dm-crypt needs to map it. Holds the volume key
 /// (zeroized on drop, never shown by `Debug`).
 pub struct Activation {
     key: Zeroizing<Vec<u8>>,
+    /// Keys of further segments (reencryption in progress).
+    other_keys: Vec<Zeroizing<Vec<u8>>>,
     pub segments: Vec<MappedSegment>,
     /// Optional dm-crypt flags from the LUKS2 config (allow_discards, ...).
     pub options: Vec<&'static str>,
@@ -100,7 +109,12 @@ impl Activation {
     pub fn table(&self, data_device: &str) -> Zeroizing<String> {
         use std::fmt::Write;
         let opts_len: usize = self.options.iter().map(|o| o.len() + 1).sum::<usize>() + 40;
-        let per_line = 6 * 21 + 16 + 2 * self.key.len() + data_device.len() + opts_len;
+        let klen = self
+            .other_keys
+            .iter()
+            .map(|k| k.len())
+            .fold(self.key.len(), usize::max);
+        let per_line = 6 * 21 + 16 + 2 * klen + data_device.len() + opts_len;
         let cap: usize = self
             .segments
             .iter()
@@ -110,8 +124,21 @@ impl Activation {
         let mut out = Zeroizing::new(String::with_capacity(cap));
         let mut start = 0u64;
         for s in &self.segments {
+            if s.linear {
+                let _ = writeln!(
+                    out,
+                    "{start} {} linear {data_device} {}",
+                    s.len_sectors, s.offset_sectors
+                );
+                start += s.len_sectors;
+                continue;
+            }
             let _ = write!(out, "{start} {} crypt {} ", s.len_sectors, s.cipher);
-            for b in self.key.iter() {
+            let key = match s.key_index {
+                0 => &self.key,
+                n => self.other_keys.get(n - 1).unwrap_or(&self.key),
+            };
+            for b in key.iter() {
                 let _ = write!(out, "{b:02x}");
             }
             let _ = write!(out, " {} {data_device} {}", s.iv_offset, s.offset_sectors);
@@ -141,6 +168,9 @@ pub fn open(
     passphrase: &[u8],
 ) -> Result<Activation, LuksError> {
     let vol = volume::Volume::load(image, header, false)?;
+    if let Some(act) = reencrypt::activation(&vol, passphrase)? {
+        return Ok(act);
+    }
     vol.check_requirements()?;
     let (slot, key) = vol.unlock(passphrase, None)?;
     vol.activation(key, slot)

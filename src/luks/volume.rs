@@ -337,6 +337,8 @@ impl Volume {
                     len_sectors: dev_sectors - off,
                     sector_size: 512,
                     iv_offset: 0,
+                    key_index: 0,
+                    linear: false,
                 });
             }
             Header::Luks2(h) => {
@@ -407,6 +409,8 @@ impl Volume {
                         len_sectors: len,
                         sector_size: s.sector_size,
                         iv_offset,
+                        key_index: 0,
+                        linear: false,
                     });
                 }
                 for (flag, opt) in FLAG_OPTIONS {
@@ -418,6 +422,7 @@ impl Volume {
         }
         Ok(Activation {
             key,
+            other_keys: Vec::new(),
             segments,
             options,
             keyslot,

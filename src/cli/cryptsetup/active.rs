@@ -122,6 +122,17 @@ fn open_table(c: &Ctx, name: &str) -> Result<(Zeroizing<String>, String), LuksEr
             return Err(LuksError::NotLuks(dev.meta_path().display().to_string()));
         }
     }
+    if crate::luks::reencrypt::status(&v)?.is_some() {
+        // In reencryption: old and new segments, each with its own key.
+        let pass = key_source(c, c.a.str("key-file")).read(
+            &format!("Enter passphrase for {}: ", dev.meta_path().display()),
+            false,
+        )?;
+        let act = crate::luks::reencrypt::activation(&v, &pass)?
+            .ok_or_else(|| LuksError::Usage("reencryption state changed".into()))?;
+        let uuid = format!("CRYPT-LUKS2-{}-{name}", v.uuid().replace('-', ""));
+        return Ok((act.table(&dev_arg), uuid));
+    }
     v.check_requirements()?;
     let (slot, key) = match c.a.str("volume-key-file") {
         Some(f) => {
@@ -463,3 +474,54 @@ pub(super) fn luks_resume(c: &Ctx) -> Outcome {
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// A device of a running server that follows an online reencryption
+/// (`reencrypt --active-name NAME`): suspended around each hotzone, then
+/// loaded with the volume's new multi-segment table and resumed.
+pub(super) struct LiveCtl<'a> {
+    c: &'a Ctx,
+    name: String,
+    data: String,
+}
+
+/// Find `name` on the server and the data device its crypt table names.
+pub(super) fn live_device<'a>(c: &'a Ctx, name: &str) -> Result<LiveCtl<'a>, LuksError> {
+    let (info, lines) = active_luks(c, name)?;
+    if !info["uuid"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with("CRYPT-LUKS2-")
+        || lines.is_empty()
+    {
+        return Err(LuksError::Usage(format!(
+            "Device {name} is not an active LUKS2 device."
+        )));
+    }
+    let data = lines[0]
+        .split_whitespace()
+        .nth(6)
+        .ok_or_else(|| LuksError::Usage(format!("Device {name}: unexpected table")))?
+        .to_string();
+    Ok(LiveCtl {
+        c,
+        name: name.to_string(),
+        data,
+    })
+}
+
+impl crate::luks::reencrypt::Live for LiveCtl<'_> {
+    fn suspend(&mut self) -> Result<(), LuksError> {
+        call(self.c, &self.name, req("suspend", &self.name), &[]).map(|_| ())
+    }
+
+    fn reload(&mut self, table: &str) -> Result<(), LuksError> {
+        let mut r = req("load", &self.name);
+        r.has_table = true;
+        call(self.c, &self.name, r, table.as_bytes())?;
+        call(self.c, &self.name, req("resume", &self.name), &[]).map(|_| ())
+    }
+
+    fn data_device(&self) -> &str {
+        &self.data
+    }
+}

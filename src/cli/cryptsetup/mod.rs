@@ -11,6 +11,7 @@
 mod active;
 mod args;
 mod offline;
+mod reencrypt;
 
 use std::ffi::OsString;
 

@@ -431,6 +431,25 @@ pub(super) fn convert(c: &Ctx) -> Outcome {
 }
 
 pub(super) fn repair(c: &Ctx) -> Outcome {
+    // A LUKS2 header with an interrupted reencryption hotzone: recover the
+    // hotzone's data (from checksums or the journal), as cryptsetup does.
+    let dev = device(c);
+    if let Ok(v) = dev.load(false, &ui(c)) {
+        if crate::luks::reencrypt::status(&v)
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.hot.is_some())
+        {
+            drop(v);
+            let mut v = dev.load(true, &ui(c))?;
+            let pass = key_source(c, c.a.str("key-file")).read(
+                &format!("Enter passphrase for {}: ", dev.meta_path().display()),
+                false,
+            )?;
+            crate::luks::reencrypt::recover_only(&mut v, &pass)?;
+            return Ok(());
+        }
+    }
     for m in ops::header::repair(&device(c), &ui(c))? {
         if m.starts_with("No known problems") {
             c.verbose_msg(&m);
@@ -441,8 +460,6 @@ pub(super) fn repair(c: &Ctx) -> Outcome {
     Ok(())
 }
 
-pub(super) fn reencrypt(_c: &Ctx) -> Outcome {
-    Err(LuksError::Unsupported(
-        "reencrypt (not implemented by udm yet)".into(),
-    ))
+pub(super) fn reencrypt(c: &Ctx) -> Outcome {
+    super::reencrypt::run(c)
 }

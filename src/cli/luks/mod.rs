@@ -34,6 +34,15 @@ pub enum Cmd {
     HeaderBackup(BackupArgs),
     /// Write a saved header back (cryptsetup luksHeaderRestore).
     HeaderRestore(BackupArgs),
+    /// Reencrypt, encrypt or decrypt in place, resumable and interoperable
+    /// with cryptsetup (cryptsetup reencrypt; takes its options, e.g.
+    /// `--key-file`, `--cipher`, `--resilience`, `--hotzone-size`,
+    /// `--init-only`, `--resume-only`, `--encrypt`, `--decrypt`, `--header`).
+    #[command(disable_help_flag = true)]
+    Reencrypt {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 fn device(image: &std::path::Path, c: &Common) -> Device {
@@ -55,6 +64,12 @@ fn unlock(c: &Common, slot: Option<u32>) -> Unlock {
 /// Run a verb; returns the process exit code (cryptsetup's codes).
 pub fn run(c: Cmd) -> i32 {
     let r = match c {
+        // The same code as `udm cryptsetup reencrypt`: only the name differs.
+        Cmd::Reencrypt { args } => {
+            let mut argv = vec![std::ffi::OsString::from("reencrypt")];
+            argv.extend(args);
+            return crate::cli::cryptsetup::main(argv);
+        }
         Cmd::Format(a) => {
             let ui = Ui::new(a.common.batch_mode, Style::Strict);
             let version = match a.luks_type.as_str() {

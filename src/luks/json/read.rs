@@ -206,11 +206,10 @@ fn parse_keyslots(
 }
 
 /// The `segments` object: numbered 0..N-1, backups last, regular segments
-/// in order, not overlapping each other or the metadata (`areas_end`).
-fn parse_segments(
-    top: &Map<String, Value>,
-    areas_end: u64,
-) -> Result<BTreeMap<u32, Segment>, LuksError> {
+/// in order, not overlapping each other. Whether data overlaps the
+/// metadata depends on where the header is (a detached header's data may
+/// start anywhere): `Volume::check_data_offset` decides that.
+fn parse_segments(top: &Map<String, Value>) -> Result<BTreeMap<u32, Segment>, LuksError> {
     let mut segments = BTreeMap::new();
     for (k, v) in obj(member(top, "segments", "json")?, "segments")? {
         let n = id(k, "segments", 1024)?;
@@ -319,13 +318,6 @@ fn parse_segments(
                 format!("segments.{n}.size"),
                 "dynamic",
                 "only the last segment may be dynamic",
-            ));
-        }
-        if s.offset != 0 && s.offset < areas_end {
-            return Err(LuksError::field(
-                format!("segments.{n}.offset"),
-                s.offset,
-                format!("overlaps the header and keyslots area (ends at {areas_end})"),
             ));
         }
         if let (Some(sz), Some((_, next))) = (s.size, regular.get(i + 1)) {
@@ -476,7 +468,7 @@ impl Metadata {
         let areas_start = 2 * hdr_size;
         let areas_end = areas_start + keyslots_size;
         let ks = parse_keyslots(top, areas_start, areas_end)?;
-        let segments = parse_segments(top, areas_end)?;
+        let segments = parse_segments(top)?;
         let digests = parse_digests(top, &ks, &segments)?;
         let tokens = parse_tokens(top, &ks)?;
         let (keyslots, other_keyslots) = ks;

@@ -76,10 +76,6 @@ fn rejects_named_fields() {
             "segments.0.sector_size",
         ),
         (
-            SAMPLE.replace("\"offset\":\"16777216\"", "\"offset\":\"4096\""),
-            "segments.0.offset",
-        ),
-        (
             SAMPLE.replace(
                 "\"keyslots\":[\"0\"],\"segments\"",
                 "\"keyslots\":[\"7\"],\"segments\"",

@@ -1,0 +1,576 @@
+//! Moving the data: hotzone by hotzone, each one protected before it is
+//! touched and committed after, in the order cryptsetup uses so either
+//! program can take over after an interruption at any point:
+//!
+//! 1. the hot table (hotzone = its own `in-reencryption` segment) goes
+//!    into memory; the hotzone's old bytes are read;
+//! 2. resilience: checksums of the old bytes (checksum) or the old bytes
+//!    themselves (journal) go to the reencrypt keyslot's area, then the
+//!    header with the hot table is written — the commit point; with
+//!    `none` nothing is written;
+//! 3. the bytes are decrypted with the old key, encrypted with the new
+//!    one, written and synced;
+//! 4. the post table (hotzone joined to the new side) is written.
+//!
+//! A crash between 2 and 4 leaves the hot table on disk; [`Job::recover`]
+//! repairs that hotzone from the checksums (blocks whose hash still
+//! matches were not rewritten yet) or from the journal, as cryptsetup's
+//! recovery does.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::{Map, Value};
+
+use super::keys::Key;
+use super::segments::{self, Zone};
+use super::state::{Direction, Resilience, SegParams, State, MAX_HOTZONE};
+use crate::crypto::SectorCrypt;
+use crate::luks::disk::Disk;
+use crate::luks::error::LuksError;
+use crate::luks::feedback::Feedback;
+use crate::luks::luks2::Luks2;
+use crate::luks::volume::{Header, Volume};
+
+/// The largest hotzone udm moves in one step (its buffer). cryptsetup
+/// allows up to 1 GiB; smaller steps only mean more header writes.
+pub const UDM_MAX_HOTZONE: u64 = 64 << 20;
+/// cryptsetup's hotzone for resilience `none` when none is asked for.
+const NONE_DEFAULT: u64 = 20 << 20;
+/// Recovery works through an interrupted hotzone in pieces this large.
+const RECOVERY_CHUNK: u64 = 1 << 20;
+
+/// How a run ends.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every byte moved; the reencryption metadata is gone.
+    Finished,
+    /// Stopped by request after a whole hotzone; resumable.
+    Interrupted,
+}
+
+fn crypt(p: &SegParams, key: Option<&Key>) -> Result<Option<SectorCrypt>, LuksError> {
+    match (&p.cipher, key) {
+        (None, _) => Ok(None),
+        (Some(c), Some(k)) => SectorCrypt::new(c, k, p.sector_size, false)
+            .map(Some)
+            .map_err(|e| LuksError::Crypto(format!("{c}: {e}"))),
+        (Some(_), None) => Err(LuksError::Usage("volume key missing".into())),
+    }
+}
+
+fn luks2(vol: &mut Volume) -> Result<&mut Luks2, LuksError> {
+    match &mut vol.header {
+        Header::Luks2(h) => Ok(h),
+        Header::Luks1(_) => Err(LuksError::NotLuks2(vol.data_path.display().to_string())),
+    }
+}
+
+/// Called around each hotzone when the volume is also served (online
+/// reencryption): `false` before the hotzone's old bytes are read (stop
+/// the device's I/O), `true` once its post table is in the header
+/// (load the mapping of the volume's new state and let I/O go on).
+pub type LiveHook<'a> = Box<dyn FnMut(bool, &Volume) -> Result<(), LuksError> + 'a>;
+
+/// One reencryption in progress, keys unlocked.
+pub struct Job<'a> {
+    vol: &'a mut Volume,
+    data: Disk,
+    pub st: State,
+    old: Option<SectorCrypt>,
+    new: Option<SectorCrypt>,
+    pub zone: Zone,
+    pub progress: u64,
+    none_dirty: bool,
+    /// Test hook: fail in the middle of this (0-based) hotzone, after the
+    /// hot table is committed and half of the new data is written.
+    crash_in: Option<u64>,
+    steps: u64,
+    live: Option<LiveHook<'a>>,
+}
+
+impl<'a> Job<'a> {
+    /// Set up from the header of `vol` (which must be in reencryption)
+    /// and both keys. `max_hotzone`: `--hotzone-size` in bytes.
+    pub fn new(
+        vol: &'a mut Volume,
+        st: State,
+        key_old: Option<&Key>,
+        key_new: Option<&Key>,
+        max_hotzone: Option<u64>,
+    ) -> Result<Job<'a>, LuksError> {
+        if let Resilience::Datashift { .. } = st.resilience {
+            return Err(LuksError::Unsupported(
+                "reencryption with data shift (--reduce-device-size, or --decrypt of a \
+                 volume with its header on the device); cryptsetup can finish it"
+                    .into(),
+            ));
+        }
+        if st.old.offset != st.new.offset || st.old.iv_tweak != 0 || st.new.iv_tweak != 0 {
+            return Err(LuksError::Unsupported(
+                "reencryption between segments at different offsets or with an iv_tweak".into(),
+            ));
+        }
+        let h = luks2(vol)?;
+        for flag in ["backup-previous", "backup-final"] {
+            if let Some(id) = super::state::segment_by_flag(&h.meta, flag) {
+                if h.meta.segments[&id].size.is_some() {
+                    return Err(LuksError::Unsupported(
+                        "reencryption of a fixed-size data segment (--device-size)".into(),
+                    ));
+                }
+            }
+        }
+        let data_offset = st.new.offset;
+        let data = Disk::open(&vol.data_path, true)?;
+        let size = vol.data_size.checked_sub(data_offset).ok_or_else(|| {
+            LuksError::field("segments", data_offset, "data offset beyond the device")
+        })?;
+        let align = match st.resilience {
+            Resilience::Checksum { block, .. } => u64::from(block),
+            _ => 4096u64
+                .max(u64::from(st.old.sector_size))
+                .max(u64::from(st.new.sector_size)),
+        };
+        if size % align != 0 {
+            return Err(LuksError::Usage(format!(
+                "Data device is not aligned to the reencryption block size ({align} bytes)."
+            )));
+        }
+        let old = crypt(&st.old, key_old)?;
+        let new = crypt(&st.new, key_new)?;
+        let h = luks2(vol)?;
+        let regular: Vec<(u64, Option<u64>)> = h
+            .meta
+            .segments
+            .values()
+            .filter(|s| !s.is_backup())
+            .map(|s| (s.offset, s.size))
+            .collect();
+        let mut zone = Zone {
+            data_offset,
+            size,
+            offset: 0,
+            length: 0,
+        };
+        if let Some(hid) = st.hot {
+            let s = &h.meta.segments[&hid];
+            zone.offset = s.offset.checked_sub(data_offset).unwrap_or(u64::MAX);
+            zone.length = s.size.unwrap_or(0);
+            if zone.length == 0
+                || zone.length > MAX_HOTZONE
+                || zone
+                    .offset
+                    .checked_add(zone.length)
+                    .is_none_or(|e| e > size)
+                || zone.offset % align != 0
+                || zone.length % align != 0
+            {
+                return Err(LuksError::field(
+                    format!("segments.{hid}"),
+                    s.offset,
+                    "interrupted hotzone outside the data area or misaligned",
+                ));
+            }
+        } else {
+            let mut len = match st.resilience {
+                Resilience::None => max_hotzone.unwrap_or(NONE_DEFAULT),
+                Resilience::Checksum { hash, block } => {
+                    st.area_size / hash.digest_len() as u64 * u64::from(block)
+                }
+                _ => st.area_size,
+            };
+            len = len.min(UDM_MAX_HOTZONE);
+            if let Some(m) = max_hotzone {
+                len = len.min(m);
+            }
+            len -= len % align;
+            if len == 0 {
+                return Err(LuksError::Usage(format!(
+                    "Hotzone size must be multiple of calculated zone alignment ({align} bytes)."
+                )));
+            }
+            if 65536 % align == 0 && len > 65536 {
+                len -= len % 65536;
+            }
+            let first = |i: usize| regular.get(i).copied();
+            let seg0_len = || -> Result<u64, LuksError> {
+                first(0).and_then(|s| s.1).ok_or_else(|| {
+                    LuksError::field("segments.0.size", "dynamic", "expected a fixed size")
+                })
+            };
+            match (st.direction, regular.len()) {
+                (Direction::Forward, 1) => zone.offset = 0,
+                (Direction::Forward, 2) => zone.offset = seg0_len()?,
+                (Direction::Backward, 1) => {
+                    len = len.min(size);
+                    zone.offset = size - len;
+                }
+                (Direction::Backward, 2) => {
+                    let t = seg0_len()?;
+                    len = len.min(t);
+                    zone.offset = t - len;
+                }
+                (_, n) => {
+                    return Err(LuksError::field(
+                        "segments",
+                        n,
+                        "a clean reencryption has one or two data segments",
+                    ))
+                }
+            }
+            if zone.offset > size || zone.offset % align != 0 {
+                return Err(LuksError::field(
+                    "segments.0.size",
+                    zone.offset,
+                    "misaligned",
+                ));
+            }
+            zone.length = len.min(size - zone.offset);
+        }
+        let progress = match st.direction {
+            Direction::Forward => zone.offset,
+            Direction::Backward => size - zone.offset - zone.length,
+        };
+        Ok(Job {
+            vol,
+            data,
+            st,
+            old,
+            new,
+            zone,
+            progress,
+            none_dirty: false,
+            crash_in: None,
+            steps: 0,
+            live: None,
+        })
+    }
+
+    /// Online reencryption: call `hook` around every hotzone.
+    pub fn set_live(&mut self, hook: LiveHook<'a>) {
+        self.live = Some(hook);
+    }
+
+    fn live(&mut self, after: bool) -> Result<(), LuksError> {
+        match self.live.as_mut() {
+            Some(h) => h(after, self.vol),
+            None => Ok(()),
+        }
+    }
+
+    /// Simulate a crash inside hotzone number `n` of this run (tests).
+    pub fn crash_in(&mut self, n: u64) {
+        self.crash_in = Some(n);
+    }
+
+    fn header(&mut self) -> Result<&mut Luks2, LuksError> {
+        luks2(self.vol)
+    }
+
+    /// Replace the header's segment table (validated) in memory.
+    fn set_segments(&mut self, table: Vec<Value>, hot: bool) -> Result<(), LuksError> {
+        let st = self.st.clone();
+        let h = self.header()?;
+        let hdr_size = h.bin.hdr_size;
+        h.meta = h
+            .meta
+            .edit(hdr_size, |top| segments::install(&st, top, table, hot))?;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<(), LuksError> {
+        let Volume { header, meta, .. } = &mut *self.vol;
+        match header {
+            Header::Luks2(h) => h.write(meta),
+            Header::Luks1(_) => Err(LuksError::Usage("not LUKS2".into())),
+        }
+    }
+
+    fn regular(&mut self) -> Result<Map<String, Value>, LuksError> {
+        let h = self.header()?;
+        let mut m = Map::new();
+        if let Some(all) = h.meta.value["segments"].as_object() {
+            for (k, v) in all {
+                let backup = v["flags"].as_array().is_some_and(|f| {
+                    f.iter()
+                        .any(|x| x.as_str().is_some_and(|s| s.starts_with("backup-")))
+                });
+                if !backup {
+                    m.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        Ok(m)
+    }
+
+    /// Old bytes -> new bytes in place, for data at `at` (relative).
+    fn transform(&self, buf: &mut [u8], at: u64) {
+        let sector = at / 512;
+        if let Some(c) = &self.old {
+            c.decrypt(buf, sector);
+        }
+        if let Some(c) = &self.new {
+            c.encrypt(buf, sector);
+        }
+    }
+
+    /// One hotzone, steps 1-4 of the module doc.
+    fn step(&mut self) -> Result<(), LuksError> {
+        self.live(false)?;
+        let z = self.zone;
+        let current = self.regular()?;
+        let hot = segments::hot(&self.st, &z, &current);
+        let post = segments::post(&self.st, &z, &hot);
+        self.set_segments(hot, true)?;
+        let len = usize::try_from(z.length).map_err(|_| LuksError::Usage("hotzone".into()))?;
+        let mut buf = zeroize::Zeroizing::new(vec![0u8; len]);
+        self.data.read_at(z.data_offset + z.offset, &mut buf)?;
+        match self.st.resilience {
+            Resilience::Checksum { hash, block } => {
+                let mut sums = Vec::with_capacity(len / block as usize * hash.digest_len());
+                for b in buf.chunks(block as usize) {
+                    sums.extend_from_slice(&hash.digest(&[b]));
+                }
+                let off = self.st.area_offset;
+                self.vol.meta.write_at(off, &sums)?;
+                self.commit()?;
+            }
+            Resilience::Journal => {
+                let off = self.st.area_offset;
+                self.vol.meta.write_at(off, &buf)?;
+                self.commit()?;
+            }
+            _ => self.none_dirty = true,
+        }
+        self.transform(&mut buf, z.offset);
+        if self.crash_in == Some(self.steps) {
+            let half = (len / 2) & !4095;
+            self.data.write_at(z.data_offset + z.offset, &buf[..half])?;
+            self.data.sync()?;
+            return Err(LuksError::Usage(format!(
+                "simulated crash inside hotzone {} (test hook)",
+                self.steps
+            )));
+        }
+        self.steps += 1;
+        self.data.write_at(z.data_offset + z.offset, &buf)?;
+        if self.st.resilience != Resilience::None {
+            self.data.sync()?;
+        }
+        self.set_segments(post, false)?;
+        if self.st.resilience != Resilience::None {
+            self.commit()?;
+        }
+        self.live(true)
+    }
+
+    /// Move to the next hotzone (cryptsetup's context update).
+    fn advance(&mut self) {
+        let z = &mut self.zone;
+        self.progress += z.length;
+        match self.st.direction {
+            Direction::Forward => {
+                z.offset += z.length;
+                z.length = z.length.min(z.size - z.offset);
+            }
+            Direction::Backward => {
+                if z.offset < z.length {
+                    z.length = z.offset;
+                }
+                z.offset -= z.length;
+            }
+        }
+    }
+
+    /// Repair an interrupted hotzone (the header holds a hot table),
+    /// commit the post table, and finish if that was the last one.
+    pub fn recover(&mut self) -> Result<Outcome, LuksError> {
+        self.live(false)?;
+        let z = self.zone;
+        // What recovery reads from the keyslot area must lie inside it.
+        let need = match self.st.resilience {
+            Resilience::Checksum { hash, block } => {
+                z.length / u64::from(block) * hash.digest_len() as u64
+            }
+            Resilience::Journal => z.length,
+            _ => 0,
+        };
+        if need > self.st.area_size {
+            return Err(LuksError::field(
+                format!("keyslots.{}.area.size", self.st.slot),
+                self.st.area_size,
+                format!("smaller than the {need} bytes the interrupted hotzone needs"),
+            ));
+        }
+        let mut done = 0u64;
+        while done < z.length {
+            let n = RECOVERY_CHUNK.min(z.length - done);
+            let at = z.offset + done;
+            let mut buf = zeroize::Zeroizing::new(vec![0u8; n as usize]);
+            match self.st.resilience {
+                Resilience::Checksum { hash, block } => {
+                    let hl = hash.digest_len() as u64;
+                    let blocks = n / u64::from(block);
+                    let mut sums = vec![0u8; (blocks * hl) as usize];
+                    let first = done / u64::from(block);
+                    self.vol
+                        .meta
+                        .read_at(self.st.area_offset + first * hl, &mut sums)?;
+                    self.data.read_at(z.data_offset + at, &mut buf)?;
+                    for (i, b) in buf.chunks_mut(block as usize).enumerate() {
+                        let want = &sums[i * hl as usize..(i + 1) * hl as usize];
+                        if hash.digest(&[b]) == want {
+                            let bat = at + i as u64 * u64::from(block);
+                            self.transform(b, bat);
+                            self.data.write_at(z.data_offset + bat, b)?;
+                        }
+                    }
+                }
+                Resilience::Journal => {
+                    self.vol
+                        .meta
+                        .read_at(self.st.area_offset + done, &mut buf)?;
+                    self.transform(&mut buf, at);
+                    self.data.write_at(z.data_offset + at, &buf)?;
+                }
+                _ => {
+                    return Err(LuksError::Usage(
+                        "Interrupted hotzone cannot be recovered: resilience mode none.".into(),
+                    ))
+                }
+            }
+            done += n;
+        }
+        self.data.sync()?;
+        let current: Vec<Value> = self.regular()?.into_iter().map(|(_, v)| v).collect();
+        let post = segments::post(&self.st, &z, &current);
+        self.set_segments(post, false)?;
+        self.st.hot = None;
+        self.live(true)?;
+        self.advance();
+        if self.progress >= self.zone.size {
+            return self.finish();
+        }
+        self.commit()?;
+        Ok(Outcome::Interrupted)
+    }
+
+    /// Run hotzones until done or `stop` is set (checked between them).
+    pub fn run(&mut self, stop: &AtomicBool, fb: &dyn Feedback) -> Result<Outcome, LuksError> {
+        fb.begin("Reencrypting", self.zone.size);
+        fb.advance(self.progress);
+        let mut r = Ok(());
+        while self.progress < self.zone.size && !stop.load(Ordering::Relaxed) {
+            r = self.step();
+            if r.is_err() {
+                break;
+            }
+            self.advance();
+            fb.advance(self.progress);
+        }
+        fb.end();
+        r?;
+        if self.progress >= self.zone.size {
+            return self.finish();
+        }
+        if self.none_dirty {
+            self.commit()?;
+        }
+        Ok(Outcome::Interrupted)
+    }
+
+    /// Drop the reencryption metadata once every byte has moved, as
+    /// cryptsetup's teardown does: keyslots of the old key (when it
+    /// changed), the backup segments, the requirement flag, the reencrypt
+    /// keyslot and its digest. One header write; the old keyslots' areas
+    /// are wiped only after no header names them.
+    fn finish(&mut self) -> Result<Outcome, LuksError> {
+        let st = self.st.clone();
+        let h = self.header()?;
+        let hdr_size = h.bin.hdr_size;
+        let old_slots: Vec<(u32, u64, u64)> = match st.digest_old {
+            Some(d) if st.digest_new != Some(d) => h
+                .meta
+                .digests
+                .get(&d)
+                .map(|dg| {
+                    dg.keyslots
+                        .iter()
+                        .filter_map(|s| {
+                            h.meta
+                                .keyslots
+                                .get(s)
+                                .map(|k| (*s, k.area_offset, k.area_size))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        let mut gone: Vec<String> = old_slots.iter().map(|s| s.0.to_string()).collect();
+        gone.push(st.slot.to_string());
+        h.meta = h.meta.edit(hdr_size, |top| {
+            if let Some(k) = top.get_mut("keyslots").and_then(Value::as_object_mut) {
+                for g in &gone {
+                    k.shift_remove(g);
+                }
+            }
+            for group in ["digests", "tokens"] {
+                if let Some(g) = top.get_mut(group).and_then(Value::as_object_mut) {
+                    for (_, item) in g.iter_mut() {
+                        if let Some(a) = item.get_mut("keyslots").and_then(Value::as_array_mut) {
+                            a.retain(|e| !gone.iter().any(|g| e.as_str() == Some(g)));
+                        }
+                    }
+                }
+            }
+            let mut keep = Map::new();
+            let mut dropped = Vec::new();
+            if let Some(segs) = top.get("segments").and_then(Value::as_object) {
+                for (k, v) in segs {
+                    let backup = v["flags"].as_array().is_some_and(|f| {
+                        f.iter()
+                            .any(|x| x.as_str().is_some_and(|s| s.starts_with("backup-")))
+                    });
+                    if backup {
+                        dropped.push(k.clone());
+                    } else {
+                        keep.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            top.insert("segments".into(), Value::Object(keep));
+            if let Some(ds) = top.get_mut("digests").and_then(Value::as_object_mut) {
+                for d in ds.values_mut() {
+                    if let Some(a) = d.get_mut("segments").and_then(Value::as_array_mut) {
+                        a.retain(|e| !dropped.iter().any(|g| e.as_str() == Some(g)));
+                    }
+                }
+                ds.retain(|_, d| d["keyslots"].as_array().is_some_and(|a| !a.is_empty()));
+            }
+            if let Some(cfg) = top.get_mut("config").and_then(Value::as_object_mut) {
+                let mut empty = false;
+                if let Some(m) = cfg
+                    .get_mut("requirements")
+                    .and_then(|r| r.get_mut("mandatory"))
+                    .and_then(Value::as_array_mut)
+                {
+                    m.retain(|r| {
+                        !r.as_str()
+                            .is_some_and(|s| s.starts_with("online-reencrypt"))
+                    });
+                    empty = m.is_empty();
+                }
+                if empty {
+                    cfg.shift_remove("requirements");
+                }
+            }
+        })?;
+        self.commit()?;
+        for (_, off, len) in old_slots {
+            self.vol.meta.zero(off, len, &mut |_| {})?;
+        }
+        self.vol.meta.sync()?;
+        Ok(Outcome::Finished)
+    }
+}

@@ -1,0 +1,340 @@
+//! Starting a reencryption: the header edits cryptsetup makes, in its
+//! member order, in one header write (after any new key material is on
+//! disk): a keyslot for the new volume key and its digest (re-key), the
+//! `backup-previous` and `backup-final` segments, the `reencrypt`
+//! keyslot (area = the largest free gap of the keyslots area), its
+//! verification digest, and the `online-reencrypt-v2` requirement that
+//! keeps older tools away. No data moves here.
+
+use serde_json::{json, Map, Value};
+
+use super::keys::Key;
+use super::segments::with_flag;
+use super::state::{Direction, Mode, Resilience};
+use super::verify;
+use crate::luks::error::LuksError;
+use crate::luks::hash::HashAlg;
+use crate::luks::json::{b64_encode, parse_u64str, Metadata, MAX_KEYSLOTS};
+use crate::luks::keyslot::{self, SlotParams};
+use crate::luks::luks2::Luks2;
+use crate::luks::volume::{Header, Volume};
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct InitParams {
+    pub mode: Mode,
+    /// `--resilience` (cryptsetup's default: checksum).
+    pub resilience: String,
+    /// `--resilience-hash` (sha256).
+    pub hash: String,
+    /// New cipher spec (re-key: None keeps the old one).
+    pub cipher: Option<String>,
+    /// New volume key size in bytes (None: keep / cipher's default).
+    pub key_bytes: Option<usize>,
+    /// New encryption sector size (None: keep).
+    pub sector_size: Option<u32>,
+    /// Only this keyslot gets a keyslot for the new key (`--key-slot`).
+    pub key_slot: Option<u32>,
+}
+
+fn h2(vol: &mut Volume) -> Result<&mut Luks2, LuksError> {
+    match &mut vol.header {
+        Header::Luks2(h) => Ok(h),
+        Header::Luks1(_) => Err(LuksError::Usage(
+            "Reencryption of LUKS1 devices is not supported by udm; convert to LUKS2 first.".into(),
+        )),
+    }
+}
+
+fn areas(meta: &Metadata) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = meta.value["keyslots"]
+        .as_object()
+        .map(|ks| {
+            ks.values()
+                .filter_map(|k| {
+                    let a = &k["area"];
+                    Some((
+                        a["offset"].as_str().and_then(parse_u64str)?,
+                        a["size"].as_str().and_then(parse_u64str)?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// cryptsetup's first fit for a new keyslot area.
+fn first_fit(meta: &Metadata, start: u64, size: u64) -> Option<u64> {
+    let end = start + meta.keyslots_size;
+    let mut cand = start;
+    for (o, l) in areas(meta) {
+        if cand.saturating_add(size) <= o {
+            break;
+        }
+        cand = cand.max(o.saturating_add(l));
+    }
+    (cand.saturating_add(size) <= end).then_some(cand)
+}
+
+/// cryptsetup's largest gap (the first of equal ones).
+fn max_gap(meta: &Metadata, start: u64) -> Option<(u64, u64)> {
+    let end = start + meta.keyslots_size;
+    let mut best = (0, 0);
+    let mut at = start;
+    for (o, l) in areas(meta).into_iter().chain([(end, 1)]) {
+        if at < o && o - at > best.1 {
+            best = (at, o - at);
+        }
+        at = o.saturating_add(l);
+    }
+    (best.1 > 0).then_some(best)
+}
+
+fn free_id(m: Option<&Map<String, Value>>, max: u32) -> Option<u32> {
+    (0..max).find(|i| m.is_none_or(|m| !m.contains_key(&i.to_string())))
+}
+
+fn push_id(v: &mut Value, key: &str, id: u32) {
+    if let Some(a) = v.get_mut(key).and_then(Value::as_array_mut) {
+        a.push(json!(id.to_string()));
+    }
+}
+
+/// Start a reencryption on `vol` (opened for writing, not in
+/// reencryption) with the old key `key_old` (None: plaintext, encrypt
+/// mode) from keyslot `slot_old` opened by `passphrase`; `key_new` is the
+/// new volume key (None: decrypt). Returns the reencrypt keyslot.
+pub fn init(
+    vol: &mut Volume,
+    p: &InitParams,
+    passphrase: &[u8],
+    slot_old: u32,
+    key_old: Option<&Key>,
+    key_new: Option<&Key>,
+) -> Result<u32, LuksError> {
+    let data_size = vol.data_size;
+    let h = h2(vol)?;
+    if !h.meta.requirements.is_empty() {
+        return Err(LuksError::Usage(
+            "LUKS2 reencryption already initialized. Aborting operation.".into(),
+        ));
+    }
+    let hdr_size = h.bin.hdr_size;
+    let start = 2 * hdr_size;
+    let seg0 = h
+        .meta
+        .segments
+        .get(&0)
+        .cloned()
+        .ok_or_else(|| LuksError::field("segments.0", "(missing)", "no data segment"))?;
+    if h.meta.segments.len() != 1 || seg0.size.is_some() {
+        return Err(LuksError::Unsupported(
+            "reencryption of a volume with a fixed-size or several data segments".into(),
+        ));
+    }
+    let d_off = seg0.offset;
+    let digest_old = match p.mode {
+        Mode::Encrypt => None,
+        _ => Some(
+            h.meta
+                .segment_digest()
+                .map(|(n, _)| n)
+                .ok_or_else(|| LuksError::field("digests", "", "no digest bound to segment 0"))?,
+        ),
+    };
+    let old_ss = if p.mode == Mode::Encrypt {
+        512
+    } else {
+        seg0.sector_size
+    };
+    let new_ss = p.sector_size.unwrap_or(seg0.sector_size);
+    let check_ss = old_ss.max(new_ss);
+    let size = data_size.saturating_sub(d_off);
+    if size == 0 || size % u64::from(check_ss) != 0 {
+        return Err(LuksError::Usage(format!(
+            "Data device is not aligned to encryption sector size ({check_ss} bytes)."
+        )));
+    }
+    let mut v = h.meta.value.clone();
+    let mut material: Option<(u64, zeroize::Zeroizing<Vec<u8>>)> = None;
+    // The new volume key's keyslot and digest (re-key).
+    let digest_new = match (p.mode, key_new) {
+        (Mode::Reencrypt, Some(knew)) => {
+            let old = h
+                .meta
+                .keyslots
+                .get(&slot_old)
+                .cloned()
+                .ok_or(LuksError::NoUsableKeyslot)?;
+            let (_, dold) = h
+                .meta
+                .segment_digest()
+                .ok_or_else(|| LuksError::field("digests", "", "no digest bound to segment 0"))?;
+            let slot_new = free_id(v["keyslots"].as_object(), MAX_KEYSLOTS).ok_or_else(|| {
+                LuksError::Usage("Not enough free keyslots for reencryption.".into())
+            })?;
+            let area_size = (knew.len() as u64 * 4000).div_ceil(4096) * 4096;
+            let area_off = first_fit(&h.meta, start, area_size).ok_or_else(|| {
+                LuksError::Usage("No space for new keyslot in the LUKS2 keyslots area.".into())
+            })?;
+            let salt = keyslot::random(32)?;
+            let sp = SlotParams {
+                kdf: old.kdf,
+                salt: &salt,
+                af_hash: old.af_hash,
+                stripes: 4000,
+                offset: area_off,
+                encryption: &old.area_encryption,
+                area_key_size: old.area_key_size as usize,
+                key_size: knew.len(),
+            };
+            material = Some((area_off, keyslot::seal(&sp, passphrase, knew)?));
+            let kdf = match old.kdf {
+                crate::luks::kdf::Kdf::Pbkdf2 { hash, iterations } => json!({
+                    "type": "pbkdf2", "hash": hash.name(), "iterations": iterations,
+                    "salt": b64_encode(&salt)}),
+                k @ crate::luks::kdf::Kdf::Argon2 {
+                    time,
+                    memory_kib,
+                    cpus,
+                    ..
+                } => json!({
+                    "type": k.type_name(), "time": time, "memory": memory_kib, "cpus": cpus,
+                    "salt": b64_encode(&salt)}),
+            };
+            v["keyslots"][slot_new.to_string()] = json!({
+                "type": "luks2",
+                "key_size": knew.len(),
+                "af": {"type": "luks1", "stripes": 4000, "hash": old.af_hash.name()},
+                "area": {"type": "raw", "offset": area_off.to_string(), "size": area_size.to_string(),
+                         "encryption": old.area_encryption, "key_size": old.area_key_size},
+                "kdf": kdf,
+            });
+            // Tokens of the old keyslot also open the new one (cryptsetup's assign_tokens).
+            if let Some(toks) = v.get_mut("tokens").and_then(Value::as_object_mut) {
+                for t in toks.values_mut() {
+                    let has = t["keyslots"].as_array().is_some_and(|a| {
+                        a.iter().any(|e| e.as_str() == Some(&slot_old.to_string()))
+                    });
+                    if has {
+                        push_id(t, "keyslots", slot_new);
+                    }
+                }
+            }
+            let dsalt = keyslot::random(32)?;
+            let did = free_id(v["digests"].as_object(), MAX_KEYSLOTS)
+                .ok_or_else(|| LuksError::Usage("No free digest.".into()))?;
+            let dg = keyslot::key_digest(
+                dold.hash,
+                knew,
+                &dsalt,
+                dold.iterations,
+                dold.hash.digest_len(),
+            );
+            v["digests"][did.to_string()] = json!({
+                "type": "pbkdf2", "keyslots": [slot_new.to_string()], "segments": [],
+                "hash": dold.hash.name(), "iterations": dold.iterations,
+                "salt": b64_encode(&dsalt), "digest": b64_encode(&dg),
+            });
+            Some(did)
+        }
+        (Mode::Encrypt, Some(_)) => h.meta.segment_digest().map(|(n, _)| n),
+        (Mode::Decrypt, None) => None,
+        _ => return Err(LuksError::Usage("volume keys do not match the mode".into())),
+    };
+    let new_cipher = p.cipher.clone().unwrap_or_else(|| seg0.encryption.clone());
+    // Segments: encrypt turns segment 0 into plaintext; backups follow.
+    let seg0_json = v["segments"]["0"].clone();
+    let prev = match p.mode {
+        Mode::Encrypt => json!({"type": "linear", "offset": d_off.to_string(), "size": "dynamic"}),
+        _ => seg0_json.clone(),
+    };
+    let fin = match p.mode {
+        Mode::Decrypt => json!({"type": "linear", "offset": d_off.to_string(), "size": "dynamic"}),
+        _ => json!({"type": "crypt", "offset": d_off.to_string(), "size": "dynamic",
+                    "iv_tweak": "0", "encryption": new_cipher, "sector_size": new_ss}),
+    };
+    if p.mode == Mode::Encrypt {
+        v["segments"]["0"] = prev.clone();
+    }
+    v["segments"]["1"] = with_flag(prev, "backup-previous");
+    v["segments"]["2"] = with_flag(fin, "backup-final");
+    if let Some(ds) = v["digests"].as_object_mut() {
+        for d in ds.values_mut() {
+            if let Some(a) = d.get_mut("segments").and_then(Value::as_array_mut) {
+                a.clear();
+            }
+        }
+    }
+    if p.mode == Mode::Reencrypt || p.mode == Mode::Decrypt {
+        if let Some(d) = digest_old {
+            push_id(&mut v["digests"][d.to_string()], "segments", 0);
+            push_id(&mut v["digests"][d.to_string()], "segments", 1);
+        }
+    }
+    if let Some(d) = digest_new {
+        push_id(&mut v["digests"][d.to_string()], "segments", 2);
+    }
+    // The reencrypt keyslot.
+    let resilience = match p.resilience.as_str() {
+        "checksum" => Resilience::Checksum {
+            hash: HashAlg::from_name(&p.hash).ok_or_else(|| {
+                LuksError::Usage(format!("Hash algorithm {} is not available.", p.hash))
+            })?,
+            block: 4096u32.max(check_ss),
+        },
+        "journal" => Resilience::Journal,
+        "none" => Resilience::None,
+        r => {
+            return Err(LuksError::Unsupported(format!(
+                "--resilience {r} (udm: checksum, journal, none)"
+            )))
+        }
+    };
+    let rslot = free_id(v["keyslots"].as_object(), MAX_KEYSLOTS)
+        .ok_or_else(|| LuksError::Usage("All key slots full.".into()))?;
+    let tmp = Metadata::parse(v.clone(), hdr_size)?;
+    let (a_off, a_len) = max_gap(&tmp, start)
+        .ok_or_else(|| LuksError::Usage("Not enough space in header keyslot area.".into()))?;
+    let mut area =
+        json!({"offset": a_off.to_string(), "size": a_len.to_string(), "type": resilience.name()});
+    if let Resilience::Checksum { hash, block } = resilience {
+        area["hash"] = json!(hash.name());
+        area["sector_size"] = json!(block);
+    }
+    let direction = if p.mode == Mode::Decrypt {
+        Direction::Backward
+    } else {
+        Direction::Forward
+    };
+    v["keyslots"][rslot.to_string()] = json!({
+        "area": area, "type": "reencrypt", "key_size": 1,
+        "mode": p.mode.name(), "direction": direction.name(), "priority": 0,
+    });
+    let kold = key_old.map(|k| k.as_slice());
+    let knew = match (digest_new, key_new) {
+        (Some(dn), Some(k)) if Some(dn) != digest_old => Some(k.as_slice()),
+        _ => None,
+    };
+    let vdata = verify::data(&v, rslot, 2, kold, knew)?;
+    let rdigest = verify::create(&vdata, rslot)?;
+    let did = free_id(v["digests"].as_object(), MAX_KEYSLOTS)
+        .ok_or_else(|| LuksError::Usage("No free digest.".into()))?;
+    v["digests"][did.to_string()] = rdigest;
+    v["config"]["requirements"] = json!({"mandatory": ["online-reencrypt-v2"]});
+    let meta = Metadata::parse(v, hdr_size)?;
+    if let Some((off, m)) = material {
+        vol.meta.write_at(off, &m)?;
+        vol.meta.sync()?;
+    }
+    let Volume {
+        header, meta: disk, ..
+    } = vol;
+    if let Header::Luks2(h) = header {
+        h.meta = meta;
+        h.write(disk)?;
+    }
+    Ok(rslot)
+}

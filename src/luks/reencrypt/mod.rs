@@ -1,0 +1,233 @@
+//! LUKS2 reencryption, offline, with cryptsetup's on-disk format so that
+//! either program can start, interrupt, resume or finish what the other
+//! began. By job: `state` reads what a header in reencryption says,
+//! `segments` builds the segment tables written around each hotzone,
+//! `verify` the digest that binds the parameters to the keys, `keys`
+//! unlocks the old and new volume keys, `init` starts an operation,
+//! `engine` moves the data, recovers an interrupted hotzone and finishes.
+//!
+//! Supported: re-key (new key, cipher, key size or sector size), encrypt
+//! and decrypt of volumes with a detached header, in both directions,
+//! with resilience checksum, journal or none. Not supported: data shift
+//! (`--reduce-device-size`, decrypt of a volume whose header is on the
+//! device), fixed-size segments, metadata version 1.
+
+mod engine;
+mod init;
+mod keys;
+mod segments;
+mod state;
+#[cfg(test)]
+mod tests;
+mod verify;
+
+pub use engine::{Job, LiveHook, Outcome, UDM_MAX_HOTZONE};
+pub use init::{init, InitParams};
+pub use keys::{unlock_digest, Key};
+pub use state::{Direction, Mode, Resilience, State};
+
+use std::sync::atomic::AtomicBool;
+
+use super::error::LuksError;
+use super::feedback::Feedback;
+use super::volume::{Header, Volume};
+use super::{Activation, MappedSegment};
+
+/// The reencryption state of `vol`'s header (None: not in reencryption,
+/// or LUKS1).
+pub fn status(vol: &Volume) -> Result<Option<State>, LuksError> {
+    match &vol.header {
+        Header::Luks2(h) => State::read(&h.meta),
+        Header::Luks1(_) => Ok(None),
+    }
+}
+
+/// Unlock both keys with `passphrase` and check the verification digest.
+fn unlock_checked(
+    vol: &Volume,
+    st: &State,
+    passphrase: &[u8],
+) -> Result<(Option<Key>, Option<Key>), LuksError> {
+    let (old, new) = keys::unlock_both(vol, st.digest_old, st.digest_new, passphrase)?;
+    if let Header::Luks2(h) = &vol.header {
+        let knew = match (&new, st.digest_new) {
+            (Some(k), Some(d)) if Some(d) != st.digest_old => Some(k.as_slice()),
+            _ => None,
+        };
+        let data = verify::data(
+            &h.meta.value,
+            st.slot,
+            st.version,
+            old.as_deref().map(|k| &k[..]),
+            knew,
+        )?;
+        verify::check(&h.meta, st.slot, &data)?;
+    }
+    Ok((old, new))
+}
+
+/// A served device whose table follows the reencryption (online).
+pub trait Live {
+    /// Stop I/O to the device (dm suspend): requests wait, none runs.
+    fn suspend(&mut self) -> Result<(), LuksError>;
+    /// Load `table` and resume the device.
+    fn reload(&mut self, table: &str) -> Result<(), LuksError>;
+    /// The data device as the device's table names it.
+    fn data_device(&self) -> &str;
+}
+
+/// Resume (or recover, then resume) the reencryption of `vol`, opened
+/// for writing, until it finishes or `stop` is set. With `live`, the
+/// served device is suspended around each hotzone and reloaded with the
+/// volume's new mapping after it. `crash_in`: test hook, fail inside that
+/// hotzone of this run.
+pub fn resume(
+    vol: &mut Volume,
+    passphrase: &[u8],
+    max_hotzone: Option<u64>,
+    stop: &AtomicBool,
+    fb: &dyn Feedback,
+    crash_in: Option<u64>,
+    live: Option<&mut dyn Live>,
+) -> Result<Outcome, LuksError> {
+    let st = status(vol)?.ok_or_else(|| {
+        LuksError::Usage(format!(
+            "Device {} is not in reencryption.",
+            vol.data_path.display()
+        ))
+    })?;
+    let (old, new) = unlock_checked(vol, &st, passphrase)?;
+    let crashed = st.hot.is_some();
+    let (k_old, k_new) = (old.clone(), new.clone());
+    let mut job = Job::new(vol, st.clone(), old.as_ref(), new.as_ref(), max_hotzone)?;
+    if let Some(n) = crash_in {
+        job.crash_in(n);
+    }
+    if let Some(live) = live {
+        job.set_live(Box::new(move |after, vol| {
+            if !after {
+                return live.suspend();
+            }
+            let act = assemble(vol, &st, k_old.clone(), k_new.clone())?;
+            let table = act.table(live.data_device());
+            live.reload(&table)
+        }));
+    }
+    if crashed && job.recover()? == Outcome::Finished {
+        return Ok(Outcome::Finished);
+    }
+    job.run(stop, fb)
+}
+
+/// Repair an interrupted hotzone and stop (cryptsetup's `repair` of a
+/// header in reencryption). Ok(None) if no hotzone was interrupted.
+pub fn recover_only(vol: &mut Volume, passphrase: &[u8]) -> Result<Option<Outcome>, LuksError> {
+    let Some(st) = status(vol)? else {
+        return Ok(None);
+    };
+    if st.hot.is_none() {
+        return Ok(None);
+    }
+    let (old, new) = unlock_checked(vol, &st, passphrase)?;
+    let mut job = Job::new(vol, st, old.as_ref(), new.as_ref(), None)?;
+    job.recover().map(Some)
+}
+
+/// The mapping of a volume in reencryption, as the kernel would get it
+/// from cryptsetup: each data segment with its own key (or linear).
+/// None if `vol` is not in reencryption. A header holding an interrupted
+/// hotzone is refused: it must be recovered first.
+pub fn activation(vol: &Volume, passphrase: &[u8]) -> Result<Option<Activation>, LuksError> {
+    let Some(st) = status(vol)? else {
+        return Ok(None);
+    };
+    if st.hot.is_some() {
+        return Err(LuksError::Usage(
+            "Reencryption was interrupted inside a hotzone; run `reencrypt --resume-only` \
+             to recover it before opening."
+                .into(),
+        ));
+    }
+    let (old, new) = unlock_checked(vol, &st, passphrase)?;
+    assemble(vol, &st, old, new).map(Some)
+}
+
+/// The multi-segment mapping of `vol`'s current header with both keys.
+fn assemble(
+    vol: &Volume,
+    st: &State,
+    old: Option<Key>,
+    new: Option<Key>,
+) -> Result<Activation, LuksError> {
+    let Header::Luks2(h) = &vol.header else {
+        return Err(LuksError::NotLuks2(vol.data_path.display().to_string()));
+    };
+    let mut keys: Vec<(Option<u32>, Key)> = Vec::new();
+    if let Some(k) = old {
+        keys.push((st.digest_old, k));
+    }
+    if let Some(k) = new {
+        if st.digest_new != st.digest_old {
+            keys.push((st.digest_new, k));
+        }
+    }
+    let dev_sectors = vol.data_size / 512;
+    let mut segs = Vec::new();
+    for (n, s) in h.meta.segments.iter().filter(|(_, s)| !s.is_backup()) {
+        let off = s.offset / 512;
+        let len = match s.size {
+            Some(b) => b / 512,
+            None => dev_sectors
+                .checked_sub(off)
+                .filter(|l| *l > 0)
+                .ok_or_else(|| {
+                    LuksError::field(
+                        format!("segments.{n}.offset"),
+                        s.offset,
+                        "beyond the data device",
+                    )
+                })?,
+        };
+        if off.checked_add(len).is_none_or(|e| e > dev_sectors) {
+            return Err(LuksError::field(
+                format!("segments.{n}.size"),
+                len * 512,
+                "segment ends beyond the data device",
+            ));
+        }
+        let linear = s.kind == "linear";
+        let key_index = if linear {
+            0
+        } else {
+            let d = state::digest_of_segment(&h.meta, *n);
+            keys.iter()
+                .position(|(kd, _)| *kd == d && d.is_some())
+                .ok_or_else(|| {
+                    LuksError::field(format!("segments.{n}"), "", "no key for segment")
+                })?
+        };
+        segs.push(MappedSegment {
+            cipher: s.encryption.clone(),
+            offset_sectors: off,
+            len_sectors: len,
+            sector_size: s.sector_size,
+            iv_offset: s.iv_tweak,
+            key_index,
+            linear,
+        });
+    }
+    let mut it = keys.into_iter().map(|(_, k)| k);
+    let Some(first) = it.next() else {
+        return Err(LuksError::field("digests", "", "no volume key"));
+    };
+    Ok(Activation {
+        key: first,
+        other_keys: it.collect(),
+        segments: segs,
+        options: Vec::new(),
+        keyslot: 0,
+        version: 2,
+        uuid: vol.uuid().to_string(),
+        warnings: vol.warnings(),
+    })
+}

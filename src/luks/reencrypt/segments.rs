@@ -1,0 +1,239 @@
+//! The segment tables a header carries while data moves, built member by
+//! member in cryptsetup's order so both programs write the same JSON:
+//! the "hot" table (written before a hotzone is touched: the hotzone is
+//! its own segment flagged `in-reencryption`) and the "post" table
+//! (written after: the hotzone has joined the new side). Offsets are
+//! bytes relative to the start of the data area unless named otherwise.
+
+use serde_json::{json, Map, Value};
+
+use super::state::{Direction, Mode, SegParams, State};
+
+/// One segment's JSON: `crypt` (type, offset, size, iv_tweak, encryption,
+/// sector_size) or `linear` (type, offset, size); `hot` adds the
+/// `in-reencryption` flag. `size` None = "dynamic".
+pub fn segment_json(
+    p: &SegParams,
+    offset: u64,
+    iv_tweak: u64,
+    size: Option<u64>,
+    hot: bool,
+) -> Value {
+    let size = size.map_or_else(|| "dynamic".to_string(), |s| s.to_string());
+    let mut v = match &p.cipher {
+        Some(c) => json!({
+            "type": "crypt",
+            "offset": offset.to_string(),
+            "size": size,
+            "iv_tweak": iv_tweak.to_string(),
+            "encryption": c,
+            "sector_size": p.sector_size,
+        }),
+        None => json!({"type": "linear", "offset": offset.to_string(), "size": size}),
+    };
+    if hot {
+        v["flags"] = json!(["in-reencryption"]);
+    }
+    v
+}
+
+/// A segment's JSON with a flag appended (cryptsetup's set_flag).
+pub fn with_flag(mut v: Value, flag: &str) -> Value {
+    match v.get_mut("flags").and_then(Value::as_array_mut) {
+        Some(a) => a.push(json!(flag)),
+        None => v["flags"] = json!([flag]),
+    }
+    v
+}
+
+/// Where the engine stands: hotzone `[offset, offset+length)` of a data
+/// area of `size` bytes starting at byte `data_offset` of the device.
+#[derive(Clone, Copy, Debug)]
+pub struct Zone {
+    pub data_offset: u64,
+    pub size: u64,
+    pub offset: u64,
+    pub length: u64,
+}
+
+fn new_seg(st: &State, z: &Zone, at: u64, size: Option<u64>, hot: bool) -> Value {
+    segment_json(&st.new, z.data_offset + at, at / 512, size, hot)
+}
+
+fn old_seg(st: &State, z: &Zone, at: u64, size: Option<u64>) -> Value {
+    segment_json(&st.old, z.data_offset + at, at / 512, size, false)
+}
+
+/// The hot table for zone `z`; `current` is the header's regular
+/// segments (the backward direction keeps segment 0's JSON).
+pub fn hot(st: &State, z: &Zone, current: &Map<String, Value>) -> Vec<Value> {
+    let mut v = Vec::new();
+    let end = z.offset + z.length;
+    match st.direction {
+        Direction::Forward => {
+            if z.offset > 0 {
+                v.push(new_seg(st, z, 0, Some(z.offset), false));
+            }
+            v.push(new_seg(st, z, z.offset, Some(z.length), true));
+            if end < z.size {
+                v.push(old_seg(st, z, end, None));
+            }
+        }
+        Direction::Backward => {
+            if z.offset > 0 {
+                let mut first = current.get("0").cloned().unwrap_or(Value::Null);
+                first["size"] = json!(z.offset.to_string());
+                v.push(first);
+            }
+            v.push(new_seg(st, z, z.offset, Some(z.length), true));
+            if end < z.size {
+                v.push(new_seg(st, z, end, None, false));
+            }
+        }
+    }
+    v
+}
+
+/// The post table after hotzone `z` (made from its hot table `hot`).
+pub fn post(st: &State, z: &Zone, hot: &[Value]) -> Vec<Value> {
+    let rseg = hot
+        .iter()
+        .position(|s| {
+            s["flags"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|x| x == "in-reencryption"))
+        })
+        .unwrap_or(0);
+    match st.direction {
+        Direction::Forward => {
+            let old_after = hot.get(rseg + 1);
+            let size = old_after.map(|_| z.offset + z.length);
+            let mut v = vec![new_seg(st, z, 0, size, false)];
+            if let Some(o) = old_after {
+                v.push(o.clone());
+            }
+            v
+        }
+        Direction::Backward => {
+            let mut v = Vec::new();
+            if rseg >= 1 {
+                v.push(hot[rseg - 1].clone());
+            }
+            v.push(new_seg(st, z, z.offset, None, false));
+            v
+        }
+    }
+}
+
+fn assign(top: &mut Map<String, Value>, seg: usize, digest: Option<u32>) {
+    let Some(d) = digest else { return };
+    let name = seg.to_string();
+    if let Some(a) = top
+        .get_mut("digests")
+        .and_then(|g| g.get_mut(d.to_string()))
+        .and_then(|d| d.get_mut("segments"))
+        .and_then(Value::as_array_mut)
+    {
+        if !a.iter().any(|e| e.as_str() == Some(&name)) {
+            a.push(json!(name));
+        }
+    }
+}
+
+fn is_crypt(v: &Value) -> bool {
+    v["type"] == "crypt"
+}
+
+/// Replace the header's segments with `regular` plus the two backup
+/// segments (kept from the current header, in their order), and bind
+/// digests to segments the way cryptsetup does; `hot` tells which of the
+/// two tables this is.
+pub fn install(st: &State, top: &mut Map<String, Value>, regular: Vec<Value>, hot: bool) {
+    let backups: Vec<Value> = top
+        .get("segments")
+        .and_then(Value::as_object)
+        .map(|m| {
+            let by = |flag: &str| {
+                m.values()
+                    .find(|s| {
+                        s["flags"]
+                            .as_array()
+                            .is_some_and(|f| f.iter().any(|x| x == flag))
+                    })
+                    .cloned()
+            };
+            [by("backup-previous"), by("backup-final")]
+                .into_iter()
+                .flatten()
+                .collect()
+        })
+        .unwrap_or_default();
+    // Every digest forgets every segment first.
+    if let Some(ds) = top.get_mut("digests").and_then(Value::as_object_mut) {
+        for d in ds.values_mut() {
+            if let Some(a) = d.get_mut("segments").and_then(Value::as_array_mut) {
+                a.clear();
+            }
+        }
+    }
+    let nreg = regular.len();
+    let mut segs = Map::new();
+    let crypt: Vec<bool> = regular.iter().chain(backups.iter()).map(is_crypt).collect();
+    for (i, s) in regular.into_iter().chain(backups).enumerate() {
+        segs.insert(i.to_string(), s);
+    }
+    top.insert("segments".into(), Value::Object(segs));
+    let (prev, fin) = (nreg, nreg + 1);
+    if st.mode != Mode::Reencrypt {
+        if crypt[prev] {
+            assign(top, prev, st.digest_old);
+        }
+        if crypt[fin] {
+            assign(top, fin, st.digest_new);
+        }
+        let d = if st.mode == Mode::Encrypt {
+            st.digest_new
+        } else {
+            st.digest_old
+        };
+        for (i, c) in crypt.iter().enumerate() {
+            if *c {
+                assign(top, i, d);
+            }
+        }
+        return;
+    }
+    let forward = st.direction == Direction::Forward;
+    let (first, second) = if forward {
+        (st.digest_new, st.digest_old)
+    } else {
+        (st.digest_old, st.digest_new)
+    };
+    if hot {
+        let rseg = top["segments"]
+            .as_object()
+            .and_then(|m| {
+                m.iter().position(|(_, s)| {
+                    s["flags"]
+                        .as_array()
+                        .is_some_and(|f| f.iter().any(|x| x == "in-reencryption"))
+                })
+            })
+            .unwrap_or(0);
+        assign(top, rseg, st.digest_new);
+        assign(top, rseg, st.digest_old);
+        if rseg > 0 {
+            assign(top, 0, first);
+        }
+        if nreg > rseg + 1 {
+            assign(top, rseg + 1, second);
+        }
+    } else {
+        assign(top, 0, if nreg == 1 { st.digest_new } else { first });
+        if nreg > 1 {
+            assign(top, 1, second);
+        }
+    }
+    assign(top, prev, st.digest_old);
+    assign(top, fin, st.digest_new);
+}

@@ -1,0 +1,672 @@
+//! LUKS2 reencryption interop with cryptsetup 2.6, both ways: one program
+//! starts (`--init-only`, or a run stopped by SIGINT, SIGKILL or udm's test
+//! hooks after some hotzones), the other resumes, recovers and finishes.
+//! The data is checked at every step through udm's open path (a device in
+//! reencryption maps its old and new segments with their own keys) and,
+//! at the end, through cryptsetup alone: a copy decrypted by
+//! `cryptsetup reencrypt --decrypt` must hold the plaintext.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::luks::{cryptsetup, cs_volume_key, py_crypt, FAST_PBKDF};
+use common::*;
+use serde_json::Value;
+use udm::core::{BlockDevice, WriteBuf};
+
+const PASS: &[u8] = b"reencrypt interop";
+const HDR: u64 = 16 << 20;
+
+struct Vol {
+    dir: tempfile::TempDir,
+    img: PathBuf,
+    hdr: Option<PathBuf>,
+    key: PathBuf,
+    plain: Vec<u8>,
+}
+
+fn cs(args: &[&str], v: &Vol) {
+    let mut c = cryptsetup();
+    c.args(args).arg("--key-file").arg(&v.key).arg("-q");
+    if let Some(h) = &v.hdr {
+        c.arg("--header").arg(h);
+    }
+    c.arg(&v.img);
+    run(&mut c);
+}
+
+fn udm_cs(args: &[&str], v: &Vol, env: &[(&str, &str)]) -> std::process::Output {
+    let mut c = udm();
+    c.arg("cryptsetup")
+        .args(args)
+        .arg("--key-file")
+        .arg(&v.key)
+        .arg("-q");
+    if let Some(h) = &v.hdr {
+        c.arg("--header").arg(h);
+    }
+    c.arg(&v.img);
+    for (k, val) in env {
+        c.env(k, val);
+    }
+    c.output().unwrap()
+}
+
+/// The volume's data area through udm's open path (any reencryption state).
+fn udm_data(v: &Vol) -> Vec<u8> {
+    let act = udm::luks::open(&v.img, v.hdr.as_deref(), PASS).expect("udm open");
+    let lines = udm::core::table::parse(&act.table(v.img.to_str().unwrap())).unwrap();
+    let dev = udm::mapper::build(&lines, &mut Files, &Default::default()).unwrap();
+    let mut out = vec![0u8; dev.size() as usize];
+    dev.read(0, &mut out).unwrap();
+    out
+}
+
+fn udm_write(v: &Vol) {
+    let act = udm::luks::open(&v.img, v.hdr.as_deref(), PASS).expect("udm open");
+    let lines = udm::core::table::parse(&act.table(v.img.to_str().unwrap())).unwrap();
+    let dev = udm::mapper::build(&lines, &mut Files, &Default::default()).unwrap();
+    assert_eq!(dev.size(), v.plain.len() as u64);
+    dev.write(0, WriteBuf::Borrowed(&v.plain), false).unwrap();
+    dev.flush().unwrap();
+}
+
+/// A LUKS2 volume made by cryptsetup (`data` bytes of data, header on the
+/// device or detached) holding random plaintext written through udm.
+fn volume(data: usize, detached: bool, extra: &[&str]) -> Vol {
+    let dir = scratch("reenc");
+    let key = dir.path().join("key");
+    std::fs::write(&key, PASS).unwrap();
+    let img = dir.path().join("disk.img");
+    let hdr = detached.then(|| dir.path().join("hdr.img"));
+    let size = data as u64 + if detached { 0 } else { HDR };
+    std::fs::File::create(&img).unwrap().set_len(size).unwrap();
+    let v = Vol {
+        img,
+        hdr,
+        key,
+        plain: fast_bytes(data as u64, data),
+        dir,
+    };
+    let mut args = vec!["luksFormat", "--type", "luks2"];
+    args.extend(FAST_PBKDF);
+    args.extend(extra);
+    cs(&args, &v);
+    udm_write(&v);
+    v
+}
+
+fn dump(v: &Vol) -> Value {
+    let mut c = cryptsetup();
+    c.args(["luksDump", "--dump-json-metadata"]);
+    c.arg(v.hdr.as_ref().unwrap_or(&v.img));
+    serde_json::from_str(&run_text(&mut c)).unwrap()
+}
+
+fn in_reencryption(j: &Value) -> bool {
+    j["keyslots"]
+        .as_object()
+        .unwrap()
+        .values()
+        .any(|k| k["type"] == "reencrypt")
+}
+
+/// Regular (non-backup) segments of a header.
+fn regular_segments(j: &Value) -> usize {
+    j["segments"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|s| {
+            !s["flags"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|x| x.as_str().unwrap().starts_with("backup")))
+        })
+        .count()
+}
+
+/// The data as cryptsetup sees it, without udm: with a detached header,
+/// `cryptsetup reencrypt --decrypt` of a copy leaves the plaintext in
+/// place. With the header on the device cryptsetup 2.6 cannot decrypt a
+/// re-keyed volume offline (its data-shift decryption refuses the
+/// re-keyed keyslot layout), so there the volume key cryptsetup reports
+/// (`luksDump --dump-volume-key`) decrypts the data area with the
+/// independent Python dm-crypt implementation.
+fn cs_data(v: &Vol) -> Vec<u8> {
+    let d = v.dir.path();
+    let j = dump(v);
+    let seg = &j["segments"]["0"];
+    if v.hdr.is_none() {
+        let key = cs_volume_key(&v.img, None, &v.key);
+        let off: u64 = seg["offset"].as_str().unwrap().parse().unwrap();
+        let ct = pread(&v.img, off, v.plain.len());
+        return py_crypt(
+            d,
+            "dec",
+            seg["encryption"].as_str().unwrap(),
+            &key,
+            seg["sector_size"].as_u64().unwrap() as u32,
+            0,
+            &ct,
+        );
+    }
+    let img = d.join("cs_copy.img");
+    std::fs::copy(&v.img, &img).unwrap();
+    let hdr = d.join("cs_copy.hdr");
+    std::fs::copy(v.hdr.as_ref().unwrap(), &hdr).unwrap();
+    run(cryptsetup()
+        .args([
+            "reencrypt",
+            "--decrypt",
+            "-q",
+            "--force-offline-reencrypt",
+            "--header",
+        ])
+        .arg(&hdr)
+        .arg("--key-file")
+        .arg(&v.key)
+        .arg(&img));
+    let out = pread(&img, 0, v.plain.len());
+    std::fs::remove_file(&img).unwrap();
+    out
+}
+
+fn assert_finished(v: &Vol) {
+    let j = dump(v);
+    assert!(!in_reencryption(&j), "still in reencryption: {j:#}");
+    assert!(j["config"].get("requirements").is_none(), "{j:#}");
+    assert_eq!(regular_segments(&j), 1);
+    assert!(
+        udm_data(v) == v.plain,
+        "udm reads other data after reencryption"
+    );
+}
+
+fn check_ok(o: &std::process::Output) {
+    assert!(o.status.success(), "{}", show(o));
+}
+
+/// Start cryptsetup reencrypt and signal it once the header shows a state
+/// `ready` accepts (polled on the primary JSON area).
+fn cs_interrupted(v: &Vol, args: &[&str], sig: i32, ready: impl Fn(&str) -> bool) {
+    let mut c = cryptsetup();
+    c.args(["reencrypt", "-q", "--force-offline-reencrypt"])
+        .args(args)
+        .arg("--key-file")
+        .arg(&v.key)
+        .arg(&v.img);
+    interrupted(v, c, sig, ready);
+}
+
+/// Run `c` and send it `sig` once the header of `v` satisfies `ready`.
+fn interrupted(
+    v: &Vol,
+    mut c: std::process::Command,
+    sig: i32,
+    ready: impl Fn(&str) -> bool,
+) -> std::process::ExitStatus {
+    c.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let start = Instant::now();
+    loop {
+        let json = String::from_utf8_lossy(&pread(&v.img, 4096, 12288)).into_owned();
+        if ready(&json) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the program never reached the wanted state"
+        );
+        if let Some(s) = child.try_wait().unwrap() {
+            panic!("it ended ({s}) before it could be interrupted");
+        }
+    }
+    // SAFETY: kill(2) on our own child, which has not been waited for.
+    unsafe { libc::kill(child.id() as i32, sig) };
+    child.wait().unwrap()
+}
+
+fn progress_started(json: &str) -> bool {
+    // A post table after the first hotzone: the new segment has a fixed size.
+    json.contains("online-reencrypt") && !json.contains("in-reencryption") && {
+        let v: Result<Value, _> = serde_json::from_str(json.trim_end_matches('\0'));
+        v.is_ok_and(|j| in_reencryption(&j) && regular_segments(&j) == 2)
+    }
+}
+
+#[test]
+fn cryptsetup_init_only_then_udm_finishes_new_cipher() {
+    let v = volume(4 << 20, false, &[]);
+    cs(
+        &[
+            "reencrypt",
+            "--init-only",
+            "--cipher",
+            "aes-cbc-essiv:sha256",
+            "--key-size",
+            "256",
+        ],
+        &v,
+    );
+    assert!(in_reencryption(&dump(&v)));
+    assert!(udm_data(&v) == v.plain, "initialised, nothing moved yet");
+    // udm stops after two hotzones: old and new segments both mapped.
+    let o = udm_cs(
+        &["reencrypt", "--hotzone-size", "256K"],
+        &v,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "2")],
+    );
+    check_ok(&o);
+    let j = dump(&v);
+    assert!(in_reencryption(&j) && regular_segments(&j) == 2, "{j:#}");
+    assert!(
+        udm_data(&v) == v.plain,
+        "half-reencrypted device reads back"
+    );
+    check_ok(&udm_cs(&["reencrypt", "--resume-only"], &v, &[]));
+    assert_finished(&v);
+    assert_eq!(
+        dump(&v)["segments"]["0"]["encryption"],
+        "aes-cbc-essiv:sha256"
+    );
+    assert!(cs_data(&v) == v.plain, "cryptsetup decrypts udm's result");
+}
+
+#[test]
+fn cryptsetup_sigint_then_udm_resumes() {
+    let v = volume(24 << 20, false, &[]);
+    cs_interrupted(
+        &v,
+        &["--hotzone-size", "64K", "--resilience", "journal"],
+        2,
+        progress_started,
+    );
+    let j = dump(&v);
+    assert!(in_reencryption(&j), "SIGINT left resumable metadata");
+    assert!(udm_data(&v) == v.plain, "interrupted by SIGINT: reads back");
+    check_ok(&udm_cs(&["reencrypt", "--resume-only"], &v, &[]));
+    assert_finished(&v);
+    assert!(cs_data(&v) == v.plain);
+}
+
+#[test]
+fn cryptsetup_sigkill_in_hotzone_then_udm_recovers() {
+    let v = volume(32 << 20, false, &[]);
+    let start = v.dir.path().join("start.img");
+    std::fs::copy(&v.img, &start).unwrap();
+    // Kill cryptsetup while a hotzone is committed as hot (checksums on
+    // disk, data half written); a kill that lands just after the hotzone
+    // is retried from the start.
+    let mut crashed = false;
+    for _ in 0..8 {
+        std::fs::copy(&start, &v.img).unwrap();
+        cs_interrupted(&v, &["--hotzone-size", "8M"], 9, |j| {
+            j.contains("in-reencryption")
+        });
+        let j = dump(&v);
+        assert!(in_reencryption(&j));
+        if serde_json::to_string(&j)
+            .unwrap()
+            .contains("in-reencryption")
+        {
+            crashed = true;
+            break;
+        }
+    }
+    assert!(crashed, "SIGKILL never landed inside a hotzone");
+    // udm refuses to map a crashed hotzone; `repair` recovers it (as
+    // cryptsetup's), after which the data reads back and udm finishes.
+    assert!(udm::luks::open(&v.img, None, PASS).is_err());
+    let twin = v.dir.path().join("twin.img");
+    std::fs::copy(&v.img, &twin).unwrap();
+    check_ok(&udm_cs(&["repair"], &v, &[]));
+    assert!(!serde_json::to_string(&dump(&v))
+        .unwrap()
+        .contains("in-reencryption"));
+    assert!(udm_data(&v) == v.plain, "recovered hotzone reads back");
+    check_ok(&udm_cs(&["reencrypt"], &v, &[]));
+    assert_finished(&v);
+    // The same crash, recovered by a plain resume.
+    std::fs::copy(&twin, &v.img).unwrap();
+    check_ok(&udm_cs(&["reencrypt"], &v, &[]));
+    assert_finished(&v);
+    assert!(cs_data(&v) == v.plain);
+}
+
+#[test]
+fn udm_init_only_matches_cryptsetup_and_cryptsetup_finishes() {
+    let v = volume(4 << 20, false, &[]);
+    // The same header initialised by each program: equal but for salts,
+    // digests and the digest iteration counts.
+    let twin = v.dir.path().join("twin.img");
+    std::fs::copy(&v.img, &twin).unwrap();
+    check_ok(&udm_cs(
+        &["reencrypt", "--init-only", "--resilience", "checksum"],
+        &v,
+        &[],
+    ));
+    run(cryptsetup()
+        .args(["reencrypt", "--init-only", "-q", "--key-file"])
+        .arg(&v.key)
+        .arg(&twin));
+    let norm = |mut j: Value| {
+        for group in ["keyslots", "digests"] {
+            for (_, o) in j[group].as_object_mut().unwrap() {
+                for k in ["salt", "digest", "iterations"] {
+                    if o.get(k).is_some() {
+                        o[k] = Value::Null;
+                    }
+                }
+                if let Some(kdf) = o.get_mut("kdf") {
+                    kdf["salt"] = Value::Null;
+                }
+            }
+        }
+        j
+    };
+    let mut c = cryptsetup();
+    c.args(["luksDump", "--dump-json-metadata"]).arg(&twin);
+    let theirs: Value = serde_json::from_str(&run_text(&mut c)).unwrap();
+    assert_eq!(
+        serde_json::to_string_pretty(&norm(dump(&v))).unwrap(),
+        serde_json::to_string_pretty(&norm(theirs)).unwrap()
+    );
+    assert!(udm_data(&v) == v.plain);
+    cs(
+        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+        &v,
+    );
+    assert_finished(&v);
+    assert!(cs_data(&v) == v.plain);
+}
+
+#[test]
+fn udm_stopped_or_crashed_then_cryptsetup_finishes() {
+    for (hook, resilience, extra) in [
+        ("UDM_TEST_REENCRYPT_STOP_AFTER", "checksum", &[][..]),
+        ("UDM_TEST_REENCRYPT_STOP_AFTER", "none", &[][..]),
+        (
+            "UDM_TEST_REENCRYPT_STOP_AFTER",
+            "journal",
+            &["--sector-size", "512", "--key-size", "256"][..],
+        ),
+        ("UDM_TEST_REENCRYPT_CRASH_IN", "checksum", &[][..]),
+        ("UDM_TEST_REENCRYPT_CRASH_IN", "journal", &[][..]),
+    ] {
+        let v = volume(4 << 20, false, &[]);
+        let mut args = vec![
+            "reencrypt",
+            "--hotzone-size",
+            "512K",
+            "--resilience",
+            resilience,
+        ];
+        args.extend(extra);
+        let o = udm_cs(&args, &v, &[(hook, "3")]);
+        let crashed = hook.ends_with("CRASH_IN");
+        assert_eq!(o.status.success(), !crashed, "{}", show(&o));
+        let j = dump(&v);
+        assert!(in_reencryption(&j));
+        assert_eq!(
+            serde_json::to_string(&j)
+                .unwrap()
+                .contains("in-reencryption"),
+            crashed
+        );
+        if crashed {
+            // cryptsetup recovers an interrupted hotzone with `repair`.
+            cs(&["repair"], &v);
+        }
+        assert!(
+            udm_data(&v) == v.plain,
+            "3 hotzones reencrypted: reads back"
+        );
+        cs(
+            &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+            &v,
+        );
+        assert_finished(&v);
+        assert!(cs_data(&v) == v.plain, "{hook} {resilience}");
+    }
+}
+
+#[test]
+fn decrypt_both_ways_detached_header() {
+    // cryptsetup starts, udm finishes.
+    let v = volume(4 << 20, true, &[]);
+    cs(
+        &[
+            "reencrypt",
+            "--decrypt",
+            "--init-only",
+            "--force-offline-reencrypt",
+        ],
+        &v,
+    );
+    assert!(udm_data(&v) == v.plain);
+    check_ok(&udm_cs(&["reencrypt", "--hotzone-size", "1M"], &v, &[]));
+    assert!(
+        pread(&v.img, 0, v.plain.len()) == v.plain,
+        "plaintext on the device"
+    );
+    assert!(!in_reencryption(&dump(&v)));
+    // udm starts and stops, cryptsetup finishes.
+    let v = volume(4 << 20, true, &[]);
+    let o = udm_cs(
+        &["reencrypt", "--decrypt", "--hotzone-size", "512K"],
+        &v,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "2")],
+    );
+    check_ok(&o);
+    assert!(in_reencryption(&dump(&v)));
+    assert!(udm_data(&v) == v.plain, "half-decrypted device reads back");
+    cs(
+        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+        &v,
+    );
+    assert!(pread(&v.img, 0, v.plain.len()) == v.plain);
+}
+
+#[test]
+fn encrypt_detached_header_both_ways() {
+    for udm_starts in [true, false] {
+        let dir = scratch("reenc-enc");
+        let key = dir.path().join("key");
+        std::fs::write(&key, PASS).unwrap();
+        let plain = fast_bytes(7, 4 << 20);
+        let img = write_file(dir.path(), "disk.img", &plain);
+        let v = Vol {
+            hdr: Some(dir.path().join("hdr.img")),
+            img,
+            key,
+            plain,
+            dir,
+        };
+        let mut args = vec![
+            "reencrypt",
+            "--encrypt",
+            "--type",
+            "luks2",
+            "--hotzone-size",
+            "512K",
+        ];
+        args.extend(FAST_PBKDF);
+        if udm_starts {
+            check_ok(&udm_cs(
+                &args,
+                &v,
+                &[("UDM_TEST_REENCRYPT_STOP_AFTER", "3")],
+            ));
+            assert!(in_reencryption(&dump(&v)));
+            assert!(udm_data(&v) == v.plain);
+            cs(
+                &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+                &v,
+            );
+        } else {
+            args.push("--init-only");
+            cs(&args, &v);
+            assert!(udm_data(&v) == v.plain);
+            check_ok(&udm_cs(&["reencrypt"], &v, &[]));
+        }
+        assert_finished(&v);
+        assert!(cs_data(&v) == v.plain);
+    }
+}
+
+/// A volume stopped half-way through reencryption, opened by `udm
+/// cryptsetup open` on a running server (the multi-segment table), serves
+/// the plaintext to an NBD client, takes writes on both sides of the
+/// boundary, and cryptsetup finishes the reencryption with them.
+#[test]
+fn half_reencrypted_volume_served_over_nbd() {
+    need("nbdcopy");
+    let mut v = volume(4 << 20, false, &[]);
+    let o = udm_cs(
+        &["reencrypt", "--hotzone-size", "1M"],
+        &v,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "2")],
+    );
+    check_ok(&o);
+    assert_eq!(regular_segments(&dump(&v)), 2);
+    let d = v.dir.path().to_path_buf();
+    let ctl = d.join("ctl");
+    let srv = UdmServe::start(
+        &d.join("nbd.sock"),
+        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
+    );
+    let o = udm()
+        .args(["cryptsetup", "open", "--key-file"])
+        .arg(&v.key)
+        .arg(&v.img)
+        .arg("vol")
+        .env("UDM_CONTROL", &ctl)
+        .output()
+        .unwrap();
+    check_ok(&o);
+    let out = d.join("out.bin");
+    run(std::process::Command::new("nbdcopy")
+        .arg(srv.uri("vol"))
+        .arg(&out));
+    assert!(std::fs::read(&out).unwrap() == v.plain, "served plaintext");
+    // New data across the old/new boundary (at 2 MiB).
+    v.plain = fast_bytes(99, v.plain.len());
+    let src = write_file(&d, "new.bin", &v.plain);
+    run(std::process::Command::new("nbdcopy")
+        .arg(&src)
+        .arg(srv.uri("vol")));
+    srv.stop();
+    assert!(udm_data(&v) == v.plain);
+    cs(
+        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+        &v,
+    );
+    assert_finished(&v);
+    assert!(cs_data(&v) == v.plain);
+}
+
+/// Online: the volume is served (`udm cryptsetup open` on a running
+/// server) while `udm cryptsetup reencrypt --active-name` moves it hotzone
+/// by hotzone, suspending the device around each and loading its new
+/// multi-segment table after; an NBD client writing and reading random
+/// blocks the whole time always reads what it wrote. cryptsetup then sees
+/// a finished volume holding the client's data.
+#[test]
+fn online_reencryption_while_an_nbd_client_writes() {
+    need_python_module("nbd", "python3-libnbd");
+    let mut v = volume(16 << 20, false, &[]);
+    let d = v.dir.path().to_path_buf();
+    let ctl = d.join("ctl");
+    let srv = UdmServe::start(
+        &d.join("nbd.sock"),
+        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
+    );
+    let o = udm()
+        .args(["cryptsetup", "open", "--key-file"])
+        .arg(&v.key)
+        .arg(&v.img)
+        .arg("vol")
+        .env("UDM_CONTROL", &ctl)
+        .output()
+        .unwrap();
+    check_ok(&o);
+    let initial = write_file(&d, "initial.bin", &v.plain);
+    let (stop, model) = (d.join("stop"), d.join("model.bin"));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/luks/nbd_model_io.py");
+    let client = std::process::Command::new(PYTHON)
+        .arg(script)
+        .arg(srv.uri("vol"))
+        .arg(&initial)
+        .arg(&stop)
+        .arg(&model)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = udm_cs(
+        &[
+            "reencrypt",
+            "--active-name",
+            "vol",
+            "--hotzone-size",
+            "64K",
+            "--cipher",
+            "serpent-xts-plain64",
+        ],
+        &v,
+        &[("UDM_CONTROL", ctl.to_str().unwrap())],
+    );
+    std::fs::write(&stop, b"").unwrap();
+    let c = client.wait_with_output().unwrap();
+    check_ok(&o);
+    assert!(c.status.success(), "NBD client: {}", show(&c));
+    let ops: u64 = String::from_utf8_lossy(&c.stdout).trim().parse().unwrap();
+    assert!(ops >= 50, "{ops}");
+    eprintln!("NBD client: {ops} checked operations during the reencryption");
+    v.plain = std::fs::read(&model).unwrap();
+    let o = udm()
+        .args(["dmsetup", "table", "vol"])
+        .env("UDM_CONTROL", &ctl)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        table.lines().count() == 1 && table.contains("serpent-xts-plain64"),
+        "live table after reencryption: {table}"
+    );
+    srv.stop();
+    assert_finished(&v);
+    assert!(cs_data(&v) == v.plain);
+}
+
+/// SIGINT stops udm after the current hotzone: exit 0, resumable
+/// metadata, data readable; cryptsetup finishes.
+#[test]
+fn udm_sigint_then_cryptsetup_finishes() {
+    let v = volume(32 << 20, false, &[]);
+    let mut c = udm();
+    c.args([
+        "cryptsetup",
+        "reencrypt",
+        "-q",
+        "--hotzone-size",
+        "64K",
+        "--key-file",
+    ])
+    .arg(&v.key)
+    .arg(&v.img);
+    let st = interrupted(&v, c, libc::SIGINT, progress_started);
+    assert!(st.success(), "{st}");
+    let j = dump(&v);
+    assert!(in_reencryption(&j) && regular_segments(&j) == 2, "{j:#}");
+    assert!(udm_data(&v) == v.plain);
+    cs(
+        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+        &v,
+    );
+    assert_finished(&v);
+    assert!(cs_data(&v) == v.plain);
+}
