@@ -130,3 +130,30 @@ fn json_log_lines_parse() {
         assert!(!out.stderr.contains(&ESC), "{err:?}");
     }
 }
+
+/// `udm … | head`: a reader that goes away early ends the writer quietly
+/// with the status a SIGPIPE death gives (141, or 0 where the parser
+/// prints the help itself), not with a panic report.
+/// The pipe's read end is closed before udm starts, so its first line of
+/// help output already fails.
+#[test]
+fn closed_stdout_ends_quietly() {
+    for args in [&["cryptsetup", "--help"][..], &["--help"][..], &["dmsetup", "help"][..]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_udm"))
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "udm {args:?} with stdout closed: {err}");
+        // clap's own --help ignores the failed write and exits 0.
+        assert!(
+            matches!(out.status.code(), Some(0 | 141)),
+            "udm {args:?}: {:?} {err}",
+            out.status
+        );
+    }
+}

@@ -103,6 +103,7 @@ fn personality(args: &[std::ffi::OsString]) -> Option<(Personality, Vec<std::ffi
 
 /// Entry point of the binary; returns the process exit code.
 pub fn main() -> i32 {
+    quiet_on_closed_stdout();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some((run, rest)) = personality(&args) {
         return run(rest);
@@ -119,6 +120,28 @@ pub fn main() -> i32 {
         Command::ReplayLog(a) => replay_log::run(a),
         Command::Dmsetup { args } => dmsetup::main(args),
     }
+}
+
+/// `udm … | head` must end quietly, as `cat` does, when the reader closes
+/// the pipe. Rust ignores SIGPIPE (the server relies on that: a vanished
+/// client is an EPIPE, not a dead process) and `println!` then panics on
+/// the failed write; turn exactly that panic into the exit status a
+/// SIGPIPE death would give (128 + 13) without a message. Every other
+/// panic keeps the default report.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info)
+    }));
 }
 
 /// Log to stderr through tracing; `UDM_LOG` (or `RUST_LOG`) sets the
