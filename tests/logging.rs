@@ -138,7 +138,11 @@ fn json_log_lines_parse() {
 /// help output already fails.
 #[test]
 fn closed_stdout_ends_quietly() {
-    for args in [&["cryptsetup", "--help"][..], &["--help"][..], &["dmsetup", "help"][..]] {
+    for args in [
+        &["cryptsetup", "--help"][..],
+        &["--help"][..],
+        &["dmsetup", "help"][..],
+    ] {
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
         let out = Command::new(env!("CARGO_BIN_EXE_udm"))
@@ -148,7 +152,10 @@ fn closed_stdout_ends_quietly() {
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!err.contains("panicked"), "udm {args:?} with stdout closed: {err}");
+        assert!(
+            !err.contains("panicked"),
+            "udm {args:?} with stdout closed: {err}"
+        );
         // clap's own --help ignores the failed write and exits 0.
         assert!(
             matches!(out.status.code(), Some(0 | 141)),
