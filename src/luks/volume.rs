@@ -249,7 +249,10 @@ impl Volume {
                 }
             }
             Header::Luks2(h) => {
-                for (n, s) in &h.meta.segments {
+                // Backup segments are never mapped: an encryption with
+                // data shift keeps the plaintext's old place (offset 0)
+                // in its `backup-previous` segment.
+                for (n, s) in h.meta.segments.iter().filter(|(_, s)| !s.is_backup()) {
                     if s.offset < meta_end {
                         return Err(LuksError::field(
                             format!("segments.{n}.offset"),

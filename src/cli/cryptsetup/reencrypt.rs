@@ -146,11 +146,12 @@ pub(super) fn run(c: &Ctx) -> Outcome {
             "Command requires device as argument.".into(),
         ));
     };
+    if c.a.has("reduce-device-size") && !c.a.has("encrypt") {
+        return Err(unsupported(
+            "--reduce-device-size without --encrypt (udm shifts data only to encrypt)",
+        ));
+    }
     for (opt, why) in [
-        (
-            "reduce-device-size",
-            "--reduce-device-size (reencryption with data shift)",
-        ),
         ("integrity", "--integrity"),
         ("device-size", "--device-size (fixed-size reencryption)"),
         ("keep-key", "--keep-key"),
@@ -189,11 +190,17 @@ pub(super) fn run(c: &Ctx) -> Outcome {
     let slot = c.a.i32("key-slot").map(|s| s as u32);
     let prompt = format!("Enter passphrase for {}: ", dev.meta_path().display());
 
+    if c.a.has("encrypt") && dev.header.is_none() {
+        return encrypt_shift(c, &dev, &key, slot, &prompt, hotzone, &fb);
+    }
     if c.a.has("encrypt") {
-        let Some(hdr) = dev.header.clone() else {
+        if c.a.has("reduce-device-size") {
             return Err(unsupported(
-                "--encrypt without --header (it needs --reduce-device-size, a data shift)",
+                "--reduce-device-size with a detached --header",
             ));
+        }
+        let Some(hdr) = dev.header.clone() else {
+            return Err(not_in_progress());
         };
         if hdr.exists() && std::fs::metadata(&hdr).is_ok_and(|m| m.len() > 0) {
             let vol = Volume::load(&dev.path, Some(&hdr), false);
@@ -317,7 +324,100 @@ fn params(c: &Ctx, mode: Mode) -> InitParams {
         key_bytes,
         sector_size: c.a.u32("sector-size"),
         key_slot: c.a.i32("key-slot").map(|s| s as u32),
+        shift: None,
     }
+}
+
+/// `--encrypt` of a plaintext device with the header put on it: resume
+/// one in progress, or start one with `--reduce-device-size` (the first
+/// half of the reduction holds the header, the data moves by as much).
+fn encrypt_shift(
+    c: &Ctx,
+    dev: &crate::luks::ops::Device,
+    key: &crate::luks::passphrase::KeySource,
+    slot: Option<u32>,
+    prompt: &str,
+    hotzone: Option<u64>,
+    fb: &Progress,
+) -> Outcome {
+    let in_progress = Volume::load(&dev.path, None, false)
+        .ok()
+        .is_some_and(|v| reencrypt::status(&v).ok().flatten().is_some());
+    if in_progress {
+        if c.a.has("init-only") {
+            return Err(LuksError::Usage(
+                "LUKS2 reencryption already initialized. Aborting operation.".into(),
+            ));
+        }
+        return resume_only(c, dev, key, prompt, hotzone, fb);
+    }
+    if c.a.has("resume-only") {
+        return Err(not_in_progress());
+    }
+    let Some(reduce) = c.a.u64("reduce-device-size") else {
+        return Err(unsupported(
+            "--encrypt without --header needs --reduce-device-size (room for the header)",
+        ));
+    };
+    if c.a.has("offset") || c.a.has("luks2-keyslots-size") {
+        return Err(unsupported(
+            "--offset or --luks2-keyslots-size with --reduce-device-size",
+        ));
+    }
+    let shift = reduce / 2;
+    if reduce == 0 || reduce % 8192 != 0 || shift > 1 << 30 {
+        return Err(LuksError::Usage(
+            "Device size reduction must be a multiple of 8 KiB, at most 2 GiB.".into(),
+        ));
+    }
+    let size = crate::luks::disk::Disk::open(&dev.path, false)?.size()?;
+    let plain = size.saturating_sub(reduce);
+    if plain == 0 || plain % 4096 != 0 {
+        return Err(LuksError::Usage(format!(
+            "Device {} is too small (or not 4 KiB aligned) for a reduction of {reduce} bytes.",
+            dev.path.display()
+        )));
+    }
+    let pass = key.read(prompt, false)?;
+    // Before the header overwrites it, the start of the plaintext goes to
+    // the end of the device (cryptsetup's moved segment).
+    {
+        let mut d = crate::luks::disk::Disk::open(&dev.path, true)?;
+        let n = plain.min(shift);
+        let mut buf = zeroize::Zeroizing::new(vec![0u8; n as usize]);
+        d.read_at(0, &mut buf)?;
+        d.write_at(size - shift, &buf)?;
+        d.sync()?;
+    }
+    let cipher = c.a.str("cipher").unwrap_or("aes-xts-plain64").to_string();
+    let o = FormatOpts {
+        dev: dev.clone(),
+        key: key.clone(),
+        version: 2,
+        key_bits: Some(
+            c.a.u32("key-size")
+                .unwrap_or_else(|| default_key_bits(&cipher)),
+        ),
+        cipher: Some(cipher),
+        sector_size: Some(c.a.u32("sector-size").unwrap_or(512)),
+        label: c.a.str("label").map(str::to_string),
+        subsystem: c.a.str("subsystem").map(str::to_string),
+        uuid: c.a.str("uuid").map(str::to_string),
+        offset_sectors: Some(shift / 512),
+        key_slot: slot,
+        pbkdf: pbkdf(c),
+        ..FormatOpts::default()
+    };
+    luks_format(&o, fb)?;
+    let mut vol = dev.load(true, fb)?;
+    let (s, k) = vol.unlock(&pass, slot)?;
+    let mut p = params(c, Mode::Encrypt);
+    p.shift = Some(shift);
+    reencrypt::init(&mut vol, &p, &pass, s, None, Some(&k))?;
+    if c.a.has("init-only") {
+        return Ok(());
+    }
+    go(c, &mut vol, &pass, hotzone, fb)
 }
 
 fn resume_only(

@@ -39,6 +39,21 @@ const NONE_DEFAULT: u64 = 20 << 20;
 /// Recovery works through an interrupted hotzone in pieces this large.
 const RECOVERY_CHUNK: u64 = 1 << 20;
 
+/// The next hotzone of an encryption with data shift when the first
+/// `linear` bytes are still plaintext: (offset, length) relative to the
+/// data area, as cryptsetup picks them (the last one is the moved segment).
+fn shift_zone(linear: u64, shift: u64, moved: u64) -> (u64, u64) {
+    if linear <= shift {
+        return (0, linear.min(moved));
+    }
+    let rest = linear - shift;
+    if rest < shift {
+        (shift, rest)
+    } else {
+        (rest, shift)
+    }
+}
+
 /// How a run ends.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -86,6 +101,8 @@ pub struct Job<'a> {
     crash_in: Option<u64>,
     steps: u64,
     live: Option<LiveHook<'a>>,
+    /// Data shift: (shift, moved segment offset, moved segment size).
+    shift: Option<(u64, u64, u64)>,
 }
 
 impl<'a> Job<'a> {
@@ -98,12 +115,8 @@ impl<'a> Job<'a> {
         key_new: Option<&Key>,
         max_hotzone: Option<u64>,
     ) -> Result<Job<'a>, LuksError> {
-        if let Resilience::Datashift { .. } = st.resilience {
-            return Err(LuksError::Unsupported(
-                "reencryption with data shift (--reduce-device-size, or --decrypt of a \
-                 volume with its header on the device); cryptsetup can finish it"
-                    .into(),
-            ));
+        if let Resilience::Datashift { shift } = st.resilience {
+            return Job::new_shift(vol, st, key_old, key_new, shift);
         }
         if st.old.offset != st.new.offset || st.old.iv_tweak != 0 || st.new.iv_tweak != 0 {
             return Err(LuksError::Unsupported(
@@ -243,6 +256,141 @@ impl<'a> Job<'a> {
             crash_in: None,
             steps: 0,
             live: None,
+            shift: None,
+        })
+    }
+
+    /// Encryption with data shift (`--reduce-device-size`), cryptsetup's
+    /// layout: the plaintext starts at byte 0 of the device, its first
+    /// `shift` bytes were copied to the "moved" segment near the end before
+    /// the header overwrote them; hotzones of `shift` bytes go backward,
+    /// each read at `X - shift` and written encrypted at `X` (disjoint, so
+    /// an interrupted hotzone is simply done again); the last one is read
+    /// from the moved segment.
+    fn new_shift(
+        vol: &'a mut Volume,
+        st: State,
+        key_old: Option<&Key>,
+        key_new: Option<&Key>,
+        shift: u64,
+    ) -> Result<Job<'a>, LuksError> {
+        if st.mode != super::state::Mode::Encrypt || st.direction != Direction::Backward {
+            return Err(LuksError::Unsupported(format!(
+                "reencryption with data shift in mode {} ({}); udm moves data only to \
+                 encrypt (--reduce-device-size), cryptsetup can finish it",
+                st.mode.name(),
+                st.direction.name()
+            )));
+        }
+        let align = 4096u64
+            .max(u64::from(st.old.sector_size))
+            .max(u64::from(st.new.sector_size));
+        let slot = st.slot;
+        let bad = |what: &str, v: u64| {
+            LuksError::field(format!("keyslots.{slot}.area.shift_size"), v, what.to_string())
+        };
+        if shift == 0 || shift % align != 0 || shift > MAX_HOTZONE {
+            return Err(bad("zero, misaligned or larger than 1 GiB", shift));
+        }
+        let data_offset = st.new.offset;
+        if st.old.offset != 0 || data_offset < shift || st.new.iv_tweak != 0 {
+            return Err(LuksError::Unsupported(
+                "data shift with segments other than cryptsetup's encryption layout".into(),
+            ));
+        }
+        let dev = vol.data_size;
+        let h = luks2(vol)?;
+        let seg = |flag: &str| -> Result<(u64, Option<u64>), LuksError> {
+            let id = super::state::segment_by_flag(&h.meta, flag)
+                .ok_or_else(|| LuksError::field("segments", flag, "missing"))?;
+            let s = &h.meta.segments[&id];
+            Ok((s.offset, s.size))
+        };
+        let (m_off, m_size) = seg("backup-moved-segment")?;
+        let m_size = m_size
+            .filter(|&m| m > 0 && m <= shift && m % align == 0)
+            .ok_or_else(|| bad("moved segment size", 0))?;
+        if m_off.checked_add(m_size).is_none_or(|e| e > dev) || m_off % 512 != 0 {
+            return Err(LuksError::field(
+                "segments (backup-moved-segment).offset",
+                m_off,
+                "beyond the data device",
+            ));
+        }
+        let size = seg("backup-previous")?
+            .1
+            .filter(|&s| s > 0 && s % align == 0)
+            .ok_or_else(|| LuksError::field("segments (backup-previous).size", "", "bad"))?;
+        if data_offset.checked_add(size).is_none_or(|e| e > dev) {
+            return Err(LuksError::field(
+                "segments (backup-previous).size",
+                size,
+                "encrypted data would end beyond the device",
+            ));
+        }
+        let mut linear = 0u64;
+        for s in h.meta.segments.values().filter(|s| !s.is_backup()) {
+            if s.kind == "linear" {
+                linear = linear.saturating_add(s.size.ok_or_else(|| {
+                    LuksError::field("segments", "dynamic", "linear segment without a size")
+                })?);
+            }
+        }
+        let mut zone = Zone {
+            data_offset,
+            size,
+            offset: 0,
+            length: 0,
+        };
+        if let Some(hid) = st.hot {
+            let s = &h.meta.segments[&hid];
+            zone.offset = s.offset.checked_sub(data_offset).unwrap_or(u64::MAX);
+            zone.length = s.size.unwrap_or(0);
+            let ok_src = if zone.offset == 0 {
+                zone.length == m_size
+            } else {
+                zone.offset >= shift
+            };
+            if zone.length == 0
+                || zone.length > shift
+                || !ok_src
+                || zone.offset.checked_add(zone.length).is_none_or(|e| e > size)
+                || zone.offset % align != 0
+                || zone.length % align != 0
+            {
+                return Err(LuksError::field(
+                    format!("segments.{hid}"),
+                    s.offset,
+                    "interrupted hotzone outside the data area or misaligned",
+                ));
+            }
+            linear = zone.offset + zone.length;
+        } else {
+            if linear > size || linear % align != 0 {
+                return Err(LuksError::field(
+                    "segments",
+                    linear,
+                    "plaintext segments do not fit the data",
+                ));
+            }
+            (zone.offset, zone.length) = shift_zone(linear, shift, m_size);
+        }
+        let old = crypt(&st.old, key_old)?;
+        let new = crypt(&st.new, key_new)?;
+        let data = Disk::open(&vol.data_path, true)?;
+        Ok(Job {
+            vol,
+            data,
+            st,
+            old,
+            new,
+            zone,
+            progress: size - linear,
+            none_dirty: false,
+            crash_in: None,
+            steps: 0,
+            live: None,
+            shift: Some((shift, m_off, m_size)),
         })
     }
 
@@ -314,8 +462,62 @@ impl<'a> Job<'a> {
         }
     }
 
+    /// Read the hotzone's plaintext from where the data shift left it,
+    /// encrypt it and write it at its new place, in pieces; `crash`: stop
+    /// halfway (test hook).
+    fn move_zone(&mut self, crash: bool) -> Result<(), LuksError> {
+        let Some((shift, m_off, _)) = self.shift else {
+            return Err(LuksError::Usage("not a data shift".into()));
+        };
+        let z = self.zone;
+        let src = if z.offset == 0 {
+            m_off
+        } else {
+            z.data_offset + z.offset - shift
+        };
+        let dst = z.data_offset + z.offset;
+        let stop_at = if crash { (z.length / 2) & !4095 } else { u64::MAX };
+        let mut done = 0u64;
+        while done < z.length {
+            let n = UDM_MAX_HOTZONE.min(z.length - done);
+            let mut buf = zeroize::Zeroizing::new(vec![0u8; n as usize]);
+            self.data.read_at(src + done, &mut buf)?;
+            self.transform(&mut buf, z.offset + done);
+            if done + n > stop_at {
+                let part = (stop_at - done) as usize;
+                self.data.write_at(dst + done, &buf[..part])?;
+                self.data.sync()?;
+                return Err(LuksError::Usage(format!(
+                    "simulated crash inside hotzone {} (test hook)",
+                    self.steps
+                )));
+            }
+            self.data.write_at(dst + done, &buf)?;
+            done += n;
+        }
+        self.data.sync()
+    }
+
+    /// One hotzone of an encryption with data shift.
+    fn step_shift(&mut self) -> Result<(), LuksError> {
+        let z = self.zone;
+        let current = self.regular()?;
+        let hot = segments::hot_shift(&self.st, &z, &current);
+        let post = segments::post_shift(&z, &hot);
+        self.set_segments(hot, true)?;
+        self.commit()?;
+        let crash = self.crash_in == Some(self.steps);
+        self.move_zone(crash)?;
+        self.steps += 1;
+        self.set_segments(post, false)?;
+        self.commit()
+    }
+
     /// One hotzone, steps 1-4 of the module doc.
     fn step(&mut self) -> Result<(), LuksError> {
+        if self.shift.is_some() {
+            return self.step_shift();
+        }
         self.live(false)?;
         let z = self.zone;
         let current = self.regular()?;
@@ -368,6 +570,10 @@ impl<'a> Job<'a> {
     fn advance(&mut self) {
         let z = &mut self.zone;
         self.progress += z.length;
+        if let Some((shift, _, m_size)) = self.shift {
+            (z.offset, z.length) = shift_zone(z.offset, shift, m_size);
+            return;
+        }
         match self.st.direction {
             Direction::Forward => {
                 z.offset += z.length;
@@ -402,7 +608,12 @@ impl<'a> Job<'a> {
                 format!("smaller than the {need} bytes the interrupted hotzone needs"),
             ));
         }
-        let mut done = 0u64;
+        let mut done = if self.shift.is_some() {
+            self.move_zone(false)?;
+            z.length
+        } else {
+            0u64
+        };
         while done < z.length {
             let n = RECOVERY_CHUNK.min(z.length - done);
             let at = z.offset + done;
@@ -443,7 +654,11 @@ impl<'a> Job<'a> {
         }
         self.data.sync()?;
         let current: Vec<Value> = self.regular()?.into_iter().map(|(_, v)| v).collect();
-        let post = segments::post(&self.st, &z, &current);
+        let post = if self.shift.is_some() {
+            segments::post_shift(&z, &current)
+        } else {
+            segments::post(&self.st, &z, &current)
+        };
         self.set_segments(post, false)?;
         self.st.hot = None;
         self.live(true)?;
@@ -485,6 +700,18 @@ impl<'a> Job<'a> {
     /// keyslot and its digest. One header write; the old keyslots' areas
     /// are wiped only after no header names them.
     fn finish(&mut self) -> Result<Outcome, LuksError> {
+        if let Some((_, m_off, m_size)) = self.shift {
+            // The moved segment still holds the start of the plaintext:
+            // overwritten with random bytes, as cryptsetup's teardown does.
+            let mut done = 0u64;
+            while done < m_size {
+                let n = RECOVERY_CHUNK.min(m_size - done);
+                let noise = crate::luks::keyslot::random(n as usize)?;
+                self.data.write_at(m_off + done, &noise)?;
+                done += n;
+            }
+            self.data.sync()?;
+        }
         let st = self.st.clone();
         let h = self.header()?;
         let hdr_size = h.bin.hdr_size;

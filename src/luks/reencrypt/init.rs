@@ -35,6 +35,11 @@ pub struct InitParams {
     pub sector_size: Option<u32>,
     /// Only this keyslot gets a keyslot for the new key (`--key-slot`).
     pub key_slot: Option<u32>,
+    /// Encryption with data shift: the shift in bytes (half of
+    /// `--reduce-device-size`; also the data offset of the fresh header).
+    /// The plaintext's first `shift` bytes must already be copied to the
+    /// last `shift` bytes of the device.
+    pub shift: Option<u64>,
 }
 
 fn h2(vol: &mut Volume) -> Result<&mut Luks2, LuksError> {
@@ -256,11 +261,44 @@ pub fn init(
         _ => json!({"type": "crypt", "offset": d_off.to_string(), "size": "dynamic",
                     "iv_tweak": "0", "encryption": new_cipher, "sector_size": new_ss}),
     };
-    if p.mode == Mode::Encrypt {
-        v["segments"]["0"] = prev.clone();
-    }
-    v["segments"]["1"] = with_flag(prev, "backup-previous");
-    v["segments"]["2"] = with_flag(fin, "backup-final");
+    let fin_id = if let Some(shift) = p.shift {
+        // cryptsetup's layout: [header (shift)][plaintext from shift]
+        // [gap][first `shift` bytes of the plaintext, moved].
+        let plain = data_size.saturating_sub(2 * shift);
+        if p.mode != Mode::Encrypt || d_off != shift || plain == 0 || plain % 4096 != 0 {
+            return Err(LuksError::Usage(
+                "Data shift needs an encryption, a header of the shift's size and a data \
+                 device larger than twice the shift, aligned to 4096 bytes."
+                    .into(),
+            ));
+        }
+        let moved_len = plain.min(shift);
+        let moved = json!({"type": "linear", "offset": (data_size - shift).to_string(),
+                           "size": moved_len.to_string()});
+        let mut segs = Map::new();
+        segs.insert("0".into(), moved.clone());
+        if plain > shift {
+            segs.insert(
+                "1".into(),
+                json!({"type": "linear", "offset": shift.to_string(),
+                       "size": (plain - shift).to_string()}),
+            );
+        }
+        let n = segs.len();
+        segs.insert(n.to_string(), with_flag(moved, "backup-moved-segment"));
+        let prev = json!({"type": "linear", "offset": "0", "size": plain.to_string()});
+        segs.insert((n + 1).to_string(), with_flag(prev, "backup-previous"));
+        segs.insert((n + 2).to_string(), with_flag(fin, "backup-final"));
+        v["segments"] = Value::Object(segs);
+        n as u32 + 2
+    } else {
+        if p.mode == Mode::Encrypt {
+            v["segments"]["0"] = prev.clone();
+        }
+        v["segments"]["1"] = with_flag(prev, "backup-previous");
+        v["segments"]["2"] = with_flag(fin, "backup-final");
+        2
+    };
     if let Some(ds) = v["digests"].as_object_mut() {
         for d in ds.values_mut() {
             if let Some(a) = d.get_mut("segments").and_then(Value::as_array_mut) {
@@ -275,10 +313,13 @@ pub fn init(
         }
     }
     if let Some(d) = digest_new {
-        push_id(&mut v["digests"][d.to_string()], "segments", 2);
+        push_id(&mut v["digests"][d.to_string()], "segments", fin_id);
     }
     // The reencrypt keyslot.
     let resilience = match p.resilience.as_str() {
+        _ if p.shift.is_some() => Resilience::Datashift {
+            shift: p.shift.unwrap_or(0),
+        },
         "checksum" => Resilience::Checksum {
             hash: HashAlg::from_name(&p.hash).ok_or_else(|| {
                 LuksError::Usage(format!("Hash algorithm {} is not available.", p.hash))
@@ -296,15 +337,24 @@ pub fn init(
     let rslot = free_id(v["keyslots"].as_object(), MAX_KEYSLOTS)
         .ok_or_else(|| LuksError::Usage("All key slots full.".into()))?;
     let tmp = Metadata::parse(v.clone(), hdr_size)?;
-    let (a_off, a_len) = max_gap(&tmp, start)
-        .ok_or_else(|| LuksError::Usage("Not enough space in header keyslot area.".into()))?;
+    let gap = if p.shift.is_some() {
+        // Data shift keeps nothing in its area: cryptsetup takes 4 KiB.
+        first_fit(&tmp, start, 4096).map(|o| (o, 4096))
+    } else {
+        max_gap(&tmp, start)
+    };
+    let (a_off, a_len) =
+        gap.ok_or_else(|| LuksError::Usage("Not enough space in header keyslot area.".into()))?;
     let mut area =
         json!({"offset": a_off.to_string(), "size": a_len.to_string(), "type": resilience.name()});
     if let Resilience::Checksum { hash, block } = resilience {
         area["hash"] = json!(hash.name());
         area["sector_size"] = json!(block);
     }
-    let direction = if p.mode == Mode::Decrypt {
+    if let Resilience::Datashift { shift } = resilience {
+        area["shift_size"] = json!(shift.to_string());
+    }
+    let direction = if p.mode == Mode::Decrypt || p.shift.is_some() {
         Direction::Backward
     } else {
         Direction::Forward

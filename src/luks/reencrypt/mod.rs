@@ -96,6 +96,11 @@ pub fn resume(
             vol.data_path.display()
         ))
     })?;
+    if live.is_some() && matches!(st.resilience, Resilience::Datashift { .. }) {
+        return Err(LuksError::Unsupported(
+            "online reencryption with data shift (run it offline)".into(),
+        ));
+    }
     let (old, new) = unlock_checked(vol, &st, passphrase)?;
     let crashed = st.hot.is_some();
     let (k_old, k_new) = (old.clone(), new.clone());

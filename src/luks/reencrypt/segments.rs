@@ -125,6 +125,82 @@ pub fn post(st: &State, z: &Zone, hot: &[Value]) -> Vec<Value> {
     }
 }
 
+fn size_of(v: &Value) -> u64 {
+    v["size"]
+        .as_str()
+        .and_then(crate::luks::json::parse_u64str)
+        .unwrap_or(0)
+}
+
+/// The hot table of an encryption with data shift (backward): the last
+/// plaintext (linear) segment gives up its tail to the hotzone, which is
+/// written `shift` bytes further on; the first encrypted segment follows.
+pub fn hot_shift(st: &State, z: &Zone, current: &Map<String, Value>) -> Vec<Value> {
+    let segs: Vec<&Value> = current.values().collect();
+    let Some(sg) = segs.iter().rposition(|s| s["type"] == "linear") else {
+        return Vec::new();
+    };
+    let first_crypt = segs.iter().position(|s| s["type"] == "crypt");
+    let mut v: Vec<Value> = segs[..sg].iter().map(|s| (*s).clone()).collect();
+    let len = size_of(segs[sg]);
+    if len > z.length {
+        let mut shrunk = segs[sg].clone();
+        shrunk["size"] = json!((len - z.length).to_string());
+        v.push(shrunk);
+    }
+    v.push(new_seg(st, z, z.offset, Some(z.length), true));
+    if let Some(c) = first_crypt {
+        v.push(segs[c].clone());
+    }
+    v
+}
+
+/// The post table of an encryption with data shift: the hotzone joins
+/// the encrypted segment after it (which becomes "dynamic" once it starts
+/// at the beginning of the data area).
+pub fn post_shift(z: &Zone, hot: &[Value]) -> Vec<Value> {
+    let Some(rseg) = hot.iter().position(|s| {
+        s["flags"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|x| x == "in-reencryption"))
+    }) else {
+        return hot.to_vec();
+    };
+    let mut v: Vec<Value> = hot[..rseg].to_vec();
+    let (mut seg, size) = match hot.get(rseg + 1) {
+        Some(next) => {
+            let mut s = next.clone();
+            s["offset"] = json!((z.data_offset + z.offset).to_string());
+            s["iv_tweak"] = json!((z.offset / 512).to_string());
+            let size = size_of(next) + z.length;
+            (s, size)
+        }
+        None => {
+            let mut s = hot[rseg].clone();
+            if let Some(o) = s.as_object_mut() {
+                let empty = match o.get_mut("flags").and_then(Value::as_array_mut) {
+                    Some(a) => {
+                        a.retain(|x| x != "in-reencryption");
+                        a.is_empty()
+                    }
+                    None => false,
+                };
+                if empty {
+                    o.shift_remove("flags");
+                }
+            }
+            (s, z.length)
+        }
+    };
+    seg["size"] = if rseg > 0 {
+        json!(size.to_string())
+    } else {
+        json!("dynamic")
+    };
+    v.push(seg);
+    v
+}
+
 fn assign(top: &mut Map<String, Value>, seg: usize, digest: Option<u32>) {
     let Some(d) = digest else { return };
     let name = seg.to_string();
@@ -162,7 +238,11 @@ pub fn install(st: &State, top: &mut Map<String, Value>, regular: Vec<Value>, ho
                     })
                     .cloned()
             };
-            [by("backup-previous"), by("backup-final")]
+            [
+                by("backup-previous"),
+                by("backup-final"),
+                by("backup-moved-segment"),
+            ]
                 .into_iter()
                 .flatten()
                 .collect()
@@ -190,6 +270,9 @@ pub fn install(st: &State, top: &mut Map<String, Value>, regular: Vec<Value>, ho
         }
         if crypt[fin] {
             assign(top, fin, st.digest_new);
+        }
+        if crypt.get(fin + 1) == Some(&true) {
+            assign(top, fin + 1, st.digest_old);
         }
         let d = if st.mode == Mode::Encrypt {
             st.digest_new
