@@ -670,3 +670,202 @@ fn udm_sigint_then_cryptsetup_finishes() {
     assert_finished(&v);
     assert!(cs_data(&v) == v.plain);
 }
+
+// ---- Encryption with data shift (`--encrypt --reduce-device-size`). ----
+
+/// A plaintext device of `size` bytes whose first `size - reduce` bytes
+/// are random data (what `--reduce-device-size` keeps).
+fn plain_device(size: usize, reduce: usize) -> Vol {
+    let dir = scratch("reenc-shift");
+    let key = dir.path().join("key");
+    std::fs::write(&key, PASS).unwrap();
+    let img = dir.path().join("disk.img");
+    let plain = fast_bytes(size as u64 ^ 0x5a, size - reduce);
+    let mut all = plain.clone();
+    all.extend(fast_bytes(7, reduce));
+    std::fs::write(&img, &all).unwrap();
+    Vol {
+        img,
+        hdr: None,
+        key,
+        plain,
+        dir,
+    }
+}
+
+/// The plaintext through udm's open path: during the run the mapping is
+/// exactly the plaintext's size; once finished it is the shift larger.
+fn assert_udm_reads_plain(v: &Vol, what: &str) {
+    let d = udm_data(v);
+    assert!(
+        d.len() >= v.plain.len() && d[..v.plain.len()] == v.plain[..],
+        "{what}: udm reads other data"
+    );
+}
+
+/// Finished: one encrypted segment, no reencryption metadata, the data
+/// reads back through udm and through cryptsetup's volume key with the
+/// Python dm-crypt reference, and the moved copy of the plaintext's
+/// start (the device's last `shift` bytes) is gone.
+fn assert_shift_finished(v: &Vol, shift: usize) {
+    let j = dump(v);
+    assert!(!in_reencryption(&j), "still in reencryption: {j:#}");
+    assert!(j["config"].get("requirements").is_none(), "{j:#}");
+    assert_eq!(regular_segments(&j), 1);
+    assert_eq!(j["segments"]["0"]["offset"], shift.to_string());
+    assert_eq!(j["segments"]["0"]["size"], "dynamic");
+    assert_udm_reads_plain(v, "finished");
+    assert!(
+        cs_data(v) == v.plain,
+        "cryptsetup's key decrypts other data"
+    );
+    let len = std::fs::metadata(&v.img).unwrap().len();
+    let tail = pread(&v.img, len - shift as u64, shift.min(v.plain.len()));
+    assert!(
+        tail[..] != v.plain[..tail.len()],
+        "the moved plaintext is still on the device"
+    );
+}
+
+fn shift_args(reduce: &str) -> Vec<&str> {
+    let mut a = vec!["reencrypt", "--encrypt", "--reduce-device-size", reduce];
+    a.extend(FAST_PBKDF);
+    a
+}
+
+/// A header after at least one hotzone of a data shift: some data
+/// encrypted, none in flight.
+fn shift_started(json: &str) -> bool {
+    json.contains("online-reencrypt") && !json.contains("in-reencryption") && {
+        let v: Result<Value, _> = serde_json::from_str(json.trim_end_matches('\0'));
+        v.is_ok_and(|j| {
+            in_reencryption(&j)
+                && j["segments"].as_object().unwrap().values().any(|s| {
+                    s["type"] == "crypt" && s.get("flags").is_none() && s["size"] != "dynamic"
+                })
+        })
+    }
+}
+
+/// cryptsetup starts (`--init-only`, and a run stopped by SIGINT after a
+/// few hotzones), udm resumes and finishes.
+#[test]
+fn data_shift_cryptsetup_starts_udm_finishes() {
+    let v = plain_device(24 << 20, 8 << 20);
+    let mut a = shift_args("8M");
+    a.push("--init-only");
+    cs(&a, &v);
+    let j = dump(&v);
+    assert!(in_reencryption(&j));
+    assert_udm_reads_plain(&v, "after cryptsetup --init-only");
+    // udm stops after one hotzone, then finishes.
+    check_ok(&udm_cs(
+        &["reencrypt", "--resume-only"],
+        &v,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "1")],
+    ));
+    assert!(in_reencryption(&dump(&v)));
+    assert_udm_reads_plain(&v, "one hotzone by udm");
+    check_ok(&udm_cs(&["reencrypt", "--resume-only"], &v, &[]));
+    assert_shift_finished(&v, 4 << 20);
+
+    // A 1 MiB reduction: 512 KiB hotzones, interrupted mid-run.
+    let v = plain_device(48 << 20, 1 << 20);
+    let mut c = cryptsetup();
+    c.args(["reencrypt", "-q", "--hotzone-size", "64K"])
+        .args(shift_args("1M").iter().skip(1))
+        .arg("--key-file")
+        .arg(&v.key)
+        .arg(&v.img);
+    interrupted(&v, c, libc::SIGINT, shift_started);
+    let j = dump(&v);
+    assert!(in_reencryption(&j), "SIGINT left resumable metadata");
+    assert!(regular_segments(&j) >= 3, "{j:#}");
+    assert_udm_reads_plain(&v, "cryptsetup interrupted by SIGINT");
+    check_ok(&udm_cs(&["reencrypt", "--resume-only"], &v, &[]));
+    assert_shift_finished(&v, 512 << 10);
+}
+
+/// udm starts: its `--init-only` header equals cryptsetup's (but for
+/// salts, digests and iterations), and a udm run stopped after a few
+/// hotzones, or crashed inside one, is finished by cryptsetup (after its
+/// `repair` for the crash) or by udm.
+#[test]
+fn data_shift_udm_starts_cryptsetup_finishes() {
+    let v = plain_device(24 << 20, 8 << 20);
+    let twin = v.dir.path().join("twin.img");
+    std::fs::copy(&v.img, &twin).unwrap();
+    let mut a = shift_args("8M");
+    a.push("--init-only");
+    check_ok(&udm_cs(&a, &v, &[]));
+    run(cryptsetup()
+        .args(&a)
+        .args(["-q", "--key-file"])
+        .arg(&v.key)
+        .arg(&twin));
+    let norm = |mut j: Value| {
+        for group in ["keyslots", "digests"] {
+            for (_, o) in j[group].as_object_mut().unwrap() {
+                for k in ["salt", "digest", "iterations"] {
+                    if o.get(k).is_some() {
+                        o[k] = Value::Null;
+                    }
+                }
+                if let Some(kdf) = o.get_mut("kdf") {
+                    kdf["salt"] = Value::Null;
+                }
+            }
+        }
+        j
+    };
+    let mut c = cryptsetup();
+    c.args(["luksDump", "--dump-json-metadata"]).arg(&twin);
+    let theirs: Value = serde_json::from_str(&run_text(&mut c)).unwrap();
+    assert_eq!(
+        serde_json::to_string_pretty(&norm(dump(&v))).unwrap(),
+        serde_json::to_string_pretty(&norm(theirs)).unwrap()
+    );
+    // Both moved the plaintext's start to the same place.
+    assert!(std::fs::read(&v.img).unwrap()[4 << 20..] == std::fs::read(&twin).unwrap()[4 << 20..]);
+    assert_udm_reads_plain(&v, "after udm --init-only");
+    cs(
+        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+        &v,
+    );
+    assert_shift_finished(&v, 4 << 20);
+
+    for (hook, n) in [
+        ("UDM_TEST_REENCRYPT_STOP_AFTER", "2"),
+        ("UDM_TEST_REENCRYPT_CRASH_IN", "2"),
+        ("UDM_TEST_REENCRYPT_CRASH_IN", "3"),
+    ] {
+        let v = plain_device(32 << 20, 4 << 20);
+        let o = udm_cs(&shift_args("4M"), &v, &[(hook, n)]);
+        let crashed = hook.ends_with("CRASH_IN");
+        assert_eq!(o.status.success(), !crashed, "{}", show(&o));
+        let j = dump(&v);
+        assert!(in_reencryption(&j));
+        let hot = serde_json::to_string(&j)
+            .unwrap()
+            .contains("in-reencryption");
+        assert_eq!(hot, crashed, "{j:#}");
+        let twin = v.dir.path().join("twin.img");
+        std::fs::copy(&v.img, &twin).unwrap();
+        if crashed {
+            // udm refuses to map a crashed hotzone; cryptsetup's repair
+            // redoes it.
+            assert!(udm::luks::open(&v.img, None, PASS).is_err());
+            cs(&["repair"], &v);
+        }
+        assert_udm_reads_plain(&v, hook);
+        cs(
+            &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+            &v,
+        );
+        assert_shift_finished(&v, 2 << 20);
+        // The same state finished by udm (recovering the hotzone itself).
+        std::fs::copy(&twin, &v.img).unwrap();
+        check_ok(&udm_cs(&["reencrypt", "--resume-only"], &v, &[]));
+        assert_shift_finished(&v, 2 << 20);
+    }
+}

@@ -195,9 +195,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
     }
     if c.a.has("encrypt") {
         if c.a.has("reduce-device-size") {
-            return Err(unsupported(
-                "--reduce-device-size with a detached --header",
-            ));
+            return Err(unsupported("--reduce-device-size with a detached --header"));
         }
         let Some(hdr) = dev.header.clone() else {
             return Err(not_in_progress());
@@ -384,9 +382,14 @@ fn encrypt_shift(
     {
         let mut d = crate::luks::disk::Disk::open(&dev.path, true)?;
         let n = plain.min(shift);
-        let mut buf = zeroize::Zeroizing::new(vec![0u8; n as usize]);
-        d.read_at(0, &mut buf)?;
-        d.write_at(size - shift, &buf)?;
+        let mut done = 0u64;
+        while done < n {
+            let len = (n - done).min(reencrypt::UDM_MAX_HOTZONE);
+            let mut buf = zeroize::Zeroizing::new(vec![0u8; len as usize]);
+            d.read_at(done, &mut buf)?;
+            d.write_at(size - shift + done, &buf)?;
+            done += len;
+        }
         d.sync()?;
     }
     let cipher = c.a.str("cipher").unwrap_or("aes-xts-plain64").to_string();

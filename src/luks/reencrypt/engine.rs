@@ -287,7 +287,11 @@ impl<'a> Job<'a> {
             .max(u64::from(st.new.sector_size));
         let slot = st.slot;
         let bad = |what: &str, v: u64| {
-            LuksError::field(format!("keyslots.{slot}.area.shift_size"), v, what.to_string())
+            LuksError::field(
+                format!("keyslots.{slot}.area.shift_size"),
+                v,
+                what.to_string(),
+            )
         };
         if shift == 0 || shift % align != 0 || shift > MAX_HOTZONE {
             return Err(bad("zero, misaligned or larger than 1 GiB", shift));
@@ -354,7 +358,10 @@ impl<'a> Job<'a> {
             if zone.length == 0
                 || zone.length > shift
                 || !ok_src
-                || zone.offset.checked_add(zone.length).is_none_or(|e| e > size)
+                || zone
+                    .offset
+                    .checked_add(zone.length)
+                    .is_none_or(|e| e > size)
                 || zone.offset % align != 0
                 || zone.length % align != 0
             {
@@ -476,7 +483,11 @@ impl<'a> Job<'a> {
             z.data_offset + z.offset - shift
         };
         let dst = z.data_offset + z.offset;
-        let stop_at = if crash { (z.length / 2) & !4095 } else { u64::MAX };
+        let stop_at = if crash {
+            (z.length / 2) & !4095
+        } else {
+            u64::MAX
+        };
         let mut done = 0u64;
         while done < z.length {
             let n = UDM_MAX_HOTZONE.min(z.length - done);

@@ -8,8 +8,9 @@
 //!
 //! Supported: re-key (new key, cipher, key size or sector size), encrypt
 //! and decrypt of volumes with a detached header, in both directions,
-//! with resilience checksum, journal or none. Not supported: data shift
-//! (`--reduce-device-size`, decrypt of a volume whose header is on the
+//! with resilience checksum, journal or none; encrypt with data shift
+//! (`--reduce-device-size`, resilience datashift, offline). Not
+//! supported: decrypt with data shift (a volume whose header is on the
 //! device), fixed-size segments, metadata version 1.
 
 mod engine;

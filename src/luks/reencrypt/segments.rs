@@ -172,7 +172,7 @@ pub fn post_shift(z: &Zone, hot: &[Value]) -> Vec<Value> {
             let mut s = next.clone();
             s["offset"] = json!((z.data_offset + z.offset).to_string());
             s["iv_tweak"] = json!((z.offset / 512).to_string());
-            let size = size_of(next) + z.length;
+            let size = size_of(next).saturating_add(z.length);
             (s, size)
         }
         None => {
@@ -243,9 +243,9 @@ pub fn install(st: &State, top: &mut Map<String, Value>, regular: Vec<Value>, ho
                 by("backup-final"),
                 by("backup-moved-segment"),
             ]
-                .into_iter()
-                .flatten()
-                .collect()
+            .into_iter()
+            .flatten()
+            .collect()
         })
         .unwrap_or_default();
     // Every digest forgets every segment first.

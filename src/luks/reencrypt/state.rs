@@ -62,7 +62,7 @@ pub enum Resilience {
     Journal,
     /// Nothing: an interrupted hotzone cannot be repaired.
     None,
-    /// Data moves by `shift` bytes (not implemented by udm).
+    /// Data moves by `shift` bytes (udm: encryption only).
     Datashift { shift: u64 },
 }
 
