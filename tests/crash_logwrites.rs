@@ -264,10 +264,10 @@ fn ext4_on_luks2_over_log_writes_fscks_clean_at_every_flush_and_fua() {
         assert!(back == *data, "{name} differs after the replay");
     }
     m.unmount();
-    println!(
+    common::report(&format!(
         "log-writes replay: {entries} entries, {flushes} flushes and {fuas} FUA writes, \
          {checks} replayed images checked with e2fsck -fn, all clean; {} files intact at the end; \
          an independent reader of the format replays the same bytes",
         want.len()
-    );
+    ));
 }

@@ -119,8 +119,8 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() {
     verify(KILLS);
     srv.stop();
     assert!(acked > 0 && flushes > 0, "the writer never got going");
-    println!(
+    common::report(&format!(
         "SIGKILL crash test: {KILLS} kills, {acked} writes acknowledged, {flushes} flushes \
          completed, every acknowledged write intact after each restart"
-    );
+    ));
 }
