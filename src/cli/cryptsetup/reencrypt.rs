@@ -132,6 +132,38 @@ fn pbkdf(c: &Ctx) -> PbkdfChoice {
     }
 }
 
+/// The new LUKS2 header `--encrypt` writes over a plaintext device: the
+/// cipher, key size, sector size and labels of the command line, data at
+/// `offset_sectors` (0 with a detached header, the shift's size on the
+/// device).
+fn encrypt_format(
+    c: &Ctx,
+    dev: &crate::luks::ops::Device,
+    key: &crate::luks::passphrase::KeySource,
+    slot: Option<u32>,
+    offset_sectors: u64,
+) -> FormatOpts {
+    let cipher = c.a.str("cipher").unwrap_or("aes-xts-plain64").to_string();
+    FormatOpts {
+        dev: dev.clone(),
+        key: key.clone(),
+        version: 2,
+        key_bits: Some(
+            c.a.u32("key-size")
+                .unwrap_or_else(|| default_key_bits(&cipher)),
+        ),
+        cipher: Some(cipher),
+        sector_size: Some(c.a.u32("sector-size").unwrap_or(512)),
+        label: c.a.str("label").map(str::to_string),
+        subsystem: c.a.str("subsystem").map(str::to_string),
+        uuid: c.a.str("uuid").map(str::to_string),
+        offset_sectors: Some(offset_sectors),
+        key_slot: slot,
+        pbkdf: pbkdf(c),
+        ..FormatOpts::default()
+    }
+}
+
 fn not_in_progress() -> LuksError {
     LuksError::Usage("Device reencryption not in progress.".into())
 }
@@ -212,25 +244,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         if c.a.has("resume-only") {
             return Err(not_in_progress());
         }
-        let cipher = c.a.str("cipher").unwrap_or("aes-xts-plain64").to_string();
-        let o = FormatOpts {
-            dev: dev.clone(),
-            key: key.clone(),
-            version: 2,
-            key_bits: Some(
-                c.a.u32("key-size")
-                    .unwrap_or_else(|| default_key_bits(&cipher)),
-            ),
-            cipher: Some(cipher),
-            sector_size: Some(c.a.u32("sector-size").unwrap_or(512)),
-            label: c.a.str("label").map(str::to_string),
-            subsystem: c.a.str("subsystem").map(str::to_string),
-            uuid: c.a.str("uuid").map(str::to_string),
-            offset_sectors: Some(0),
-            key_slot: slot,
-            pbkdf: pbkdf(c),
-            ..FormatOpts::default()
-        };
+        let o = encrypt_format(c, &dev, &key, slot, 0);
         luks_format(&o, &fb)?;
         let mut vol = dev.load(true, &fb)?;
         let pass = key.read(&prompt, false)?;
@@ -392,25 +406,7 @@ fn encrypt_shift(
         }
         d.sync()?;
     }
-    let cipher = c.a.str("cipher").unwrap_or("aes-xts-plain64").to_string();
-    let o = FormatOpts {
-        dev: dev.clone(),
-        key: key.clone(),
-        version: 2,
-        key_bits: Some(
-            c.a.u32("key-size")
-                .unwrap_or_else(|| default_key_bits(&cipher)),
-        ),
-        cipher: Some(cipher),
-        sector_size: Some(c.a.u32("sector-size").unwrap_or(512)),
-        label: c.a.str("label").map(str::to_string),
-        subsystem: c.a.str("subsystem").map(str::to_string),
-        uuid: c.a.str("uuid").map(str::to_string),
-        offset_sectors: Some(shift / 512),
-        key_slot: slot,
-        pbkdf: pbkdf(c),
-        ..FormatOpts::default()
-    };
+    let o = encrypt_format(c, dev, key, slot, shift / 512);
     luks_format(&o, fb)?;
     let mut vol = dev.load(true, fb)?;
     let (s, k) = vol.unlock(&pass, slot)?;

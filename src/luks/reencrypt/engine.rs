@@ -169,21 +169,7 @@ impl<'a> Job<'a> {
             let s = &h.meta.segments[&hid];
             zone.offset = s.offset.checked_sub(data_offset).unwrap_or(u64::MAX);
             zone.length = s.size.unwrap_or(0);
-            if zone.length == 0
-                || zone.length > MAX_HOTZONE
-                || zone
-                    .offset
-                    .checked_add(zone.length)
-                    .is_none_or(|e| e > size)
-                || zone.offset % align != 0
-                || zone.length % align != 0
-            {
-                return Err(LuksError::field(
-                    format!("segments.{hid}"),
-                    s.offset,
-                    "interrupted hotzone outside the data area or misaligned",
-                ));
-            }
+            zone.check(hid, s.offset, MAX_HOTZONE, align, true)?;
         } else {
             let mut len = match st.resilience {
                 Resilience::None => max_hotzone.unwrap_or(NONE_DEFAULT),
@@ -355,22 +341,7 @@ impl<'a> Job<'a> {
             } else {
                 zone.offset >= shift
             };
-            if zone.length == 0
-                || zone.length > shift
-                || !ok_src
-                || zone
-                    .offset
-                    .checked_add(zone.length)
-                    .is_none_or(|e| e > size)
-                || zone.offset % align != 0
-                || zone.length % align != 0
-            {
-                return Err(LuksError::field(
-                    format!("segments.{hid}"),
-                    s.offset,
-                    "interrupted hotzone outside the data area or misaligned",
-                ));
-            }
+            zone.check(hid, s.offset, shift, align, ok_src)?;
             linear = zone.offset + zone.length;
         } else {
             if linear > size || linear % align != 0 {

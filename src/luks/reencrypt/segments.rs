@@ -56,6 +56,41 @@ pub struct Zone {
     pub length: u64,
 }
 
+impl Zone {
+    /// Refuse an interrupted hotzone read from a header (segment `hid` at
+    /// byte `at`) unless it is non-empty, at most `max` bytes, inside the
+    /// data area and aligned to `align`, and `ok` (the caller's own rule
+    /// for the mode): header values must not steer recovery I/O anywhere
+    /// else.
+    pub fn check(
+        &self,
+        hid: impl std::fmt::Display,
+        at: u64,
+        max: u64,
+        align: u64,
+        ok: bool,
+    ) -> Result<(), crate::luks::LuksError> {
+        let inside = self
+            .offset
+            .checked_add(self.length)
+            .is_some_and(|e| e <= self.size);
+        if !ok
+            || self.length == 0
+            || self.length > max
+            || !inside
+            || self.offset % align != 0
+            || self.length % align != 0
+        {
+            return Err(crate::luks::LuksError::field(
+                format!("segments.{hid}"),
+                at,
+                "interrupted hotzone outside the data area or misaligned",
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn new_seg(st: &State, z: &Zone, at: u64, size: Option<u64>, hot: bool) -> Value {
     segment_json(&st.new, z.data_offset + at, at / 512, size, hot)
 }
