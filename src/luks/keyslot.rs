@@ -25,6 +25,22 @@ pub struct SlotParams<'a> {
     pub key_size: usize,
 }
 
+impl<'a> SlotParams<'a> {
+    /// A LUKS2 keyslot's parameters as its JSON metadata gives them.
+    pub fn luks2(k: &'a crate::luks::json::Keyslot) -> SlotParams<'a> {
+        SlotParams {
+            kdf: k.kdf,
+            salt: &k.salt,
+            af_hash: k.af_hash,
+            stripes: k.stripes,
+            offset: k.area_offset,
+            encryption: &k.area_encryption,
+            area_key_size: k.area_key_size as usize,
+            key_size: k.key_size as usize,
+        }
+    }
+}
+
 /// Bytes of key material: AF-split key padded to 512.
 pub fn material_len(key_size: usize, stripes: u32) -> usize {
     (key_size * stripes as usize).div_ceil(512) * 512

@@ -160,16 +160,7 @@ impl Volume {
             }
             Header::Luks2(h) => {
                 let k = h.meta.keyslots.get(&slot)?;
-                Some(SlotParams {
-                    kdf: k.kdf,
-                    salt: &k.salt,
-                    af_hash: k.af_hash,
-                    stripes: k.stripes,
-                    offset: k.area_offset,
-                    encryption: &k.area_encryption,
-                    area_key_size: k.area_key_size as usize,
-                    key_size: k.key_size as usize,
-                })
+                Some(SlotParams::luks2(k))
             }
         }
     }

@@ -45,7 +45,9 @@ pub(super) fn unlock(c: &Ctx) -> Unlock {
     }
 }
 
-fn pbkdf(c: &Ctx) -> PbkdfChoice {
+/// The key-derivation options of the command line (also used by
+/// `reencrypt` for the new keyslot).
+pub(super) fn pbkdf(c: &Ctx) -> PbkdfChoice {
     PbkdfChoice {
         pbkdf: c.a.str("pbkdf").map(str::to_string),
         iter_time: c.a.u32("iter-time"),

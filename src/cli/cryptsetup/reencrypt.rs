@@ -15,13 +15,12 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use super::offline::{device, key_source, ui};
+use super::offline::{device, key_source, pbkdf, ui};
 use super::{Ctx, Outcome};
 use crate::cli::ui::Ui;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::ops::format::{default_key_bits, luks_format, FormatOpts};
-use crate::luks::pbkdf::PbkdfChoice;
 use crate::luks::reencrypt::{self, InitParams, Mode, Outcome as Done};
 use crate::luks::volume::Volume;
 
@@ -118,17 +117,6 @@ impl Feedback for Progress {
     }
     fn warn(&self, m: &str) {
         self.ui.warn(m)
-    }
-}
-
-fn pbkdf(c: &Ctx) -> PbkdfChoice {
-    PbkdfChoice {
-        pbkdf: c.a.str("pbkdf").map(str::to_string),
-        iter_time: c.a.u32("iter-time"),
-        force_iterations: c.a.u32("pbkdf-force-iterations"),
-        memory: c.a.u32("pbkdf-memory"),
-        parallel: c.a.u32("pbkdf-parallel"),
-        hash: c.a.str("hash").map(str::to_string),
     }
 }
 

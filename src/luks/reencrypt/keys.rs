@@ -53,16 +53,7 @@ pub fn unlock_digest(
     }
     for s in slots {
         let k = &h.meta.keyslots[&s];
-        let p = SlotParams {
-            kdf: k.kdf,
-            salt: &k.salt,
-            af_hash: k.af_hash,
-            stripes: k.stripes,
-            offset: k.area_offset,
-            encryption: &k.area_encryption,
-            area_key_size: k.area_key_size as usize,
-            key_size: k.key_size as usize,
-        };
+        let p = SlotParams::luks2(k);
         let key = keyslot::unlock(&vol.meta, &p, passphrase)?;
         if matches(vol, digest, &key) {
             return Ok((s, key));
