@@ -339,3 +339,71 @@ fn direct_no_mmap_and_mapped_files_hold_the_same_bytes() {
         "mapped writes store the same ciphertext"
     );
 }
+
+/// Names of the engine's request workers of process `pid`.
+fn engine_workers(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm)
+                .map(|c| c.starts_with("udm-worker-"))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+/// A device that waits on a network (here a remote NBD export; an RBD
+/// image the same) gets its queue depth in engine workers once, whether
+/// served raw or under crypt: the crypt export has exactly the workers of
+/// the raw one (the depth stacks through crypt, no extra queue), and `udm
+/// serve` does not count a device's reservation twice while it puts the
+/// exports in command-line order (which once left 2 + 2×depth idle threads
+/// behind).
+#[test]
+fn remote_device_gets_its_queue_depth_in_workers_once_raw_or_under_crypt() {
+    let d = scratch("udm-test-");
+    let p = d.path();
+    let disk = sparse(p, "disk.img", 8 << 20);
+    let back = UdmServe::start(
+        &p.join("back.sock"),
+        &["--file".to_string(), format!("d={}", disk.display())],
+    );
+    let remote = format!("nbd+unix:///d?socket={}", back.sock.display());
+    let key = "11".repeat(64);
+    let lines = [
+        ("raw", format!("0 16384 linear {remote} 0\n")),
+        (
+            "enc",
+            format!("0 16384 crypt aes-xts-plain64 {key} 0 {remote} 0 1 sector_size:4096\n"),
+        ),
+    ];
+    let data = fast_bytes(3, 1 << 20);
+    let src = p.join("src.bin");
+    std::fs::write(&src, &data).unwrap();
+    let mut counts = Vec::new();
+    for (name, line) in &lines {
+        let t = p.join(format!("{name}.table"));
+        std::fs::write(&t, line).unwrap();
+        let srv = UdmServe::start(
+            &p.join(format!("{name}.sock")),
+            &[
+                "--threads".to_string(),
+                "2".into(),
+                "--table".into(),
+                format!("{name}={}", t.display()),
+            ],
+        );
+        // The export works: a round trip through the remote device.
+        run(Command::new(need("nbdcopy")).args([src.to_str().unwrap(), &srv.uri(name)]));
+        let out = p.join("out.bin");
+        run(Command::new("nbdcopy").args([&srv.uri(name), out.to_str().unwrap()]));
+        assert!(std::fs::read(&out).unwrap()[..data.len()] == data[..]);
+        counts.push(engine_workers(srv.pid()));
+        assert_eq!(srv.stop(), Some(0));
+    }
+    let depth = 64; // store::nbd::QUEUE_DEPTH
+    assert_eq!(counts[0], 2 + depth, "raw: --threads 2 plus the depth, once");
+    assert_eq!(counts[1], counts[0], "crypt over it: the same workers");
+    assert_eq!(back.stop(), Some(0));
+}

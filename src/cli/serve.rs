@@ -491,7 +491,18 @@ pub fn serve_specs(
         exports.remove(&e.export.name);
     }
     for e in ordered {
-        let ex = &e.export;
+        let ex = crate::nbd::Export {
+            name: e.export.name.clone(),
+            description: e.export.description.clone(),
+            device: e.export.device.clone(),
+            read_only: e.export.read_only || st.read_only_exports.contains(&e.export.name),
+        };
+        // The old export (and with it its engine queue) goes before the
+        // new one is added: a device with a queue depth (RBD, a remote NBD
+        // export) reserves that many engine workers per queue, and workers
+        // never stop, so holding both queues at once would start that many
+        // idle threads twice, for good.
+        drop(e);
         if let Ok(segs) = devices.segments(&ex.name, false, false) {
             let table: String = segs
                 .unwrap_or_default()
@@ -505,14 +516,7 @@ pub fn serve_specs(
                 table.trim_end()
             );
         }
-        exports
-            .add(crate::nbd::Export {
-                name: ex.name.clone(),
-                description: ex.description.clone(),
-                device: ex.device.clone(),
-                read_only: ex.read_only || st.read_only_exports.contains(&ex.name),
-            })
-            .map_err(|e| e.to_string())?;
+        exports.add(ex).map_err(|e| e.to_string())?;
     }
     let control = match &st.control {
         ControlPath::Off => None,
