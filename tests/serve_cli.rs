@@ -403,7 +403,11 @@ fn remote_device_gets_its_queue_depth_in_workers_once_raw_or_under_crypt() {
         assert_eq!(srv.stop(), Some(0));
     }
     let depth = 64; // store::nbd::QUEUE_DEPTH
-    assert_eq!(counts[0], 2 + depth, "raw: --threads 2 plus the depth, once");
+    assert_eq!(
+        counts[0],
+        2 + depth,
+        "raw: --threads 2 plus the depth, once"
+    );
     assert_eq!(counts[1], counts[0], "crypt over it: the same workers");
     assert_eq!(back.stop(), Some(0));
 }

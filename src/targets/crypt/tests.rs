@@ -340,10 +340,12 @@ fn cipher_transform_refuses_partial_sectors() {
 }
 
 /// A memory device that says it waits on a network (a queue depth) and
-/// records which threads called it.
+/// records which threads called it, and for writes whether the buffer
+/// came owned and where it lay.
 struct Remote {
     inner: MemStore,
     threads: std::sync::Mutex<Vec<std::thread::ThreadId>>,
+    writes: std::sync::Mutex<Vec<(bool, usize)>>,
 }
 
 impl BlockDevice for Remote {
@@ -368,6 +370,10 @@ impl BlockDevice for Remote {
             .lock()
             .unwrap()
             .push(std::thread::current().id());
+        self.writes.lock().unwrap().push((
+            matches!(d, WriteBuf::Owned(_)),
+            d.as_slice().as_ptr() as usize,
+        ));
         self.inner.write(o, d, f)
     }
     fn flush(&self) -> DevResult<()> {
@@ -383,12 +389,14 @@ impl BlockDevice for Remote {
 
 /// Over a device with a queue depth (RBD, a remote NBD export) a large
 /// request is not split over the crypto threads: its I/O stays on the
-/// calling thread, one call per request, and the data round-trips.
+/// calling thread, one call per request (no hand-off, no second queue),
+/// an owned write goes down in its own buffer, and the data round-trips.
 #[test]
 fn no_split_over_a_device_that_waits_on_a_network() {
     let dev = Arc::new(Remote {
         inner: MemStore::new(8 << 20),
         threads: std::sync::Mutex::new(Vec::new()),
+        writes: std::sync::Mutex::new(Vec::new()),
     });
     let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 mem 0")
         .split_whitespace()
@@ -412,6 +420,14 @@ fn no_split_over_a_device_that_waits_on_a_network() {
     let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
     let mut buf = data.clone();
     t.write(0, WriteBuf::Owned(&mut buf), false).unwrap();
+    // An owned write is encrypted in place and passed down as it is: no
+    // bounce buffer, no copy.
+    assert_eq!(
+        *dev.writes.lock().unwrap(),
+        vec![(true, buf.as_ptr() as usize)],
+        "the caller's buffer, owned, encrypted in place"
+    );
+    assert!(buf != data, "encrypted in place");
     let mut back = vec![0u8; 4 << 20];
     t.read(0, &mut back).unwrap();
     assert!(back == data);
