@@ -1426,3 +1426,71 @@ fn online_reencryption_keeps_the_device_flags() {
     srv.stop();
     assert_finished_both(&v);
 }
+
+/// A decryption-with-data-shift header (cryptsetup's `--init-only`) with
+/// its segments edited by an attacker or damage: udm refuses to move a
+/// byte, exits 1 naming the field, never panics; fields the reencryption
+/// digest covers are refused as invalid metadata.
+#[test]
+fn decrypt_with_data_shift_hostile_segments_are_refused() {
+    let v = volume(24 << 20, false, &[]);
+    let base = with_header(&v, "base");
+    check_ok(&reenc_cmd(
+        false,
+        &["--decrypt", "--init-only"],
+        &base.img,
+        base.hdr.as_deref(),
+        Some(&base.key),
+        None,
+        &[],
+    ));
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(Edit, &str)> = vec![
+        (
+            Box::new(|j| j["segments"]["1"]["offset"] = "4096".into()),
+            "segments.0",
+        ),
+        (
+            Box::new(|j| j["segments"]["1"]["offset"] = "18446744073709547520".into()),
+            "segments.1",
+        ),
+        (
+            Box::new(|j| {
+                j["segments"]["0"]["size"] = "8192".into();
+                j["segments"]["0"]["type"] = "linear".into();
+                j["segments"]["0"]["flags"] = serde_json::json!(["in-reencryption"]);
+            }),
+            "segments.0",
+        ),
+        (
+            Box::new(|j| {
+                j["segments"]["1"] = serde_json::json!({"type": "linear",
+                    "offset": "999999999", "size": "16777216",
+                    "flags": ["in-reencryption"]});
+            }),
+            "segments.1",
+        ),
+        (
+            Box::new(|j| j["keyslots"]["1"]["area"]["shift_size"] = "4096".into()),
+            "Reencryption metadata is invalid",
+        ),
+        (
+            Box::new(|j| j["segments"]["2"]["size"] = "33554432".into()),
+            "Reencryption metadata is invalid",
+        ),
+    ];
+    for (edit, want) in cases {
+        let t = twin(&base, "hostile");
+        common::luks::rewrite_json(t.hdr.as_ref().unwrap(), &*edit);
+        let before = std::fs::read(&t.img).unwrap();
+        let o = udm_cs(&["reencrypt", "--resume-only"], &t, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{want}: {}", show(&o));
+        assert!(err.contains(want), "{want}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            std::fs::read(&t.img).unwrap() == before,
+            "{want}: data moved"
+        );
+    }
+}
