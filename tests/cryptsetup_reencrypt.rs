@@ -991,8 +991,14 @@ fn decrypt_with_data_shift_cryptsetup_killed_udm_recovers() {
                 .arg(&t.key)
                 .arg(&t.img);
             let hot = |j: &str| j.contains("in-reencryption");
-            let between =
-                |j: &str| j.contains("online-reencrypt") && !j.contains("in-reencryption");
+            // After a hotzone or more (handlers surely installed): the
+            // moved segment, plaintext so far, old ciphertext.
+            let between = |j: &str| {
+                j.contains("online-reencrypt") && !j.contains("in-reencryption") && {
+                    let v: Result<Value, _> = serde_json::from_str(j.trim_end_matches('\0'));
+                    v.is_ok_and(|j| regular_segments(&j) == 3)
+                }
+            };
             if sig == libc::SIGKILL {
                 interrupted(&t, c, sig, hot);
             } else {
@@ -1492,5 +1498,90 @@ fn decrypt_with_data_shift_hostile_segments_are_refused() {
             std::fs::read(&t.img).unwrap() == before,
             "{want}: data moved"
         );
+    }
+}
+
+// ---- --device-size: only the first SIZE bytes ----
+
+/// `--device-size 4M` re-keys only the first 4 MiB, as cryptsetup: udm
+/// stopped half-way leaves fixed-size segments ending at 4 MiB (the data
+/// reads back), cryptsetup finishes with the same option; run whole by
+/// each program the headers are equal and so is the first 4 MiB of
+/// plaintext. Sizes cryptsetup refuses (misaligned, beyond the device)
+/// fail on both sides with 1 before any metadata is written.
+#[test]
+fn device_size_reencrypts_only_the_start_as_cryptsetup() {
+    let v = volume(8 << 20, false, &[]);
+    let part = 4usize << 20;
+    let t = twin(&v, "stop");
+    check_ok(&reenc_cmd(
+        true,
+        &["--device-size", "4M", "--hotzone-size", "1M"],
+        &t.img,
+        None,
+        Some(&t.key),
+        None,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "2")],
+    ));
+    let j = dump(&t);
+    assert!(in_reencryption(&j) && regular_segments(&j) == 2, "{j:#}");
+    assert_eq!(
+        j["segments"]["1"]["size"],
+        (2u64 << 20).to_string(),
+        "{j:#}"
+    );
+    assert!(udm_data(&t)[..] == t.plain[..part], "half-way: reads back");
+    check_ok(&reenc_cmd(
+        false,
+        &["--resume-only", "--device-size", "4M"],
+        &t.img,
+        None,
+        Some(&t.key),
+        None,
+        &[],
+    ));
+    assert!(!in_reencryption(&dump(&t)));
+    assert!(
+        udm_data(&t)[..part] == t.plain[..part],
+        "udm stopped, cryptsetup finished"
+    );
+
+    let mut heads = Vec::new();
+    for side in [true, false] {
+        let t = twin(&v, if side { "u" } else { "c" });
+        check_ok(&reenc_cmd(
+            side,
+            &["--device-size", "4M"],
+            &t.img,
+            None,
+            Some(&t.key),
+            None,
+            &[],
+        ));
+        assert!(udm_data(&t)[..part] == t.plain[..part], "side {side}");
+        heads.push(normalised(dump(&t)));
+    }
+    assert_eq!(heads[0], heads[1]);
+
+    for size in ["6K", "64M"] {
+        let mut codes = Vec::new();
+        for side in [true, false] {
+            let t = twin(&v, "bad");
+            let o = reenc_cmd(
+                side,
+                &["--device-size", size],
+                &t.img,
+                None,
+                Some(&t.key),
+                None,
+                &[],
+            );
+            codes.push(o.status.code());
+            assert!(
+                !in_reencryption(&dump(&t)),
+                "{size} {side}: metadata written"
+            );
+        }
+        assert_eq!(codes, [Some(1), Some(1)], "{size}");
     }
 }

@@ -173,10 +173,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
             "--reduce-device-size without --encrypt (udm shifts data only to encrypt)",
         ));
     }
-    for (opt, why) in [
-        ("integrity", "--integrity"),
-        ("device-size", "--device-size (fixed-size reencryption)"),
-    ] {
+    for (opt, why) in [("integrity", "--integrity")] {
         if c.a.has(opt) {
             return Err(unsupported(why));
         }
@@ -364,6 +361,7 @@ fn params(c: &Ctx, mode: Mode) -> InitParams {
         move_first: false,
         hotzone: None,
         kdf: None,
+        device_size: c.a.u64("device-size"),
     }
 }
 
@@ -557,6 +555,11 @@ fn decrypt_shift(
         ));
     }
     let resilience = unshift_resilience(c)?;
+    if c.a.has("device-size") {
+        return Err(unsupported(
+            "--device-size with a data shift (fixed-size decryption with data shift)",
+        ));
+    }
     if !c.batch() {
         crate::luks::ops::confirm_or(
             fb,
@@ -681,6 +684,11 @@ fn encrypt_shift(
     if c.a.has("resume-only") {
         return Err(not_in_progress());
     }
+    if c.a.has("device-size") {
+        return Err(unsupported(
+            "--device-size with a data shift (fixed-size encryption with data shift)",
+        ));
+    }
     let Some(reduce) = c.a.u64("reduce-device-size") else {
         return Err(unsupported(
             "--encrypt without --header needs --reduce-device-size (room for the header)",
@@ -766,7 +774,10 @@ fn go(c: &Ctx, vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progres
     let r = reencrypt::resume(
         vol,
         pass,
-        hotzone,
+        reencrypt::Sizes {
+            hotzone,
+            device: c.a.u64("device-size"),
+        },
         &STOP,
         fb,
         hook("UDM_TEST_REENCRYPT_CRASH_IN"),

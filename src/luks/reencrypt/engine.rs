@@ -54,6 +54,50 @@ fn shift_zone(linear: u64, shift: u64, moved: u64) -> (u64, u64) {
     }
 }
 
+/// The size `--device-size` asks to reencrypt, checked as cryptsetup
+/// checks it: at least what the fixed-size segments already cover, at
+/// most the data area (`size`), equal to their total when none is
+/// dynamic, aligned to both sector sizes and to the zone `align`.
+fn fixed_size(
+    st: &State,
+    regular: &[(u64, Option<u64>)],
+    size: u64,
+    want: u64,
+    align: u64,
+) -> Result<u64, LuksError> {
+    let minimal: u64 = regular.iter().filter_map(|s| s.1).sum();
+    let dynamic = regular.iter().any(|s| s.1.is_none());
+    let ss = |p: &SegParams| u64::from(p.sector_size);
+    if want < minimal
+        || want > size
+        || (!dynamic && want != minimal)
+        || want % ss(&st.old) != 0
+        || want % ss(&st.new) != 0
+    {
+        return Err(LuksError::Usage(
+            "Illegal device size requested in reencryption parameters.".into(),
+        ));
+    }
+    if want == 0 || want % align != 0 {
+        return Err(LuksError::Usage(format!(
+            "Device size must be multiple of calculated zone alignment ({align} bytes)."
+        )));
+    }
+    Ok(want)
+}
+
+/// Sizes a run takes from the command line.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sizes {
+    /// `--hotzone-size`: the largest hotzone, in bytes.
+    pub hotzone: Option<u64>,
+    /// `--device-size`: reencrypt only the first that many bytes of the
+    /// data area (cryptsetup's fixed-size mode; whatever lies beyond
+    /// stays under the old key and is lost once the header names only
+    /// the new one).
+    pub device: Option<u64>,
+}
+
 /// How a run ends.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -110,15 +154,24 @@ pub struct Job<'a> {
 
 impl<'a> Job<'a> {
     /// Set up from the header of `vol` (which must be in reencryption)
-    /// and both keys. `max_hotzone`: `--hotzone-size` in bytes.
+    /// and both keys, with the command line's `sizes`.
     pub fn new(
         vol: &'a mut Volume,
         st: State,
         key_old: Option<&Key>,
         key_new: Option<&Key>,
-        max_hotzone: Option<u64>,
+        sizes: Sizes,
     ) -> Result<Job<'a>, LuksError> {
+        let Sizes {
+            hotzone: max_hotzone,
+            device: device_size,
+        } = sizes;
         if let Resilience::Datashift { shift, moved } = st.resilience {
+            if device_size.is_some() {
+                return Err(LuksError::Unsupported(
+                    "--device-size with a data shift (fixed-size data shift)".into(),
+                ));
+            }
             if st.mode == Mode::Decrypt {
                 return Job::new_unshift(vol, st, key_old, shift, moved);
             }
@@ -150,13 +203,6 @@ impl<'a> Job<'a> {
                 .max(u64::from(st.old.sector_size))
                 .max(u64::from(st.new.sector_size)),
         };
-        if size % align != 0 {
-            return Err(LuksError::Usage(format!(
-                "Data device is not aligned to the reencryption block size ({align} bytes)."
-            )));
-        }
-        let old = crypt(&st.old, key_old)?;
-        let new = crypt(&st.new, key_new)?;
         let h = luks2(vol)?;
         let regular: Vec<(u64, Option<u64>)> = h
             .meta
@@ -165,11 +211,23 @@ impl<'a> Job<'a> {
             .filter(|s| !s.is_backup())
             .map(|s| (s.offset, s.size))
             .collect();
+        let size = match device_size {
+            None => size,
+            Some(want) => fixed_size(&st, &regular, size, want, align)?,
+        };
+        if size % align != 0 {
+            return Err(LuksError::Usage(format!(
+                "Data device is not aligned to the reencryption block size ({align} bytes)."
+            )));
+        }
+        let old = crypt(&st.old, key_old)?;
+        let new = crypt(&st.new, key_new)?;
         let mut zone = Zone {
             data_offset,
             size,
             offset: 0,
             length: 0,
+            fixed: device_size.is_some(),
         };
         if let Some(hid) = st.hot {
             let s = &h.meta.segments[&hid];
@@ -338,6 +396,7 @@ impl<'a> Job<'a> {
             size,
             offset: 0,
             length: 0,
+            fixed: false,
         };
         if let Some(hid) = st.hot {
             let s = &h.meta.segments[&hid];
@@ -478,6 +537,7 @@ impl<'a> Job<'a> {
             size,
             offset: 0,
             length: 0,
+            fixed: false,
         };
         let progress;
         if let Some(hid) = st.hot {

@@ -52,6 +52,10 @@ pub struct InitParams {
     /// `--pbkdf-force-iterations`); None: the old keyslot's own, as
     /// cryptsetup copies them without a benchmark.
     pub kdf: Option<(crate::luks::kdf::Kdf, HashAlg)>,
+    /// `--device-size`: checked against the data area here, as
+    /// cryptsetup checks it before writing anything (the engine then
+    /// moves only that much).
+    pub device_size: Option<u64>,
 }
 
 /// cryptsetup's default moved segment of a decryption with data shift.
@@ -174,7 +178,15 @@ pub fn init(
     };
     let new_ss = p.sector_size.unwrap_or(seg0.sector_size);
     let check_ss = old_ss.max(new_ss);
-    let size = data_size.saturating_sub(d_off);
+    let mut size = data_size.saturating_sub(d_off);
+    if let Some(want) = p.device_size {
+        if want > size {
+            return Err(LuksError::Usage(
+                "Reduced data size is larger than real device size.".into(),
+            ));
+        }
+        size = want;
+    }
     if size == 0 || size % u64::from(check_ss) != 0 {
         return Err(LuksError::Usage(format!(
             "Data device is not aligned to encryption sector size ({check_ss} bytes)."

@@ -12,8 +12,10 @@
 //! (`--reduce-device-size`, resilience datashift, offline); decrypt of a
 //! volume whose header is on the device (the header moves to a new
 //! detached file, the data moves back to byte 0: resilience
-//! datashift-checksum or datashift-journal, offline). Not supported:
-//! fixed-size segments, metadata version 1.
+//! datashift-checksum or datashift-journal, offline); `--device-size`
+//! (only the start of the data area, fixed-size segments while it runs)
+//! without a data shift. Not supported: `--device-size` with a data
+//! shift, metadata version 1.
 
 mod engine;
 mod init;
@@ -24,7 +26,7 @@ mod state;
 mod tests;
 mod verify;
 
-pub use engine::{Job, LiveHook, Outcome, UDM_MAX_HOTZONE};
+pub use engine::{Job, LiveHook, Outcome, Sizes, UDM_MAX_HOTZONE};
 pub use init::{init, InitParams};
 pub use keys::{unlock_digest, Key};
 pub use state::{Direction, Mode, Moved, Resilience, State};
@@ -93,7 +95,7 @@ pub trait Live {
 pub fn resume(
     vol: &mut Volume,
     passphrase: &[u8],
-    max_hotzone: Option<u64>,
+    sizes: Sizes,
     stop: &AtomicBool,
     fb: &dyn Feedback,
     crash_in: Option<u64>,
@@ -113,7 +115,7 @@ pub fn resume(
     let (old, new) = unlock_checked(vol, &st, passphrase)?;
     let crashed = st.hot.is_some();
     let (k_old, k_new) = (old.clone(), new.clone());
-    let mut job = Job::new(vol, st.clone(), old.as_ref(), new.as_ref(), max_hotzone)?;
+    let mut job = Job::new(vol, st.clone(), old.as_ref(), new.as_ref(), sizes)?;
     if let Some(n) = crash_in {
         job.crash_in(n);
     }
@@ -144,7 +146,7 @@ pub fn recover_only(vol: &mut Volume, passphrase: &[u8]) -> Result<Option<Outcom
         return Ok(None);
     }
     let (old, new) = unlock_checked(vol, &st, passphrase)?;
-    let mut job = Job::new(vol, st, old.as_ref(), new.as_ref(), None)?;
+    let mut job = Job::new(vol, st, old.as_ref(), new.as_ref(), Sizes::default())?;
     job.recover().map(Some)
 }
 

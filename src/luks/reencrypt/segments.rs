@@ -54,6 +54,10 @@ pub struct Zone {
     pub size: u64,
     pub offset: u64,
     pub length: u64,
+    /// `--device-size`: only the first `size` bytes are reencrypted, and
+    /// the segment after the moving boundary gets a fixed size (ending
+    /// there) instead of "dynamic", as cryptsetup's fixed-size mode.
+    pub fixed: bool,
 }
 
 impl Zone {
@@ -111,7 +115,7 @@ pub fn hot(st: &State, z: &Zone, current: &Map<String, Value>) -> Vec<Value> {
             }
             v.push(new_seg(st, z, z.offset, Some(z.length), true));
             if end < z.size {
-                v.push(old_seg(st, z, end, None));
+                v.push(old_seg(st, z, end, z.fixed.then(|| z.size - end)));
             }
         }
         Direction::Backward => {
@@ -122,7 +126,7 @@ pub fn hot(st: &State, z: &Zone, current: &Map<String, Value>) -> Vec<Value> {
             }
             v.push(new_seg(st, z, z.offset, Some(z.length), true));
             if end < z.size {
-                v.push(new_seg(st, z, end, None, false));
+                v.push(new_seg(st, z, end, z.fixed.then(|| z.size - end), false));
             }
         }
     }
@@ -154,7 +158,8 @@ pub fn post(st: &State, z: &Zone, hot: &[Value]) -> Vec<Value> {
             if rseg >= 1 {
                 v.push(hot[rseg - 1].clone());
             }
-            v.push(new_seg(st, z, z.offset, None, false));
+            let size = (z.fixed && z.offset > 0).then(|| z.size - z.offset);
+            v.push(new_seg(st, z, z.offset, size, false));
             v
         }
     }
