@@ -1585,3 +1585,53 @@ fn device_size_reencrypts_only_the_start_as_cryptsetup() {
         assert_eq!(codes, [Some(1), Some(1)], "{size}");
     }
 }
+
+/// `--keep-key --sector-size 512`: the same volume key under a new
+/// sector size, no new keyslot. udm's `--init-only` header equals
+/// cryptsetup's; udm stopped after three hotzones is finished by
+/// cryptsetup, cryptsetup's `--init-only` by udm; the data reads back
+/// at every step and the volume key never changes.
+#[test]
+fn keep_key_new_sector_size_both_ways() {
+    let v = volume(4 << 20, false, &[]);
+    let key0 = cs_volume_key(&v.img, None, &v.key);
+    let args = ["--keep-key", "--sector-size", "512", "--init-only"];
+    let (ours, theirs) = (twin(&v, "u"), twin(&v, "c"));
+    check_ok(&reenc_cmd(
+        true,
+        &args,
+        &ours.img,
+        None,
+        Some(&ours.key),
+        None,
+        &[],
+    ));
+    check_ok(&reenc_cmd(
+        false,
+        &args,
+        &theirs.img,
+        None,
+        Some(&theirs.key),
+        None,
+        &[],
+    ));
+    assert_eq!(normalised(dump(&ours)), normalised(dump(&theirs)));
+    for t in [&ours, &theirs] {
+        assert!(udm_data(t) == t.plain, "after --init-only");
+    }
+    check_ok(&udm_cs(
+        &["reencrypt", "--hotzone-size", "512K"],
+        &ours,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "3")],
+    ));
+    assert!(udm_data(&ours) == ours.plain, "three hotzones by udm");
+    cs_finishes(&ours);
+    check_ok(&udm_cs(&["reencrypt", "--resume-only"], &theirs, &[]));
+    for t in [&ours, &theirs] {
+        assert_finished_both(t);
+        let j = dump(t);
+        assert_eq!(j["segments"]["0"]["sector_size"], 512);
+        assert_eq!(j["keyslots"].as_object().unwrap().len(), 1, "{j:#}");
+        assert_eq!(cs_volume_key(&t.img, None, &t.key), key0);
+    }
+}

@@ -298,12 +298,13 @@ pub(super) fn run(c: &Ctx) -> Outcome {
     } else {
         Mode::Reencrypt
     };
-    if mode == Mode::Reencrypt && c.a.has("keep-key") {
+    let keep = mode == Mode::Reencrypt && c.a.has("keep-key");
+    if keep {
         keep_key(c, &vol)?;
     }
     let mut others = Vec::new();
     let (pass, s, k_old) = if mode == Mode::Reencrypt {
-        rekey_passphrases(c, &vol, &key, slot, &mut others)?
+        rekey_passphrases(c, &vol, &key, slot, keep, &mut others)?
     } else {
         let pass = key.read(&prompt, false)?;
         let (s, k) = vol.unlock(&pass, slot)?;
@@ -312,7 +313,18 @@ pub(super) fn run(c: &Ctx) -> Outcome {
     };
     let others: Vec<(u32, &[u8])> = others.iter().map(|(n, p)| (*n, &p[..])).collect();
     let mut p = params(c, mode);
+    p.keep_key = keep;
     let k_new = match mode {
+        Mode::Reencrypt if keep => {
+            // The same volume key under new segment parameters.
+            if p.key_bytes.is_some_and(|l| l != k_old.len()) {
+                return Err(LuksError::Usage(format!(
+                    "Unable to use cipher specification {} for LUKS2.",
+                    p.cipher.as_deref().unwrap_or("(current)")
+                )));
+            }
+            Some(k_old.clone())
+        }
         Mode::Reencrypt => {
             let len = p.key_bytes.unwrap_or(k_old.len());
             Some(match c.a.str("volume-key-file") {
@@ -324,7 +336,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         }
         _ => None,
     };
-    if let Some(k) = &k_new {
+    if let Some(k) = k_new.as_ref().filter(|_| !keep) {
         p.kdf = new_kdf(c, k.len(), &fb)?;
     }
     reencrypt::init(
@@ -362,6 +374,7 @@ fn params(c: &Ctx, mode: Mode) -> InitParams {
         hotzone: None,
         kdf: None,
         device_size: c.a.u64("device-size"),
+        keep_key: false,
     }
 }
 
@@ -391,8 +404,8 @@ fn new_kdf(
 }
 
 /// `--keep-key` on a re-key: with nothing else changed cryptsetup
-/// refuses with its message (exit 1); a new cipher, key size or sector
-/// size under the same volume key is not implemented by udm.
+/// refuses with its message (exit 1); else the data is reencrypted under
+/// the same volume key with the new cipher or sector size.
 fn keep_key(c: &Ctx, vol: &Volume) -> Outcome {
     let crate::luks::volume::Header::Luks2(h) = &vol.header else {
         return Ok(());
@@ -413,24 +426,24 @@ fn keep_key(c: &Ctx, vol: &Volume) -> Outcome {
             "No data segment parameters changed. Reencryption aborted.".into(),
         ));
     }
-    Err(unsupported(
-        "--keep-key with a new cipher, key size or sector size (reencryption under the same \
-         volume key); re-key without --keep-key",
-    ))
+    Ok(())
 }
 
 /// The passphrases of a re-key, as cryptsetup asks for them: with
 /// `--key-slot` that keyslot's; else every active keyslot's in turn
 /// ("Enter passphrase for key slot N: ", one line each from a pipe), so
 /// each gets a keyslot for the new key. A key file serves only when one
-/// keyslot is active. Returns the first keyslot's passphrase, number and
-/// volume key; the others go to `others`.
+/// keyslot is active. With `keep` (`--keep-key`, no new keyslots) only
+/// the first active keyslot's passphrase is needed. Returns the first
+/// keyslot's passphrase, number and volume key; the others go to
+/// `others`.
 #[allow(clippy::type_complexity)]
 fn rekey_passphrases(
     c: &Ctx,
     vol: &Volume,
     key: &crate::luks::passphrase::KeySource,
     slot: Option<u32>,
+    keep: bool,
     others: &mut Vec<(u32, crate::luks::secret::SecretBuf)>,
 ) -> Result<
     (
@@ -450,8 +463,9 @@ fn rekey_passphrases(
         crate::luks::volume::Header::Luks1(_) => (vol.active_slots(), Vec::new()),
     };
     let max = crate::luks::json::MAX_KEYSLOTS as usize;
-    let full = bound.len() + unbound.len() + 2 > max
-        || (slot.is_none() && 2 * bound.len() + unbound.len() + 1 > max);
+    let new_vk = usize::from(!keep);
+    let full = bound.len() + unbound.len() + new_vk + 1 > max
+        || (!keep && slot.is_none() && 2 * bound.len() + unbound.len() + 1 > max);
     if full {
         return Err(LuksError::Usage(
             "Not enough free keyslots for reencryption.".into(),
@@ -460,6 +474,7 @@ fn rekey_passphrases(
     let wanted = match slot {
         Some(s) if bound.contains(&s) => vec![s],
         Some(_) => return Err(LuksError::NoUsableKeyslot),
+        None if keep => bound.into_iter().take(1).collect(),
         None => {
             if key.key_file.is_some() && bound.len() > 1 {
                 return Err(LuksError::Usage(

@@ -56,6 +56,9 @@ pub struct InitParams {
     /// cryptsetup checks it before writing anything (the engine then
     /// moves only that much).
     pub device_size: Option<u64>,
+    /// `--keep-key`: re-key to new segment parameters under the same
+    /// volume key (`key_new` is the old key; no new keyslot or digest).
+    pub keep_key: bool,
 }
 
 /// cryptsetup's default moved segment of a decryption with data shift.
@@ -195,112 +198,117 @@ pub fn init(
     let mut v = h.meta.value.clone();
     let mut material: Vec<(u64, zeroize::Zeroizing<Vec<u8>>)> = Vec::new();
     // The new volume key's keyslot and digest (re-key).
-    let digest_new = match (p.mode, key_new) {
-        (Mode::Reencrypt, Some(knew)) => {
-            let (_, dold) = h
-                .meta
-                .segment_digest()
-                .ok_or_else(|| LuksError::field("digests", "", "no digest bound to segment 0"))?;
-            // cryptsetup's order: keyslots ascending, each one's new
-            // keyslot at the first free id and area.
-            let mut all: Vec<(u32, &[u8])> = others.to_vec();
-            all.push((slot_old, passphrase));
-            all.sort_by_key(|(s, _)| *s);
-            all.dedup_by_key(|(s, _)| *s);
-            let mut did: Option<u32> = None;
-            for (slot_old, passphrase) in all {
-                let old = h
-                    .meta
-                    .keyslots
-                    .get(&slot_old)
-                    .cloned()
-                    .ok_or(LuksError::NoUsableKeyslot)?;
-                let slot_new =
-                    free_id(v["keyslots"].as_object(), MAX_KEYSLOTS).ok_or_else(|| {
-                        LuksError::Usage("Not enough free keyslots for reencryption.".into())
-                    })?;
-                let area_size = (knew.len() as u64 * 4000).div_ceil(4096) * 4096;
-                let area_off =
-                    first_fit(&v, h.meta.keyslots_size, start, area_size).ok_or_else(|| {
-                        LuksError::Usage(
-                            "No space for new keyslot in the LUKS2 keyslots area.".into(),
-                        )
-                    })?;
-                let salt = keyslot::random(32)?;
-                let (new_kdf, af_hash) = p.kdf.unwrap_or((old.kdf, old.af_hash));
-                let sp = SlotParams {
-                    kdf: new_kdf,
-                    salt: &salt,
-                    af_hash,
-                    stripes: 4000,
-                    offset: area_off,
-                    encryption: &old.area_encryption,
-                    area_key_size: old.area_key_size as usize,
-                    key_size: knew.len(),
-                };
-                material.push((area_off, keyslot::seal(&sp, passphrase, knew)?));
-                let kdf = match new_kdf {
-                    crate::luks::kdf::Kdf::Pbkdf2 { hash, iterations } => json!({
+    let digest_new =
+        match (p.mode, key_new) {
+            (Mode::Reencrypt, Some(_)) if p.keep_key => {
+                Some(h.meta.segment_digest().map(|(n, _)| n).ok_or_else(|| {
+                    LuksError::field("digests", "", "no digest bound to segment 0")
+                })?)
+            }
+            (Mode::Reencrypt, Some(knew)) => {
+                let (_, dold) = h.meta.segment_digest().ok_or_else(|| {
+                    LuksError::field("digests", "", "no digest bound to segment 0")
+                })?;
+                // cryptsetup's order: keyslots ascending, each one's new
+                // keyslot at the first free id and area.
+                let mut all: Vec<(u32, &[u8])> = others.to_vec();
+                all.push((slot_old, passphrase));
+                all.sort_by_key(|(s, _)| *s);
+                all.dedup_by_key(|(s, _)| *s);
+                let mut did: Option<u32> = None;
+                for (slot_old, passphrase) in all {
+                    let old = h
+                        .meta
+                        .keyslots
+                        .get(&slot_old)
+                        .cloned()
+                        .ok_or(LuksError::NoUsableKeyslot)?;
+                    let slot_new =
+                        free_id(v["keyslots"].as_object(), MAX_KEYSLOTS).ok_or_else(|| {
+                            LuksError::Usage("Not enough free keyslots for reencryption.".into())
+                        })?;
+                    let area_size = (knew.len() as u64 * 4000).div_ceil(4096) * 4096;
+                    let area_off = first_fit(&v, h.meta.keyslots_size, start, area_size)
+                        .ok_or_else(|| {
+                            LuksError::Usage(
+                                "No space for new keyslot in the LUKS2 keyslots area.".into(),
+                            )
+                        })?;
+                    let salt = keyslot::random(32)?;
+                    let (new_kdf, af_hash) = p.kdf.unwrap_or((old.kdf, old.af_hash));
+                    let sp = SlotParams {
+                        kdf: new_kdf,
+                        salt: &salt,
+                        af_hash,
+                        stripes: 4000,
+                        offset: area_off,
+                        encryption: &old.area_encryption,
+                        area_key_size: old.area_key_size as usize,
+                        key_size: knew.len(),
+                    };
+                    material.push((area_off, keyslot::seal(&sp, passphrase, knew)?));
+                    let kdf = match new_kdf {
+                        crate::luks::kdf::Kdf::Pbkdf2 { hash, iterations } => json!({
                         "type": "pbkdf2", "hash": hash.name(), "iterations": iterations,
                         "salt": b64_encode(&salt)}),
-                    k @ crate::luks::kdf::Kdf::Argon2 {
-                        time,
-                        memory_kib,
-                        cpus,
-                        ..
-                    } => json!({
+                        k @ crate::luks::kdf::Kdf::Argon2 {
+                            time,
+                            memory_kib,
+                            cpus,
+                            ..
+                        } => json!({
                         "type": k.type_name(), "time": time, "memory": memory_kib, "cpus": cpus,
                         "salt": b64_encode(&salt)}),
-                };
-                v["keyslots"][slot_new.to_string()] = json!({
-                    "type": "luks2",
-                    "key_size": knew.len(),
-                    "af": {"type": "luks1", "stripes": 4000, "hash": af_hash.name()},
-                    "area": {"type": "raw", "offset": area_off.to_string(),
-                             "size": area_size.to_string(),
-                             "encryption": old.area_encryption, "key_size": old.area_key_size},
-                    "kdf": kdf,
-                });
-                // Tokens of the old keyslot also open the new one
-                // (cryptsetup's assign_tokens).
-                if let Some(toks) = v.get_mut("tokens").and_then(Value::as_object_mut) {
-                    for t in toks.values_mut() {
-                        let has = t["keyslots"].as_array().is_some_and(|a| {
-                            a.iter().any(|e| e.as_str() == Some(&slot_old.to_string()))
-                        });
-                        if has {
-                            push_id(t, "keyslots", slot_new);
+                    };
+                    v["keyslots"][slot_new.to_string()] = json!({
+                        "type": "luks2",
+                        "key_size": knew.len(),
+                        "af": {"type": "luks1", "stripes": 4000, "hash": af_hash.name()},
+                        "area": {"type": "raw", "offset": area_off.to_string(),
+                                 "size": area_size.to_string(),
+                                 "encryption": old.area_encryption, "key_size": old.area_key_size},
+                        "kdf": kdf,
+                    });
+                    // Tokens of the old keyslot also open the new one
+                    // (cryptsetup's assign_tokens).
+                    if let Some(toks) = v.get_mut("tokens").and_then(Value::as_object_mut) {
+                        for t in toks.values_mut() {
+                            let has = t["keyslots"].as_array().is_some_and(|a| {
+                                a.iter().any(|e| e.as_str() == Some(&slot_old.to_string()))
+                            });
+                            if has {
+                                push_id(t, "keyslots", slot_new);
+                            }
                         }
                     }
+                    if let Some(d) = did {
+                        // Further keyslots reuse the new key's digest.
+                        push_id(&mut v["digests"][d.to_string()], "keyslots", slot_new);
+                        continue;
+                    }
+                    let dsalt = keyslot::random(32)?;
+                    let d = free_id(v["digests"].as_object(), MAX_KEYSLOTS)
+                        .ok_or_else(|| LuksError::Usage("No free digest.".into()))?;
+                    let dg = keyslot::key_digest(
+                        dold.hash,
+                        knew,
+                        &dsalt,
+                        dold.iterations,
+                        dold.hash.digest_len(),
+                    );
+                    v["digests"][d.to_string()] = json!({
+                        "type": "pbkdf2", "keyslots": [slot_new.to_string()], "segments": [],
+                        "hash": dold.hash.name(), "iterations": dold.iterations,
+                        "salt": b64_encode(&dsalt), "digest": b64_encode(&dg),
+                    });
+                    did = Some(d);
                 }
-                if let Some(d) = did {
-                    // Further keyslots reuse the new key's digest.
-                    push_id(&mut v["digests"][d.to_string()], "keyslots", slot_new);
-                    continue;
-                }
-                let dsalt = keyslot::random(32)?;
-                let d = free_id(v["digests"].as_object(), MAX_KEYSLOTS)
-                    .ok_or_else(|| LuksError::Usage("No free digest.".into()))?;
-                let dg = keyslot::key_digest(
-                    dold.hash,
-                    knew,
-                    &dsalt,
-                    dold.iterations,
-                    dold.hash.digest_len(),
-                );
-                v["digests"][d.to_string()] = json!({
-                    "type": "pbkdf2", "keyslots": [slot_new.to_string()], "segments": [],
-                    "hash": dold.hash.name(), "iterations": dold.iterations,
-                    "salt": b64_encode(&dsalt), "digest": b64_encode(&dg),
-                });
-                did = Some(d);
+                did
             }
-            did
-        }
-        (Mode::Encrypt, Some(_)) => h.meta.segment_digest().map(|(n, _)| n),
-        (Mode::Decrypt, None) => None,
-        _ => return Err(LuksError::Usage("volume keys do not match the mode".into())),
-    };
+            (Mode::Encrypt, Some(_)) => h.meta.segment_digest().map(|(n, _)| n),
+            (Mode::Decrypt, None) => None,
+            _ => return Err(LuksError::Usage("volume keys do not match the mode".into())),
+        };
     let new_cipher = p.cipher.clone().unwrap_or_else(|| seg0.encryption.clone());
     // Segments: encrypt turns segment 0 into plaintext; backups follow.
     let seg0_json = v["segments"]["0"].clone();
