@@ -19,6 +19,17 @@
 //! resumed by the loop (pending list) or by a wake-up (the engine's, or
 //! writable space for its replies), not by the socket.
 //!
+//! **Busy polling.** After an event a loop keeps polling (`epoll_wait`
+//! with a zero timeout, yielding its core between polls) for
+//! `--poll-us` (default 50 µs) before it sleeps. On a virtual machine,
+//! waking a thread that sleeps on another vCPU costs ~25 µs (the idle vCPU
+//! halted; the host must deliver an interrupt and schedule it), longer
+//! than serving a 4 KiB read from memory, so a QD1 client paid that on
+//! every request: 4 KiB QD1 random reads ran at 0.65–0.75x nbdkit, and
+//! 1.6x with the poll (docs/BENCHMARKS.md, "busy polling"). The poll
+//! only runs while requests keep arriving within the window, so an idle
+//! server still sleeps; under deep queues the loop has events anyway.
+//!
 //! Deadlines (handshake, idle, stalled replies) are checked by sweeping the
 //! loop's connections four times a second: a few microseconds for ten
 //! thousand connections, and no timer structure to keep consistent.
@@ -328,11 +339,15 @@ impl Loop {
         } else {
             SWEEP
         };
+        let busy_poll = self.cx.opts.busy_poll;
+        // The last time the loop had an event: it polls without sleeping
+        // until `busy_poll` after it.
+        let mut active = Instant::now();
         loop {
-            let timeout = if self.pending.is_empty() {
-                tick
-            } else {
+            let timeout = if !self.pending.is_empty() || active.elapsed() < busy_poll {
                 Duration::ZERO
+            } else {
+                tick
             };
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -340,6 +355,12 @@ impl Loop {
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 continue;
+            }
+            if !events.is_empty() {
+                active = Instant::now();
+            } else if timeout.is_zero() && self.pending.is_empty() {
+                // Polling: let a runnable worker on this core go first.
+                std::thread::yield_now();
             }
             for ev in events.iter() {
                 if ev.token() == WAKE {
