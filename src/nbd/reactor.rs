@@ -26,9 +26,12 @@
 //! halted; the host must deliver an interrupt and schedule it), longer
 //! than serving a 4 KiB read from memory, so a QD1 client paid that on
 //! every request: 4 KiB QD1 random reads ran at 0.65–0.75x nbdkit, and
-//! 1.6x with the poll (docs/BENCHMARKS.md, "busy polling"). The poll
+//! 2x with the poll (docs/BENCHMARKS.md, "busy polling"). The poll
 //! only runs while requests keep arriving within the window, so an idle
-//! server still sleeps; under deep queues the loop has events anyway.
+//! server still sleeps, and only after rounds whose requests all ran
+//! inline: while requests run on the engine's workers the loop sleeps
+//! (their completion wakes it), so it never takes a core from them
+//! (polling then cost 1 MiB writes 5 %).
 //!
 //! Deadlines (handshake, idle, stalled replies) are checked by sweeping the
 //! loop's connections four times a second: a few microseconds for ten
@@ -162,6 +165,9 @@ struct Loop {
     spare_pending: Vec<usize>,
     stopping: Option<Instant>,
     single: bool,
+    /// A session driven in this round left requests on the engine's
+    /// workers (see busy polling in the module doc).
+    workers_busy: bool,
 }
 
 fn token(idx: usize, gen: u32) -> usize {
@@ -188,6 +194,7 @@ impl Loop {
             spare_pending: Vec::new(),
             stopping: None,
             single: false,
+            workers_busy: false,
         })
     }
 
@@ -262,6 +269,13 @@ impl Loop {
             Drive::Wait => {}
             Drive::Yield => self.pending.push(tok),
             Drive::Close => return self.close(idx, ""),
+        }
+        // Requests left running on the engine's workers: their completion
+        // wakes the loop, and polling meanwhile would take a core from them.
+        if let Some(c) = slot.s.client() {
+            if self.cx.engine.client_requests(c) > 0 {
+                self.workers_busy = true;
+            }
         }
         // A client that sent its last request (or left) is closed once
         // everything it asked for is answered.
@@ -340,11 +354,10 @@ impl Loop {
             SWEEP
         };
         let busy_poll = self.cx.opts.busy_poll;
-        // The last time the loop had an event: it polls without sleeping
-        // until `busy_poll` after it.
-        let mut active = Instant::now();
+        // Until then the loop polls instead of sleeping.
+        let mut poll_until = Instant::now();
         loop {
-            let timeout = if !self.pending.is_empty() || active.elapsed() < busy_poll {
+            let timeout = if !self.pending.is_empty() || Instant::now() < poll_until {
                 Duration::ZERO
             } else {
                 tick
@@ -356,12 +369,12 @@ impl Loop {
                 }
                 continue;
             }
-            if !events.is_empty() {
-                active = Instant::now();
-            } else if timeout.is_zero() && self.pending.is_empty() {
-                // Polling: let a runnable worker on this core go first.
+            let had_events = !events.is_empty();
+            if !had_events && timeout.is_zero() && self.pending.is_empty() {
+                // Polling: let a runnable thread on this core go first.
                 std::thread::yield_now();
             }
+            self.workers_busy = false;
             for ev in events.iter() {
                 if ev.token() == WAKE {
                     continue;
@@ -394,6 +407,7 @@ impl Loop {
             for c in inbox.new.drain(..) {
                 self.add(c);
             }
+            let woken = !inbox.wakes.is_empty();
             for t in inbox.wakes.drain(..) {
                 if let Some(idx) = self.slot(t) {
                     if let Some(slot) = self.slots[idx].as_mut() {
@@ -415,6 +429,14 @@ impl Loop {
             }
             self.spare_pending = pending;
             let now = Instant::now();
+            // Poll for the next request only after a round whose requests
+            // all finished here (small ones, run inline): that is the
+            // client waiting on us. Requests on workers end polling.
+            if self.workers_busy {
+                poll_until = now;
+            } else if had_events || woken {
+                poll_until = now + busy_poll;
+            }
             if now.duration_since(last_sweep) >= tick {
                 last_sweep = now;
                 self.sweep(now);
