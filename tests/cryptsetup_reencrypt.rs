@@ -185,6 +185,43 @@ fn assert_finished(v: &Vol) {
     );
 }
 
+/// cryptsetup resumes (and finishes) what is in progress on `v`.
+fn cs_finishes(v: &Vol) {
+    cs(
+        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
+        v,
+    );
+}
+
+/// [`assert_finished`], and the data also reads back through cryptsetup
+/// alone.
+fn assert_finished_both(v: &Vol) {
+    assert_finished(v);
+    assert!(cs_data(v) == v.plain, "cryptsetup reads other data");
+}
+
+/// A running `udm serve` with a control socket and `v` opened on it as
+/// `vol` by `udm cryptsetup open` (`extra`: its options).
+fn served(v: &Vol, extra: &[&str]) -> (UdmServe, PathBuf) {
+    let d = v.dir.path();
+    let ctl = d.join("ctl");
+    let srv = UdmServe::start(
+        &d.join("nbd.sock"),
+        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
+    );
+    let o = udm()
+        .args(["cryptsetup", "open", "--key-file"])
+        .arg(&v.key)
+        .args(extra)
+        .arg(&v.img)
+        .arg("vol")
+        .env("UDM_CONTROL", &ctl)
+        .output()
+        .unwrap();
+    check_ok(&o);
+    (srv, ctl)
+}
+
 fn check_ok(o: &std::process::Output) {
     assert!(o.status.success(), "{}", show(o));
 }
@@ -212,7 +249,13 @@ fn interrupted(
     let mut child = c.spawn().unwrap();
     let start = Instant::now();
     loop {
-        let json = String::from_utf8_lossy(&pread(&v.img, 4096, 12288)).into_owned();
+        let meta = v.hdr.as_ref().unwrap_or(&v.img);
+        // A header file the program has not written yet reads as empty.
+        let json = if meta.exists() {
+            String::from_utf8_lossy(&pread(meta, 4096, 12288)).into_owned()
+        } else {
+            String::new()
+        };
         if ready(&json) {
             break;
         }
@@ -288,8 +331,7 @@ fn cryptsetup_sigint_then_udm_resumes() {
     assert!(in_reencryption(&j), "SIGINT left resumable metadata");
     assert!(udm_data(&v) == v.plain, "interrupted by SIGINT: reads back");
     check_ok(&udm_cs(&["reencrypt", "--resume-only"], &v, &[]));
-    assert_finished(&v);
-    assert!(cs_data(&v) == v.plain);
+    assert_finished_both(&v);
 }
 
 #[test]
@@ -332,8 +374,7 @@ fn cryptsetup_sigkill_in_hotzone_then_udm_recovers() {
     // The same crash, recovered by a plain resume.
     std::fs::copy(&twin, &v.img).unwrap();
     check_ok(&udm_cs(&["reencrypt"], &v, &[]));
-    assert_finished(&v);
-    assert!(cs_data(&v) == v.plain);
+    assert_finished_both(&v);
 }
 
 #[test]
@@ -352,35 +393,10 @@ fn udm_init_only_matches_cryptsetup_and_cryptsetup_finishes() {
         .args(["reencrypt", "--init-only", "-q", "--key-file"])
         .arg(&v.key)
         .arg(&twin));
-    let norm = |mut j: Value| {
-        for group in ["keyslots", "digests"] {
-            for (_, o) in j[group].as_object_mut().unwrap() {
-                for k in ["salt", "digest", "iterations"] {
-                    if o.get(k).is_some() {
-                        o[k] = Value::Null;
-                    }
-                }
-                if let Some(kdf) = o.get_mut("kdf") {
-                    kdf["salt"] = Value::Null;
-                }
-            }
-        }
-        j
-    };
-    let mut c = cryptsetup();
-    c.args(["luksDump", "--dump-json-metadata"]).arg(&twin);
-    let theirs: Value = serde_json::from_str(&run_text(&mut c)).unwrap();
-    assert_eq!(
-        serde_json::to_string_pretty(&norm(dump(&v))).unwrap(),
-        serde_json::to_string_pretty(&norm(theirs)).unwrap()
-    );
+    assert_eq!(normalised(dump(&v)), normalised(dump_of(&twin)));
     assert!(udm_data(&v) == v.plain);
-    cs(
-        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
-        &v,
-    );
-    assert_finished(&v);
-    assert!(cs_data(&v) == v.plain);
+    cs_finishes(&v);
+    assert_finished_both(&v);
 }
 
 #[test]
@@ -424,12 +440,8 @@ fn udm_stopped_or_crashed_then_cryptsetup_finishes() {
             udm_data(&v) == v.plain,
             "3 hotzones reencrypted: reads back"
         );
-        cs(
-            &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
-            &v,
-        );
-        assert_finished(&v);
-        assert!(cs_data(&v) == v.plain, "{hook} {resilience}");
+        cs_finishes(&v);
+        assert_finished_both(&v);
     }
 }
 
@@ -463,10 +475,7 @@ fn decrypt_both_ways_detached_header() {
     check_ok(&o);
     assert!(in_reencryption(&dump(&v)));
     assert!(udm_data(&v) == v.plain, "half-decrypted device reads back");
-    cs(
-        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
-        &v,
-    );
+    cs_finishes(&v);
     assert!(pread(&v.img, 0, v.plain.len()) == v.plain);
 }
 
@@ -502,18 +511,14 @@ fn encrypt_detached_header_both_ways() {
             ));
             assert!(in_reencryption(&dump(&v)));
             assert!(udm_data(&v) == v.plain);
-            cs(
-                &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
-                &v,
-            );
+            cs_finishes(&v);
         } else {
             args.push("--init-only");
             cs(&args, &v);
             assert!(udm_data(&v) == v.plain);
             check_ok(&udm_cs(&["reencrypt"], &v, &[]));
         }
-        assert_finished(&v);
-        assert!(cs_data(&v) == v.plain);
+        assert_finished_both(&v);
     }
 }
 
@@ -533,20 +538,7 @@ fn half_reencrypted_volume_served_over_nbd() {
     check_ok(&o);
     assert_eq!(regular_segments(&dump(&v)), 2);
     let d = v.dir.path().to_path_buf();
-    let ctl = d.join("ctl");
-    let srv = UdmServe::start(
-        &d.join("nbd.sock"),
-        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
-    );
-    let o = udm()
-        .args(["cryptsetup", "open", "--key-file"])
-        .arg(&v.key)
-        .arg(&v.img)
-        .arg("vol")
-        .env("UDM_CONTROL", &ctl)
-        .output()
-        .unwrap();
-    check_ok(&o);
+    let (srv, _ctl) = served(&v, &[]);
     let out = d.join("out.bin");
     run(std::process::Command::new("nbdcopy")
         .arg(srv.uri("vol"))
@@ -560,12 +552,8 @@ fn half_reencrypted_volume_served_over_nbd() {
         .arg(srv.uri("vol")));
     srv.stop();
     assert!(udm_data(&v) == v.plain);
-    cs(
-        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
-        &v,
-    );
-    assert_finished(&v);
-    assert!(cs_data(&v) == v.plain);
+    cs_finishes(&v);
+    assert_finished_both(&v);
 }
 
 /// Online: the volume is served (`udm cryptsetup open` on a running
@@ -579,20 +567,7 @@ fn online_reencryption_while_an_nbd_client_writes() {
     need_python_module("nbd", "python3-libnbd");
     let mut v = volume(16 << 20, false, &[]);
     let d = v.dir.path().to_path_buf();
-    let ctl = d.join("ctl");
-    let srv = UdmServe::start(
-        &d.join("nbd.sock"),
-        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
-    );
-    let o = udm()
-        .args(["cryptsetup", "open", "--key-file"])
-        .arg(&v.key)
-        .arg(&v.img)
-        .arg("vol")
-        .env("UDM_CONTROL", &ctl)
-        .output()
-        .unwrap();
-    check_ok(&o);
+    let (srv, ctl) = served(&v, &[]);
     let initial = write_file(&d, "initial.bin", &v.plain);
     let (stop, model) = (d.join("stop"), d.join("model.bin"));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/luks/nbd_model_io.py");
@@ -638,8 +613,7 @@ fn online_reencryption_while_an_nbd_client_writes() {
         "live table after reencryption: {table}"
     );
     srv.stop();
-    assert_finished(&v);
-    assert!(cs_data(&v) == v.plain);
+    assert_finished_both(&v);
 }
 
 /// SIGINT stops udm after the current hotzone: exit 0, resumable
@@ -663,12 +637,8 @@ fn udm_sigint_then_cryptsetup_finishes() {
     let j = dump(&v);
     assert!(in_reencryption(&j) && regular_segments(&j) == 2, "{j:#}");
     assert!(udm_data(&v) == v.plain);
-    cs(
-        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
-        &v,
-    );
-    assert_finished(&v);
-    assert!(cs_data(&v) == v.plain);
+    cs_finishes(&v);
+    assert_finished_both(&v);
 }
 
 // ---- Encryption with data shift (`--encrypt --reduce-device-size`). ----
@@ -803,35 +773,11 @@ fn data_shift_udm_starts_cryptsetup_finishes() {
         .args(["-q", "--key-file"])
         .arg(&v.key)
         .arg(&twin));
-    let norm = |mut j: Value| {
-        for group in ["keyslots", "digests"] {
-            for (_, o) in j[group].as_object_mut().unwrap() {
-                for k in ["salt", "digest", "iterations"] {
-                    if o.get(k).is_some() {
-                        o[k] = Value::Null;
-                    }
-                }
-                if let Some(kdf) = o.get_mut("kdf") {
-                    kdf["salt"] = Value::Null;
-                }
-            }
-        }
-        j
-    };
-    let mut c = cryptsetup();
-    c.args(["luksDump", "--dump-json-metadata"]).arg(&twin);
-    let theirs: Value = serde_json::from_str(&run_text(&mut c)).unwrap();
-    assert_eq!(
-        serde_json::to_string_pretty(&norm(dump(&v))).unwrap(),
-        serde_json::to_string_pretty(&norm(theirs)).unwrap()
-    );
+    assert_eq!(normalised(dump(&v)), normalised(dump_of(&twin)));
     // Both moved the plaintext's start to the same place.
     assert!(std::fs::read(&v.img).unwrap()[4 << 20..] == std::fs::read(&twin).unwrap()[4 << 20..]);
     assert_udm_reads_plain(&v, "after udm --init-only");
-    cs(
-        &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
-        &v,
-    );
+    cs_finishes(&v);
     assert_shift_finished(&v, 4 << 20);
 
     for (hook, n) in [
@@ -858,14 +804,834 @@ fn data_shift_udm_starts_cryptsetup_finishes() {
             cs(&["repair"], &v);
         }
         assert_udm_reads_plain(&v, hook);
-        cs(
-            &["reencrypt", "--resume-only", "--force-offline-reencrypt"],
-            &v,
-        );
+        cs_finishes(&v);
         assert_shift_finished(&v, 2 << 20);
         // The same state finished by udm (recovering the hotzone itself).
         std::fs::copy(&twin, &v.img).unwrap();
         check_ok(&udm_cs(&["reencrypt", "--resume-only"], &v, &[]));
         assert_shift_finished(&v, 2 << 20);
+    }
+}
+
+// ---- shared steps of the tests below ----
+
+/// Either program's `reencrypt` on `img` (with `hdr` when given), the key
+/// file or a passphrase pipe, and extra `env`; the raw output.
+fn reenc_cmd(
+    udm_side: bool,
+    args: &[&str],
+    img: &std::path::Path,
+    hdr: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+    stdin: Option<&[u8]>,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut c = if udm_side {
+        let mut c = udm();
+        c.arg("cryptsetup");
+        c
+    } else {
+        cryptsetup()
+    };
+    c.arg("reencrypt")
+        .args(args)
+        .args(["-q", "--force-offline-reencrypt"]);
+    if let Some(k) = key {
+        c.arg("--key-file").arg(k);
+    }
+    if let Some(h) = hdr {
+        c.arg("--header").arg(h);
+    }
+    c.arg(img);
+    for (k, val) in env {
+        c.env(k, val);
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = c.spawn().unwrap();
+    if let Some(s) = stdin {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(s).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn dump_of(path: &std::path::Path) -> Value {
+    let mut c = cryptsetup();
+    c.args(["luksDump", "--dump-json-metadata"]).arg(path);
+    serde_json::from_str(&run_text(&mut c)).unwrap()
+}
+
+/// A header with salts, digests and benchmarked iterations blanked.
+fn normalised(mut j: Value) -> String {
+    for group in ["keyslots", "digests"] {
+        for (_, o) in j[group].as_object_mut().unwrap() {
+            for k in ["salt", "digest", "iterations"] {
+                if o.get(k).is_some() {
+                    o[k] = Value::Null;
+                }
+            }
+            if let Some(kdf) = o.get_mut("kdf") {
+                kdf["salt"] = Value::Null;
+            }
+        }
+    }
+    serde_json::to_string_pretty(&j).unwrap()
+}
+
+/// A copy of `v`'s image (and header) under `name`.
+fn twin(v: &Vol, name: &str) -> Vol {
+    let img = v.dir.path().join(format!("{name}.img"));
+    std::fs::copy(&v.img, &img).unwrap();
+    let hdr = v.hdr.as_ref().map(|h| {
+        let t = v.dir.path().join(format!("{name}.hdr"));
+        std::fs::copy(h, &t).unwrap();
+        t
+    });
+    Vol {
+        dir: scratch("reenc-twin"),
+        img,
+        hdr,
+        key: v.key.clone(),
+        plain: v.plain.clone(),
+    }
+}
+
+// ---- decryption with data shift (header on the device) ----
+
+/// The detached header a decryption with data shift starts from.
+fn with_header(v: &Vol, name: &str) -> Vol {
+    let mut t = twin(v, name);
+    let h = v.dir.path().join(format!("{name}.newhdr"));
+    let _ = std::fs::remove_file(&h);
+    t.hdr = Some(h);
+    t
+}
+
+/// Finished: the plaintext at byte 0 of the device, the detached header
+/// holds one linear segment and no reencryption metadata.
+fn assert_unshift_finished(v: &Vol, what: &str) {
+    let j = dump(v);
+    assert!(!in_reencryption(&j), "{what}: still in reencryption: {j:#}");
+    assert!(j["config"].get("requirements").is_none(), "{what}: {j:#}");
+    assert_eq!(regular_segments(&j), 1, "{what}: {j:#}");
+    assert_eq!(j["segments"]["0"]["type"], "linear", "{what}");
+    assert_eq!(j["segments"]["0"]["offset"], "0", "{what}");
+    assert!(
+        pread(&v.img, 0, v.plain.len()) == v.plain,
+        "{what}: the plaintext is not at byte 0"
+    );
+}
+
+/// cryptsetup starts a decryption of a volume whose header is on the
+/// device (`--init-only`: header exported, first segment moved), udm
+/// stops after one hotzone, resumes and finishes; the data reads back at
+/// every step.
+#[test]
+fn decrypt_with_data_shift_cryptsetup_starts_udm_finishes() {
+    let v = volume(40 << 20, false, &[]);
+    for resilience in ["checksum", "journal"] {
+        let t = with_header(&v, resilience);
+        let hdr = t.hdr.as_deref().unwrap();
+        let mut args = vec!["--decrypt", "--init-only", "--resilience", resilience];
+        if resilience == "journal" {
+            args.extend(["--hotzone-size", "8M"]);
+        }
+        let o = reenc_cmd(false, &args, &t.img, Some(hdr), Some(&t.key), None, &[]);
+        check_ok(&o);
+        let j = dump(&t);
+        let ks = j["keyslots"]
+            .as_object()
+            .unwrap()
+            .values()
+            .find(|k| k["type"] == "reencrypt")
+            .unwrap()
+            .clone();
+        assert_eq!(ks["area"]["type"], format!("datashift-{resilience}"));
+        assert_eq!(ks["direction"], "forward");
+        assert_eq!(
+            j["config"]["requirements"]["mandatory"][0],
+            "online-reencrypt-v3"
+        );
+        assert!(
+            udm_data(&t) == t.plain,
+            "{resilience}: after cryptsetup --init-only"
+        );
+        check_ok(&udm_cs(
+            &["reencrypt", "--resume-only"],
+            &t,
+            &[("UDM_TEST_REENCRYPT_STOP_AFTER", "1")],
+        ));
+        assert!(in_reencryption(&dump(&t)));
+        assert!(udm_data(&t) == t.plain, "{resilience}: one hotzone by udm");
+        check_ok(&udm_cs(&["reencrypt", "--resume-only"], &t, &[]));
+        assert_unshift_finished(&t, resilience);
+    }
+}
+
+/// cryptsetup killed (SIGKILL) inside a hotzone of a decryption with
+/// data shift, or stopped by SIGINT between two: udm recovers the
+/// hotzone, resumes and finishes; the data reads back at every step.
+#[test]
+fn decrypt_with_data_shift_cryptsetup_killed_udm_recovers() {
+    let v = volume(120 << 20, false, &[]);
+    for sig in [libc::SIGKILL, libc::SIGINT] {
+        let mut landed = false;
+        for _ in 0..8 {
+            let t = with_header(&v, "k");
+            let mut c = cryptsetup();
+            c.args(["reencrypt", "--decrypt", "-q", "--force-offline-reencrypt"])
+                .arg("--header")
+                .arg(t.hdr.as_ref().unwrap())
+                .arg("--key-file")
+                .arg(&t.key)
+                .arg(&t.img);
+            let hot = |j: &str| j.contains("in-reencryption");
+            // After a hotzone or more (handlers surely installed): the
+            // moved segment, plaintext so far, old ciphertext.
+            let between = |j: &str| {
+                j.contains("online-reencrypt") && !j.contains("in-reencryption") && {
+                    let v: Result<Value, _> = serde_json::from_str(j.trim_end_matches('\0'));
+                    v.is_ok_and(|j| regular_segments(&j) == 3)
+                }
+            };
+            if sig == libc::SIGKILL {
+                interrupted(&t, c, sig, hot);
+            } else {
+                interrupted(&t, c, sig, between);
+            }
+            let j = dump(&t);
+            if !in_reencryption(&j) {
+                continue;
+            }
+            let crashed = serde_json::to_string(&j)
+                .unwrap()
+                .contains("in-reencryption");
+            if crashed != (sig == libc::SIGKILL) {
+                continue;
+            }
+            landed = true;
+            if crashed {
+                assert!(udm::luks::open(&t.img, t.hdr.as_deref(), PASS).is_err());
+                let copy = twin(&t, "copy");
+                check_ok(&udm_cs(&["repair"], &copy, &[]));
+                assert!(
+                    udm_data(&copy) == copy.plain,
+                    "recovered hotzone reads back"
+                );
+            } else {
+                assert!(udm_data(&t) == t.plain, "stopped by SIGINT: reads back");
+            }
+            check_ok(&udm_cs(&["reencrypt", "--resume-only"], &t, &[]));
+            assert_unshift_finished(&t, "cryptsetup interrupted, udm finished");
+            break;
+        }
+        assert!(landed, "signal {sig} never landed where wanted");
+    }
+}
+
+/// udm starts: its `--init-only` header and image equal cryptsetup's
+/// (but for salts and digests); cryptsetup finishes it. udm runs stopped
+/// after a hotzone or crashed inside one (moving, or the moved segment's
+/// in-place hotzone under checksums or journal) are repaired and finished
+/// by cryptsetup, and the same states by udm.
+#[test]
+fn decrypt_with_data_shift_udm_starts_cryptsetup_finishes() {
+    let v = volume(40 << 20, false, &[]);
+    let ours = with_header(&v, "ours");
+    let theirs = with_header(&v, "theirs");
+    for (side, t) in [(true, &ours), (false, &theirs)] {
+        let o = reenc_cmd(
+            side,
+            &["--decrypt", "--init-only"],
+            &t.img,
+            t.hdr.as_deref(),
+            Some(&t.key),
+            None,
+            &[],
+        );
+        check_ok(&o);
+    }
+    assert_eq!(normalised(dump(&ours)), normalised(dump(&theirs)));
+    assert!(
+        std::fs::read(&ours.img).unwrap() == std::fs::read(&theirs.img).unwrap(),
+        "udm moved other bytes than cryptsetup"
+    );
+    assert!(udm_data(&ours) == ours.plain);
+    let o = reenc_cmd(
+        false,
+        &["--resume-only"],
+        &ours.img,
+        ours.hdr.as_deref(),
+        Some(&ours.key),
+        None,
+        &[],
+    );
+    check_ok(&o);
+    assert_unshift_finished(&ours, "udm init, cryptsetup finishes");
+
+    for (resilience, hook, n) in [
+        ("checksum", "UDM_TEST_REENCRYPT_STOP_AFTER", "1"),
+        ("checksum", "UDM_TEST_REENCRYPT_CRASH_IN", "0"),
+        ("checksum", "UDM_TEST_REENCRYPT_CRASH_IN", "2"),
+        ("journal", "UDM_TEST_REENCRYPT_CRASH_IN", "2"),
+    ] {
+        let what = format!("{resilience} {hook}={n}");
+        let t = with_header(&v, "run");
+        let mut args = vec!["--decrypt", "--resilience", resilience];
+        if resilience == "journal" {
+            args.extend(["--hotzone-size", "8M"]);
+        }
+        let o = reenc_cmd(
+            true,
+            &args,
+            &t.img,
+            t.hdr.as_deref(),
+            Some(&t.key),
+            None,
+            &[(hook, n)],
+        );
+        let crashed = hook.ends_with("CRASH_IN");
+        assert_eq!(o.status.success(), !crashed, "{what}: {}", show(&o));
+        let j = dump(&t);
+        assert!(in_reencryption(&j), "{what}");
+        let hot = serde_json::to_string(&j)
+            .unwrap()
+            .contains("in-reencryption");
+        assert_eq!(hot, crashed, "{what}: {j:#}");
+        let copy = twin(&t, "copy");
+        if crashed {
+            assert!(udm::luks::open(&t.img, t.hdr.as_deref(), PASS).is_err());
+            run(cryptsetup()
+                .args(["repair", "-q", "--key-file"])
+                .arg(&t.key)
+                .arg("--header")
+                .arg(t.hdr.as_ref().unwrap())
+                .arg(&t.img));
+        }
+        // Repairing the last hotzone (the moved segment) also finishes.
+        if in_reencryption(&dump(&t)) {
+            assert!(udm_data(&t) == t.plain, "{what}: before cryptsetup resumes");
+            let o = reenc_cmd(
+                false,
+                &["--resume-only"],
+                &t.img,
+                t.hdr.as_deref(),
+                Some(&t.key),
+                None,
+                &[],
+            );
+            check_ok(&o);
+        } else {
+            assert_eq!(n, "2", "{what}: repair finished early");
+        }
+        assert_unshift_finished(&t, &what);
+        // The same state finished by udm (recovering the hotzone itself).
+        check_ok(&udm_cs(&["reencrypt", "--resume-only"], &copy, &[]));
+        assert_unshift_finished(&copy, &format!("{what}, udm"));
+    }
+}
+
+/// What cryptsetup refuses around a decryption with data shift, udm
+/// refuses with the same exit code (and writes no header file).
+#[test]
+fn decrypt_with_data_shift_refusals_match_cryptsetup() {
+    let v = volume(8 << 20, false, &[]);
+    for (args, hdr) in [
+        (vec!["--decrypt"], false),
+        (vec!["--decrypt", "--resilience", "none"], true),
+        (vec!["--decrypt", "--resilience", "datashift"], true),
+    ] {
+        let mut codes = Vec::new();
+        for side in [true, false] {
+            let t = with_header(&v, if side { "u" } else { "c" });
+            let h = t.hdr.clone().unwrap();
+            let o = reenc_cmd(
+                side,
+                &args,
+                &t.img,
+                hdr.then_some(h.as_path()),
+                Some(&t.key),
+                None,
+                &[],
+            );
+            assert!(!h.exists(), "{args:?}: a header file was left");
+            codes.push(o.status.code());
+        }
+        assert_eq!(codes[0], codes[1], "{args:?}");
+        assert_eq!(codes[0], Some(1), "{args:?}");
+    }
+    // Wrong passphrase: 2 on both sides, device untouched.
+    let bad = v.dir.path().join("bad.key");
+    std::fs::write(&bad, b"wrong").unwrap();
+    for side in [true, false] {
+        let t = with_header(&v, "w");
+        let before = std::fs::read(&t.img).unwrap();
+        let h = t.hdr.clone().unwrap();
+        let o = reenc_cmd(
+            side,
+            &["--decrypt"],
+            &t.img,
+            Some(&h),
+            Some(&bad),
+            None,
+            &[],
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        assert!(!h.exists());
+        assert!(std::fs::read(&t.img).unwrap() == before);
+    }
+}
+
+// ---- new keyslots: KDF options, several keyslots, --keep-key ----
+
+fn new_slot_kdfs(j: &Value, old: &[&str]) -> Vec<Value> {
+    j["keyslots"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(n, k)| k["type"] == "luks2" && !old.contains(&n.as_str()))
+        .map(|(_, k)| {
+            let mut kdf = k["kdf"].clone();
+            kdf["salt"] = Value::Null;
+            serde_json::json!({"kdf": kdf, "af": k["af"]})
+        })
+        .collect()
+}
+
+/// `--pbkdf`, `--pbkdf-memory`, `--pbkdf-parallel`, `--hash` and
+/// `--pbkdf-force-iterations` shape the new keyslot exactly as
+/// cryptsetup's (which ignores memory/parallel alone and keeps the old
+/// keyslot's KDF); cryptsetup finishes udm's and the data reads back.
+#[test]
+fn rekey_new_keyslot_kdf_options_match_cryptsetup() {
+    let v = volume(4 << 20, false, &[]);
+    for opts in [
+        vec![
+            "--pbkdf",
+            "argon2i",
+            "--pbkdf-memory",
+            "40000",
+            "--pbkdf-parallel",
+            "2",
+            "--pbkdf-force-iterations",
+            "5",
+        ],
+        vec![
+            "--pbkdf",
+            "pbkdf2",
+            "--hash",
+            "sha512",
+            "--pbkdf-force-iterations",
+            "2345",
+        ],
+        vec!["--pbkdf-memory", "40000", "--pbkdf-parallel", "3"],
+    ] {
+        let mut found = Vec::new();
+        for side in [true, false] {
+            let t = twin(&v, if side { "u" } else { "c" });
+            let mut a = vec!["--init-only"];
+            a.extend(&opts);
+            check_ok(&reenc_cmd(side, &a, &t.img, None, Some(&t.key), None, &[]));
+            found.push(new_slot_kdfs(&dump(&t), &["0"]));
+            if side {
+                check_ok(&reenc_cmd(
+                    false,
+                    &["--resume-only"],
+                    &t.img,
+                    None,
+                    Some(&t.key),
+                    None,
+                    &[],
+                ));
+                assert_finished(&t);
+            }
+        }
+        assert_eq!(found[0].len(), 1, "{opts:?}");
+        assert_eq!(found[0], found[1], "{opts:?}");
+    }
+    let kdf = &new_slot_kdfs(
+        &{
+            let t = twin(&v, "x");
+            check_ok(&reenc_cmd(
+                true,
+                &[
+                    "--init-only",
+                    "--pbkdf",
+                    "argon2id",
+                    "--pbkdf-memory",
+                    "33000",
+                    "--pbkdf-parallel",
+                    "1",
+                    "--pbkdf-force-iterations",
+                    "4",
+                ],
+                &t.img,
+                None,
+                Some(&t.key),
+                None,
+                &[],
+            ));
+            dump(&t)
+        },
+        &["0"],
+    )[0]["kdf"];
+    assert_eq!(kdf["type"], "argon2id");
+    assert_eq!(kdf["memory"], 33000);
+    assert_eq!(kdf["cpus"], 1);
+    assert_eq!(kdf["time"], 4);
+}
+
+/// A re-key of a volume with two keyslots and no `--key-slot`: a key file
+/// is refused (exit 1, cryptsetup's message); passphrases piped one per
+/// line give each keyslot a keyslot for the new key (same header as
+/// cryptsetup's), both open the result; a wrong second one exits 2.
+#[test]
+fn rekey_several_keyslots_as_cryptsetup() {
+    let v = volume(4 << 20, false, &[]);
+    let second = v.dir.path().join("second.key");
+    std::fs::write(&second, b"second passphrase").unwrap();
+    let mut c = cryptsetup();
+    c.args(["luksAddKey", "-q"])
+        .args(FAST_PBKDF)
+        .arg("--key-file")
+        .arg(&v.key)
+        .arg(&v.img)
+        .arg(&second);
+    run(&mut c);
+    let lines = [PASS, b"\nsecond passphrase\n"].concat();
+    let wrong = [PASS, b"\nnot it\n"].concat();
+    let mut heads = Vec::new();
+    for side in [true, false] {
+        let t = twin(&v, if side { "u" } else { "c" });
+        let before = std::fs::read(&t.img).unwrap();
+        let o = reenc_cmd(
+            side,
+            &["--init-only"],
+            &t.img,
+            None,
+            Some(&t.key),
+            None,
+            &[],
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains(
+            "Key file can be used only with --key-slot or with exactly one key slot active."
+        ));
+        let o = reenc_cmd(
+            side,
+            &["--init-only"],
+            &t.img,
+            None,
+            None,
+            Some(&wrong),
+            &[],
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        assert!(
+            std::fs::read(&t.img).unwrap() == before,
+            "a refused start changed the device"
+        );
+        // --keep-key with nothing else changed.
+        let o = reenc_cmd(side, &["--keep-key"], &t.img, None, Some(&t.key), None, &[]);
+        assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+        assert!(String::from_utf8_lossy(&o.stderr)
+            .contains("No data segment parameters changed. Reencryption aborted."));
+        let o = reenc_cmd(
+            side,
+            &["--init-only"],
+            &t.img,
+            None,
+            None,
+            Some(&lines),
+            &[],
+        );
+        check_ok(&o);
+        heads.push(normalised(dump(&t)));
+        if side {
+            check_ok(&reenc_cmd(
+                false,
+                &["--resume-only"],
+                &t.img,
+                None,
+                Some(&t.key),
+                None,
+                &[],
+            ));
+            assert_finished(&t);
+            let act = udm::luks::open(&t.img, None, b"second passphrase").expect("second keyslot");
+            assert_eq!(act.keyslot, 3);
+        }
+    }
+    assert_eq!(heads[0], heads[1]);
+}
+
+// ---- online: the active device's flags survive every reload ----
+
+fn dmsetup(ctl: &std::path::Path, args: &[&str]) -> String {
+    let o = udm()
+        .arg("dmsetup")
+        .args(args)
+        .env("UDM_CONTROL", ctl)
+        .output()
+        .unwrap();
+    check_ok(&o);
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A device opened read-only with discards, same-CPU crypt and no
+/// workqueues keeps all of them in each table `reencrypt --active-name`
+/// loads (half-way: old and new segments; at the end: one), as
+/// cryptsetup reloads with the active device's flags.
+#[test]
+fn online_reencryption_keeps_the_device_flags() {
+    let v = volume(8 << 20, false, &[]);
+    let (srv, ctl) = served(
+        &v,
+        &[
+            "--readonly",
+            "--allow-discards",
+            "--perf-same_cpu_crypt",
+            "--perf-no_read_workqueue",
+            "--perf-no_write_workqueue",
+        ],
+    );
+    let flags = [
+        "allow_discards",
+        "same_cpu_crypt",
+        "no_read_workqueue",
+        "no_write_workqueue",
+    ];
+    let check = |what: &str, lines: usize| {
+        let table = dmsetup(&ctl, &["table", "vol"]);
+        assert_eq!(table.lines().count(), lines, "{what}: {table}");
+        for l in table.lines().filter(|l| l.contains(" crypt ")) {
+            for f in flags {
+                assert!(l.contains(f), "{what}: {f} lost: {l}");
+            }
+        }
+        let info = dmsetup(&ctl, &["info", "vol"]);
+        assert!(info.contains("READ-ONLY"), "{what}: {info}");
+    };
+    check("opened", 1);
+    let env = [("UDM_CONTROL", ctl.to_str().unwrap())];
+    let mut args = vec!["reencrypt", "--active-name", "vol", "--hotzone-size", "1M"];
+    check_ok(&udm_cs(
+        &args,
+        &v,
+        &[env[0], ("UDM_TEST_REENCRYPT_STOP_AFTER", "2")],
+    ));
+    check("half-way", 2);
+    args.push("--resume-only");
+    check_ok(&udm_cs(&args, &v, &env));
+    check("finished", 1);
+    srv.stop();
+    assert_finished_both(&v);
+}
+
+/// A decryption-with-data-shift header (cryptsetup's `--init-only`) with
+/// its segments edited by an attacker or damage: udm refuses to move a
+/// byte, exits 1 naming the field, never panics; fields the reencryption
+/// digest covers are refused as invalid metadata.
+#[test]
+fn decrypt_with_data_shift_hostile_segments_are_refused() {
+    let v = volume(24 << 20, false, &[]);
+    let base = with_header(&v, "base");
+    check_ok(&reenc_cmd(
+        false,
+        &["--decrypt", "--init-only"],
+        &base.img,
+        base.hdr.as_deref(),
+        Some(&base.key),
+        None,
+        &[],
+    ));
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(Edit, &str)> = vec![
+        (
+            Box::new(|j| j["segments"]["1"]["offset"] = "4096".into()),
+            "segments.0",
+        ),
+        (
+            Box::new(|j| j["segments"]["1"]["offset"] = "18446744073709547520".into()),
+            "segments.1",
+        ),
+        (
+            Box::new(|j| {
+                j["segments"]["0"]["size"] = "8192".into();
+                j["segments"]["0"]["type"] = "linear".into();
+                j["segments"]["0"]["flags"] = serde_json::json!(["in-reencryption"]);
+            }),
+            "segments.0",
+        ),
+        (
+            Box::new(|j| {
+                j["segments"]["1"] = serde_json::json!({"type": "linear",
+                    "offset": "999999999", "size": "16777216",
+                    "flags": ["in-reencryption"]});
+            }),
+            "segments.1",
+        ),
+        (
+            Box::new(|j| j["keyslots"]["1"]["area"]["shift_size"] = "4096".into()),
+            "Reencryption metadata is invalid",
+        ),
+        (
+            Box::new(|j| j["segments"]["2"]["size"] = "33554432".into()),
+            "Reencryption metadata is invalid",
+        ),
+    ];
+    for (edit, want) in cases {
+        let t = twin(&base, "hostile");
+        common::luks::rewrite_json(t.hdr.as_ref().unwrap(), &*edit);
+        let before = std::fs::read(&t.img).unwrap();
+        let o = udm_cs(&["reencrypt", "--resume-only"], &t, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{want}: {}", show(&o));
+        assert!(err.contains(want), "{want}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            std::fs::read(&t.img).unwrap() == before,
+            "{want}: data moved"
+        );
+    }
+}
+
+// ---- --device-size: only the first SIZE bytes ----
+
+/// `--device-size 4M` re-keys only the first 4 MiB, as cryptsetup: udm
+/// stopped half-way leaves fixed-size segments ending at 4 MiB (the data
+/// reads back), cryptsetup finishes with the same option; run whole by
+/// each program the headers are equal and so is the first 4 MiB of
+/// plaintext. Sizes cryptsetup refuses (misaligned, beyond the device)
+/// fail on both sides with 1 before any metadata is written.
+#[test]
+fn device_size_reencrypts_only_the_start_as_cryptsetup() {
+    let v = volume(8 << 20, false, &[]);
+    let part = 4usize << 20;
+    let t = twin(&v, "stop");
+    check_ok(&reenc_cmd(
+        true,
+        &["--device-size", "4M", "--hotzone-size", "1M"],
+        &t.img,
+        None,
+        Some(&t.key),
+        None,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "2")],
+    ));
+    let j = dump(&t);
+    assert!(in_reencryption(&j) && regular_segments(&j) == 2, "{j:#}");
+    assert_eq!(
+        j["segments"]["1"]["size"],
+        (2u64 << 20).to_string(),
+        "{j:#}"
+    );
+    assert!(udm_data(&t)[..] == t.plain[..part], "half-way: reads back");
+    check_ok(&reenc_cmd(
+        false,
+        &["--resume-only", "--device-size", "4M"],
+        &t.img,
+        None,
+        Some(&t.key),
+        None,
+        &[],
+    ));
+    assert!(!in_reencryption(&dump(&t)));
+    assert!(
+        udm_data(&t)[..part] == t.plain[..part],
+        "udm stopped, cryptsetup finished"
+    );
+
+    let mut heads = Vec::new();
+    for side in [true, false] {
+        let t = twin(&v, if side { "u" } else { "c" });
+        check_ok(&reenc_cmd(
+            side,
+            &["--device-size", "4M"],
+            &t.img,
+            None,
+            Some(&t.key),
+            None,
+            &[],
+        ));
+        assert!(udm_data(&t)[..part] == t.plain[..part], "side {side}");
+        heads.push(normalised(dump(&t)));
+    }
+    assert_eq!(heads[0], heads[1]);
+
+    for size in ["6K", "64M"] {
+        let mut codes = Vec::new();
+        for side in [true, false] {
+            let t = twin(&v, "bad");
+            let o = reenc_cmd(
+                side,
+                &["--device-size", size],
+                &t.img,
+                None,
+                Some(&t.key),
+                None,
+                &[],
+            );
+            codes.push(o.status.code());
+            assert!(
+                !in_reencryption(&dump(&t)),
+                "{size} {side}: metadata written"
+            );
+        }
+        assert_eq!(codes, [Some(1), Some(1)], "{size}");
+    }
+}
+
+/// `--keep-key --sector-size 512`: the same volume key under a new
+/// sector size, no new keyslot. udm's `--init-only` header equals
+/// cryptsetup's; udm stopped after three hotzones is finished by
+/// cryptsetup, cryptsetup's `--init-only` by udm; the data reads back
+/// at every step and the volume key never changes.
+#[test]
+fn keep_key_new_sector_size_both_ways() {
+    let v = volume(4 << 20, false, &[]);
+    let key0 = cs_volume_key(&v.img, None, &v.key);
+    let args = ["--keep-key", "--sector-size", "512", "--init-only"];
+    let (ours, theirs) = (twin(&v, "u"), twin(&v, "c"));
+    check_ok(&reenc_cmd(
+        true,
+        &args,
+        &ours.img,
+        None,
+        Some(&ours.key),
+        None,
+        &[],
+    ));
+    check_ok(&reenc_cmd(
+        false,
+        &args,
+        &theirs.img,
+        None,
+        Some(&theirs.key),
+        None,
+        &[],
+    ));
+    assert_eq!(normalised(dump(&ours)), normalised(dump(&theirs)));
+    for t in [&ours, &theirs] {
+        assert!(udm_data(t) == t.plain, "after --init-only");
+    }
+    check_ok(&udm_cs(
+        &["reencrypt", "--hotzone-size", "512K"],
+        &ours,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "3")],
+    ));
+    assert!(udm_data(&ours) == ours.plain, "three hotzones by udm");
+    cs_finishes(&ours);
+    check_ok(&udm_cs(&["reencrypt", "--resume-only"], &theirs, &[]));
+    for t in [&ours, &theirs] {
+        assert_finished_both(t);
+        let j = dump(t);
+        assert_eq!(j["segments"]["0"]["sector_size"], 512);
+        assert_eq!(j["keyslots"].as_object().unwrap().len(), 1, "{j:#}");
+        assert_eq!(cs_volume_key(&t.img, None, &t.key), key0);
     }
 }

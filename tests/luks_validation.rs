@@ -7,32 +7,8 @@ mod common;
 
 use common::luks::*;
 use common::*;
-use sha2::Digest;
 use std::path::Path;
 use udm::luks::{luks1, luks2, LuksError};
-
-/// Rewrite the JSON of both LUKS2 copies (with valid checksums), as an attacker could.
-fn rewrite_json(img: &Path, edit: &dyn Fn(&mut serde_json::Value)) {
-    let hdr = 16384u64;
-    let area = pread(img, 4096, (hdr - 4096) as usize);
-    let end = area.iter().position(|&b| b == 0).unwrap();
-    let mut v: serde_json::Value = serde_json::from_slice(&area[..end]).unwrap();
-    edit(&mut v);
-    let text = serde_json::to_vec(&v).unwrap();
-    let mut area = vec![0u8; (hdr - 4096) as usize];
-    area[..text.len()].copy_from_slice(&text);
-    for off in [0, hdr] {
-        let mut bin = pread(img, off, 4096);
-        bin[0x1C0..0x200].fill(0);
-        let mut h = sha2::Sha256::new();
-        h.update(&bin);
-        h.update(&area);
-        let sum = h.finalize();
-        bin[0x1C0..0x1C0 + 32].copy_from_slice(&sum);
-        pwrite(img, off, &bin);
-        pwrite(img, off + 4096, &area);
-    }
-}
 
 fn luks2_image(d: &Path, name: &str, kf: &Path) -> std::path::PathBuf {
     let img = sparse(d, name, 20 << 20);

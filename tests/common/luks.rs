@@ -232,3 +232,26 @@ pub fn udm_add_key<S: AsRef<OsStr>>(img: &Path, key_file: &Path, new_key_file: &
         .arg(img)
         .arg(new_key_file));
 }
+
+/// Rewrite the JSON of both LUKS2 copies (with valid checksums), as an attacker could.
+pub fn rewrite_json(img: &Path, edit: &dyn Fn(&mut serde_json::Value)) {
+    let hdr = 16384u64;
+    let area = super::pread(img, 4096, (hdr - 4096) as usize);
+    let end = area.iter().position(|&b| b == 0).unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&area[..end]).unwrap();
+    edit(&mut v);
+    let text = serde_json::to_vec(&v).unwrap();
+    let mut area = vec![0u8; (hdr - 4096) as usize];
+    area[..text.len()].copy_from_slice(&text);
+    for off in [0, hdr] {
+        let mut bin = super::pread(img, off, 4096);
+        bin[0x1C0..0x200].fill(0);
+        let mut h = <sha2::Sha256 as sha2::Digest>::new();
+        sha2::Digest::update(&mut h, &bin);
+        sha2::Digest::update(&mut h, &area);
+        let sum = sha2::Digest::finalize(h);
+        bin[0x1C0..0x1C0 + 32].copy_from_slice(&sum);
+        super::pwrite(img, off, &bin);
+        super::pwrite(img, off + 4096, &area);
+    }
+}

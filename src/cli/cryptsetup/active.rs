@@ -482,6 +482,25 @@ pub(super) struct LiveCtl<'a> {
     c: &'a Ctx,
     name: String,
     data: String,
+    options: Vec<&'static str>,
+}
+
+/// The dm-crypt optional flags of a table line (fields after the eighth:
+/// a count, then the flags), those the reloaded tables must keep; the
+/// sector size comes from each segment instead.
+fn crypt_flags(line: &str) -> Vec<&'static str> {
+    const KNOWN: [&str; 6] = [
+        "allow_discards",
+        "same_cpu_crypt",
+        "submit_from_crypt_cpus",
+        "no_read_workqueue",
+        "no_write_workqueue",
+        "iv_large_sectors",
+    ];
+    line.split_whitespace()
+        .skip(9)
+        .filter_map(|f| KNOWN.iter().find(|k| **k == f).copied())
+        .collect()
 }
 
 /// Find `name` on the server and the data device its crypt table names.
@@ -506,6 +525,7 @@ pub(super) fn live_device<'a>(c: &'a Ctx, name: &str) -> Result<LiveCtl<'a>, Luk
         c,
         name: name.to_string(),
         data,
+        options: crypt_flags(&lines[0]),
     })
 }
 
@@ -523,5 +543,9 @@ impl crate::luks::reencrypt::Live for LiveCtl<'_> {
 
     fn data_device(&self) -> &str {
         &self.data
+    }
+
+    fn options(&self) -> Vec<&'static str> {
+        self.options.clone()
     }
 }

@@ -1,6 +1,8 @@
 //! `cryptsetup reencrypt`: argv to `luks::reencrypt`. Starts a re-key
 //! (`--cipher`, `--key-size`, `--sector-size`, new volume key), an
-//! `--encrypt` or `--decrypt` (detached header), or resumes one that
+//! `--encrypt` or `--decrypt` (detached header; or, with `--header NEW`
+//! naming no file, a volume whose header is on the device: the header
+//! moves to NEW and the data back to byte 0), or resumes one that
 //! either program started; `--init-only` writes the metadata and stops,
 //! `--resume-only` refuses to start a new one. `--active-name NAME`
 //! reencrypts online: NAME, a device of a running `udm serve` (control
@@ -171,11 +173,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
             "--reduce-device-size without --encrypt (udm shifts data only to encrypt)",
         ));
     }
-    for (opt, why) in [
-        ("integrity", "--integrity"),
-        ("device-size", "--device-size (fixed-size reencryption)"),
-        ("keep-key", "--keep-key"),
-    ] {
+    for (opt, why) in [("integrity", "--integrity")] {
         if c.a.has(opt) {
             return Err(unsupported(why));
         }
@@ -238,13 +236,21 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         let pass = key.read(&prompt, false)?;
         let (s, k) = vol.unlock(&pass, slot)?;
         let p = params(c, Mode::Encrypt);
-        reencrypt::init(&mut vol, &p, &pass, s, None, Some(&k))?;
+        reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
         if c.a.has("init-only") {
             return Ok(());
         }
         return go(c, &mut vol, &pass, hotzone, &fb);
     }
 
+    if c.a.has("decrypt") {
+        if let Some(h) = &dev.header {
+            if std::fs::symlink_metadata(h).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            {
+                return decrypt_shift(c, &dev, h, &key, slot, hotzone, &fb);
+            }
+        }
+    }
     let mut vol = dev.load(true, &fb)?;
     if vol.version() != 2 {
         return Err(LuksError::Usage(
@@ -266,31 +272,59 @@ pub(super) fn run(c: &Ctx) -> Outcome {
     }
     let mode = if c.a.has("decrypt") {
         if !vol.detached {
-            return Err(unsupported(
-                "--decrypt of a volume whose header is on the device (cryptsetup moves the \
-                 data with a data shift); detach the header first",
+            return Err(LuksError::Usage(
+                "LUKS2 decryption requires --header option.".into(),
+            ));
+        }
+        let offset = match &vol.header {
+            crate::luks::volume::Header::Luks2(h) => h
+                .meta
+                .segments
+                .values()
+                .filter(|s| !s.is_backup())
+                .map(|s| s.offset)
+                .min()
+                .unwrap_or(0),
+            crate::luks::volume::Header::Luks1(_) => 0,
+        };
+        if offset > 0 {
+            return Err(LuksError::Unsupported(
+                "LUKS2 decryption is supported with detached header device only (with data \
+                 offset set to 0)."
+                    .into(),
             ));
         }
         Mode::Decrypt
     } else {
         Mode::Reencrypt
     };
-    if mode == Mode::Reencrypt && slot.is_none() && vol.active_slots().len() > 1 {
-        // cryptsetup asks for every keyslot's passphrase; udm re-keys the
-        // keyslot it is given, and the others would be dropped at the end.
-        return Err(LuksError::Usage(if key.key_file.is_some() {
-            "Key file can be used only with --key-slot or with exactly one key slot active.".into()
-        } else {
-            "udm re-keys one keyslot: choose it with --key-slot (the other keyslots of the \
-             old key are removed when the reencryption finishes)."
-                .into()
-        }));
+    let keep = mode == Mode::Reencrypt && c.a.has("keep-key");
+    if keep {
+        keep_key(c, &vol)?;
     }
-    let pass = key.read(&prompt, false)?;
-    let (s, k_old) = vol.unlock(&pass, slot)?;
-    c.verbose_msg(&format!("Key slot {s} unlocked."));
-    let p = params(c, mode);
+    let mut others = Vec::new();
+    let (pass, s, k_old) = if mode == Mode::Reencrypt {
+        rekey_passphrases(c, &vol, &key, slot, keep, &mut others)?
+    } else {
+        let pass = key.read(&prompt, false)?;
+        let (s, k) = vol.unlock(&pass, slot)?;
+        c.verbose_msg(&format!("Key slot {s} unlocked."));
+        (pass, s, k)
+    };
+    let others: Vec<(u32, &[u8])> = others.iter().map(|(n, p)| (*n, &p[..])).collect();
+    let mut p = params(c, mode);
+    p.keep_key = keep;
     let k_new = match mode {
+        Mode::Reencrypt if keep => {
+            // The same volume key under new segment parameters.
+            if p.key_bytes.is_some_and(|l| l != k_old.len()) {
+                return Err(LuksError::Usage(format!(
+                    "Unable to use cipher specification {} for LUKS2.",
+                    p.cipher.as_deref().unwrap_or("(current)")
+                )));
+            }
+            Some(k_old.clone())
+        }
         Mode::Reencrypt => {
             let len = p.key_bytes.unwrap_or(k_old.len());
             Some(match c.a.str("volume-key-file") {
@@ -302,7 +336,18 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         }
         _ => None,
     };
-    reencrypt::init(&mut vol, &p, &pass, s, Some(&k_old), k_new.as_ref())?;
+    if let Some(k) = k_new.as_ref().filter(|_| !keep) {
+        p.kdf = new_kdf(c, k.len(), &fb)?;
+    }
+    reencrypt::init(
+        &mut vol,
+        &p,
+        &pass,
+        s,
+        &others,
+        Some(&k_old),
+        k_new.as_ref(),
+    )?;
     if c.a.has("init-only") {
         return Ok(());
     }
@@ -325,7 +370,307 @@ fn params(c: &Ctx, mode: Mode) -> InitParams {
         sector_size: c.a.u32("sector-size"),
         key_slot: c.a.i32("key-slot").map(|s| s as u32),
         shift: None,
+        move_first: false,
+        hotzone: None,
+        kdf: None,
+        device_size: c.a.u64("device-size"),
+        keep_key: false,
     }
+}
+
+/// The new keyslot's KDF as cryptsetup picks it: the command line's
+/// choice (benchmarked unless forced) when `--pbkdf`, `--hash`,
+/// `--iter-time` or `--pbkdf-force-iterations` is given, else None (the
+/// old keyslot's KDF; `--pbkdf-memory` or `--pbkdf-parallel` alone do not
+/// change it, as in cryptsetup 2.6).
+fn new_kdf(
+    c: &Ctx,
+    key_len: usize,
+    fb: &dyn Feedback,
+) -> Result<Option<(crate::luks::kdf::Kdf, crate::luks::hash::HashAlg)>, LuksError> {
+    if !["pbkdf", "hash", "iter-time", "pbkdf-force-iterations"]
+        .iter()
+        .any(|o| c.a.has(o))
+    {
+        return Ok(None);
+    }
+    if c.a.has("pbkdf-force-iterations") && c.a.has("iter-time") {
+        return Err(LuksError::Usage(
+            "PBKDF forced iterations cannot be combined with iteration time option.".into(),
+        ));
+    }
+    let choice = pbkdf(c);
+    Ok(Some((choice.resolve(2, key_len, fb)?, choice.hash()?)))
+}
+
+/// `--keep-key` on a re-key: with nothing else changed cryptsetup
+/// refuses with its message (exit 1); else the data is reencrypted under
+/// the same volume key with the new cipher or sector size.
+fn keep_key(c: &Ctx, vol: &Volume) -> Outcome {
+    let crate::luks::volume::Header::Luks2(h) = &vol.header else {
+        return Ok(());
+    };
+    let Some(seg) = h.meta.segments.values().find(|s| !s.is_backup()) else {
+        return Ok(());
+    };
+    let key_bytes = h.meta.keyslots.values().next().map(|k| k.key_size);
+    let cipher_changes = c.a.str("cipher").is_some_and(|ci| ci != seg.encryption);
+    let ss_changes =
+        c.a.u32("sector-size")
+            .is_some_and(|ss| ss != seg.sector_size);
+    let ks_changes =
+        c.a.u32("key-size")
+            .is_some_and(|b| Some(b / 8) != key_bytes);
+    if !(cipher_changes || ss_changes || ks_changes) {
+        return Err(LuksError::Usage(
+            "No data segment parameters changed. Reencryption aborted.".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The passphrases of a re-key, as cryptsetup asks for them: with
+/// `--key-slot` that keyslot's; else every active keyslot's in turn
+/// ("Enter passphrase for key slot N: ", one line each from a pipe), so
+/// each gets a keyslot for the new key. A key file serves only when one
+/// keyslot is active. With `keep` (`--keep-key`, no new keyslots) only
+/// the first active keyslot's passphrase is needed. Returns the first
+/// keyslot's passphrase, number and volume key; the others go to
+/// `others`.
+#[allow(clippy::type_complexity)]
+fn rekey_passphrases(
+    c: &Ctx,
+    vol: &Volume,
+    key: &crate::luks::passphrase::KeySource,
+    slot: Option<u32>,
+    keep: bool,
+    others: &mut Vec<(u32, crate::luks::secret::SecretBuf)>,
+) -> Result<
+    (
+        crate::luks::secret::SecretBuf,
+        u32,
+        zeroize::Zeroizing<Vec<u8>>,
+    ),
+    LuksError,
+> {
+    let (bound, unbound): (Vec<u32>, Vec<u32>) = match &vol.header {
+        crate::luks::volume::Header::Luks2(h) => {
+            let seg = h.meta.segment_digest().map(|(n, _)| n);
+            vol.active_slots()
+                .into_iter()
+                .partition(|s| h.meta.digest_of(*s).map(|(n, _)| n) == seg)
+        }
+        crate::luks::volume::Header::Luks1(_) => (vol.active_slots(), Vec::new()),
+    };
+    let max = crate::luks::json::MAX_KEYSLOTS as usize;
+    let new_vk = usize::from(!keep);
+    let full = bound.len() + unbound.len() + new_vk + 1 > max
+        || (!keep && slot.is_none() && 2 * bound.len() + unbound.len() + 1 > max);
+    if full {
+        return Err(LuksError::Usage(
+            "Not enough free keyslots for reencryption.".into(),
+        ));
+    }
+    let wanted = match slot {
+        Some(s) if bound.contains(&s) => vec![s],
+        Some(_) => return Err(LuksError::NoUsableKeyslot),
+        None if keep => bound.into_iter().take(1).collect(),
+        None => {
+            if key.key_file.is_some() && bound.len() > 1 {
+                return Err(LuksError::Usage(
+                    "Key file can be used only with --key-slot or with exactly one key slot \
+                     active."
+                        .into(),
+                ));
+            }
+            bound
+        }
+    };
+    let tries = if key.interactive() {
+        c.a.u32("tries").unwrap_or(3).max(1)
+    } else {
+        1
+    };
+    let mut first = None;
+    for s in wanted {
+        let prompt = format!("Enter passphrase for key slot {s}: ");
+        let mut got = None;
+        for _ in 0..tries {
+            let pass = key.read(&prompt, false)?;
+            match vol.unlock(&pass, Some(s)) {
+                Ok((_, k)) => {
+                    c.verbose_msg(&format!("Key slot {s} unlocked."));
+                    got = Some((pass, k));
+                    break;
+                }
+                Err(LuksError::WrongPassphrase) => {
+                    eprintln!("No key available with this passphrase.")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((pass, k)) = got else {
+            return Err(LuksError::Silent(2));
+        };
+        if first.is_none() {
+            first = Some((pass, s, k));
+        } else {
+            others.push((s, pass));
+        }
+    }
+    first.ok_or(LuksError::NoUsableKeyslot)
+}
+
+/// cryptsetup's resilience of a decryption with data shift: the moved
+/// segment is protected by checksums (default) or a journal.
+fn unshift_resilience(c: &Ctx) -> Result<&'static str, LuksError> {
+    match c.a.str("resilience") {
+        None | Some("checksum") | Some("datashift-checksum") => Ok("datashift-checksum"),
+        Some("journal") | Some("datashift-journal") => Ok("datashift-journal"),
+        Some("datashift") | Some("none") => Err(LuksError::Usage(
+            "Requested --resilience option cannot be applied to current reencryption operation."
+                .into(),
+        )),
+        Some(r) => Err(LuksError::Usage(format!("Unsupported resilience mode {r}"))),
+    }
+}
+
+/// `--decrypt --header NEW` of a volume whose header is on the device
+/// (NEW does not exist): as cryptsetup, the header is exported to NEW
+/// (owner read/write), the device's LUKS signatures are wiped, and the
+/// data moves back to byte 0 while it is decrypted. Should starting fail
+/// after the signatures are gone, the exported header is written back.
+fn decrypt_shift(
+    c: &Ctx,
+    dev: &crate::luks::ops::Device,
+    hdr: &std::path::Path,
+    key: &crate::luks::passphrase::KeySource,
+    slot: Option<u32>,
+    hotzone: Option<u64>,
+    fb: &Progress,
+) -> Outcome {
+    let mut on_dev = dev.clone();
+    on_dev.header = None;
+    let missing = || {
+        LuksError::Usage(format!(
+            "Device {} does not exist or access denied.",
+            hdr.display()
+        ))
+    };
+    let vol = on_dev.load(false, fb).map_err(|_| missing())?;
+    if vol.version() != 2 || reencrypt::status(&vol).ok().flatten().is_some() {
+        return Err(missing());
+    }
+    if c.a.has("resume-only") {
+        return Err(not_in_progress());
+    }
+    if c.a.has("active-name") {
+        return Err(unsupported(
+            "online decryption with data shift (--active-name); run it offline",
+        ));
+    }
+    let resilience = unshift_resilience(c)?;
+    if c.a.has("device-size") {
+        return Err(unsupported(
+            "--device-size with a data shift (fixed-size decryption with data shift)",
+        ));
+    }
+    if !c.batch() {
+        crate::luks::ops::confirm_or(
+            fb,
+            &format!(
+                "Header file {h} does not exist. Do you want to initialize LUKS2 decryption of \
+                 device {d} and export LUKS2 header to file {h}?",
+                h = hdr.display(),
+                d = dev.path.display()
+            ),
+            "Operation aborted.",
+        )?;
+    }
+    let prompt = format!("Enter passphrase for {}: ", dev.path.display());
+    let pass = key.read(&prompt, false)?;
+    vol.unlock(&pass, slot)?;
+    drop(vol);
+    crate::luks::ops::header::backup(&on_dev, hdr, fb)?;
+    let started = (|| -> Result<(), LuksError> {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(hdr)
+            .map_err(|e| LuksError::io(format!("{}", hdr.display()), e))?
+            .permissions()
+            .mode();
+        std::fs::set_permissions(hdr, std::fs::Permissions::from_mode(mode | 0o600)).map_err(
+            |_| {
+                LuksError::Usage(
+                    "Failed to add read/write permissions to exported header file.".into(),
+                )
+            },
+        )?;
+        let mut vol = dev.load(true, fb)?;
+        let (s, k_old) = vol.unlock(&pass, slot)?;
+        wipe_luks_magic(&dev.path, vol.header_len())?;
+        let mut p = params(c, Mode::Decrypt);
+        p.resilience = resilience.to_string();
+        p.move_first = true;
+        p.hotzone = hotzone;
+        reencrypt::init(&mut vol, &p, &pass, s, &[], Some(&k_old), None).map(|_| ())
+    })();
+    if let Err(e) = started {
+        // Nothing of the reencryption reached the header: put the
+        // original header back on the device and drop the export.
+        match restore_header(&dev.path, hdr) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(hdr);
+            }
+            Err(_) => eprintln!(
+                "Reencryption initialization failed. Header backup is available in {}.",
+                hdr.display()
+            ),
+        }
+        return Err(e);
+    }
+    if c.a.has("init-only") {
+        return Ok(());
+    }
+    let mut vol = dev.load(true, fb)?;
+    go(c, &mut vol, &pass, hotzone, fb)
+}
+
+/// Zero the magic of both LUKS2 header copies on `path` (as blkid's
+/// signature wipe does), so the device no longer looks like LUKS.
+fn wipe_luks_magic(path: &std::path::Path, header_len: u64) -> Result<(), LuksError> {
+    let mut d = crate::luks::disk::Disk::open(path, true)?;
+    let mut magic = [0u8; 6];
+    for at in [
+        0u64,
+        16384,
+        32768,
+        65536,
+        131072,
+        262144,
+        524288,
+        1 << 20,
+        2 << 20,
+        4 << 20,
+    ] {
+        if at + 6 > header_len {
+            break;
+        }
+        d.read_at(at, &mut magic)?;
+        if &magic == b"LUKS\xba\xbe" || &magic == b"SKUL\xba\xbe" {
+            d.write_at(at, &[0u8; 6])?;
+        }
+    }
+    d.sync()
+}
+
+/// Copy the exported header `hdr` back over the start of `path`.
+fn restore_header(path: &std::path::Path, hdr: &std::path::Path) -> Result<(), LuksError> {
+    let buf = zeroize::Zeroizing::new(
+        std::fs::read(hdr).map_err(|e| LuksError::io(format!("{}", hdr.display()), e))?,
+    );
+    let mut d = crate::luks::disk::Disk::open(path, true)?;
+    d.write_at(0, &buf)?;
+    d.sync()
 }
 
 /// `--encrypt` of a plaintext device with the header put on it: resume
@@ -353,6 +698,11 @@ fn encrypt_shift(
     }
     if c.a.has("resume-only") {
         return Err(not_in_progress());
+    }
+    if c.a.has("device-size") {
+        return Err(unsupported(
+            "--device-size with a data shift (fixed-size encryption with data shift)",
+        ));
     }
     let Some(reduce) = c.a.u64("reduce-device-size") else {
         return Err(unsupported(
@@ -400,7 +750,7 @@ fn encrypt_shift(
     let (s, k) = vol.unlock(&pass, slot)?;
     let mut p = params(c, Mode::Encrypt);
     p.shift = Some(shift);
-    reencrypt::init(&mut vol, &p, &pass, s, None, Some(&k))?;
+    reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
     if c.a.has("init-only") {
         return Ok(());
     }
@@ -439,7 +789,10 @@ fn go(c: &Ctx, vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progres
     let r = reencrypt::resume(
         vol,
         pass,
-        hotzone,
+        reencrypt::Sizes {
+            hotzone,
+            device: c.a.u64("device-size"),
+        },
         &STOP,
         fb,
         hook("UDM_TEST_REENCRYPT_CRASH_IN"),

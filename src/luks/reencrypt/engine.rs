@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 
 use super::keys::Key;
 use super::segments::{self, Zone};
-use super::state::{Direction, Resilience, SegParams, State, MAX_HOTZONE};
+use super::state::{Direction, Mode, Moved, Resilience, SegParams, State, MAX_HOTZONE};
 use crate::crypto::SectorCrypt;
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
@@ -52,6 +52,50 @@ fn shift_zone(linear: u64, shift: u64, moved: u64) -> (u64, u64) {
     } else {
         (rest, shift)
     }
+}
+
+/// The size `--device-size` asks to reencrypt, checked as cryptsetup
+/// checks it: at least what the fixed-size segments already cover, at
+/// most the data area (`size`), equal to their total when none is
+/// dynamic, aligned to both sector sizes and to the zone `align`.
+fn fixed_size(
+    st: &State,
+    regular: &[(u64, Option<u64>)],
+    size: u64,
+    want: u64,
+    align: u64,
+) -> Result<u64, LuksError> {
+    let minimal: u64 = regular.iter().filter_map(|s| s.1).sum();
+    let dynamic = regular.iter().any(|s| s.1.is_none());
+    let ss = |p: &SegParams| u64::from(p.sector_size);
+    if want < minimal
+        || want > size
+        || (!dynamic && want != minimal)
+        || want % ss(&st.old) != 0
+        || want % ss(&st.new) != 0
+    {
+        return Err(LuksError::Usage(
+            "Illegal device size requested in reencryption parameters.".into(),
+        ));
+    }
+    if want == 0 || want % align != 0 {
+        return Err(LuksError::Usage(format!(
+            "Device size must be multiple of calculated zone alignment ({align} bytes)."
+        )));
+    }
+    Ok(want)
+}
+
+/// Sizes a run takes from the command line.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sizes {
+    /// `--hotzone-size`: the largest hotzone, in bytes.
+    pub hotzone: Option<u64>,
+    /// `--device-size`: reencrypt only the first that many bytes of the
+    /// data area (cryptsetup's fixed-size mode; whatever lies beyond
+    /// stays under the old key and is lost once the header names only
+    /// the new one).
+    pub device: Option<u64>,
 }
 
 /// How a run ends.
@@ -103,19 +147,34 @@ pub struct Job<'a> {
     live: Option<LiveHook<'a>>,
     /// Data shift: (shift, moved segment offset, moved segment size).
     shift: Option<(u64, u64, u64)>,
+    /// Decryption with data shift: (shift, moved segment size, how the
+    /// moved segment's in-place hotzone is protected).
+    unshift: Option<(u64, u64, Moved)>,
 }
 
 impl<'a> Job<'a> {
     /// Set up from the header of `vol` (which must be in reencryption)
-    /// and both keys. `max_hotzone`: `--hotzone-size` in bytes.
+    /// and both keys, with the command line's `sizes`.
     pub fn new(
         vol: &'a mut Volume,
         st: State,
         key_old: Option<&Key>,
         key_new: Option<&Key>,
-        max_hotzone: Option<u64>,
+        sizes: Sizes,
     ) -> Result<Job<'a>, LuksError> {
-        if let Resilience::Datashift { shift } = st.resilience {
+        let Sizes {
+            hotzone: max_hotzone,
+            device: device_size,
+        } = sizes;
+        if let Resilience::Datashift { shift, moved } = st.resilience {
+            if device_size.is_some() {
+                return Err(LuksError::Unsupported(
+                    "--device-size with a data shift (fixed-size data shift)".into(),
+                ));
+            }
+            if st.mode == Mode::Decrypt {
+                return Job::new_unshift(vol, st, key_old, shift, moved);
+            }
             return Job::new_shift(vol, st, key_old, key_new, shift);
         }
         if st.old.offset != st.new.offset || st.old.iv_tweak != 0 || st.new.iv_tweak != 0 {
@@ -144,13 +203,6 @@ impl<'a> Job<'a> {
                 .max(u64::from(st.old.sector_size))
                 .max(u64::from(st.new.sector_size)),
         };
-        if size % align != 0 {
-            return Err(LuksError::Usage(format!(
-                "Data device is not aligned to the reencryption block size ({align} bytes)."
-            )));
-        }
-        let old = crypt(&st.old, key_old)?;
-        let new = crypt(&st.new, key_new)?;
         let h = luks2(vol)?;
         let regular: Vec<(u64, Option<u64>)> = h
             .meta
@@ -159,11 +211,23 @@ impl<'a> Job<'a> {
             .filter(|s| !s.is_backup())
             .map(|s| (s.offset, s.size))
             .collect();
+        let size = match device_size {
+            None => size,
+            Some(want) => fixed_size(&st, &regular, size, want, align)?,
+        };
+        if size % align != 0 {
+            return Err(LuksError::Usage(format!(
+                "Data device is not aligned to the reencryption block size ({align} bytes)."
+            )));
+        }
+        let old = crypt(&st.old, key_old)?;
+        let new = crypt(&st.new, key_new)?;
         let mut zone = Zone {
             data_offset,
             size,
             offset: 0,
             length: 0,
+            fixed: device_size.is_some(),
         };
         if let Some(hid) = st.hot {
             let s = &h.meta.segments[&hid];
@@ -243,6 +307,7 @@ impl<'a> Job<'a> {
             steps: 0,
             live: None,
             shift: None,
+            unshift: None,
         })
     }
 
@@ -331,6 +396,7 @@ impl<'a> Job<'a> {
             size,
             offset: 0,
             length: 0,
+            fixed: false,
         };
         if let Some(hid) = st.hot {
             let s = &h.meta.segments[&hid];
@@ -369,6 +435,217 @@ impl<'a> Job<'a> {
             steps: 0,
             live: None,
             shift: Some((shift, m_off, m_size)),
+            unshift: None,
+        })
+    }
+
+    /// Decryption with data shift (a volume whose header was on the
+    /// device), cryptsetup's layout: the header went to a detached file,
+    /// the first `moved` bytes of ciphertext were copied to byte 0 (the
+    /// moved segment); hotzones of `shift` bytes go forward from `moved`,
+    /// each read at `shift + X` and written decrypted at `X` (disjoint,
+    /// so an interrupted one is simply done again); the last hotzone
+    /// decrypts the moved segment in place, protected by checksums or a
+    /// journal in the reencrypt keyslot's area.
+    fn new_unshift(
+        vol: &'a mut Volume,
+        st: State,
+        key_old: Option<&Key>,
+        shift: u64,
+        moved: Option<Moved>,
+    ) -> Result<Job<'a>, LuksError> {
+        let slot = st.slot;
+        let Some(moved) = moved else {
+            return Err(LuksError::Unsupported(format!(
+                "decryption with resilience datashift (keyslots.{slot}.area.type); cryptsetup \
+                 writes datashift-checksum or datashift-journal for it"
+            )));
+        };
+        if st.direction != Direction::Forward || st.new.cipher.is_some() {
+            return Err(LuksError::field(
+                format!("keyslots.{slot}.direction"),
+                st.direction.name(),
+                "decryption with data shift goes forward to a linear segment",
+            ));
+        }
+        let align = 4096u64.max(u64::from(st.old.sector_size));
+        let bad = |what: &str, v: u64| {
+            LuksError::field(
+                format!("keyslots.{slot}.area.shift_size"),
+                v,
+                what.to_string(),
+            )
+        };
+        if shift == 0 || shift % align != 0 {
+            return Err(bad("zero or not aligned to the encryption sector", shift));
+        }
+        if st.new.offset != 0 || st.old.offset != shift || st.old.iv_tweak != 0 {
+            return Err(LuksError::Unsupported(
+                "decryption with data shift with segments other than cryptsetup's layout \
+                 (old data at the shift, new data at 0, no iv_tweak)"
+                    .into(),
+            ));
+        }
+        let size = vol
+            .data_size
+            .checked_sub(shift)
+            .filter(|s| *s > 0 && s % align == 0)
+            .ok_or_else(|| bad("data device too small or not aligned for this shift", shift))?;
+        let h = luks2(vol)?;
+        let mid = super::state::segment_by_flag(&h.meta, "backup-moved-segment")
+            .ok_or_else(|| LuksError::field("segments", "backup-moved-segment", "missing"))?;
+        let ms = &h.meta.segments[&mid];
+        let m_size = ms
+            .size
+            .filter(|&m| m > 0 && m <= shift && m <= size && m % align == 0)
+            .ok_or_else(|| {
+                LuksError::field(
+                    format!("segments.{mid}.size"),
+                    ms.size.map_or("dynamic".into(), |m| m.to_string()),
+                    "moved segment empty, misaligned or larger than the shift",
+                )
+            })?;
+        if ms.offset != 0 || ms.kind != "crypt" {
+            return Err(LuksError::field(
+                format!("segments.{mid}.offset"),
+                ms.offset,
+                "the moved segment of a decryption lies encrypted at byte 0",
+            ));
+        }
+        let need = match moved {
+            Moved::Checksum { hash, block } => {
+                if m_size % u64::from(block) != 0 {
+                    return Err(LuksError::field(
+                        format!("keyslots.{slot}.area.sector_size"),
+                        block,
+                        "does not divide the moved segment",
+                    ));
+                }
+                m_size / u64::from(block) * hash.digest_len() as u64
+            }
+            Moved::Journal => m_size,
+        };
+        if need > st.area_size {
+            return Err(LuksError::field(
+                format!("keyslots.{slot}.area.size"),
+                st.area_size,
+                format!("smaller than the {need} bytes protecting the moved segment"),
+            ));
+        }
+        let mut zone = Zone {
+            data_offset: 0,
+            size,
+            offset: 0,
+            length: 0,
+            fixed: false,
+        };
+        let progress;
+        if let Some(hid) = st.hot {
+            let s = &h.meta.segments[&hid];
+            zone.offset = s.offset;
+            zone.length = s.size.unwrap_or(0);
+            let ok = if zone.offset == 0 {
+                zone.length == m_size
+            } else {
+                zone.offset >= m_size
+            };
+            zone.check(
+                hid,
+                s.offset,
+                shift.max(m_size),
+                align,
+                ok && s.kind == "linear",
+            )?;
+            progress = if zone.offset == 0 {
+                size - m_size
+            } else {
+                zone.offset - m_size
+            };
+        } else {
+            let last_crypt = h
+                .meta
+                .segments
+                .iter()
+                .filter(|(_, s)| !s.is_backup())
+                .enumerate()
+                .filter(|(_, (_, s))| s.kind == "crypt")
+                .map(|(i, (n, s))| (i, *n, s.offset))
+                .last();
+            match last_crypt {
+                // Every byte moved; only the teardown is left.
+                None => progress = size,
+                Some((0, _, _)) => {
+                    zone.length = m_size;
+                    progress = size - m_size;
+                }
+                Some((_, n, off)) => {
+                    zone.offset = off.saturating_sub(shift);
+                    if zone.offset < m_size || zone.offset >= size || zone.offset % align != 0 {
+                        return Err(LuksError::field(
+                            format!("segments.{n}.offset"),
+                            off,
+                            "old data segment outside the data area or misaligned",
+                        ));
+                    }
+                    zone.length = shift.min(size - zone.offset);
+                    progress = zone.offset - m_size;
+                }
+            }
+        }
+        let old = crypt(&st.old, key_old)?;
+        let data = Disk::open(&vol.data_path, true)?;
+        Ok(Job {
+            vol,
+            data,
+            st,
+            old,
+            new: None,
+            zone,
+            progress,
+            none_dirty: false,
+            crash_in: None,
+            steps: 0,
+            live: None,
+            shift: None,
+            unshift: Some((shift, m_size, moved)),
+        })
+    }
+
+    /// The protection of the current hotzone: the moved segment of a
+    /// decryption with data shift has its own (checksum or journal); other
+    /// data-shift hotzones need none (their source stays intact).
+    fn protection(&self) -> Resilience {
+        match self.unshift {
+            Some((_, _, Moved::Checksum { hash, block })) if self.zone.offset == 0 => {
+                Resilience::Checksum { hash, block }
+            }
+            Some((_, _, Moved::Journal)) if self.zone.offset == 0 => Resilience::Journal,
+            _ => self.st.resilience,
+        }
+    }
+
+    /// Whether the current hotzone moves data (source and destination
+    /// differ) rather than rewriting it in place.
+    fn moving(&self) -> bool {
+        self.shift.is_some() || (self.unshift.is_some() && self.zone.offset != 0)
+    }
+
+    /// The hot and post tables of the current hotzone.
+    fn tables(&mut self) -> Result<(Vec<Value>, Vec<Value>), LuksError> {
+        let z = self.zone;
+        let current = self.regular()?;
+        Ok(if let Some((shift, m, _)) = self.unshift {
+            let hot = segments::hot_unshift(&self.st, &z, shift, m, &current);
+            let post = segments::post_unshift(&self.st, &z, m, &hot);
+            (hot, post)
+        } else if self.shift.is_some() {
+            let hot = segments::hot_shift(&self.st, &z, &current);
+            let post = segments::post_shift(&z, &hot);
+            (hot, post)
+        } else {
+            let hot = segments::hot(&self.st, &z, &current);
+            let post = segments::post(&self.st, &z, &hot);
+            (hot, post)
         })
     }
 
@@ -444,14 +721,12 @@ impl<'a> Job<'a> {
     /// encrypt it and write it at its new place, in pieces; `crash`: stop
     /// halfway (test hook).
     fn move_zone(&mut self, crash: bool) -> Result<(), LuksError> {
-        let Some((shift, m_off, _)) = self.shift else {
-            return Err(LuksError::Usage("not a data shift".into()));
-        };
         let z = self.zone;
-        let src = if z.offset == 0 {
-            m_off
-        } else {
-            z.data_offset + z.offset - shift
+        let src = match (self.shift, self.unshift) {
+            (Some((_, m_off, _)), _) if z.offset == 0 => m_off,
+            (Some((shift, _, _)), _) => z.data_offset + z.offset - shift,
+            (None, Some((shift, _, _))) => z.data_offset + z.offset + shift,
+            _ => return Err(LuksError::Usage("not a data shift".into())),
         };
         let dst = z.data_offset + z.offset;
         let stop_at = if crash {
@@ -480,12 +755,10 @@ impl<'a> Job<'a> {
         self.data.sync()
     }
 
-    /// One hotzone of an encryption with data shift.
+    /// One hotzone that moves data (no copy of the old bytes is needed:
+    /// the source stays intact until the post table is written).
     fn step_shift(&mut self) -> Result<(), LuksError> {
-        let z = self.zone;
-        let current = self.regular()?;
-        let hot = segments::hot_shift(&self.st, &z, &current);
-        let post = segments::post_shift(&z, &hot);
+        let (hot, post) = self.tables()?;
         self.set_segments(hot, true)?;
         self.commit()?;
         let crash = self.crash_in == Some(self.steps);
@@ -497,19 +770,18 @@ impl<'a> Job<'a> {
 
     /// One hotzone, steps 1-4 of the module doc.
     fn step(&mut self) -> Result<(), LuksError> {
-        if self.shift.is_some() {
+        if self.moving() {
             return self.step_shift();
         }
         self.live(false)?;
         let z = self.zone;
-        let current = self.regular()?;
-        let hot = segments::hot(&self.st, &z, &current);
-        let post = segments::post(&self.st, &z, &hot);
+        let (hot, post) = self.tables()?;
         self.set_segments(hot, true)?;
         let len = usize::try_from(z.length).map_err(|_| LuksError::Usage("hotzone".into()))?;
         let mut buf = zeroize::Zeroizing::new(vec![0u8; len]);
         self.data.read_at(z.data_offset + z.offset, &mut buf)?;
-        match self.st.resilience {
+        let prot = self.protection();
+        match prot {
             Resilience::Checksum { hash, block } => {
                 let mut sums = Vec::with_capacity(len / block as usize * hash.digest_len());
                 for b in buf.chunks(block as usize) {
@@ -538,11 +810,11 @@ impl<'a> Job<'a> {
         }
         self.steps += 1;
         self.data.write_at(z.data_offset + z.offset, &buf)?;
-        if self.st.resilience != Resilience::None {
+        if prot != Resilience::None {
             self.data.sync()?;
         }
         self.set_segments(post, false)?;
-        if self.st.resilience != Resilience::None {
+        if prot != Resilience::None {
             self.commit()?;
         }
         self.live(true)
@@ -554,6 +826,21 @@ impl<'a> Job<'a> {
         self.progress += z.length;
         if let Some((shift, _, m_size)) = self.shift {
             (z.offset, z.length) = shift_zone(z.offset, shift, m_size);
+            return;
+        }
+        if let Some((shift, m_size, _)) = self.unshift {
+            // Forward from the moved segment's end; the moved segment last.
+            z.offset = if z.offset == 0 {
+                z.size
+            } else {
+                z.offset + z.length
+            };
+            if z.offset >= z.size {
+                z.offset = 0;
+                z.length = m_size;
+            } else {
+                z.length = shift.min(z.size - z.offset);
+            }
             return;
         }
         match self.st.direction {
@@ -575,8 +862,9 @@ impl<'a> Job<'a> {
     pub fn recover(&mut self) -> Result<Outcome, LuksError> {
         self.live(false)?;
         let z = self.zone;
+        let prot = self.protection();
         // What recovery reads from the keyslot area must lie inside it.
-        let need = match self.st.resilience {
+        let need = match prot {
             Resilience::Checksum { hash, block } => {
                 z.length / u64::from(block) * hash.digest_len() as u64
             }
@@ -590,7 +878,7 @@ impl<'a> Job<'a> {
                 format!("smaller than the {need} bytes the interrupted hotzone needs"),
             ));
         }
-        let mut done = if self.shift.is_some() {
+        let mut done = if self.moving() {
             self.move_zone(false)?;
             z.length
         } else {
@@ -600,7 +888,7 @@ impl<'a> Job<'a> {
             let n = RECOVERY_CHUNK.min(z.length - done);
             let at = z.offset + done;
             let mut buf = zeroize::Zeroizing::new(vec![0u8; n as usize]);
-            match self.st.resilience {
+            match prot {
                 Resilience::Checksum { hash, block } => {
                     let hl = hash.digest_len() as u64;
                     let blocks = n / u64::from(block);
@@ -636,7 +924,9 @@ impl<'a> Job<'a> {
         }
         self.data.sync()?;
         let current: Vec<Value> = self.regular()?.into_iter().map(|(_, v)| v).collect();
-        let post = if self.shift.is_some() {
+        let post = if let Some((_, m, _)) = self.unshift {
+            segments::post_unshift(&self.st, &z, m, &current)
+        } else if self.shift.is_some() {
             segments::post_shift(&z, &current)
         } else {
             segments::post(&self.st, &z, &current)
@@ -691,6 +981,20 @@ impl<'a> Job<'a> {
                 let noise = crate::luks::keyslot::random(n as usize)?;
                 self.data.write_at(m_off + done, &noise)?;
                 done += n;
+            }
+            self.data.sync()?;
+        }
+        if let Some((shift, _, _)) = self.unshift {
+            // The last `shift` bytes of the device held ciphertext that
+            // has moved down: overwritten with random bytes, as
+            // cryptsetup's teardown does.
+            let dev = self.vol.data_size;
+            let mut at = dev.saturating_sub(shift);
+            while at < dev {
+                let n = RECOVERY_CHUNK.min(dev - at);
+                let noise = crate::luks::keyslot::random(n as usize)?;
+                self.data.write_at(at, &noise)?;
+                at += n;
             }
             self.data.sync()?;
         }

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 use super::keys::Key;
 use super::segments::with_flag;
-use super::state::{Direction, Mode, Resilience};
+use super::state::{Direction, Mode, Moved, Resilience};
 use super::verify;
 use crate::luks::error::LuksError;
 use crate::luks::hash::HashAlg;
@@ -40,7 +40,29 @@ pub struct InitParams {
     /// The plaintext's first `shift` bytes must already be copied to the
     /// last `shift` bytes of the device.
     pub shift: Option<u64>,
+    /// Decryption with data shift (a volume whose header is on the
+    /// device, now read from its detached copy): the data moves back to
+    /// byte 0. The first hotzone's ciphertext is copied to byte 0 here.
+    pub move_first: bool,
+    /// `--hotzone-size`: with `move_first`, the moved segment's size
+    /// (cryptsetup's default: the shift, at most 20 MiB).
+    pub hotzone: Option<u64>,
+    /// KDF and AF hash of the new volume key's keyslot(s), when the
+    /// command line asks for them (`--pbkdf`, `--hash`, `--iter-time`,
+    /// `--pbkdf-force-iterations`); None: the old keyslot's own, as
+    /// cryptsetup copies them without a benchmark.
+    pub kdf: Option<(crate::luks::kdf::Kdf, HashAlg)>,
+    /// `--device-size`: checked against the data area here, as
+    /// cryptsetup checks it before writing anything (the engine then
+    /// moves only that much).
+    pub device_size: Option<u64>,
+    /// `--keep-key`: re-key to new segment parameters under the same
+    /// volume key (`key_new` is the old key; no new keyslot or digest).
+    pub keep_key: bool,
 }
+
+/// cryptsetup's default moved segment of a decryption with data shift.
+const MOVED_DEFAULT: u64 = 20 << 20;
 
 fn h2(vol: &mut Volume) -> Result<&mut Luks2, LuksError> {
     match &mut vol.header {
@@ -51,8 +73,8 @@ fn h2(vol: &mut Volume) -> Result<&mut Luks2, LuksError> {
     }
 }
 
-fn areas(meta: &Metadata) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = meta.value["keyslots"]
+fn areas(top: &Value) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = top["keyslots"]
         .as_object()
         .map(|ks| {
             ks.values()
@@ -71,10 +93,10 @@ fn areas(meta: &Metadata) -> Vec<(u64, u64)> {
 }
 
 /// cryptsetup's first fit for a new keyslot area.
-fn first_fit(meta: &Metadata, start: u64, size: u64) -> Option<u64> {
-    let end = start + meta.keyslots_size;
+fn first_fit(top: &Value, keyslots_size: u64, start: u64, size: u64) -> Option<u64> {
+    let end = start + keyslots_size;
     let mut cand = start;
-    for (o, l) in areas(meta) {
+    for (o, l) in areas(top) {
         if cand.saturating_add(size) <= o {
             break;
         }
@@ -88,7 +110,7 @@ fn max_gap(meta: &Metadata, start: u64) -> Option<(u64, u64)> {
     let end = start + meta.keyslots_size;
     let mut best = (0, 0);
     let mut at = start;
-    for (o, l) in areas(meta).into_iter().chain([(end, 1)]) {
+    for (o, l) in areas(&meta.value).into_iter().chain([(end, 1)]) {
         if at < o && o - at > best.1 {
             best = (at, o - at);
         }
@@ -110,12 +132,15 @@ fn push_id(v: &mut Value, key: &str, id: u32) {
 /// Start a reencryption on `vol` (opened for writing, not in
 /// reencryption) with the old key `key_old` (None: plaintext, encrypt
 /// mode) from keyslot `slot_old` opened by `passphrase`; `key_new` is the
-/// new volume key (None: decrypt). Returns the reencrypt keyslot.
+/// new volume key (None: decrypt). A re-key gives every keyslot of
+/// `slot_old` and `others` (keyslot, its passphrase) a keyslot for the
+/// new key; the rest go when it finishes. Returns the reencrypt keyslot.
 pub fn init(
     vol: &mut Volume,
     p: &InitParams,
     passphrase: &[u8],
     slot_old: u32,
+    others: &[(u32, &[u8])],
     key_old: Option<&Key>,
     key_new: Option<&Key>,
 ) -> Result<u32, LuksError> {
@@ -156,99 +181,134 @@ pub fn init(
     };
     let new_ss = p.sector_size.unwrap_or(seg0.sector_size);
     let check_ss = old_ss.max(new_ss);
-    let size = data_size.saturating_sub(d_off);
+    let mut size = data_size.saturating_sub(d_off);
+    if let Some(want) = p.device_size {
+        if want > size {
+            return Err(LuksError::Usage(
+                "Reduced data size is larger than real device size.".into(),
+            ));
+        }
+        size = want;
+    }
     if size == 0 || size % u64::from(check_ss) != 0 {
         return Err(LuksError::Usage(format!(
             "Data device is not aligned to encryption sector size ({check_ss} bytes)."
         )));
     }
     let mut v = h.meta.value.clone();
-    let mut material: Option<(u64, zeroize::Zeroizing<Vec<u8>>)> = None;
+    let mut material: Vec<(u64, zeroize::Zeroizing<Vec<u8>>)> = Vec::new();
     // The new volume key's keyslot and digest (re-key).
-    let digest_new = match (p.mode, key_new) {
-        (Mode::Reencrypt, Some(knew)) => {
-            let old = h
-                .meta
-                .keyslots
-                .get(&slot_old)
-                .cloned()
-                .ok_or(LuksError::NoUsableKeyslot)?;
-            let (_, dold) = h
-                .meta
-                .segment_digest()
-                .ok_or_else(|| LuksError::field("digests", "", "no digest bound to segment 0"))?;
-            let slot_new = free_id(v["keyslots"].as_object(), MAX_KEYSLOTS).ok_or_else(|| {
-                LuksError::Usage("Not enough free keyslots for reencryption.".into())
-            })?;
-            let area_size = (knew.len() as u64 * 4000).div_ceil(4096) * 4096;
-            let area_off = first_fit(&h.meta, start, area_size).ok_or_else(|| {
-                LuksError::Usage("No space for new keyslot in the LUKS2 keyslots area.".into())
-            })?;
-            let salt = keyslot::random(32)?;
-            let sp = SlotParams {
-                kdf: old.kdf,
-                salt: &salt,
-                af_hash: old.af_hash,
-                stripes: 4000,
-                offset: area_off,
-                encryption: &old.area_encryption,
-                area_key_size: old.area_key_size as usize,
-                key_size: knew.len(),
-            };
-            material = Some((area_off, keyslot::seal(&sp, passphrase, knew)?));
-            let kdf = match old.kdf {
-                crate::luks::kdf::Kdf::Pbkdf2 { hash, iterations } => json!({
-                    "type": "pbkdf2", "hash": hash.name(), "iterations": iterations,
-                    "salt": b64_encode(&salt)}),
-                k @ crate::luks::kdf::Kdf::Argon2 {
-                    time,
-                    memory_kib,
-                    cpus,
-                    ..
-                } => json!({
-                    "type": k.type_name(), "time": time, "memory": memory_kib, "cpus": cpus,
-                    "salt": b64_encode(&salt)}),
-            };
-            v["keyslots"][slot_new.to_string()] = json!({
-                "type": "luks2",
-                "key_size": knew.len(),
-                "af": {"type": "luks1", "stripes": 4000, "hash": old.af_hash.name()},
-                "area": {"type": "raw", "offset": area_off.to_string(), "size": area_size.to_string(),
-                         "encryption": old.area_encryption, "key_size": old.area_key_size},
-                "kdf": kdf,
-            });
-            // Tokens of the old keyslot also open the new one (cryptsetup's assign_tokens).
-            if let Some(toks) = v.get_mut("tokens").and_then(Value::as_object_mut) {
-                for t in toks.values_mut() {
-                    let has = t["keyslots"].as_array().is_some_and(|a| {
-                        a.iter().any(|e| e.as_str() == Some(&slot_old.to_string()))
-                    });
-                    if has {
-                        push_id(t, "keyslots", slot_new);
-                    }
-                }
+    let digest_new =
+        match (p.mode, key_new) {
+            (Mode::Reencrypt, Some(_)) if p.keep_key => {
+                Some(h.meta.segment_digest().map(|(n, _)| n).ok_or_else(|| {
+                    LuksError::field("digests", "", "no digest bound to segment 0")
+                })?)
             }
-            let dsalt = keyslot::random(32)?;
-            let did = free_id(v["digests"].as_object(), MAX_KEYSLOTS)
-                .ok_or_else(|| LuksError::Usage("No free digest.".into()))?;
-            let dg = keyslot::key_digest(
-                dold.hash,
-                knew,
-                &dsalt,
-                dold.iterations,
-                dold.hash.digest_len(),
-            );
-            v["digests"][did.to_string()] = json!({
-                "type": "pbkdf2", "keyslots": [slot_new.to_string()], "segments": [],
-                "hash": dold.hash.name(), "iterations": dold.iterations,
-                "salt": b64_encode(&dsalt), "digest": b64_encode(&dg),
-            });
-            Some(did)
-        }
-        (Mode::Encrypt, Some(_)) => h.meta.segment_digest().map(|(n, _)| n),
-        (Mode::Decrypt, None) => None,
-        _ => return Err(LuksError::Usage("volume keys do not match the mode".into())),
-    };
+            (Mode::Reencrypt, Some(knew)) => {
+                let (_, dold) = h.meta.segment_digest().ok_or_else(|| {
+                    LuksError::field("digests", "", "no digest bound to segment 0")
+                })?;
+                // cryptsetup's order: keyslots ascending, each one's new
+                // keyslot at the first free id and area.
+                let mut all: Vec<(u32, &[u8])> = others.to_vec();
+                all.push((slot_old, passphrase));
+                all.sort_by_key(|(s, _)| *s);
+                all.dedup_by_key(|(s, _)| *s);
+                let mut did: Option<u32> = None;
+                for (slot_old, passphrase) in all {
+                    let old = h
+                        .meta
+                        .keyslots
+                        .get(&slot_old)
+                        .cloned()
+                        .ok_or(LuksError::NoUsableKeyslot)?;
+                    let slot_new =
+                        free_id(v["keyslots"].as_object(), MAX_KEYSLOTS).ok_or_else(|| {
+                            LuksError::Usage("Not enough free keyslots for reencryption.".into())
+                        })?;
+                    let area_size = (knew.len() as u64 * 4000).div_ceil(4096) * 4096;
+                    let area_off = first_fit(&v, h.meta.keyslots_size, start, area_size)
+                        .ok_or_else(|| {
+                            LuksError::Usage(
+                                "No space for new keyslot in the LUKS2 keyslots area.".into(),
+                            )
+                        })?;
+                    let salt = keyslot::random(32)?;
+                    let (new_kdf, af_hash) = p.kdf.unwrap_or((old.kdf, old.af_hash));
+                    let sp = SlotParams {
+                        kdf: new_kdf,
+                        salt: &salt,
+                        af_hash,
+                        stripes: 4000,
+                        offset: area_off,
+                        encryption: &old.area_encryption,
+                        area_key_size: old.area_key_size as usize,
+                        key_size: knew.len(),
+                    };
+                    material.push((area_off, keyslot::seal(&sp, passphrase, knew)?));
+                    let kdf = match new_kdf {
+                        crate::luks::kdf::Kdf::Pbkdf2 { hash, iterations } => json!({
+                        "type": "pbkdf2", "hash": hash.name(), "iterations": iterations,
+                        "salt": b64_encode(&salt)}),
+                        k @ crate::luks::kdf::Kdf::Argon2 {
+                            time,
+                            memory_kib,
+                            cpus,
+                            ..
+                        } => json!({
+                        "type": k.type_name(), "time": time, "memory": memory_kib, "cpus": cpus,
+                        "salt": b64_encode(&salt)}),
+                    };
+                    v["keyslots"][slot_new.to_string()] = json!({
+                        "type": "luks2",
+                        "key_size": knew.len(),
+                        "af": {"type": "luks1", "stripes": 4000, "hash": af_hash.name()},
+                        "area": {"type": "raw", "offset": area_off.to_string(),
+                                 "size": area_size.to_string(),
+                                 "encryption": old.area_encryption, "key_size": old.area_key_size},
+                        "kdf": kdf,
+                    });
+                    // Tokens of the old keyslot also open the new one
+                    // (cryptsetup's assign_tokens).
+                    if let Some(toks) = v.get_mut("tokens").and_then(Value::as_object_mut) {
+                        for t in toks.values_mut() {
+                            let has = t["keyslots"].as_array().is_some_and(|a| {
+                                a.iter().any(|e| e.as_str() == Some(&slot_old.to_string()))
+                            });
+                            if has {
+                                push_id(t, "keyslots", slot_new);
+                            }
+                        }
+                    }
+                    if let Some(d) = did {
+                        // Further keyslots reuse the new key's digest.
+                        push_id(&mut v["digests"][d.to_string()], "keyslots", slot_new);
+                        continue;
+                    }
+                    let dsalt = keyslot::random(32)?;
+                    let d = free_id(v["digests"].as_object(), MAX_KEYSLOTS)
+                        .ok_or_else(|| LuksError::Usage("No free digest.".into()))?;
+                    let dg = keyslot::key_digest(
+                        dold.hash,
+                        knew,
+                        &dsalt,
+                        dold.iterations,
+                        dold.hash.digest_len(),
+                    );
+                    v["digests"][d.to_string()] = json!({
+                        "type": "pbkdf2", "keyslots": [slot_new.to_string()], "segments": [],
+                        "hash": dold.hash.name(), "iterations": dold.iterations,
+                        "salt": b64_encode(&dsalt), "digest": b64_encode(&dg),
+                    });
+                    did = Some(d);
+                }
+                did
+            }
+            (Mode::Encrypt, Some(_)) => h.meta.segment_digest().map(|(n, _)| n),
+            (Mode::Decrypt, None) => None,
+            _ => return Err(LuksError::Usage("volume keys do not match the mode".into())),
+        };
     let new_cipher = p.cipher.clone().unwrap_or_else(|| seg0.encryption.clone());
     // Segments: encrypt turns segment 0 into plaintext; backups follow.
     let seg0_json = v["segments"]["0"].clone();
@@ -261,7 +321,62 @@ pub fn init(
         _ => json!({"type": "crypt", "offset": d_off.to_string(), "size": "dynamic",
                     "iv_tweak": "0", "encryption": new_cipher, "sector_size": new_ss}),
     };
-    let fin_id = if let Some(shift) = p.shift {
+    let mut old_segs = vec![0u32, 1];
+    let mut unshift: Option<(u64, u64)> = None;
+    let fin_id = if p.move_first {
+        // cryptsetup's layout: [first `moved` bytes of the ciphertext,
+        // copied from the data offset][gap][ciphertext from the data
+        // offset + moved]; new data at 0, linear.
+        let shift = d_off;
+        if p.mode != Mode::Decrypt || shift == 0 || seg0.iv_tweak != 0 {
+            return Err(LuksError::Usage(
+                "Decryption with data shift needs a LUKS2 header on the device (data offset \
+                 above 0) and a data segment without iv_tweak."
+                    .into(),
+            ));
+        }
+        let align = 4096u64.max(u64::from(check_ss));
+        if shift % align != 0 {
+            return Err(LuksError::Usage(format!(
+                "Data offset {shift} is not aligned to {align} bytes; cannot shift the data."
+            )));
+        }
+        if p.hotzone.is_some_and(|hz| hz > shift) {
+            return Err(LuksError::Usage(
+                "Moved segment size can not be greater than data shift value.".into(),
+            ));
+        }
+        let moved = p.hotzone.unwrap_or(shift.min(MOVED_DEFAULT)).min(size);
+        if moved == 0 || moved % align != 0 {
+            return Err(LuksError::Usage(format!(
+                "Hotzone size must be multiple of calculated zone alignment ({align} bytes)."
+            )));
+        }
+        let crypt = |off: u64, size: Option<u64>, iv: u64| {
+            json!({"type": "crypt", "offset": off.to_string(),
+                   "size": size.map_or_else(|| "dynamic".to_string(), |s| s.to_string()),
+                   "iv_tweak": iv.to_string(), "encryption": seg0.encryption,
+                   "sector_size": seg0.sector_size})
+        };
+        let first = crypt(0, Some(moved), 0);
+        let mut segs = Map::new();
+        segs.insert("0".into(), first.clone());
+        if size > moved {
+            segs.insert("1".into(), crypt(shift + moved, None, moved / 512));
+        }
+        let n = segs.len();
+        segs.insert(n.to_string(), with_flag(first, "backup-moved-segment"));
+        segs.insert(
+            (n + 1).to_string(),
+            with_flag(crypt(shift, None, 0), "backup-previous"),
+        );
+        let fin = json!({"type": "linear", "offset": "0", "size": "dynamic"});
+        segs.insert((n + 2).to_string(), with_flag(fin, "backup-final"));
+        v["segments"] = Value::Object(segs);
+        old_segs = (0..=n as u32 + 1).collect();
+        unshift = Some((shift, moved));
+        n as u32 + 2
+    } else if let Some(shift) = p.shift {
         // cryptsetup's layout: [header (shift)][plaintext from shift]
         // [gap][first `shift` bytes of the plaintext, moved].
         let plain = data_size.saturating_sub(2 * shift);
@@ -308,22 +423,50 @@ pub fn init(
     }
     if p.mode == Mode::Reencrypt || p.mode == Mode::Decrypt {
         if let Some(d) = digest_old {
-            push_id(&mut v["digests"][d.to_string()], "segments", 0);
-            push_id(&mut v["digests"][d.to_string()], "segments", 1);
+            for s in &old_segs {
+                push_id(&mut v["digests"][d.to_string()], "segments", *s);
+            }
         }
     }
     if let Some(d) = digest_new {
         push_id(&mut v["digests"][d.to_string()], "segments", fin_id);
     }
     // The reencrypt keyslot.
+    let checksum_hash = || {
+        HashAlg::from_name(&p.hash)
+            .ok_or_else(|| LuksError::Usage(format!("Hash algorithm {} is not available.", p.hash)))
+    };
     let resilience = match p.resilience.as_str() {
         _ if p.shift.is_some() => Resilience::Datashift {
             shift: p.shift.unwrap_or(0),
+            moved: None,
         },
+        r if unshift.is_some() => Resilience::Datashift {
+            shift: d_off,
+            moved: Some(match r {
+                "datashift-checksum" => Moved::Checksum {
+                    hash: checksum_hash()?,
+                    block: 4096u32.max(check_ss),
+                },
+                "datashift-journal" => Moved::Journal,
+                _ => {
+                    return Err(LuksError::Usage(
+                        "Requested --resilience option cannot be applied to current \
+                         reencryption operation."
+                            .into(),
+                    ))
+                }
+            }),
+        },
+        r if r.starts_with("datashift") => {
+            return Err(LuksError::Usage(
+                "Requested --resilience option cannot be applied to current reencryption \
+                 operation."
+                    .into(),
+            ))
+        }
         "checksum" => Resilience::Checksum {
-            hash: HashAlg::from_name(&p.hash).ok_or_else(|| {
-                LuksError::Usage(format!("Hash algorithm {} is not available.", p.hash))
-            })?,
+            hash: checksum_hash()?,
             block: 4096u32.max(check_ss),
         },
         "journal" => Resilience::Journal,
@@ -339,7 +482,7 @@ pub fn init(
     let tmp = Metadata::parse(v.clone(), hdr_size)?;
     let gap = if p.shift.is_some() {
         // Data shift keeps nothing in its area: cryptsetup takes 4 KiB.
-        first_fit(&tmp, start, 4096).map(|o| (o, 4096))
+        first_fit(&tmp.value, tmp.keyslots_size, start, 4096).map(|o| (o, 4096))
     } else {
         max_gap(&tmp, start)
     };
@@ -347,14 +490,39 @@ pub fn init(
         gap.ok_or_else(|| LuksError::Usage("Not enough space in header keyslot area.".into()))?;
     let mut area =
         json!({"offset": a_off.to_string(), "size": a_len.to_string(), "type": resilience.name()});
-    if let Resilience::Checksum { hash, block } = resilience {
+    let hash_block = match resilience {
+        Resilience::Checksum { hash, block }
+        | Resilience::Datashift {
+            moved: Some(Moved::Checksum { hash, block }),
+            ..
+        } => Some((hash, block)),
+        _ => None,
+    };
+    if let Some((hash, block)) = hash_block {
         area["hash"] = json!(hash.name());
         area["sector_size"] = json!(block);
     }
-    if let Resilience::Datashift { shift } = resilience {
+    if let Resilience::Datashift { shift, .. } = resilience {
         area["shift_size"] = json!(shift.to_string());
     }
-    let direction = if p.mode == Mode::Decrypt || p.shift.is_some() {
+    if let Some((_, moved)) = unshift {
+        // The moved segment's in-place hotzone must fit the protection.
+        let room = match resilience {
+            Resilience::Datashift {
+                moved: Some(Moved::Checksum { hash, block }),
+                ..
+            } => a_len / hash.digest_len() as u64 * u64::from(block),
+            _ => a_len,
+        };
+        if moved > room {
+            return Err(LuksError::Usage(format!(
+                "Moved segment too large. Requested size {moved}, available space for: {room}."
+            )));
+        }
+    }
+    let direction = if p.move_first {
+        Direction::Forward
+    } else if p.mode == Mode::Decrypt || p.shift.is_some() {
         Direction::Backward
     } else {
         Direction::Forward
@@ -368,16 +536,34 @@ pub fn init(
         (Some(dn), Some(k)) if Some(dn) != digest_old => Some(k.as_slice()),
         _ => None,
     };
-    let vdata = verify::data(&v, rslot, 2, kold, knew)?;
+    let version = if p.move_first { 3 } else { 2 };
+    let vdata = verify::data(&v, rslot, version, kold, knew)?;
     let rdigest = verify::create(&vdata, rslot)?;
     let did = free_id(v["digests"].as_object(), MAX_KEYSLOTS)
         .ok_or_else(|| LuksError::Usage("No free digest.".into()))?;
     v["digests"][did.to_string()] = rdigest;
-    v["config"]["requirements"] = json!({"mandatory": ["online-reencrypt-v2"]});
+    v["config"]["requirements"] = json!({"mandatory": [format!("online-reencrypt-v{version}")]});
     let meta = Metadata::parse(v, hdr_size)?;
-    if let Some((off, m)) = material {
-        vol.meta.write_at(off, &m)?;
+    for (off, m) in &material {
+        vol.meta.write_at(*off, m)?;
+    }
+    if !material.is_empty() {
         vol.meta.sync()?;
+    }
+    if let Some((shift, moved)) = unshift {
+        // The first hotzone's ciphertext goes to byte 0 (over the old
+        // on-device header, whose copy is the detached header) before
+        // the header that describes it is written.
+        let mut d = crate::luks::disk::Disk::open(&vol.data_path, true)?;
+        let mut done = 0u64;
+        while done < moved {
+            let n = (moved - done).min(super::engine::UDM_MAX_HOTZONE);
+            let mut buf = zeroize::Zeroizing::new(vec![0u8; n as usize]);
+            d.read_at(shift + done, &mut buf)?;
+            d.write_at(done, &buf)?;
+            done += n;
+        }
+        d.sync()?;
     }
     let Volume {
         header, meta: disk, ..

@@ -9,9 +9,13 @@
 //! Supported: re-key (new key, cipher, key size or sector size), encrypt
 //! and decrypt of volumes with a detached header, in both directions,
 //! with resilience checksum, journal or none; encrypt with data shift
-//! (`--reduce-device-size`, resilience datashift, offline). Not
-//! supported: decrypt with data shift (a volume whose header is on the
-//! device), fixed-size segments, metadata version 1.
+//! (`--reduce-device-size`, resilience datashift, offline); decrypt of a
+//! volume whose header is on the device (the header moves to a new
+//! detached file, the data moves back to byte 0: resilience
+//! datashift-checksum or datashift-journal, offline); `--device-size`
+//! (only the start of the data area, fixed-size segments while it runs)
+//! without a data shift. Not supported: `--device-size` with a data
+//! shift, metadata version 1.
 
 mod engine;
 mod init;
@@ -22,10 +26,10 @@ mod state;
 mod tests;
 mod verify;
 
-pub use engine::{Job, LiveHook, Outcome, UDM_MAX_HOTZONE};
+pub use engine::{Job, LiveHook, Outcome, Sizes, UDM_MAX_HOTZONE};
 pub use init::{init, InitParams};
 pub use keys::{unlock_digest, Key};
-pub use state::{Direction, Mode, Resilience, State};
+pub use state::{Direction, Mode, Moved, Resilience, State};
 
 use std::sync::atomic::AtomicBool;
 
@@ -75,6 +79,12 @@ pub trait Live {
     fn reload(&mut self, table: &str) -> Result<(), LuksError>;
     /// The data device as the device's table names it.
     fn data_device(&self) -> &str;
+    /// The device's dm-crypt flags (allow_discards, same_cpu_crypt,
+    /// no_*_workqueue, iv_large_sectors), carried into every reloaded
+    /// table as cryptsetup carries the active device's flags.
+    fn options(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
 }
 
 /// Resume (or recover, then resume) the reencryption of `vol`, opened
@@ -85,7 +95,7 @@ pub trait Live {
 pub fn resume(
     vol: &mut Volume,
     passphrase: &[u8],
-    max_hotzone: Option<u64>,
+    sizes: Sizes,
     stop: &AtomicBool,
     fb: &dyn Feedback,
     crash_in: Option<u64>,
@@ -105,7 +115,7 @@ pub fn resume(
     let (old, new) = unlock_checked(vol, &st, passphrase)?;
     let crashed = st.hot.is_some();
     let (k_old, k_new) = (old.clone(), new.clone());
-    let mut job = Job::new(vol, st.clone(), old.as_ref(), new.as_ref(), max_hotzone)?;
+    let mut job = Job::new(vol, st.clone(), old.as_ref(), new.as_ref(), sizes)?;
     if let Some(n) = crash_in {
         job.crash_in(n);
     }
@@ -114,7 +124,8 @@ pub fn resume(
             if !after {
                 return live.suspend();
             }
-            let act = assemble(vol, &st, k_old.clone(), k_new.clone())?;
+            let mut act = assemble(vol, &st, k_old.clone(), k_new.clone())?;
+            act.options = live.options();
             let table = act.table(live.data_device());
             live.reload(&table)
         }));
@@ -135,7 +146,7 @@ pub fn recover_only(vol: &mut Volume, passphrase: &[u8]) -> Result<Option<Outcom
         return Ok(None);
     }
     let (old, new) = unlock_checked(vol, &st, passphrase)?;
-    let mut job = Job::new(vol, st, old.as_ref(), new.as_ref(), None)?;
+    let mut job = Job::new(vol, st, old.as_ref(), new.as_ref(), Sizes::default())?;
     job.recover().map(Some)
 }
 
@@ -178,13 +189,23 @@ fn assemble(
         }
     }
     let dev_sectors = vol.data_size / 512;
+    // A decryption with data shift maps the device less the shift (the
+    // old ciphertext's tail lies beyond the new data's end).
+    let logical = match st.resilience {
+        Resilience::Datashift { shift, .. } if st.mode == Mode::Decrypt => {
+            dev_sectors.saturating_sub(shift / 512)
+        }
+        _ => dev_sectors,
+    };
     let mut segs = Vec::new();
+    let mut start = 0u64;
     for (n, s) in h.meta.segments.iter().filter(|(_, s)| !s.is_backup()) {
         let off = s.offset / 512;
         let len = match s.size {
             Some(b) => b / 512,
             None => dev_sectors
                 .checked_sub(off)
+                .map(|l| l.min(logical.saturating_sub(start)))
                 .filter(|l| *l > 0)
                 .ok_or_else(|| {
                     LuksError::field(
@@ -212,6 +233,7 @@ fn assemble(
                     LuksError::field(format!("segments.{n}"), "", "no key for segment")
                 })?
         };
+        start += len;
         segs.push(MappedSegment {
             cipher: s.encryption.clone(),
             offset_sectors: off,

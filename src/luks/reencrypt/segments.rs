@@ -54,6 +54,10 @@ pub struct Zone {
     pub size: u64,
     pub offset: u64,
     pub length: u64,
+    /// `--device-size`: only the first `size` bytes are reencrypted, and
+    /// the segment after the moving boundary gets a fixed size (ending
+    /// there) instead of "dynamic", as cryptsetup's fixed-size mode.
+    pub fixed: bool,
 }
 
 impl Zone {
@@ -111,7 +115,7 @@ pub fn hot(st: &State, z: &Zone, current: &Map<String, Value>) -> Vec<Value> {
             }
             v.push(new_seg(st, z, z.offset, Some(z.length), true));
             if end < z.size {
-                v.push(old_seg(st, z, end, None));
+                v.push(old_seg(st, z, end, z.fixed.then(|| z.size - end)));
             }
         }
         Direction::Backward => {
@@ -122,7 +126,7 @@ pub fn hot(st: &State, z: &Zone, current: &Map<String, Value>) -> Vec<Value> {
             }
             v.push(new_seg(st, z, z.offset, Some(z.length), true));
             if end < z.size {
-                v.push(new_seg(st, z, end, None, false));
+                v.push(new_seg(st, z, end, z.fixed.then(|| z.size - end), false));
             }
         }
     }
@@ -154,7 +158,8 @@ pub fn post(st: &State, z: &Zone, hot: &[Value]) -> Vec<Value> {
             if rseg >= 1 {
                 v.push(hot[rseg - 1].clone());
             }
-            v.push(new_seg(st, z, z.offset, None, false));
+            let size = (z.fixed && z.offset > 0).then(|| z.size - z.offset);
+            v.push(new_seg(st, z, z.offset, size, false));
             v
         }
     }
@@ -354,4 +359,63 @@ pub fn install(st: &State, top: &mut Map<String, Value>, regular: Vec<Value>, ho
     }
     assign(top, prev, st.digest_old);
     assign(top, fin, st.digest_new);
+}
+
+/// The hot table of a decryption with data shift (forward, new data at
+/// byte 0). A hotzone past the moved segment: the moved segment (still
+/// encrypted at byte 0), the plaintext decrypted so far (from the moved
+/// segment's end), the hotzone, and the old ciphertext after it, still
+/// `shift` bytes further on. The moved segment's own hotzone (offset 0,
+/// the last one): the hotzone and the plaintext after it.
+pub fn hot_unshift(
+    st: &State,
+    z: &Zone,
+    shift: u64,
+    moved: u64,
+    current: &Map<String, Value>,
+) -> Vec<Value> {
+    let mut v = Vec::new();
+    let end = z.offset + z.length;
+    if z.offset == 0 {
+        v.push(segment_json(&st.new, 0, 0, Some(z.length), true));
+        if let Some(next) = current.get("1") {
+            v.push(next.clone());
+        }
+        return v;
+    }
+    if let Some(first) = current.get("0") {
+        v.push(first.clone());
+    }
+    let done = z.offset.saturating_sub(moved);
+    if done > 0 {
+        v.push(segment_json(&st.new, moved, 0, Some(done), false));
+    }
+    v.push(segment_json(&st.new, z.offset, 0, Some(z.length), true));
+    if end < z.size {
+        v.push(segment_json(&st.old, shift + end, end / 512, None, false));
+    }
+    v
+}
+
+/// The post table of a decryption with data shift, from its hot table:
+/// after the moved segment's hotzone one plaintext segment covers it all;
+/// otherwise the moved segment, the plaintext grown by the hotzone, and
+/// the old ciphertext after it.
+pub fn post_unshift(st: &State, z: &Zone, moved: u64, hot: &[Value]) -> Vec<Value> {
+    let rseg = hot.iter().position(|s| {
+        s["flags"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|x| x == "in-reencryption"))
+    });
+    let Some(rseg) = rseg.filter(|r| *r > 0) else {
+        return vec![segment_json(&st.new, 0, 0, None, false)];
+    };
+    let mut v = vec![hot[0].clone()];
+    let old = hot.get(rseg + 1);
+    let done = z.offset.saturating_sub(moved) + z.length;
+    v.push(segment_json(&st.new, moved, 0, old.map(|_| done), false));
+    if let Some(o) = old {
+        v.push(o.clone());
+    }
+    v
 }

@@ -62,8 +62,22 @@ pub enum Resilience {
     Journal,
     /// Nothing: an interrupted hotzone cannot be repaired.
     None,
-    /// Data moves by `shift` bytes (udm: encryption only).
-    Datashift { shift: u64 },
+    /// Data moves by `shift` bytes: away from the start of the device
+    /// (encryption, `datashift`) or back to it (decryption of a volume
+    /// whose header was on the device, `datashift-checksum` or
+    /// `datashift-journal`: `moved` protects the last hotzone, which
+    /// rewrites the moved first segment in place).
+    Datashift { shift: u64, moved: Option<Moved> },
+}
+
+/// How the in-place hotzone of a decryption with data shift (the moved
+/// first segment) is protected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moved {
+    /// `datashift-checksum`: hashes of every `block` bytes, as `checksum`.
+    Checksum { hash: HashAlg, block: u32 },
+    /// `datashift-journal`: the old bytes themselves, as `journal`.
+    Journal,
 }
 
 impl Resilience {
@@ -72,7 +86,15 @@ impl Resilience {
             Resilience::Checksum { .. } => "checksum",
             Resilience::Journal => "journal",
             Resilience::None => "none",
-            Resilience::Datashift { .. } => "datashift",
+            Resilience::Datashift { moved: None, .. } => "datashift",
+            Resilience::Datashift {
+                moved: Some(Moved::Checksum { .. }),
+                ..
+            } => "datashift-checksum",
+            Resilience::Datashift {
+                moved: Some(Moved::Journal),
+                ..
+            } => "datashift-journal",
         }
     }
 }
@@ -248,32 +270,47 @@ impl State {
             ));
         }
         let atype = area.get("type").and_then(Value::as_str).unwrap_or("");
+        let checksum = || -> Result<(HashAlg, u32), LuksError> {
+            let hname = area.get("hash").and_then(Value::as_str).unwrap_or("");
+            let hash = HashAlg::from_name(hname).ok_or_else(|| {
+                LuksError::field(format!("keyslots.{slot}.area.hash"), hname, "unknown hash")
+            })?;
+            let block = area
+                .get("sector_size")
+                .and_then(Value::as_u64)
+                .filter(|b| (512..=1 << 16).contains(b) && b.is_power_of_two())
+                .ok_or_else(|| {
+                    LuksError::field(
+                        format!("keyslots.{slot}.area.sector_size"),
+                        area.get("sector_size")
+                            .map(|v| v.to_string())
+                            .unwrap_or_default(),
+                        "must be a power of two from 512 to 65536",
+                    )
+                })? as u32;
+            Ok((hash, block))
+        };
         let resilience = match atype {
             "checksum" => {
-                let hname = area.get("hash").and_then(Value::as_str).unwrap_or("");
-                let hash = HashAlg::from_name(hname).ok_or_else(|| {
-                    LuksError::field(format!("keyslots.{slot}.area.hash"), hname, "unknown hash")
-                })?;
-                let block = area
-                    .get("sector_size")
-                    .and_then(Value::as_u64)
-                    .filter(|b| (512..=1 << 16).contains(b) && b.is_power_of_two())
-                    .ok_or_else(|| {
-                        LuksError::field(
-                            format!("keyslots.{slot}.area.sector_size"),
-                            area.get("sector_size")
-                                .map(|v| v.to_string())
-                                .unwrap_or_default(),
-                            "must be a power of two from 512 to 65536",
-                        )
-                    })? as u32;
+                let (hash, block) = checksum()?;
                 Resilience::Checksum { hash, block }
             }
             "journal" => Resilience::Journal,
             "none" => Resilience::None,
-            "datashift" | "datashift-checksum" | "datashift-journal" => Resilience::Datashift {
-                shift: area_u64(area, "shift_size")?,
-            },
+            "datashift" | "datashift-checksum" | "datashift-journal" => {
+                let moved = match atype {
+                    "datashift-checksum" => {
+                        let (hash, block) = checksum()?;
+                        Some(Moved::Checksum { hash, block })
+                    }
+                    "datashift-journal" => Some(Moved::Journal),
+                    _ => None,
+                };
+                Resilience::Datashift {
+                    shift: area_u64(area, "shift_size")?,
+                    moved,
+                }
+            }
             t => {
                 return Err(LuksError::field(
                     format!("keyslots.{slot}.area.type"),
