@@ -1074,6 +1074,38 @@ fn decrypt_with_data_shift_udm_starts_cryptsetup_finishes() {
     check_ok(&o);
     assert_unshift_finished(&ours, "udm init, cryptsetup finishes");
 
+    // A moved segment smaller than the shift: a stop right before it is
+    // put off (cryptsetup 2.6.1 cannot resume there), so udm finishes;
+    // stopped one hotzone earlier, cryptsetup finishes.
+    for (stop, done) in [("2", true), ("1", false)] {
+        let t = with_header(&v, "small");
+        let o = reenc_cmd(
+            true,
+            &["--decrypt", "--hotzone-size", "8M"],
+            &t.img,
+            t.hdr.as_deref(),
+            Some(&t.key),
+            None,
+            &[("UDM_TEST_REENCRYPT_STOP_AFTER", stop)],
+        );
+        check_ok(&o);
+        assert_eq!(!in_reencryption(&dump(&t)), done, "stop after {stop}");
+        if !done {
+            assert!(udm_data(&t) == t.plain);
+            let o = reenc_cmd(
+                false,
+                &["--resume-only"],
+                &t.img,
+                t.hdr.as_deref(),
+                Some(&t.key),
+                None,
+                &[],
+            );
+            check_ok(&o);
+        }
+        assert_unshift_finished(&t, &format!("small moved segment, stop after {stop}"));
+    }
+
     for (resilience, hook, n) in [
         ("checksum", "UDM_TEST_REENCRYPT_STOP_AFTER", "1"),
         ("checksum", "UDM_TEST_REENCRYPT_CRASH_IN", "0"),
