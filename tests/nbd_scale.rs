@@ -9,7 +9,9 @@
 //! - a client that never reads its replies is dropped at the reply
 //!   deadline while another client's latency stays within 2x;
 //! - a greedy client cannot starve a second one under a small memory
-//!   budget: both progress at a fair share.
+//!   budget: both progress at a fair share;
+//! - the event loops' busy polling (`--poll-us`) stops when requests stop:
+//!   an idle server sleeps even with a long poll window.
 //!
 //! The timing checks are coarse on purpose (a shared 2-core machine): they
 //! catch the failures the issue describes (a read waiting 119 s, a client
@@ -334,4 +336,51 @@ fn a_greedy_client_cannot_starve_another() {
         g >> 20
     );
     assert_eq!(srv.stop(), Some(0));
+}
+
+/// CPU time (user + system) the process has used, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start at ')'.
+    let rest = &st[st.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn busy_polling_stops_when_requests_stop() {
+    let d = scratch("udm-scale-");
+    // A poll window of 20 ms, 400 times the default, so that a loop that
+    // kept polling would show plainly in the idle second below.
+    let srv = serve(d.path(), 1 << 20, &["--poll-us", "20000"]);
+    let mut c = client(&srv.sock);
+    let busy0 = cpu_ticks(srv.pid());
+    let t = Instant::now();
+    let mut n = 0u64;
+    while t.elapsed() < Duration::from_millis(500) {
+        read4k(&mut c, n, (n % 256) * 4096);
+        n += 1;
+    }
+    let busy = cpu_ticks(srv.pid()) - busy0;
+    // Past the window the loops must sleep (connection still open).
+    std::thread::sleep(Duration::from_millis(200));
+    let idle0 = cpu_ticks(srv.pid());
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = cpu_ticks(srv.pid()) - idle0;
+    println!(
+        "--poll-us 20000: {n} reads in 0.5 s used {busy} ticks; the next idle second used {idle}"
+    );
+    assert!(n > 100, "only {n} reads in half a second");
+    // One second is 100 ticks on one core; a loop polling on would use
+    // ~100, the idle sweep (4 per second) none to speak of.
+    assert!(idle <= 5, "the idle server used {idle} ticks in one second");
+    // And polling off still serves.
+    std::fs::create_dir(d.path().join("b")).unwrap();
+    let srv0 = serve(&d.path().join("b"), 1 << 20, &["--poll-us", "0"]);
+    let mut c0 = client(&srv0.sock);
+    read4k(&mut c0, 1, 0);
+    drop((c, c0));
+    assert_eq!(srv.stop(), Some(0));
+    assert_eq!(srv0.stop(), Some(0));
 }

@@ -49,6 +49,9 @@ use super::proto::*;
 use super::sock::Sock;
 use super::tls::TlsMode;
 
+/// Default of [`NetOptions::busy_poll`] (`--poll-us`).
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
+
 /// Per-connection limits and deadlines of a server.
 #[derive(Debug, Clone)]
 pub struct NetOptions {
@@ -64,6 +67,9 @@ pub struct NetOptions {
     /// included).
     pub client: ClientLimits,
     pub tls: TlsMode,
+    /// How long an event loop keeps polling without sleeping after its last
+    /// event (zero: sleep at once). See `reactor`'s module doc.
+    pub busy_poll: Duration,
 }
 
 impl Default for NetOptions {
@@ -74,6 +80,7 @@ impl Default for NetOptions {
             reply_timeout: Duration::from_secs(30),
             client: ClientLimits::default(),
             tls: TlsMode::Off,
+            busy_poll: DEFAULT_BUSY_POLL,
         }
     }
 }

@@ -19,6 +19,20 @@
 //! resumed by the loop (pending list) or by a wake-up (the engine's, or
 //! writable space for its replies), not by the socket.
 //!
+//! **Busy polling.** After an event a loop keeps polling (`epoll_wait`
+//! with a zero timeout, yielding its core between polls) for
+//! `--poll-us` (default 50 µs) before it sleeps. On a virtual machine,
+//! waking a thread that sleeps on another vCPU costs ~25 µs (the idle vCPU
+//! halted; the host must deliver an interrupt and schedule it), longer
+//! than serving a 4 KiB read from memory, so a QD1 client paid that on
+//! every request: 4 KiB QD1 random reads ran at 0.65–0.75x nbdkit, and
+//! 2x with the poll (docs/BENCHMARKS.md, "busy polling"). The poll
+//! only runs while requests keep arriving within the window, so an idle
+//! server still sleeps, and only after rounds whose requests all ran
+//! inline: while requests run on the engine's workers the loop sleeps
+//! (their completion wakes it), so it never takes a core from them
+//! (polling then cost 1 MiB writes 5 %).
+//!
 //! Deadlines (handshake, idle, stalled replies) are checked by sweeping the
 //! loop's connections four times a second: a few microseconds for ten
 //! thousand connections, and no timer structure to keep consistent.
@@ -151,6 +165,9 @@ struct Loop {
     spare_pending: Vec<usize>,
     stopping: Option<Instant>,
     single: bool,
+    /// A session driven in this round left requests on the engine's
+    /// workers (see busy polling in the module doc).
+    workers_busy: bool,
 }
 
 fn token(idx: usize, gen: u32) -> usize {
@@ -177,6 +194,7 @@ impl Loop {
             spare_pending: Vec::new(),
             stopping: None,
             single: false,
+            workers_busy: false,
         })
     }
 
@@ -251,6 +269,13 @@ impl Loop {
             Drive::Wait => {}
             Drive::Yield => self.pending.push(tok),
             Drive::Close => return self.close(idx, ""),
+        }
+        // Requests left running on the engine's workers: their completion
+        // wakes the loop, and polling meanwhile would take a core from them.
+        if let Some(c) = slot.s.client() {
+            if self.cx.engine.client_requests(c) > 0 {
+                self.workers_busy = true;
+            }
         }
         // A client that sent its last request (or left) is closed once
         // everything it asked for is answered.
@@ -328,11 +353,14 @@ impl Loop {
         } else {
             SWEEP
         };
+        let busy_poll = self.cx.opts.busy_poll;
+        // Until then the loop polls instead of sleeping.
+        let mut poll_until = Instant::now();
         loop {
-            let timeout = if self.pending.is_empty() {
-                tick
-            } else {
+            let timeout = if !self.pending.is_empty() || Instant::now() < poll_until {
                 Duration::ZERO
+            } else {
+                tick
             };
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -341,6 +369,12 @@ impl Loop {
                 }
                 continue;
             }
+            let had_events = !events.is_empty();
+            if !had_events && timeout.is_zero() && self.pending.is_empty() {
+                // Polling: let a runnable thread on this core go first.
+                std::thread::yield_now();
+            }
+            self.workers_busy = false;
             for ev in events.iter() {
                 if ev.token() == WAKE {
                     continue;
@@ -373,6 +407,7 @@ impl Loop {
             for c in inbox.new.drain(..) {
                 self.add(c);
             }
+            let woken = !inbox.wakes.is_empty();
             for t in inbox.wakes.drain(..) {
                 if let Some(idx) = self.slot(t) {
                     if let Some(slot) = self.slots[idx].as_mut() {
@@ -394,6 +429,14 @@ impl Loop {
             }
             self.spare_pending = pending;
             let now = Instant::now();
+            // Poll for the next request only after a round whose requests
+            // all finished here (small ones, run inline): that is the
+            // client waiting on us. Requests on workers end polling.
+            if self.workers_busy {
+                poll_until = now;
+            } else if had_events || woken {
+                poll_until = now + busy_poll;
+            }
             if now.duration_since(last_sweep) >= tick {
                 last_sweep = now;
                 self.sweep(now);

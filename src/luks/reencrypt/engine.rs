@@ -942,12 +942,22 @@ impl<'a> Job<'a> {
         Ok(Outcome::Interrupted)
     }
 
+    /// Whether a stop must wait for the next hotzone: cryptsetup 2.6.1
+    /// cannot resume a decryption with data shift resting just before a
+    /// moved segment smaller than the shift (it sizes that hotzone by the
+    /// shift and fails), so udm never leaves the header there.
+    fn must_go_on(&self) -> bool {
+        self.unshift
+            .is_some_and(|(shift, m, _)| m < shift && self.zone.offset == 0)
+    }
+
     /// Run hotzones until done or `stop` is set (checked between them).
     pub fn run(&mut self, stop: &AtomicBool, fb: &dyn Feedback) -> Result<Outcome, LuksError> {
         fb.begin("Reencrypting", self.zone.size);
         fb.advance(self.progress);
         let mut r = Ok(());
-        while self.progress < self.zone.size && !stop.load(Ordering::Relaxed) {
+        while self.progress < self.zone.size && (!stop.load(Ordering::Relaxed) || self.must_go_on())
+        {
             r = self.step();
             if r.is_err() {
                 break;
