@@ -1050,7 +1050,8 @@ impl buf::Uncharge for Shared {
 
 /// Take the next ready request: deficit round robin over clients, one
 /// request per turn; a client whose next request costs more than its
-/// credit gets [`QUANTUM`] more and goes to the back of the ring.
+/// credit gets [`QUANTUM`] more, and goes to the back of the ring if that
+/// is still not enough.
 ///
 /// A client whose next request is for a queue already running its cap of
 /// requests is passed over (it stays in the ring); a ring of only such
@@ -1082,9 +1083,14 @@ fn pop_ready(st: &mut State) -> Option<(u32, Request, Arc<Queue>)> {
         let cost = st.slots[id as usize].cost;
         st.ring.pop_front();
         if c.deficit < cost {
+            // Its turn brings a quantum of credit; a request that fits is
+            // served in this same turn (else a client that just became
+            // active would lose a round to one already in the ring).
             c.deficit += QUANTUM;
-            st.ring.push_back(client);
-            continue;
+            if c.deficit < cost {
+                st.ring.push_back(client);
+                continue;
+            }
         }
         c.deficit -= cost;
         c.ready.pop_front();

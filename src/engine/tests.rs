@@ -207,8 +207,10 @@ fn device_errors_reach_the_sink() {
     let _ = DevError::ReadOnly;
 }
 
-/// A device whose reads take 5 ms, so a queue builds up.
-struct SlowRead(MemStore);
+/// A device whose reads wait for the gate to open and then take 5 ms, so
+/// a queue builds up before any request completes, however slowly the
+/// test thread submits (a loaded machine).
+struct SlowRead(MemStore, Arc<std::sync::atomic::AtomicBool>);
 
 impl BlockDevice for SlowRead {
     fn size(&self) -> u64 {
@@ -218,6 +220,9 @@ impl BlockDevice for SlowRead {
         self.0.limits()
     }
     fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        while !self.1.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         std::thread::sleep(Duration::from_millis(5));
         self.0.read(o, b)
     }
@@ -237,7 +242,8 @@ impl BlockDevice for SlowRead {
 
 #[test]
 fn a_busy_client_does_not_starve_another() {
-    let dev: Arc<dyn BlockDevice> = Arc::new(SlowRead(MemStore::new(1 << 20)));
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dev: Arc<dyn BlockDevice> = Arc::new(SlowRead(MemStore::new(1 << 20), gate.clone()));
     let e = Engine::new(vec![dev], 1).unwrap();
     let (s, rx) = sink();
     let busy = e.add_client();
@@ -246,11 +252,16 @@ fn a_busy_client_does_not_starve_another() {
         send(&e, busy, 4096, req(&e, Op::Read, i, 0, &[], 4096, &s));
     }
     send(&e, other, 4096, req(&e, Op::Read, 1000, 0, &[], 4096, &s));
+    gate.store(true, std::sync::atomic::Ordering::Release);
     let order: Vec<u64> = (0..31)
         .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap().0)
         .collect();
     let pos = order.iter().position(|&c| c == 1000).unwrap();
-    assert!(pos <= 2, "the other client's read finished {pos}th of 31");
+    assert!(
+        pos <= 2,
+        "the other client's read finished {pos}th of 31 (order {:?})",
+        &order[..6]
+    );
     e.remove_client(busy);
     e.remove_client(other);
 }
