@@ -1688,3 +1688,57 @@ fn keep_key_new_sector_size_both_ways() {
         assert_eq!(cs_volume_key(&t.img, None, &t.key), key0);
     }
 }
+
+/// On a terminal, a re-key of two keyslots prompts "Enter passphrase for
+/// key slot N: " for each, retries a wrong one (`--tries`, 3), and gives
+/// up with exit 2: udm's transcript and exit code equal cryptsetup's,
+/// and so do the resulting headers.
+#[test]
+fn rekey_several_keyslots_on_a_terminal() {
+    need(PYTHON);
+    let v = volume(4 << 20, false, &[]);
+    let second = v.dir.path().join("second.key");
+    std::fs::write(&second, b"second passphrase").unwrap();
+    let mut c = cryptsetup();
+    c.args(["luksAddKey", "-q"])
+        .args(FAST_PBKDF)
+        .arg("--key-file")
+        .arg(&v.key)
+        .arg(&v.img)
+        .arg(&second);
+    run(&mut c);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/luks/pty_answers.py");
+    let pass = String::from_utf8(PASS.to_vec()).unwrap();
+    for (answers, code) in [
+        (format!("{pass},wrong,second passphrase"), 0),
+        (format!("{pass},x,y,z"), 2),
+    ] {
+        let mut seen = Vec::new();
+        for side in [true, false] {
+            let t = twin(&v, if side { "u" } else { "c" });
+            let mut c = std::process::Command::new(PYTHON);
+            c.arg(script).arg(&answers).arg("--");
+            if side {
+                c.arg(env!("CARGO_BIN_EXE_udm")).arg("cryptsetup");
+            } else {
+                c.arg("cryptsetup");
+            }
+            c.args([
+                "reencrypt",
+                "--init-only",
+                "-q",
+                "--force-offline-reencrypt",
+            ])
+            .arg(&t.img);
+            let o = c.output().unwrap();
+            assert_eq!(o.status.code(), Some(code), "{}", show(&o));
+            let text = String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| !l.starts_with("WARNING"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            seen.push((text, normalised(dump(&t))));
+        }
+        assert_eq!(seen[0], seen[1], "{answers}");
+    }
+}

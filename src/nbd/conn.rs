@@ -879,6 +879,12 @@ impl Session {
             hs.msg.clear();
             hs.msg.shrink_to(4096);
             let step = step?;
+            if matches!(step, Step::Done(_)) {
+                // Past the handshake before the client can know it: the
+                // accept path sheds only connections still negotiating, and
+                // must never pick one whose client already has its reply.
+                self.conn.in_handshake.store(false, Ordering::Release);
+            }
             self.conn.send_bytes(&out);
             match step {
                 Step::Continue => {}
