@@ -1079,7 +1079,7 @@ fn decrypt_with_data_shift_udm_starts_cryptsetup_finishes() {
     let ours = with_header(&v, "ours");
     let theirs = with_header(&v, "theirs");
     for (side, t) in [(true, &ours), (false, &theirs)] {
-        let o = reenc_on(side, &["--decrypt", "--init-only"], &t, &[]);
+        let o = reenc_on(side, &["--decrypt", "--init-only"], t, &[]);
         check_ok(&o);
     }
     assert_eq!(normalised(dump(&ours)), normalised(dump(&theirs)));
@@ -1970,7 +1970,7 @@ fn device_size_with_data_shift_as_cryptsetup() {
         check_ok(&reenc_on(
             side,
             &["--decrypt", "--init-only", "--device-size", "24M"],
-            &t,
+            t,
             &[],
         ));
     }
@@ -1993,7 +1993,7 @@ fn device_size_with_data_shift_as_cryptsetup() {
         check_ok(&reenc_on(
             side,
             &["--resume-only", "--device-size", "24M"],
-            &t,
+            t,
             &[],
         ));
         let j = dump(t);
@@ -2015,7 +2015,7 @@ fn device_size_with_data_shift_as_cryptsetup() {
         check_ok(&reenc_on(
             side,
             &["--decrypt", "--device-size", "24M"],
-            &t,
+            t,
             &[],
         ));
         assert!(pread(&t.img, 0, n) == t.plain[..n], "{side}");
