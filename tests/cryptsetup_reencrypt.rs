@@ -2214,3 +2214,56 @@ fn reduce_device_size_with_offset_as_cryptsetup() {
         assert_shift_finished(&ours, shift);
     }
 }
+
+// ---- tokens ----
+
+/// cryptsetup 2.6.1's reencrypt takes `--token-id`, `--token-only` and
+/// `--token-type` (options of every action) but reads the passphrase as
+/// always (src/utils_reencrypt.c uses tools_get_key, never a token: no
+/// token unlocks a reencryption), even with `--token-only`; udm does the
+/// same: with a key file, and with the passphrase on stdin, exit 0, and
+/// the luks2-keyring token follows the new keyslot as cryptsetup's
+/// assign_tokens moves it.
+#[test]
+fn token_options_on_reencrypt_as_cryptsetup() {
+    let v = volume(4 << 20, false, &[]);
+    run(cryptsetup()
+        .args([
+            "token",
+            "add",
+            "--key-description",
+            "udm:reenc",
+            "--key-slot",
+            "0",
+        ])
+        .arg(&v.img));
+    let opts = [
+        "--token-id",
+        "0",
+        "--token-only",
+        "--token-type",
+        "luks2-keyring",
+    ];
+    let mut tokens = Vec::new();
+    for side in [true, false] {
+        let t = twin(&v, if side { "u" } else { "c" });
+        let mut a: Vec<&str> = opts.to_vec();
+        a.extend(FAST_PBKDF);
+        let o = reenc_on(side, &a, &t, &[]);
+        assert_eq!(o.status.code(), Some(0), "{side}: {}", show(&o));
+        let a: Vec<&str> = ["--token-only"].iter().copied().chain(FAST_PBKDF).collect();
+        let o = reenc_cmd(side, &a, &t.img, None, None, Some(PASS), &[]);
+        assert_eq!(o.status.code(), Some(0), "{side}: {}", show(&o));
+        let j = dump(&t);
+        assert!(!in_reencryption(&j));
+        let slots: Vec<String> = j["keyslots"].as_object().unwrap().keys().cloned().collect();
+        assert_eq!(
+            j["tokens"]["0"]["keyslots"],
+            serde_json::json!(slots),
+            "{side}: {j:#}"
+        );
+        assert!(udm_data(&t) == t.plain, "{side}");
+        tokens.push(j["tokens"].clone());
+    }
+    assert_eq!(tokens[0], tokens[1]);
+}
