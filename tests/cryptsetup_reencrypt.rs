@@ -262,8 +262,10 @@ fn try_interrupt(
     let start = Instant::now();
     loop {
         let meta = v.hdr.as_ref().unwrap_or(&v.img);
-        // A header file the program has not written yet reads as empty.
-        let json = if meta.exists() {
+        // A header file the program has not written (whole) yet reads as
+        // empty.
+        let whole = std::fs::metadata(meta).is_ok_and(|m| m.len() >= 4096 + 12288);
+        let json = if whole {
             String::from_utf8_lossy(&pread(meta, 4096, 12288)).into_owned()
         } else {
             String::new()
@@ -2266,4 +2268,112 @@ fn token_options_on_reencrypt_as_cryptsetup() {
         tokens.push(j["tokens"].clone());
     }
     assert_eq!(tokens[0], tokens[1]);
+}
+
+// ---- --reduce-device-size with a detached header ----
+
+/// `--encrypt --reduce-device-size N --header H` as cryptsetup 2.6.1 does
+/// it (src/utils_reencrypt.c encrypt_luks2_init: metadata areas of 16
+/// KiB, the keyslots area the rest of N; lib/luks2/luks2_reencrypt.c:
+/// data offset 0, resilience datashift with shift N, backward, no moved
+/// segment): nothing is reduced, the device is encrypted in place in
+/// hotzones of N. udm's `--init-only` header (normalised) and header file
+/// size equal cryptsetup's; either finishes the other's start (udm's
+/// also after it stopped past a hotzone); the data reads back through
+/// udm and through cryptsetup alone. A metadata size larger than N is
+/// refused by both ("LUKS2 metadata size is larger than data shift
+/// value.", exit 1).
+#[test]
+fn reduce_device_size_with_detached_header_as_cryptsetup() {
+    let v = plain_device(32 << 20, 0);
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["--encrypt", "--reduce-device-size", "8M"];
+        a.extend(FAST_PBKDF);
+        a.extend(extra);
+        a
+    };
+    for side in [true, false] {
+        let t = with_header(&v, if side { "u" } else { "c" });
+        let o = reenc_on(side, &args(&["--luks2-keyslots-size", "8M"]), &t, &[]);
+        assert_eq!(o.status.code(), Some(1), "{side}: {}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("LUKS2 metadata size is larger than data shift value."),
+            "{err}"
+        );
+    }
+    let ours = with_header(&v, "ours");
+    let theirs = with_header(&v, "theirs");
+    for (side, t) in [(true, &ours), (false, &theirs)] {
+        check_ok(&reenc_on(side, &args(&["--init-only"]), t, &[]));
+        assert!(
+            std::fs::read(&t.img).unwrap() == v.plain,
+            "{side}: data moved"
+        );
+    }
+    let (ju, jc) = (dump(&ours), dump(&theirs));
+    assert_eq!(ju["config"]["keyslots_size"], "8355840", "{ju:#}");
+    assert_eq!(normalised(ju), normalised(jc));
+    let len = |t: &Vol| std::fs::metadata(t.hdr.as_ref().unwrap()).unwrap().len();
+    assert_eq!(len(&ours), len(&theirs));
+    assert!(udm_data(&ours) == v.plain);
+    // Each finishes the other's start.
+    check_ok(&reenc_on(false, &["--resume-only"], &ours, &[]));
+    check_ok(&reenc_on(true, &["--resume-only"], &theirs, &[]));
+    for t in [&ours, &theirs] {
+        let j = dump(t);
+        assert!(!in_reencryption(&j), "{j:#}");
+        assert_eq!(j["segments"]["0"]["offset"], "0");
+        assert_finished_both(t);
+    }
+    // Stopped past a hotzone: cryptsetup 2.6.1 cannot resume udm's state
+    // half-way (its size check adds the shift once the encrypted segment
+    // is dynamic: "Device … is too small.", exit 1; it fails so on some
+    // of its own interrupted states too); udm finishes it, and finishes a
+    // run of cryptsetup's stopped by SIGINT.
+    let ours = with_header(&v, "stopped");
+    check_ok(&reenc_on(
+        true,
+        &args(&[]),
+        &ours,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "2")],
+    ));
+    let j = dump(&ours);
+    assert!(in_reencryption(&j) && regular_segments(&j) == 2, "{j:#}");
+    assert!(udm_data(&ours) == v.plain, "stopped half-way");
+    let o = reenc_on(false, &["--resume-only"], &ours, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is too small."));
+    check_ok(&reenc_on(true, &["--resume-only"], &ours, &[]));
+    assert_finished_both(&ours);
+
+    let big = plain_device(96 << 20, 0);
+    let mut landed = false;
+    for _ in 0..8 {
+        let t = with_header(&big, "sigint");
+        let mut c = cryptsetup();
+        c.args(["reencrypt", "-q", "--force-offline-reencrypt"])
+            .args(["--encrypt", "--reduce-device-size", "1M"])
+            .args(FAST_PBKDF)
+            .arg("--header")
+            .arg(t.hdr.as_ref().unwrap())
+            .arg("--key-file")
+            .arg(&t.key)
+            .arg(&t.img);
+        let between = |j: &str| {
+            j.contains("online-reencrypt") && !j.contains("in-reencryption") && {
+                let v: Result<Value, _> = serde_json::from_str(j.trim_end_matches('\0'));
+                v.is_ok_and(|j| regular_segments(&j) == 2)
+            }
+        };
+        if try_interrupt(&t, c, libc::SIGINT, between).is_err() || !in_reencryption(&dump(&t)) {
+            continue;
+        }
+        landed = true;
+        assert!(udm_data(&t) == t.plain, "cryptsetup interrupted");
+        check_ok(&reenc_on(true, &["--resume-only"], &t, &[]));
+        assert_finished_both(&t);
+        break;
+    }
+    assert!(landed, "SIGINT never landed between two hotzones");
 }

@@ -233,8 +233,10 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         return encrypt_shift(c, &dev, &key, slot, &prompt, hotzone, &fb);
     }
     if c.a.has("encrypt") {
-        if c.a.has("reduce-device-size") {
-            return Err(unsupported("--reduce-device-size with a detached --header"));
+        if c.a.has("reduce-device-size") && c.a.has("offset") {
+            return Err(unsupported(
+                "--reduce-device-size with --offset and a detached --header",
+            ));
         }
         let Some(hdr) = dev.header.clone() else {
             return Err(not_in_progress());
@@ -254,12 +256,17 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         if c.a.has("active-name") {
             return Err(already_luks(&dev));
         }
-        let o = encrypt_format(c, &dev, &key, slot, 0);
+        let mut o = encrypt_format(c, &dev, &key, slot, 0);
+        let reduce = c.a.u64("reduce-device-size");
+        if let Some(n) = reduce {
+            in_place_shift(c, &dev, n, &mut o)?;
+        }
         luks_format(&o, &fb)?;
         let mut vol = dev.load(true, &fb)?;
         let pass = key.read(&prompt, false)?;
         let (s, k) = vol.unlock(&pass, slot)?;
-        let p = params(c, Mode::Encrypt);
+        let mut p = params(c, Mode::Encrypt);
+        p.shift = reduce;
         reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
         let name = activate(c, &vol, &pass)?;
         if c.a.has("init-only") {
@@ -670,6 +677,39 @@ fn decrypt_shift(
 fn reload(l: &mut super::active::LiveCtl<'_>, act: crate::luks::Activation) -> Outcome {
     let table = reencrypt::live_table(l, act);
     l.reload(&table)
+}
+
+/// `--encrypt --reduce-device-size N` with a detached header, as
+/// cryptsetup 2.6.1 does it (src/utils_reencrypt.c encrypt_luks2_init,
+/// lib/luks2/luks2_reencrypt.c): the header file's metadata areas are
+/// `--luks2-metadata-size` (16 KiB) each and its keyslots area the rest
+/// of N, the data stays where it is (data offset 0, nothing reduced) and
+/// is encrypted in place, backward, in hotzones of N under resilience
+/// `datashift`, which keeps no copy of a hotzone. cryptsetup's hotzone
+/// arithmetic only ends at byte 0 when N divides the device, so udm
+/// takes only such devices.
+fn in_place_shift(c: &Ctx, dev: &crate::luks::ops::Device, n: u64, o: &mut FormatOpts) -> Outcome {
+    let meta = c.a.u64("luks2-metadata-size").unwrap_or(0x4000);
+    let slots = match c.a.u64("luks2-keyslots-size") {
+        Some(k) => k,
+        None => n.saturating_sub(2 * meta),
+    };
+    if 2 * meta + slots > n {
+        return Err(LuksError::Usage(
+            "LUKS2 metadata size is larger than data shift value.".into(),
+        ));
+    }
+    let size = crate::luks::disk::Disk::open(&dev.path, false)?.size()?;
+    if n % 4096 != 0 || n > reencrypt::UDM_MAX_HOTZONE || size == 0 || size % n != 0 {
+        return Err(unsupported(&format!(
+            "--reduce-device-size {n} with a detached --header on a device of {size} bytes: \
+             udm encrypts in place only when the reduction (4 KiB aligned, at most 64 MiB) \
+             divides the device, where cryptsetup's hotzones end at byte 0"
+        )));
+    }
+    o.metadata_size = Some(meta);
+    o.keyslots_size = Some(slots);
+    Ok(())
 }
 
 /// The served device must map this volume (its device UUID names the

@@ -377,6 +377,21 @@ pub fn init(
         old_segs = (0..=n as u32 + 1).collect();
         unshift = Some((shift, moved));
         n as u32 + 2
+    } else if let Some(shift) = p.shift.filter(|_| d_off == 0) {
+        // A detached header (data offset 0): cryptsetup encrypts in
+        // place, backward, in hotzones of the shift; the plaintext is one
+        // linear segment of the whole data area.
+        if p.mode != Mode::Encrypt || shift == 0 || size % shift != 0 {
+            return Err(LuksError::Usage(format!(
+                "An encryption with data shift and a detached header needs the data size \
+                 ({size} bytes) to be a multiple of the shift ({shift} bytes)."
+            )));
+        }
+        let prev = json!({"type": "linear", "offset": "0", "size": size.to_string()});
+        v["segments"] = json!({"0": prev.clone()});
+        v["segments"]["1"] = with_flag(prev, "backup-previous");
+        v["segments"]["2"] = with_flag(fin, "backup-final");
+        2
     } else if let Some(shift) = p.shift {
         // cryptsetup's layout: [header (shift)][plaintext from shift]
         // [gap][first `shift` bytes of the plaintext, moved].
