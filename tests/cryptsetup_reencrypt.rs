@@ -2377,3 +2377,115 @@ fn reduce_device_size_with_detached_header_as_cryptsetup() {
     }
     assert!(landed, "SIGINT never landed between two hotzones");
 }
+
+/// `--luks2-keyslots-size` with `--reduce-device-size N` and the header
+/// on the device, as cryptsetup 2.6.1: a size that fits is taken, a
+/// larger one shrinks to the shift less the metadata ("WARNING: LUKS2
+/// keyslots area size changed to … bytes.", on stdout); the `--init-only` headers
+/// (normalised) are equal. A resume's `--device-size` must be the
+/// plaintext's size (the segments have fixed sizes): another is refused
+/// by both ("Illegal device size requested in reencryption
+/// parameters.", exit 1), that one is taken.
+#[test]
+fn reduce_device_size_keyslots_size_and_resume_size_as_cryptsetup() {
+    let v = plain_device(32 << 20, 8 << 20);
+    for ks in ["1M", "8M"] {
+        let ours = twin(&v, "ours");
+        let theirs = twin(&v, "theirs");
+        let mut errs = Vec::new();
+        for (side, t) in [(true, &ours), (false, &theirs)] {
+            let mut a = shift_args("8M");
+            a.remove(0);
+            a.extend(["--luks2-keyslots-size", ks, "--init-only"]);
+            let o = reenc_on(side, &a, t, &[]);
+            check_ok(&o);
+            errs.push(String::from_utf8_lossy(&o.stdout).into_owned());
+        }
+        let warned = "WARNING: LUKS2 keyslots area size changed to 4161536 bytes.";
+        for e in &errs {
+            assert_eq!(e.contains(warned), ks == "8M", "{ks}: {e}");
+        }
+        assert_eq!(normalised(dump(&ours)), normalised(dump(&theirs)), "{ks}");
+    }
+    for side in [true, false] {
+        let t = twin(&v, "resume");
+        let mut a = shift_args("8M");
+        a.remove(0);
+        a.push("--init-only");
+        check_ok(&reenc_on(false, &a, &t, &[]));
+        let o = reenc_on(side, &["--resume-only", "--device-size", "8M"], &t, &[]);
+        assert_eq!(o.status.code(), Some(1), "{side}: {}", show(&o));
+        assert!(String::from_utf8_lossy(&o.stderr)
+            .contains("Illegal device size requested in reencryption parameters."));
+        check_ok(&reenc_on(
+            side,
+            &["--resume-only", "--device-size", "24M"],
+            &t,
+            &[],
+        ));
+        assert_shift_finished(&t, 4 << 20);
+    }
+}
+
+/// The same with `--offset S` (sectors): cryptsetup formats the detached
+/// header with its data at S, shrinks the keyslots area below S
+/// ("WARNING: LUKS2 keyslots area size changed to … bytes."), and
+/// encrypts the data area in place from S; udm's start equals it, either
+/// finishes the other's, and cryptsetup's volume key decrypts the result
+/// (its `--decrypt` refuses a detached header with a data offset).
+#[test]
+fn reduce_device_size_with_detached_header_and_offset_as_cryptsetup() {
+    let v = plain_device(33 << 20, 0);
+    let ours = with_header(&v, "ours");
+    let theirs = with_header(&v, "theirs");
+    let mut a = vec![
+        "--encrypt",
+        "--reduce-device-size",
+        "8M",
+        "--offset",
+        "2048",
+    ];
+    a.extend(FAST_PBKDF);
+    a.push("--init-only");
+    let mut outs = Vec::new();
+    for (side, t) in [(true, &ours), (false, &theirs)] {
+        let o = reenc_on(side, &a, t, &[]);
+        check_ok(&o);
+        outs.push(String::from_utf8_lossy(&o.stdout).into_owned());
+    }
+    for out in &outs {
+        assert!(
+            out.contains("WARNING: LUKS2 keyslots area size changed to 1015808 bytes."),
+            "{out}"
+        );
+    }
+    assert_eq!(normalised(dump(&ours)), normalised(dump(&theirs)));
+    check_ok(&reenc_on(false, &["--resume-only"], &ours, &[]));
+    check_ok(&reenc_on(true, &["--resume-only"], &theirs, &[]));
+    for t in [&ours, &theirs] {
+        let j = dump(t);
+        assert!(!in_reencryption(&j), "{j:#}");
+        let seg = &j["segments"]["0"];
+        assert_eq!(seg["offset"], "1048576");
+        assert!(udm_data(t) == t.plain[1 << 20..], "udm reads other data");
+        let key = cs_volume_key(&t.img, t.hdr.as_deref(), &t.key);
+        let ct = pread(&t.img, 1 << 20, 32 << 20);
+        let pt = py_crypt(
+            t.dir.path(),
+            "dec",
+            seg["encryption"].as_str().unwrap(),
+            &key,
+            512,
+            0,
+            &ct,
+        );
+        assert!(
+            pt == t.plain[1 << 20..],
+            "cryptsetup's key decrypts other data"
+        );
+        assert!(
+            pread(&t.img, 0, 1 << 20) == t.plain[..1 << 20],
+            "bytes before the offset moved"
+        );
+    }
+}

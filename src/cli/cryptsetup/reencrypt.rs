@@ -148,6 +148,8 @@ fn encrypt_format(
         subsystem: c.a.str("subsystem").map(str::to_string),
         uuid: c.a.str("uuid").map(str::to_string),
         offset_sectors: Some(offset_sectors),
+        metadata_size: c.a.u64("luks2-metadata-size"),
+        keyslots_size: c.a.u64("luks2-keyslots-size"),
         key_slot: slot,
         pbkdf: pbkdf(c),
         ..FormatOpts::default()
@@ -233,11 +235,6 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         return encrypt_shift(c, &dev, &key, slot, &prompt, hotzone, &fb);
     }
     if c.a.has("encrypt") {
-        if c.a.has("reduce-device-size") && c.a.has("offset") {
-            return Err(unsupported(
-                "--reduce-device-size with --offset and a detached --header",
-            ));
-        }
         let Some(hdr) = dev.header.clone() else {
             return Err(not_in_progress());
         };
@@ -256,7 +253,8 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         if c.a.has("active-name") {
             return Err(already_luks(&dev));
         }
-        let mut o = encrypt_format(c, &dev, &key, slot, 0);
+        // A detached header: the data stays where --offset says.
+        let mut o = encrypt_format(c, &dev, &key, slot, c.a.u64("offset").unwrap_or(0));
         let reduce = c.a.u64("reduce-device-size");
         if let Some(n) = reduce {
             in_place_shift(c, &dev, n, &mut o)?;
@@ -685,12 +683,12 @@ fn reload(l: &mut super::active::LiveCtl<'_>, act: crate::luks::Activation) -> O
 /// `--luks2-metadata-size` (16 KiB) each and its keyslots area the rest
 /// of N, the data stays where it is (data offset 0, nothing reduced) and
 /// is encrypted in place, backward, in hotzones of N under resilience
-/// `datashift`, which keeps no copy of a hotzone. cryptsetup's hotzone
-/// arithmetic only ends at byte 0 when N divides the device, so udm
-/// takes only such devices.
+/// `datashift`, which keeps no copy of a hotzone (at `--offset`, if
+/// given). cryptsetup's hotzone arithmetic only ends at the data offset
+/// when N divides the data area, so udm takes only such devices.
 fn in_place_shift(c: &Ctx, dev: &crate::luks::ops::Device, n: u64, o: &mut FormatOpts) -> Outcome {
     let meta = c.a.u64("luks2-metadata-size").unwrap_or(0x4000);
-    let slots = match c.a.u64("luks2-keyslots-size") {
+    let mut slots = match c.a.u64("luks2-keyslots-size") {
         Some(k) => k,
         None => n.saturating_sub(2 * meta),
     };
@@ -699,12 +697,21 @@ fn in_place_shift(c: &Ctx, dev: &crate::luks::ops::Device, n: u64, o: &mut Forma
             "LUKS2 metadata size is larger than data shift value.".into(),
         ));
     }
-    let size = crate::luks::disk::Disk::open(&dev.path, false)?.size()?;
+    // Below a data offset, as libcryptsetup keeps even a detached
+    // header's areas (it could go back on the device).
+    let offset = c.a.u64("offset").unwrap_or(0).saturating_mul(512);
+    if offset > 0 && 2 * meta + slots > offset {
+        slots = offset.saturating_sub(2 * meta) / 4096 * 4096;
+        println!("WARNING: LUKS2 keyslots area size changed to {slots} bytes.");
+    }
+    let size = crate::luks::disk::Disk::open(&dev.path, false)?
+        .size()?
+        .saturating_sub(offset);
     if n % 4096 != 0 || n > reencrypt::UDM_MAX_HOTZONE || size == 0 || size % n != 0 {
         return Err(unsupported(&format!(
-            "--reduce-device-size {n} with a detached --header on a device of {size} bytes: \
+            "--reduce-device-size {n} with a detached --header and a data area of {size} bytes: \
              udm encrypts in place only when the reduction (4 KiB aligned, at most 64 MiB) \
-             divides the device, where cryptsetup's hotzones end at byte 0"
+             divides the data area, where cryptsetup's hotzones end at the data offset"
         )));
     }
     o.metadata_size = Some(meta);
@@ -806,11 +813,6 @@ fn encrypt_shift(
             "--encrypt without --header needs --reduce-device-size (room for the header)",
         ));
     };
-    if c.a.has("luks2-keyslots-size") {
-        return Err(unsupported(
-            "--luks2-keyslots-size with --reduce-device-size (the header takes half of it)",
-        ));
-    }
     // cryptsetup's --offset (sectors) with the header on the device: at
     // most half the reduction; less shrinks the reduction to twice it.
     if let Some(off) = c.a.u64("offset").filter(|&o| o > 0) {
@@ -861,7 +863,17 @@ fn encrypt_shift(
         }
         d.sync()?;
     }
-    let o = encrypt_format(c, dev, key, slot, shift / 512);
+    let mut o = encrypt_format(c, dev, key, slot, shift / 512);
+    // The header takes the shift: a larger keyslots area shrinks to fit,
+    // as libcryptsetup shrinks it.
+    let meta = o.metadata_size.unwrap_or(0x4000);
+    if let Some(ks) = o.keyslots_size.filter(|&k| 2 * meta + k > shift) {
+        let fit = shift.saturating_sub(2 * meta) / 4096 * 4096;
+        if fit != ks {
+            println!("WARNING: LUKS2 keyslots area size changed to {fit} bytes.");
+        }
+        o.keyslots_size = Some(fit);
+    }
     luks_format(&o, fb)?;
     let mut vol = dev.load(true, fb)?;
     let (s, k) = vol.unlock(&pass, slot)?;

@@ -167,12 +167,13 @@ impl<'a> Job<'a> {
             device: device_size,
         } = sizes;
         // cryptsetup's encryption with data shift and a detached header:
-        // no moved segment, data at 0, encrypted in place in hotzones of
-        // the shift (the generic backward path below).
+        // no moved segment, the data encrypted in place (at the data
+        // offset) in hotzones of the shift (the generic backward path
+        // below).
         let in_place = match st.resilience {
             Resilience::Datashift { shift, moved: None }
                 if st.mode == Mode::Encrypt
-                    && st.new.offset == 0
+                    && vol.detached
                     && super::state::segment_by_flag(&luks2(vol)?.meta, "backup-moved-segment")
                         .is_none() =>
             {
@@ -184,14 +185,15 @@ impl<'a> Job<'a> {
             if st.mode == Mode::Decrypt {
                 return Job::new_unshift(vol, st, key_old, shift, moved, device_size);
             }
-            if device_size.is_some() {
-                // cryptsetup refuses it when the encryption starts
-                // (--reduce-device-size with --device-size).
+            let job = Job::new_shift(vol, st, key_old, key_new, shift)?;
+            // The segments have fixed sizes: as cryptsetup, a resume's
+            // --device-size must be the plaintext's size.
+            if device_size.is_some_and(|d| d != job.zone.size) {
                 return Err(LuksError::Usage(
-                    "Options --reduce-device-size and --data-size cannot be combined.".into(),
+                    "Illegal device size requested in reencryption parameters.".into(),
                 ));
             }
-            return Job::new_shift(vol, st, key_old, key_new, shift);
+            return Ok(job);
         }
         if st.old.offset != st.new.offset || st.old.iv_tweak != 0 || st.new.iv_tweak != 0 {
             return Err(LuksError::Unsupported(
