@@ -8,7 +8,10 @@
 //! reencrypts online: NAME, a device of a running `udm serve` (control
 //! socket), is suspended around each hotzone and reloaded with the
 //! volume's new multi-segment table after it, so its NBD clients keep
-//! reading and writing correct data. SIGINT/SIGTERM stop after
+//! reading and writing correct data; data shifts too, as cryptsetup 2.6
+//! allows them online (a decryption with data shift starts online; an
+//! encryption starts offline and `--encrypt DEVICE NAME` then creates
+//! NAME on the server and goes on online). SIGINT/SIGTERM stop after
 //! the current hotzone, leaving resumable metadata. Progress goes to
 //! stderr: a bar on a terminal, or a line every `--progress-frequency`
 //! seconds.
