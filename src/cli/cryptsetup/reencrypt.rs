@@ -8,7 +8,10 @@
 //! reencrypts online: NAME, a device of a running `udm serve` (control
 //! socket), is suspended around each hotzone and reloaded with the
 //! volume's new multi-segment table after it, so its NBD clients keep
-//! reading and writing correct data. SIGINT/SIGTERM stop after
+//! reading and writing correct data; data shifts too, as cryptsetup 2.6
+//! allows them online (a decryption with data shift starts online; an
+//! encryption starts offline and `--encrypt DEVICE NAME` then creates
+//! NAME on the server and goes on online). SIGINT/SIGTERM stop after
 //! the current hotzone, leaving resumable metadata. Progress goes to
 //! stderr: a bar on a terminal, or a line every `--progress-frequency`
 //! seconds.
@@ -23,7 +26,7 @@ use crate::cli::ui::Ui;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::ops::format::{default_key_bits, luks_format, FormatOpts};
-use crate::luks::reencrypt::{self, InitParams, Mode, Outcome as Done};
+use crate::luks::reencrypt::{self, InitParams, Live, Mode, Outcome as Done};
 use crate::luks::volume::Volume;
 
 /// Set by SIGINT/SIGTERM; the engine checks it between hotzones.
@@ -148,6 +151,8 @@ fn encrypt_format(
         subsystem: c.a.str("subsystem").map(str::to_string),
         uuid: c.a.str("uuid").map(str::to_string),
         offset_sectors: Some(offset_sectors),
+        metadata_size: c.a.u64("luks2-metadata-size"),
+        keyslots_size: c.a.u64("luks2-keyslots-size"),
         key_slot: slot,
         pbkdf: pbkdf(c),
         ..FormatOpts::default()
@@ -160,6 +165,26 @@ fn not_in_progress() -> LuksError {
 
 fn unsupported(what: &str) -> LuksError {
     LuksError::Unsupported(what.into())
+}
+
+/// The served device `name` (`--active-name`); one that is not active
+/// fails as cryptsetup's reencrypt does, exit 1.
+fn active<'a>(c: &'a Ctx, name: &str) -> Result<super::active::LiveCtl<'a>, LuksError> {
+    match super::active::live_device(c, name) {
+        Err(LuksError::Silent(_)) => Err(LuksError::Silent(1)),
+        r => r,
+    }
+}
+
+/// cryptsetup's refusal of `--encrypt --active-name` for a device that
+/// is not in reencryption: the active device is LUKS already (an
+/// encryption starts offline, over the plaintext device), exit 1.
+fn already_luks(dev: &crate::luks::ops::Device) -> LuksError {
+    let what = dev.header.as_deref().unwrap_or(&dev.path);
+    LuksError::Usage(format!(
+        "Device {} is already LUKS device. Aborting operation.",
+        what.display()
+    ))
 }
 
 pub(super) fn run(c: &Ctx) -> Outcome {
@@ -199,8 +224,9 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         steps: Cell::new(0),
     };
     if let Some(name) = c.a.str("active-name") {
-        // Online: the served device must exist before anything changes.
-        super::active::live_device(c, name)?;
+        // Online: the served device must exist before anything changes
+        // (cryptsetup: "Device NAME is not active.", exit 1).
+        active(c, name)?;
     }
     let dev = device(c);
     let hotzone = c.a.u64("hotzone-size");
@@ -212,9 +238,6 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         return encrypt_shift(c, &dev, &key, slot, &prompt, hotzone, &fb);
     }
     if c.a.has("encrypt") {
-        if c.a.has("reduce-device-size") {
-            return Err(unsupported("--reduce-device-size with a detached --header"));
-        }
         let Some(hdr) = dev.header.clone() else {
             return Err(not_in_progress());
         };
@@ -230,17 +253,27 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         if c.a.has("resume-only") {
             return Err(not_in_progress());
         }
-        let o = encrypt_format(c, &dev, &key, slot, 0);
+        if c.a.has("active-name") {
+            return Err(already_luks(&dev));
+        }
+        // A detached header: the data stays where --offset says.
+        let mut o = encrypt_format(c, &dev, &key, slot, c.a.u64("offset").unwrap_or(0));
+        let reduce = c.a.u64("reduce-device-size");
+        if let Some(n) = reduce {
+            in_place_shift(c, &dev, n, &mut o)?;
+        }
         luks_format(&o, &fb)?;
         let mut vol = dev.load(true, &fb)?;
         let pass = key.read(&prompt, false)?;
         let (s, k) = vol.unlock(&pass, slot)?;
-        let p = params(c, Mode::Encrypt);
+        let mut p = params(c, Mode::Encrypt);
+        p.shift = reduce;
         reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
+        let name = activate(c, &vol, &pass)?;
         if c.a.has("init-only") {
             return Ok(());
         }
-        return go(c, &mut vol, &pass, hotzone, &fb);
+        return go_online(c, &mut vol, &pass, hotzone, &fb, name);
     }
 
     if c.a.has("decrypt") {
@@ -276,18 +309,8 @@ pub(super) fn run(c: &Ctx) -> Outcome {
                 "LUKS2 decryption requires --header option.".into(),
             ));
         }
-        let offset = match &vol.header {
-            crate::luks::volume::Header::Luks2(h) => h
-                .meta
-                .segments
-                .values()
-                .filter(|s| !s.is_backup())
-                .map(|s| s.offset)
-                .min()
-                .unwrap_or(0),
-            crate::luks::volume::Header::Luks1(_) => 0,
-        };
-        if offset > 0 {
+        // LUKS1 was refused above: this is the lowest data segment.
+        if vol.data_offset() > 0 {
             return Err(LuksError::Unsupported(
                 "LUKS2 decryption is supported with detached header device only (with data \
                  offset set to 0)."
@@ -564,17 +587,11 @@ fn decrypt_shift(
     if c.a.has("resume-only") {
         return Err(not_in_progress());
     }
-    if c.a.has("active-name") {
-        return Err(unsupported(
-            "online decryption with data shift (--active-name); run it offline",
-        ));
-    }
     let resilience = unshift_resilience(c)?;
-    if c.a.has("device-size") {
-        return Err(unsupported(
-            "--device-size with a data shift (fixed-size decryption with data shift)",
-        ));
-    }
+    let mut live = match c.a.str("active-name") {
+        Some(name) => Some(active(c, name)?),
+        None => None,
+    };
     if !c.batch() {
         crate::luks::ops::confirm_or(
             fb,
@@ -592,6 +609,7 @@ fn decrypt_shift(
     vol.unlock(&pass, slot)?;
     drop(vol);
     crate::luks::ops::header::backup(&on_dev, hdr, fb)?;
+    let mut suspended = false;
     let started = (|| -> Result<(), LuksError> {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(hdr)
@@ -607,14 +625,33 @@ fn decrypt_shift(
         )?;
         let mut vol = dev.load(true, fb)?;
         let (s, k_old) = vol.unlock(&pass, slot)?;
+        if let Some(l) = live.as_mut() {
+            check_live(c, l, &vol)?;
+            // The first hotzone's ciphertext is copied to byte 0 before
+            // the header names it: no client may write it meanwhile.
+            l.suspend()?;
+            suspended = true;
+        }
         wipe_luks_magic(&dev.path, vol.header_len())?;
         let mut p = params(c, Mode::Decrypt);
         p.resilience = resilience.to_string();
         p.move_first = true;
         p.hotzone = hotzone;
-        reencrypt::init(&mut vol, &p, &pass, s, &[], Some(&k_old), None).map(|_| ())
+        reencrypt::init(&mut vol, &p, &pass, s, &[], Some(&k_old), None)?;
+        if let Some(l) = live.as_mut() {
+            let vol = dev.load(false, fb)?;
+            let act = reencrypt::activation(&vol, &pass)?
+                .ok_or_else(|| LuksError::Usage("reencryption state changed".into()))?;
+            reload(l, act)?;
+            suspended = false;
+        }
+        Ok(())
     })();
     if let Err(e) = started {
+        if suspended {
+            // The header goes back below; the old table maps it again.
+            let _ = live.as_mut().map(|l| l.resume());
+        }
         // Nothing of the reencryption reached the header: put the
         // original header back on the device and drop the export.
         match restore_header(&dev.path, hdr) {
@@ -628,11 +665,83 @@ fn decrypt_shift(
         }
         return Err(e);
     }
+    drop(live);
     if c.a.has("init-only") {
         return Ok(());
     }
     let mut vol = dev.load(true, fb)?;
     go(c, &mut vol, &pass, hotzone, fb)
+}
+
+/// Load the mapping `act` into the served device (its flags, its size)
+/// and resume it.
+fn reload(l: &mut super::active::LiveCtl<'_>, act: crate::luks::Activation) -> Outcome {
+    let table = reencrypt::live_table(l, act);
+    l.reload(&table)
+}
+
+/// `--encrypt --reduce-device-size N` with a detached header, as
+/// cryptsetup 2.6.1 does it (src/utils_reencrypt.c encrypt_luks2_init,
+/// lib/luks2/luks2_reencrypt.c): the header file's metadata areas are
+/// `--luks2-metadata-size` (16 KiB) each and its keyslots area the rest
+/// of N, the data stays where it is (data offset 0, nothing reduced) and
+/// is encrypted in place, backward, in hotzones of N under resilience
+/// `datashift`, which keeps no copy of a hotzone (at `--offset`, if
+/// given). cryptsetup's hotzone arithmetic only ends at the data offset
+/// when N divides the data area, so udm takes only such devices.
+fn in_place_shift(c: &Ctx, dev: &crate::luks::ops::Device, n: u64, o: &mut FormatOpts) -> Outcome {
+    let meta = c.a.u64("luks2-metadata-size").unwrap_or(0x4000);
+    let mut slots = match c.a.u64("luks2-keyslots-size") {
+        Some(k) => k,
+        None => n.saturating_sub(2 * meta),
+    };
+    if 2 * meta + slots > n {
+        return Err(LuksError::Usage(
+            "LUKS2 metadata size is larger than data shift value.".into(),
+        ));
+    }
+    // Below a data offset, as libcryptsetup keeps even a detached
+    // header's areas (it could go back on the device).
+    let offset = c.a.u64("offset").unwrap_or(0).saturating_mul(512);
+    if offset > 0 && 2 * meta + slots > offset {
+        slots = offset.saturating_sub(2 * meta) / 4096 * 4096;
+        println!("WARNING: LUKS2 keyslots area size changed to {slots} bytes.");
+    }
+    let size = crate::luks::disk::Disk::open(&dev.path, false)?
+        .size()?
+        .saturating_sub(offset);
+    if n % 4096 != 0 || n > reencrypt::UDM_MAX_HOTZONE || size == 0 || size % n != 0 {
+        return Err(unsupported(&format!(
+            "--reduce-device-size {n} with a detached --header and a data area of {size} bytes: \
+             udm encrypts in place only when the reduction (4 KiB aligned, at most 64 MiB) \
+             divides the data area, where cryptsetup's hotzones end at the data offset"
+        )));
+    }
+    o.metadata_size = Some(meta);
+    o.keyslots_size = Some(slots);
+    Ok(())
+}
+
+/// The served device must map this volume (its device UUID names the
+/// volume's, else cryptsetup's "Mismatching parameters on device NAME.")
+/// and `--device-size` must equal its size ("Active device size and
+/// requested reencryption size don't match."); both exit 1.
+fn check_live(c: &Ctx, l: &super::active::LiveCtl<'_>, vol: &Volume) -> Outcome {
+    let want = format!("CRYPT-LUKS2-{}-", vol.uuid().replace('-', ""));
+    if !l.uuid.starts_with(&want) {
+        return Err(LuksError::Usage(format!(
+            "Mismatching parameters on device {}.",
+            c.a.str("active-name").unwrap_or("")
+        )));
+    }
+    if let (Some(want), Some(have)) = (c.a.u64("device-size"), l.sectors()) {
+        if want != have * 512 {
+            return Err(LuksError::Usage(
+                "Active device size and requested reencryption size don't match.".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Zero the magic of both LUKS2 header copies on `path` (as blkid's
@@ -699,25 +808,38 @@ fn encrypt_shift(
     if c.a.has("resume-only") {
         return Err(not_in_progress());
     }
-    if c.a.has("device-size") {
-        return Err(unsupported(
-            "--device-size with a data shift (fixed-size encryption with data shift)",
-        ));
+    if c.a.has("active-name") {
+        return Err(already_luks(dev));
     }
-    let Some(reduce) = c.a.u64("reduce-device-size") else {
+    let Some(mut reduce) = c.a.u64("reduce-device-size") else {
         return Err(unsupported(
             "--encrypt without --header needs --reduce-device-size (room for the header)",
         ));
     };
-    if c.a.has("offset") || c.a.has("luks2-keyslots-size") {
-        return Err(unsupported(
-            "--offset or --luks2-keyslots-size with --reduce-device-size",
-        ));
+    // cryptsetup's --offset (sectors) with the header on the device: at
+    // most half the reduction; less shrinks the reduction to twice it.
+    if let Some(off) = c.a.u64("offset").filter(|&o| o > 0) {
+        let half = reduce / 1024;
+        if off > half {
+            return Err(LuksError::Usage(
+                "Requested data offset must be less than or equal to half of \
+                 --reduce-device-size parameter."
+                    .into(),
+            ));
+        }
+        if off < half {
+            reduce = off * 1024;
+            println!(
+                "Adjusting --reduce-device-size value to twice the --offset {} (sectors).",
+                off * 2
+            );
+        }
     }
     let shift = reduce / 2;
-    if reduce == 0 || reduce % 8192 != 0 || shift > 1 << 30 {
+    if reduce == 0 || reduce % 8192 != 0 {
         return Err(LuksError::Usage(
-            "Device size reduction must be a multiple of 8 KiB, at most 2 GiB.".into(),
+            "Device size reduction must be a multiple of 8 KiB (udm moves whole 4 KiB blocks)."
+                .into(),
         ));
     }
     let size = crate::luks::disk::Disk::open(&dev.path, false)?.size()?;
@@ -744,17 +866,43 @@ fn encrypt_shift(
         }
         d.sync()?;
     }
-    let o = encrypt_format(c, dev, key, slot, shift / 512);
+    let mut o = encrypt_format(c, dev, key, slot, shift / 512);
+    // The header takes the shift: a larger keyslots area shrinks to fit,
+    // as libcryptsetup shrinks it.
+    let meta = o.metadata_size.unwrap_or(0x4000);
+    if let Some(ks) = o.keyslots_size.filter(|&k| 2 * meta + k > shift) {
+        let fit = shift.saturating_sub(2 * meta) / 4096 * 4096;
+        if fit != ks {
+            println!("WARNING: LUKS2 keyslots area size changed to {fit} bytes.");
+        }
+        o.keyslots_size = Some(fit);
+    }
     luks_format(&o, fb)?;
     let mut vol = dev.load(true, fb)?;
     let (s, k) = vol.unlock(&pass, slot)?;
     let mut p = params(c, Mode::Encrypt);
     p.shift = Some(shift);
     reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
+    let name = activate(c, &vol, &pass)?;
     if c.a.has("init-only") {
         return Ok(());
     }
-    go(c, &mut vol, &pass, hotzone, fb)
+    go_online(c, &mut vol, &pass, hotzone, fb, name)
+}
+
+/// cryptsetup's online encryption: `reencrypt --encrypt DEVICE NAME`
+/// activates NAME (here: a device of the running server) once the
+/// encryption is initialised, and the rest of it runs online (also with
+/// `--init-only`, which stops after the activation).
+fn activate<'c>(c: &'c Ctx, vol: &Volume, pass: &[u8]) -> Result<Option<&'c str>, LuksError> {
+    let Some(name) = c.argv.get(1) else {
+        return Ok(None);
+    };
+    let act = reencrypt::activation(vol, pass)?
+        .ok_or_else(|| LuksError::Usage("reencryption state changed".into()))?;
+    super::active::create_luks2(c, name, act, vol.uuid())?;
+    println!("{name} is now active and ready for online encryption.");
+    Ok(Some(name.as_str()))
 }
 
 fn resume_only(
@@ -778,14 +926,29 @@ fn resume_only(
 }
 
 fn go(c: &Ctx, vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progress) -> Outcome {
+    go_online(c, vol, pass, hotzone, fb, c.a.str("active-name"))
+}
+
+/// [`go`], online when `name` names the served device.
+fn go_online(
+    c: &Ctx,
+    vol: &mut Volume,
+    pass: &[u8],
+    hotzone: Option<u64>,
+    fb: &Progress,
+    name: Option<&str>,
+) -> Outcome {
     install_handlers();
     // Test hooks (the interop tests stop or crash udm at a chosen hotzone).
     let hook = |n: &str| std::env::var(n).ok().and_then(|v| v.parse::<u64>().ok());
     fb.stop_after.set(hook("UDM_TEST_REENCRYPT_STOP_AFTER"));
-    let mut live = match c.a.str("active-name") {
-        Some(name) => Some(super::active::live_device(c, name)?),
+    let mut live = match name {
+        Some(name) => Some(active(c, name)?),
         None => None,
     };
+    if let Some(l) = &live {
+        check_live(c, l, vol)?;
+    }
     let r = reencrypt::resume(
         vol,
         pass,
@@ -798,7 +961,7 @@ fn go(c: &Ctx, vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progres
         hook("UDM_TEST_REENCRYPT_CRASH_IN"),
         live.as_mut().map(|l| l as &mut dyn reencrypt::Live),
     );
-    let r = match (r, c.a.str("active-name")) {
+    let r = match (r, name) {
         (Err(e), Some(name)) => {
             // As libcryptsetup leaves a failed hotzone unreachable: the
             // device stays suspended until the hotzone is recovered.

@@ -166,16 +166,34 @@ impl<'a> Job<'a> {
             hotzone: max_hotzone,
             device: device_size,
         } = sizes;
-        if let Resilience::Datashift { shift, moved } = st.resilience {
-            if device_size.is_some() {
-                return Err(LuksError::Unsupported(
-                    "--device-size with a data shift (fixed-size data shift)".into(),
+        // cryptsetup's encryption with data shift and a detached header:
+        // no moved segment, the data encrypted in place (at the data
+        // offset) in hotzones of the shift (the generic backward path
+        // below).
+        let in_place = match st.resilience {
+            Resilience::Datashift { shift, moved: None }
+                if st.mode == Mode::Encrypt
+                    && vol.detached
+                    && super::state::segment_by_flag(&luks2(vol)?.meta, "backup-moved-segment")
+                        .is_none() =>
+            {
+                Some(shift)
+            }
+            _ => None,
+        };
+        if let (Resilience::Datashift { shift, moved }, None) = (st.resilience, in_place) {
+            if st.mode == Mode::Decrypt {
+                return Job::new_unshift(vol, st, key_old, shift, moved, device_size);
+            }
+            let job = Job::new_shift(vol, st, key_old, key_new, shift)?;
+            // The segments have fixed sizes: as cryptsetup, a resume's
+            // --device-size must be the plaintext's size.
+            if device_size.is_some_and(|d| d != job.zone.size) {
+                return Err(LuksError::Usage(
+                    "Illegal device size requested in reencryption parameters.".into(),
                 ));
             }
-            if st.mode == Mode::Decrypt {
-                return Job::new_unshift(vol, st, key_old, shift, moved);
-            }
-            return Job::new_shift(vol, st, key_old, key_new, shift);
+            return Ok(job);
         }
         if st.old.offset != st.new.offset || st.old.iv_tweak != 0 || st.new.iv_tweak != 0 {
             return Err(LuksError::Unsupported(
@@ -185,7 +203,8 @@ impl<'a> Job<'a> {
         let h = luks2(vol)?;
         for flag in ["backup-previous", "backup-final"] {
             if let Some(id) = super::state::segment_by_flag(&h.meta, flag) {
-                if h.meta.segments[&id].size.is_some() {
+                // The in-place data shift's plaintext segment has a size.
+                if h.meta.segments[&id].size.is_some() && in_place.is_none() {
                     return Err(LuksError::Unsupported(
                         "reencryption of a fixed-size data segment (--device-size)".into(),
                     ));
@@ -193,7 +212,6 @@ impl<'a> Job<'a> {
             }
         }
         let data_offset = st.new.offset;
-        let data = Disk::open(&vol.data_path, true)?;
         let size = vol.data_size.checked_sub(data_offset).ok_or_else(|| {
             LuksError::field("segments", data_offset, "data offset beyond the device")
         })?;
@@ -236,6 +254,21 @@ impl<'a> Job<'a> {
             zone.check(hid, s.offset, MAX_HOTZONE, align, true)?;
         } else {
             let mut len = match st.resilience {
+                _ if in_place.is_some() => {
+                    let shift = in_place.unwrap_or(0);
+                    if shift == 0
+                        || shift > UDM_MAX_HOTZONE
+                        || shift % align != 0
+                        || size % shift != 0
+                    {
+                        return Err(LuksError::field(
+                            format!("keyslots.{}.area.shift_size", st.slot),
+                            shift,
+                            "not a 4 KiB multiple of at most 64 MiB dividing the data area",
+                        ));
+                    }
+                    shift
+                }
                 Resilience::None => max_hotzone.unwrap_or(NONE_DEFAULT),
                 Resilience::Checksum { hash, block } => {
                     st.area_size / hash.digest_len() as u64 * u64::from(block)
@@ -243,7 +276,7 @@ impl<'a> Job<'a> {
                 _ => st.area_size,
             };
             len = len.min(UDM_MAX_HOTZONE);
-            if let Some(m) = max_hotzone {
+            if let Some(m) = max_hotzone.filter(|_| in_place.is_none()) {
                 len = len.min(m);
             }
             len -= len % align;
@@ -252,7 +285,7 @@ impl<'a> Job<'a> {
                     "Hotzone size must be multiple of calculated zone alignment ({align} bytes)."
                 )));
             }
-            if 65536 % align == 0 && len > 65536 {
+            if 65536 % align == 0 && len > 65536 && in_place.is_none() {
                 len -= len % 65536;
             }
             let first = |i: usize| regular.get(i).copied();
@@ -294,21 +327,7 @@ impl<'a> Job<'a> {
             Direction::Forward => zone.offset,
             Direction::Backward => size - zone.offset - zone.length,
         };
-        Ok(Job {
-            vol,
-            data,
-            st,
-            old,
-            new,
-            zone,
-            progress,
-            none_dirty: false,
-            crash_in: None,
-            steps: 0,
-            live: None,
-            shift: None,
-            unshift: None,
-        })
+        Job::with(vol, st, old, new, zone, progress)
     }
 
     /// Encryption with data shift (`--reduce-device-size`), cryptsetup's
@@ -421,22 +440,9 @@ impl<'a> Job<'a> {
         }
         let old = crypt(&st.old, key_old)?;
         let new = crypt(&st.new, key_new)?;
-        let data = Disk::open(&vol.data_path, true)?;
-        Ok(Job {
-            vol,
-            data,
-            st,
-            old,
-            new,
-            zone,
-            progress: size - linear,
-            none_dirty: false,
-            crash_in: None,
-            steps: 0,
-            live: None,
-            shift: Some((shift, m_off, m_size)),
-            unshift: None,
-        })
+        let mut job = Job::with(vol, st, old, new, zone, size - linear)?;
+        job.shift = Some((shift, m_off, m_size));
+        Ok(job)
     }
 
     /// Decryption with data shift (a volume whose header was on the
@@ -447,12 +453,17 @@ impl<'a> Job<'a> {
     /// so an interrupted one is simply done again); the last hotzone
     /// decrypts the moved segment in place, protected by checksums or a
     /// journal in the reencrypt keyslot's area.
+    ///
+    /// `device_size` (`--device-size`, given to this run as cryptsetup
+    /// takes it: a resume without it decrypts the whole device) moves and
+    /// decrypts only the first that many bytes.
     fn new_unshift(
         vol: &'a mut Volume,
         st: State,
         key_old: Option<&Key>,
         shift: u64,
         moved: Option<Moved>,
+        device_size: Option<u64>,
     ) -> Result<Job<'a>, LuksError> {
         let slot = st.slot;
         let Some(moved) = moved else {
@@ -491,6 +502,15 @@ impl<'a> Job<'a> {
             .checked_sub(shift)
             .filter(|s| *s > 0 && s % align == 0)
             .ok_or_else(|| bad("data device too small or not aligned for this shift", shift))?;
+        let size = match device_size {
+            None => size,
+            Some(want) if want > 0 && want <= size && want % align == 0 => want,
+            Some(_) => {
+                return Err(LuksError::Usage(
+                    "Illegal device size requested in reencryption parameters.".into(),
+                ))
+            }
+        };
         let h = luks2(vol)?;
         let mid = super::state::segment_by_flag(&h.meta, "backup-moved-segment")
             .ok_or_else(|| LuksError::field("segments", "backup-moved-segment", "missing"))?;
@@ -593,13 +613,28 @@ impl<'a> Job<'a> {
             }
         }
         let old = crypt(&st.old, key_old)?;
+        let mut job = Job::with(vol, st, old, None, zone, progress)?;
+        job.unshift = Some((shift, m_size, moved));
+        Ok(job)
+    }
+
+    /// A job on `vol` at `zone` with `progress` bytes done: the data
+    /// device opened for writing, no hooks, no data shift.
+    fn with(
+        vol: &'a mut Volume,
+        st: State,
+        old: Option<SectorCrypt>,
+        new: Option<SectorCrypt>,
+        zone: Zone,
+        progress: u64,
+    ) -> Result<Job<'a>, LuksError> {
         let data = Disk::open(&vol.data_path, true)?;
         Ok(Job {
             vol,
             data,
             st,
             old,
-            new: None,
+            new,
             zone,
             progress,
             none_dirty: false,
@@ -607,7 +642,7 @@ impl<'a> Job<'a> {
             steps: 0,
             live: None,
             shift: None,
-            unshift: Some((shift, m_size, moved)),
+            unshift: None,
         })
     }
 
@@ -758,6 +793,9 @@ impl<'a> Job<'a> {
     /// One hotzone that moves data (no copy of the old bytes is needed:
     /// the source stays intact until the post table is written).
     fn step_shift(&mut self) -> Result<(), LuksError> {
+        // Online, clients must not write the source while it is copied:
+        // the device waits from before the hot table to the reload.
+        self.live(false)?;
         let (hot, post) = self.tables()?;
         self.set_segments(hot, true)?;
         self.commit()?;
@@ -765,7 +803,8 @@ impl<'a> Job<'a> {
         self.move_zone(crash)?;
         self.steps += 1;
         self.set_segments(post, false)?;
-        self.commit()
+        self.commit()?;
+        self.live(true)
     }
 
     /// One hotzone, steps 1-4 of the module doc.
@@ -796,7 +835,11 @@ impl<'a> Job<'a> {
                 self.vol.meta.write_at(off, &buf)?;
                 self.commit()?;
             }
-            _ => self.none_dirty = true,
+            // In place under datashift (detached header): the hot table
+            // is committed, as cryptsetup commits it, but nothing keeps
+            // the old bytes.
+            Resilience::Datashift { .. } => self.commit()?,
+            Resilience::None => self.none_dirty = true,
         }
         self.transform(&mut buf, z.offset);
         if self.crash_in == Some(self.steps) {
@@ -913,6 +956,14 @@ impl<'a> Job<'a> {
                         .read_at(self.st.area_offset + done, &mut buf)?;
                     self.transform(&mut buf, at);
                     self.data.write_at(z.data_offset + at, &buf)?;
+                }
+                Resilience::Datashift { .. } => {
+                    return Err(LuksError::Usage(
+                        "Interrupted hotzone cannot be recovered: an encryption in place with \
+                         resilience datashift (a detached header with --reduce-device-size) \
+                         keeps no copy of it."
+                            .into(),
+                    ))
                 }
                 _ => {
                     return Err(LuksError::Usage(
