@@ -395,6 +395,113 @@ fn unbound_script() -> Vec<Step> {
     ]
 }
 
+/// Put a `user` key in the user keyring (where cryptsetup's
+/// `luks2-keyring` token finds it through the session keyring).
+fn keyring_put(description: &str, payload: &[u8]) {
+    let ty = std::ffi::CString::new("user").unwrap();
+    let desc = std::ffi::CString::new(description).unwrap();
+    // SAFETY: add_key(2) reads the two NUL-terminated strings and
+    // `payload.len()` bytes of `payload`, all alive for the call.
+    let id = unsafe {
+        libc::syscall(
+            libc::SYS_add_key,
+            ty.as_ptr(),
+            desc.as_ptr(),
+            payload.as_ptr(),
+            payload.len(),
+            -4 as libc::c_int, // KEY_SPEC_USER_KEYRING
+        )
+    };
+    assert!(
+        id > 0,
+        "add_key {description}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// `luks2-keyring` tokens as the key source: `open --test-passphrase`
+/// tries them before a passphrase (`--token-only`, `--token-id`,
+/// `--token-type`), `luksAddKey --token-id` proves the existing key with
+/// one; a token whose key is wrong or missing fails with exit 2, no usable
+/// token with exit 1, as cryptsetup.
+#[test]
+fn keyring_tokens_unlock_as_cryptsetup() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let k = keys(d);
+    let tag = format!("udm-test:{}", std::process::id());
+    keyring_put(&format!("{tag}:good"), b"second");
+    keyring_put(&format!("{tag}:bad"), b"wrong");
+    let img = formatted(
+        d,
+        "tok.img",
+        "--type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000",
+        20 << 20,
+    );
+    let script = vec![
+        step("luksAddKey FAST --key-file @K/k0 @IMG @K/k1", 0, Out::Code),
+        step(
+            &format!("token add --key-description {tag}:good --key-slot 1 @IMG"),
+            0,
+            Out::Code,
+        ),
+        step(
+            &format!("token add --key-description {tag}:bad --key-slot 0 @IMG"),
+            0,
+            Out::Code,
+        ),
+        step(
+            &format!("token add --key-description {tag}:missing --key-slot 0 @IMG"),
+            0,
+            Out::Code,
+        ),
+        step("open --test-passphrase --token-only @IMG", 0, Out::Code),
+        step(
+            "open --test-passphrase --token-only -v @IMG",
+            0,
+            Out::Stdout,
+        ),
+        step(
+            "open --test-passphrase --token-only --token-id 1 @IMG",
+            2,
+            Out::Code,
+        ),
+        step(
+            "open --test-passphrase --token-only -v --token-id 2 @IMG",
+            2,
+            Out::Stdout,
+        ),
+        step(
+            "open --test-passphrase --token-only --token-id 5 @IMG",
+            1,
+            Out::Code,
+        ),
+        step(
+            "open --test-passphrase --token-only --token-type luks2-keyring @IMG",
+            0,
+            Out::Code,
+        ),
+        step(
+            "open --test-passphrase --token-only --token-type other @IMG",
+            1,
+            Out::Code,
+        ),
+        step(
+            "open --test-passphrase --token-id 1 --key-file @K/k0 @IMG",
+            0,
+            Out::Code,
+        ),
+        step("luksAddKey FAST --token-id 0 @IMG @K/k2", 0, Out::Code),
+        step("luksAddKey FAST --token-id 1 @IMG @K/k3", 2, Out::Code),
+        step("token remove --token-id 0 @IMG", 0, Out::Code),
+        step("open --test-passphrase --token-only @IMG", 2, Out::Code),
+        step("open --test-passphrase --key-file @K/k2 @IMG", 0, Out::Code),
+    ];
+    let (cs, ud) = compare("tokens", &img, &script, &k, d);
+    assert!(udm::luks::open(&cs, None, b"third").is_ok());
+    assert!(cs_test(&ud, None, &k.join("k2")));
+}
+
 #[test]
 fn unbound_keys_match_cryptsetup_step_by_step() {
     let dir = tempfile::tempdir().unwrap();

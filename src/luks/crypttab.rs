@@ -266,6 +266,7 @@ impl CryptEntry {
             slot: self.key_slot,
             tries: self.tries,
             unbound: false,
+            token: Default::default(),
         };
         let (slot, key) = super::ops::unlock(
             &v,

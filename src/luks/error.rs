@@ -43,6 +43,9 @@ pub enum LuksError {
     Denied(String),
     /// `--key-slot N` names a slot that is empty or of another kind.
     NoUsableKeyslot,
+    /// No token unlocked (`--token-only`); cryptsetup prints `msg` only
+    /// in verbose mode.
+    Token { msg: String, code: i32 },
     /// The device (or file) is missing or cannot be opened.
     Device(String),
     /// The device is in use or the name already exists.
@@ -90,7 +93,7 @@ impl LuksError {
         match self {
             LuksError::WrongPassphrase | LuksError::Mismatch | LuksError::Denied(_) => 2,
             LuksError::Device(_) => 4,
-            LuksError::Silent(c) => *c,
+            LuksError::Silent(c) | LuksError::Token { code: c, .. } => *c,
             LuksError::Busy(_) => 5,
             LuksError::Cost { memory: true, .. } => 3,
             LuksError::Io { source, .. } => match source.raw_os_error() {
@@ -129,6 +132,7 @@ impl fmt::Display for LuksError {
             LuksError::NoInput(what) => write!(f, "Nothing to read on {what}."),
             LuksError::Denied(m) => write!(f, "{m}"),
             LuksError::NoUsableKeyslot => write!(f, "No usable keyslot is available."),
+            LuksError::Token { msg, .. } => f.write_str(msg),
             LuksError::Device(d) => write!(f, "Device {d} does not exist or access denied."),
             LuksError::Busy(m) => write!(f, "{m}"),
             LuksError::Cost { what, .. } => write!(

@@ -20,6 +20,7 @@ pub mod format;
 pub mod hash;
 pub mod json;
 pub mod kdf;
+pub mod keyring;
 pub mod keyslot;
 pub mod luks1;
 pub mod luks2;

@@ -347,7 +347,8 @@ impl Volume {
         }
     }
 
-    fn slot_priority(&self, slot: u32) -> u32 {
+    /// Keyslot `slot`'s priority: 0 ignore, 1 normal, 2 preferred.
+    pub fn slot_priority(&self, slot: u32) -> u32 {
         match &self.header {
             Header::Luks1(_) => 1,
             Header::Luks2(h) => h.meta.keyslots.get(&slot).map_or(1, |k| k.priority),

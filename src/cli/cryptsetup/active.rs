@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use super::offline::{device, key_source, ui, unlock};
+use super::offline::{device, key_source, ui, unlock_tokens_first};
 use super::{Ctx, Outcome};
 use crate::control::proto::{Code, Request};
 use crate::control::{Client, ClientError};
@@ -157,7 +157,7 @@ fn open_table(c: &Ctx, name: &str) -> Result<(Zeroizing<String>, String), LuksEr
         }
         None => ops::unlock(
             &v,
-            &unlock(c),
+            &unlock_tokens_first(c),
             &format!("Enter passphrase for {}: ", dev.meta_path().display()),
         )?,
     };
@@ -472,7 +472,7 @@ pub(super) fn luks_resume(c: &Ctx) -> Outcome {
     }
     let (slot, key) = ops::unlock(
         &v,
-        &unlock(c),
+        &unlock_tokens_first(c),
         &format!("Enter passphrase for {}: ", dev.meta_path().display()),
     )?;
     c.verbose_msg(&format!("Key slot {slot} unlocked."));

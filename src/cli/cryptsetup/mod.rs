@@ -320,7 +320,17 @@ pub fn main(argv: Vec<OsString>) -> i32 {
             0
         }
         Err(e) => {
-            let msg = e.to_string();
+            // cryptsetup reports a token that failed in verbose mode only,
+            // on stdout as its other verbose lines.
+            let msg = match &e {
+                LuksError::Token { msg, .. } => {
+                    if ctx.verbose() && !msg.is_empty() {
+                        println!("{msg}");
+                    }
+                    String::new()
+                }
+                _ => e.to_string(),
+            };
             if !msg.is_empty() {
                 eprintln!("{msg}");
             }

@@ -43,7 +43,21 @@ pub(super) fn unlock(c: &Ctx) -> Unlock {
         slot: c.a.i32("key-slot").map(|s| s as u32),
         tries: c.a.u32("tries").unwrap_or(3),
         unbound: false,
+        token: ops::token::TokenUse {
+            try_first: false,
+            only: c.a.has("token-only"),
+            id: c.a.i32("token-id").and_then(|n| u32::try_from(n).ok()),
+            kind: c.a.str("token-type").map(str::to_string),
+        },
     }
+}
+
+/// [`unlock`] for the verbs that try the volume's tokens before asking
+/// for a passphrase, as cryptsetup's `open` and `luksResume` do.
+pub(super) fn unlock_tokens_first(c: &Ctx) -> Unlock {
+    let mut u = unlock(c);
+    u.token.try_first = true;
+    u
 }
 
 /// The key-derivation options of the command line (also used by
@@ -137,6 +151,10 @@ pub(super) fn add_key(c: &Ctx) -> Outcome {
     let new_file = c.argv.get(1).map(String::as_str).or(c.a.str("new-keyfile"));
     // Old behaviour kept by cryptsetup: --key-slot alone names the new slot.
     let mut u = unlock(c);
+    // Any token option makes the token the only proof of the existing key.
+    if c.a.has("token-id") || c.a.has("token-type") {
+        u.token.only = true;
+    }
     let mut new_slot = c.a.i32("new-key-slot").map(|s| s as u32);
     if !c.a.has("new-key-slot") && c.a.has("key-slot") {
         if !c.batch() {
@@ -339,7 +357,7 @@ pub(super) fn open(c: &Ctx) -> Outcome {
         // unbound keys, lets a keyslot of an unbound key answer.
         let u = Unlock {
             unbound: c.a.has("unbound") || c.a.has("key-slot"),
-            ..unlock(c)
+            ..unlock_tokens_first(c)
         };
         let slot = ops::test_passphrase(&dev, &u, &ui(c))?;
         slot_msg(c, slot, "unlocked");

@@ -59,6 +59,7 @@ fn unlock(c: &Common, slot: Option<u32>) -> Unlock {
         slot,
         tries: 3,
         unbound: false,
+        token: Default::default(),
     }
 }
 

@@ -88,6 +88,8 @@ pub struct Unlock {
     /// Keyslots holding an unbound key may answer too (`--unbound`,
     /// `luksChangeKey`).
     pub unbound: bool,
+    /// Tokens tried before a passphrase.
+    pub token: token::TokenUse,
 }
 
 /// The volume key, wiped on drop.
@@ -101,14 +103,22 @@ pub fn unlock(v: &Volume, u: &Unlock, prompt: &str) -> Result<(u32, VolumeKey), 
     } else {
         1
     };
+    let usable = if u.unbound {
+        SlotUse::Any
+    } else {
+        SlotUse::Segment
+    };
+    if u.token.wanted() {
+        match token::unlock_by_token(v, &u.token, usable) {
+            Ok(r) => return Ok(r),
+            Err(token::TokenMiss::Failed(e)) => return Err(e),
+            Err(miss) if u.token.only => return Err(miss.into_error(&u.token)),
+            Err(_) => {}
+        }
+    }
     let mut last = LuksError::WrongPassphrase;
     for _ in 0..tries {
         let pass = u.key.read(prompt, false)?;
-        let usable = if u.unbound {
-            SlotUse::Any
-        } else {
-            SlotUse::Segment
-        };
         match v.unlock_for(&pass, u.slot, usable) {
             Ok(r) => return Ok(r),
             Err(LuksError::WrongPassphrase) => {

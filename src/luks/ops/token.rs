@@ -1,13 +1,16 @@
 //! LUKS2 tokens (`token add|remove|import|export|unassign`): JSON objects
 //! in the header that tell unlocking tools where a passphrase lives. udm
 //! stores and checks them as cryptsetup does; of the built-in types it
-//! knows `luks2-keyring` (a kernel keyring key description).
+//! knows `luks2-keyring` (a kernel keyring key description), and unlocks
+//! with it: the key's bytes are tried as the passphrase of the token's
+//! keyslots, in cryptsetup's order and with its errors.
 
 use super::Device;
+use super::VolumeKey;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::json::MAX_TOKENS;
-use crate::luks::volume::{Header, Volume};
+use crate::luks::volume::{Header, SlotUse, Volume};
 use serde_json::{Map, Value};
 
 fn luks2(v: &Volume, dev: &Device) -> Result<(), LuksError> {
@@ -220,4 +223,142 @@ pub fn unassign(dev: &Device, id: u32, slot: u32, fb: &dyn Feedback) -> Result<(
             a.retain(|e| *e != s);
         }
     })
+}
+
+/// Whether tokens are tried before a passphrase is asked for, and which.
+#[derive(Clone, Debug, Default)]
+pub struct TokenUse {
+    /// Try tokens first (cryptsetup's `open` and `luksResume` always do).
+    pub try_first: bool,
+    /// `--token-only`: no passphrase if no token unlocks.
+    pub only: bool,
+    /// `--token-id`.
+    pub id: Option<u32>,
+    /// `--token-type`.
+    pub kind: Option<String>,
+}
+
+impl TokenUse {
+    pub fn wanted(&self) -> bool {
+        self.try_first || self.only
+    }
+}
+
+/// Why no token unlocked, in cryptsetup's order of precedence: a token
+/// whose passphrase opened none of its keyslots (exit 2) beats tokens that
+/// could not be used at all (exit 1).
+#[derive(Debug)]
+pub enum TokenMiss {
+    Unusable,
+    Wrong,
+    Failed(LuksError),
+}
+
+impl TokenMiss {
+    /// The error `--token-only` ends with; cryptsetup prints its text in
+    /// verbose mode only.
+    pub fn into_error(self, t: &TokenUse) -> LuksError {
+        match self {
+            TokenMiss::Failed(e) => e,
+            TokenMiss::Unusable => LuksError::Token {
+                msg: match &t.kind {
+                    Some(k) => format!("No usable token (type {k}) is available."),
+                    None => "No usable token is available.".into(),
+                },
+                code: 1,
+            },
+            TokenMiss::Wrong => LuksError::Token {
+                msg: match (t.id, &t.kind) {
+                    (Some(n), _) => format!(
+                        "Token {n} cannot unlock assigned keyslot(s) (wrong keyslot passphrase)."
+                    ),
+                    (None, Some(k)) => format!(
+                        "Token (type {k}) cannot unlock assigned keyslot(s) (wrong keyslot passphrase)."
+                    ),
+                    (None, None) => String::new(),
+                },
+                code: 2,
+            },
+        }
+    }
+}
+
+/// The keyslot numbers a token names, in its order.
+fn token_keyslots(tok: &Value) -> Option<Vec<u32>> {
+    tok.get("keyslots")?
+        .as_array()?
+        .iter()
+        .map(|k| k.as_str().and_then(|s| s.parse().ok()))
+        .collect()
+}
+
+/// Unlock with the volume's tokens as cryptsetup does: `--token-id` tries
+/// that token alone; otherwise every token (of `--token-type`, if given)
+/// in header order, first for keyslots of preferred priority, then for
+/// normal ones. A keyslot that cannot serve (`usable`) is passed over.
+pub fn unlock_by_token(
+    v: &Volume,
+    t: &TokenUse,
+    usable: SlotUse,
+) -> Result<(u32, VolumeKey), TokenMiss> {
+    let toks = tokens(v);
+    if let Some(n) = t.id {
+        return match toks.get(&n.to_string()) {
+            Some(tok) => try_token(v, tok, t, 0, usable),
+            None => Err(TokenMiss::Unusable),
+        };
+    }
+    let mut miss = TokenMiss::Unusable;
+    for prio in [2, 1] {
+        for tok in toks.values() {
+            match try_token(v, tok, t, prio, usable) {
+                Ok(r) => return Ok(r),
+                Err(TokenMiss::Wrong) => miss = TokenMiss::Wrong,
+                Err(TokenMiss::Unusable) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Err(miss)
+}
+
+/// One token, for keyslots of priority `prio` or higher.
+fn try_token(
+    v: &Volume,
+    tok: &Value,
+    t: &TokenUse,
+    prio: u32,
+    usable: SlotUse,
+) -> Result<(u32, VolumeKey), TokenMiss> {
+    let kind = tok.get("type").and_then(Value::as_str).unwrap_or("");
+    if t.kind.as_deref().is_some_and(|k| k != kind) {
+        return Err(TokenMiss::Unusable);
+    }
+    let Some(slots) = token_keyslots(tok) else {
+        return Err(TokenMiss::Unusable);
+    };
+    let serves = |s: u32| {
+        v.active_slots().contains(&s)
+            && v.slot_priority(s) >= prio
+            && (usable == SlotUse::Any || !v.slot_is_unbound(s))
+    };
+    if !slots.iter().any(|&s| serves(s)) {
+        return Err(TokenMiss::Unusable);
+    }
+    // The one handler built into cryptsetup that udm has too.
+    let desc = match (kind, tok.get("key_description").and_then(Value::as_str)) {
+        ("luks2-keyring", Some(d)) => d,
+        _ => return Err(TokenMiss::Unusable),
+    };
+    let pass = crate::luks::keyring::user_key(desc).map_err(|_| TokenMiss::Wrong)?;
+    let mut miss = TokenMiss::Unusable;
+    for s in slots.into_iter().filter(|&s| v.slot_priority(s) >= prio) {
+        match v.unlock_for(&pass, Some(s), usable) {
+            Ok(r) => return Ok(r),
+            Err(LuksError::WrongPassphrase) => miss = TokenMiss::Wrong,
+            Err(LuksError::NoUsableKeyslot) => {}
+            Err(e) => return Err(TokenMiss::Failed(e)),
+        }
+    }
+    Err(miss)
 }
