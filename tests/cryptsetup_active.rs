@@ -14,29 +14,58 @@ use common::*;
 use std::process::Command;
 use udm::crypto::SectorCrypt;
 
+/// A cryptsetup-formatted LUKS2 image and a `udm serve` with a control
+/// socket, the starting point of every test here.
+struct Served {
+    dir: tempfile::TempDir,
+    kf: std::path::PathBuf,
+    img: std::path::PathBuf,
+    key: Vec<u8>,
+    ctl: std::path::PathBuf,
+    srv: UdmServe,
+}
+
+impl Served {
+    fn start(tag: &str, pass: &[u8], size: u64) -> Served {
+        let dir = scratch(tag);
+        let d = dir.path();
+        let kf = write_file(d, "k", pass);
+        let img = sparse(d, "v.img", size);
+        cs_format(&img, &FAST_PBKDF, &kf);
+        let key = cs_volume_key(&img, None, &kf);
+        let ctl = d.join("ctl");
+        let srv = UdmServe::start(
+            &d.join("nbd.sock"),
+            &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
+        );
+        Served {
+            dir,
+            kf,
+            img,
+            key,
+            ctl,
+            srv,
+        }
+    }
+
+    /// `udm TOOL ARGS…` against this server's control socket.
+    fn tool(&self, tool: &str, args: &[&str]) -> std::process::Output {
+        udm()
+            .arg(tool)
+            .args(args)
+            .env("UDM_CONTROL", &self.ctl)
+            .output()
+            .unwrap()
+    }
+}
+
 #[test]
 fn open_status_resize_close_through_the_control_socket() {
     need("nbdcopy");
     need("nbdinfo");
-    let dir = scratch("csactive");
-    let d = dir.path();
-    let kf = write_file(d, "k", b"active pass");
-    let img = sparse(d, "v.img", 24 << 20);
-    cs_format(&img, &FAST_PBKDF, &kf);
-    let key = cs_volume_key(&img, None, &kf);
-    let ctl = d.join("ctl");
-    let srv = UdmServe::start(
-        &d.join("nbd.sock"),
-        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
-    );
-    let cs = |args: &[&str]| {
-        udm()
-            .arg("cryptsetup")
-            .args(args)
-            .env("UDM_CONTROL", &ctl)
-            .output()
-            .unwrap()
-    };
+    let f = Served::start("csactive", b"active pass", 24 << 20);
+    let (d, kf, img, key, ctl, srv) = (f.dir.path(), &f.kf, &f.img, &f.key, &f.ctl, &f.srv);
+    let cs = |args: &[&str]| f.tool("cryptsetup", args);
     let kfs = kf.display().to_string();
     let imgs = img.display().to_string();
 
@@ -59,8 +88,8 @@ fn open_status_resize_close_through_the_control_socket() {
     let data = fast_bytes(3, 8 << 20);
     let src = write_file(d, "data", &data);
     run(Command::new("nbdcopy").arg(&src).arg(srv.uri("vol")));
-    let sc = SectorCrypt::new("aes-xts-plain64", &key, 4096, false).unwrap();
-    let mut got = pread(&img, 16 << 20, 8 << 20);
+    let sc = SectorCrypt::new("aes-xts-plain64", key, 4096, false).unwrap();
+    let mut got = pread(img, 16 << 20, 8 << 20);
     sc.decrypt(&mut got, 0);
     assert!(
         got == data,
@@ -82,7 +111,7 @@ fn open_status_resize_close_through_the_control_socket() {
     ] {
         assert!(text.contains(want), "status lacks {want:?}:\n{text}");
     }
-    assert!(!text.contains(&hex::encode(&key)), "status printed the key");
+    assert!(!text.contains(&hex::encode(key)), "status printed the key");
 
     let o = cs(&["resize", "--size", "8192", "vol"]);
     assert!(o.status.success(), "{}", show(&o));
@@ -114,7 +143,7 @@ fn open_status_resize_close_through_the_control_socket() {
         ])
         .arg(&plain)
         .arg("pvol")
-        .env("UDM_CONTROL", &ctl)
+        .env("UDM_CONTROL", ctl)
         .stdin(std::process::Stdio::piped())
         .spawn()
         .and_then(|mut ch| {
@@ -142,7 +171,7 @@ fn open_status_resize_close_through_the_control_socket() {
         got == data[..4 << 20],
         "plain volume does not decrypt with cryptsetup's plain key"
     );
-    assert_eq!(srv.stop(), Some(0));
+    assert_eq!(f.srv.stop(), Some(0));
 }
 
 /// `luksSuspend` holds the device's I/O and wipes its key; `dmsetup
@@ -152,34 +181,11 @@ fn open_status_resize_close_through_the_control_socket() {
 #[test]
 fn luks_suspend_wipes_the_key_and_luks_resume_restores_it() {
     need("nbdcopy");
-    let dir = scratch("cssuspend");
-    let d = dir.path();
-    let kf = write_file(d, "k", b"suspend pass");
+    let f = Served::start("cssuspend", b"suspend pass", 20 << 20);
+    let (d, kf, img, key, srv) = (f.dir.path(), &f.kf, &f.img, &f.key, &f.srv);
     let bad = write_file(d, "bad", b"not the pass");
-    let img = sparse(d, "v.img", 20 << 20);
-    cs_format(&img, &FAST_PBKDF, &kf);
-    let key = cs_volume_key(&img, None, &kf);
-    let ctl = d.join("ctl");
-    let srv = UdmServe::start(
-        &d.join("nbd.sock"),
-        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
-    );
-    let cs = |args: &[&str]| {
-        udm()
-            .arg("cryptsetup")
-            .args(args)
-            .env("UDM_CONTROL", &ctl)
-            .output()
-            .unwrap()
-    };
-    let dm = |args: &[&str]| {
-        udm()
-            .arg("dmsetup")
-            .args(args)
-            .env("UDM_CONTROL", &ctl)
-            .output()
-            .unwrap()
-    };
+    let cs = |args: &[&str]| f.tool("cryptsetup", args);
+    let dm = |args: &[&str]| f.tool("dmsetup", args);
     let (kfs, bads, imgs) = (
         kf.display().to_string(),
         bad.display().to_string(),
@@ -214,7 +220,7 @@ fn luks_suspend_wipes_the_key_and_luks_resume_restores_it() {
     assert!(o.status.success(), "{}", show(&o));
     let table = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
-        !table.contains(&hex::encode(&key)) && table.contains(&"0".repeat(128)),
+        !table.contains(&hex::encode(key)) && table.contains(&"0".repeat(128)),
         "the wiped key still shows in `table --showkeys`: {table}"
     );
     let o = cs(&["status", "vol"]);
@@ -256,6 +262,6 @@ fn luks_suspend_wipes_the_key_and_luks_resume_restores_it() {
         "data differs after luksSuspend/luksResume"
     );
     let o = dm(&["table", "--showkeys", "vol"]);
-    assert!(String::from_utf8_lossy(&o.stdout).contains(&hex::encode(&key)));
-    assert_eq!(srv.stop(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&hex::encode(key)));
+    assert_eq!(f.srv.stop(), Some(0));
 }

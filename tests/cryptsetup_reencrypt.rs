@@ -872,6 +872,19 @@ fn reenc_cmd(
     child.wait_with_output().unwrap()
 }
 
+/// [`reenc_cmd`] on `t` (its image, header and key file).
+fn reenc_on(udm_side: bool, args: &[&str], t: &Vol, env: &[(&str, &str)]) -> std::process::Output {
+    reenc_cmd(
+        udm_side,
+        args,
+        &t.img,
+        t.hdr.as_deref(),
+        Some(&t.key),
+        None,
+        env,
+    )
+}
+
 fn dump_of(path: &std::path::Path) -> Value {
     let mut c = cryptsetup();
     c.args(["luksDump", "--dump-json-metadata"]).arg(path);
@@ -1066,15 +1079,7 @@ fn decrypt_with_data_shift_udm_starts_cryptsetup_finishes() {
     let ours = with_header(&v, "ours");
     let theirs = with_header(&v, "theirs");
     for (side, t) in [(true, &ours), (false, &theirs)] {
-        let o = reenc_cmd(
-            side,
-            &["--decrypt", "--init-only"],
-            &t.img,
-            t.hdr.as_deref(),
-            Some(&t.key),
-            None,
-            &[],
-        );
+        let o = reenc_on(side, &["--decrypt", "--init-only"], t, &[]);
         check_ok(&o);
     }
     assert_eq!(normalised(dump(&ours)), normalised(dump(&theirs)));
@@ -1083,15 +1088,7 @@ fn decrypt_with_data_shift_udm_starts_cryptsetup_finishes() {
         "udm moved other bytes than cryptsetup"
     );
     assert!(udm_data(&ours) == ours.plain);
-    let o = reenc_cmd(
-        false,
-        &["--resume-only"],
-        &ours.img,
-        ours.hdr.as_deref(),
-        Some(&ours.key),
-        None,
-        &[],
-    );
+    let o = reenc_on(false, &["--resume-only"], &ours, &[]);
     check_ok(&o);
     assert_unshift_finished(&ours, "udm init, cryptsetup finishes");
 
@@ -1100,28 +1097,17 @@ fn decrypt_with_data_shift_udm_starts_cryptsetup_finishes() {
     // stopped one hotzone earlier, cryptsetup finishes.
     for (stop, done) in [("2", true), ("1", false)] {
         let t = with_header(&v, "small");
-        let o = reenc_cmd(
+        let o = reenc_on(
             true,
             &["--decrypt", "--hotzone-size", "8M"],
-            &t.img,
-            t.hdr.as_deref(),
-            Some(&t.key),
-            None,
+            &t,
             &[("UDM_TEST_REENCRYPT_STOP_AFTER", stop)],
         );
         check_ok(&o);
         assert_eq!(!in_reencryption(&dump(&t)), done, "stop after {stop}");
         if !done {
             assert!(udm_data(&t) == t.plain);
-            let o = reenc_cmd(
-                false,
-                &["--resume-only"],
-                &t.img,
-                t.hdr.as_deref(),
-                Some(&t.key),
-                None,
-                &[],
-            );
+            let o = reenc_on(false, &["--resume-only"], &t, &[]);
             check_ok(&o);
         }
         assert_unshift_finished(&t, &format!("small moved segment, stop after {stop}"));
@@ -1139,15 +1125,7 @@ fn decrypt_with_data_shift_udm_starts_cryptsetup_finishes() {
         if resilience == "journal" {
             args.extend(["--hotzone-size", "8M"]);
         }
-        let o = reenc_cmd(
-            true,
-            &args,
-            &t.img,
-            t.hdr.as_deref(),
-            Some(&t.key),
-            None,
-            &[(hook, n)],
-        );
+        let o = reenc_on(true, &args, &t, &[(hook, n)]);
         let crashed = hook.ends_with("CRASH_IN");
         assert_eq!(o.status.success(), !crashed, "{what}: {}", show(&o));
         let j = dump(&t);
@@ -1169,15 +1147,7 @@ fn decrypt_with_data_shift_udm_starts_cryptsetup_finishes() {
         // Repairing the last hotzone (the moved segment) also finishes.
         if in_reencryption(&dump(&t)) {
             assert!(udm_data(&t) == t.plain, "{what}: before cryptsetup resumes");
-            let o = reenc_cmd(
-                false,
-                &["--resume-only"],
-                &t.img,
-                t.hdr.as_deref(),
-                Some(&t.key),
-                None,
-                &[],
-            );
+            let o = reenc_on(false, &["--resume-only"], &t, &[]);
             check_ok(&o);
         } else {
             assert_eq!(n, "2", "{what}: repair finished early");
@@ -1494,15 +1464,7 @@ fn online_reencryption_keeps_the_device_flags() {
 fn decrypt_with_data_shift_hostile_segments_are_refused() {
     let v = volume(24 << 20, false, &[]);
     let base = with_header(&v, "base");
-    check_ok(&reenc_cmd(
-        false,
-        &["--decrypt", "--init-only"],
-        &base.img,
-        base.hdr.as_deref(),
-        Some(&base.key),
-        None,
-        &[],
-    ));
+    check_ok(&reenc_on(false, &["--decrypt", "--init-only"], &base, &[]));
     type Edit = Box<dyn Fn(&mut Value)>;
     let cases: Vec<(Edit, &str)> = vec![
         (
@@ -1741,4 +1703,567 @@ fn rekey_several_keyslots_on_a_terminal() {
         }
         assert_eq!(seen[0], seen[1], "{answers}");
     }
+}
+
+// ---- online data shift (`--active-name`) ----
+
+/// An NBD client writing and reading random blocks of `uri` against a
+/// model until [`Client::finish`]; it starts from `plain`.
+struct Client {
+    child: std::process::Child,
+    stop: PathBuf,
+    model: PathBuf,
+}
+
+impl Client {
+    fn start(d: &std::path::Path, uri: &str, plain: &[u8]) -> Client {
+        need_python_module("nbd", "python3-libnbd");
+        let initial = write_file(d, "initial.bin", plain);
+        let (stop, model) = (d.join("stop"), d.join("model.bin"));
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/luks/nbd_model_io.py");
+        let child = std::process::Command::new(PYTHON)
+            .arg(script)
+            .arg(uri)
+            .arg(&initial)
+            .arg(&stop)
+            .arg(&model)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Client { child, stop, model }
+    }
+
+    /// Stop the client (it checks every byte against its model first);
+    /// the model, i.e. the device's data as the client left it.
+    fn finish(self) -> Vec<u8> {
+        std::fs::write(&self.stop, b"").unwrap();
+        let c = self.child.wait_with_output().unwrap();
+        assert!(c.status.success(), "NBD client: {}", show(&c));
+        let ops: u64 = String::from_utf8_lossy(&c.stdout).trim().parse().unwrap();
+        assert!(ops >= 50, "{ops}");
+        std::fs::read(&self.model).unwrap()
+    }
+}
+
+/// Online decryption with data shift, as cryptsetup 2.6 allows it
+/// (`--decrypt --header NEW --active-name`, lib/luks2/luks2_reencrypt.c
+/// reencrypt_decrypt_with_datashift_init with a name): the served device
+/// is suspended while the first segment moves, reloaded with the moved
+/// layout, and every hotzone after; an NBD client writes and reads the
+/// whole time. SIGINT stops it (exit 0, resumable), an online
+/// `--resume-only` finishes, and the client's data is at byte 0 of the
+/// device, which the live table now maps linearly.
+#[test]
+fn online_decrypt_with_data_shift_sigint_and_resume() {
+    let mut v = volume(96 << 20, false, &[]);
+    let d = v.dir.path().to_path_buf();
+    let (srv, ctl) = served(&v, &[]);
+    let client = Client::start(&d, &srv.uri("vol"), &v.plain);
+    let hdr = d.join("exported.hdr");
+    v.hdr = Some(hdr.clone());
+    let env = ("UDM_CONTROL", ctl.to_str().unwrap());
+    let mut c = udm();
+    c.args([
+        "cryptsetup",
+        "reencrypt",
+        "--decrypt",
+        "-q",
+        "--active-name",
+    ])
+    .args(["vol", "--hotzone-size", "4M", "--key-file"])
+    .arg(&v.key)
+    .arg("--header")
+    .arg(&hdr)
+    .arg(&v.img)
+    .env(env.0, env.1);
+    // After at least one hotzone past the moved segment's copy.
+    let between = |j: &str| {
+        j.contains("online-reencrypt") && !j.contains("in-reencryption") && {
+            let v: Result<Value, _> = serde_json::from_str(j.trim_end_matches('\0'));
+            v.is_ok_and(|j| regular_segments(&j) == 3)
+        }
+    };
+    let st = interrupted(&v, c, libc::SIGINT, between);
+    assert!(st.success(), "{st}");
+    let j = dump(&v);
+    assert!(in_reencryption(&j), "SIGINT left resumable metadata: {j:#}");
+    assert_eq!(
+        j["config"]["requirements"]["mandatory"][0],
+        "online-reencrypt-v3"
+    );
+    let table = dmsetup(&ctl, &["table", "vol"]);
+    assert!(table.lines().count() >= 2, "half-way table: {table}");
+    let o = udm_cs(
+        &["reencrypt", "--resume-only", "--active-name", "vol"],
+        &v,
+        &[env],
+    );
+    check_ok(&o);
+    v.plain = client.finish();
+    let table = dmsetup(&ctl, &["table", "vol"]);
+    assert!(
+        table.lines().count() == 1 && table.contains(" linear ") && table.contains(" 0\n"),
+        "live table after decryption: {table}"
+    );
+    assert_eq!(
+        table.split_whitespace().nth(1),
+        Some(((96u64 << 20) / 512).to_string().as_str()),
+        "the device kept its size"
+    );
+    srv.stop();
+    assert_unshift_finished(&v, "online");
+}
+
+/// udm starts an online decryption with data shift and stops after a
+/// hotzone; the device is closed, and cryptsetup finishes offline what
+/// udm started online; the data reads back before and after.
+#[test]
+fn online_decrypt_with_data_shift_cryptsetup_finishes_offline() {
+    let mut v = volume(40 << 20, false, &[]);
+    let d = v.dir.path().to_path_buf();
+    let (srv, ctl) = served(&v, &[]);
+    let hdr = d.join("exported.hdr");
+    v.hdr = Some(hdr.clone());
+    let env = ("UDM_CONTROL", ctl.to_str().unwrap());
+    let o = udm_cs(
+        &["reencrypt", "--decrypt", "--active-name", "vol"],
+        &v,
+        &[env, ("UDM_TEST_REENCRYPT_STOP_AFTER", "1")],
+    );
+    check_ok(&o);
+    let out = d.join("out.bin");
+    need("nbdcopy");
+    run(std::process::Command::new("nbdcopy")
+        .arg(srv.uri("vol"))
+        .arg(&out));
+    assert!(std::fs::read(&out).unwrap() == v.plain, "served half-way");
+    srv.stop();
+    assert!(in_reencryption(&dump(&v)));
+    assert!(udm_data(&v) == v.plain, "offline half-way");
+    let o = reenc_on(false, &["--resume-only"], &v, &[]);
+    check_ok(&o);
+    assert_unshift_finished(&v, "udm online, cryptsetup offline");
+}
+
+/// What cryptsetup 2.6.1 refuses online, udm refuses with its message
+/// and exit code 1 (src/utils_reencrypt.c): `--active-name` naming no
+/// active device ("Device NAME is not active."); an encryption with
+/// `--reduce-device-size` (or a detached header) with `--active-name`:
+/// the named device is an active LUKS2 device, so the device is "already
+/// LUKS" (an encryption starts offline; cryptsetup goes online by
+/// activating a name after the start); `--device-size` differing from
+/// the active device's size. Nothing is written.
+#[test]
+fn online_data_shift_refusals_match_cryptsetup() {
+    let v = volume(8 << 20, false, &[]);
+    let (srv, ctl) = served(&v, &[]);
+    let env = ("UDM_CONTROL", ctl.to_str().unwrap());
+    let p = plain_device(16 << 20, 4 << 20);
+    let before = std::fs::read(&p.img).unwrap();
+    let code = |args: &[&str], vol: &Vol| {
+        let o = udm_cs(args, vol, &[env]);
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (rc, err) = code(
+        &[
+            "reencrypt",
+            "--encrypt",
+            "--reduce-device-size",
+            "4M",
+            "--active-name",
+            "nosuch",
+        ],
+        &p,
+    );
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(err.contains("Device nosuch is not active."), "{err}");
+    let (rc, err) = code(
+        &[
+            "reencrypt",
+            "--encrypt",
+            "--reduce-device-size",
+            "4M",
+            "--active-name",
+            "vol",
+        ],
+        &p,
+    );
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(
+        err.contains("is already LUKS device. Aborting operation."),
+        "{err}"
+    );
+    assert!(
+        std::fs::read(&p.img).unwrap() == before,
+        "plaintext touched"
+    );
+    let mut t = twin(&v, "t");
+    t.hdr = Some(v.dir.path().join("new.hdr"));
+    let (rc, err) = code(
+        &[
+            "reencrypt",
+            "--decrypt",
+            "--active-name",
+            "vol",
+            "--device-size",
+            "4M",
+        ],
+        &t,
+    );
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(
+        err.contains("Active device size and requested reencryption size don't match."),
+        "{err}"
+    );
+    srv.stop();
+}
+
+// ---- --device-size with a data shift ----
+
+/// cryptsetup refuses `--reduce-device-size` with `--device-size` (an
+/// argument check, "Options --reduce-device-size and --data-size cannot
+/// be combined.", exit 1) and so does udm; a decryption with data shift
+/// accepts `--device-size N` (src/utils_reencrypt.c passes it to
+/// decrypt_luks2_datashift_init): only the first N bytes move and are
+/// decrypted, the backup-previous segment has the fixed size N, the rest
+/// of the device is left. udm's `--init-only` header equals cryptsetup's,
+/// either finishes the other's start (with `--device-size` again: as
+/// cryptsetup, a resume without it decrypts the whole device).
+#[test]
+fn device_size_with_data_shift_as_cryptsetup() {
+    let p = plain_device(16 << 20, 4 << 20);
+    let before = std::fs::read(&p.img).unwrap();
+    for side in [true, false] {
+        let o = reenc_cmd(
+            side,
+            &[
+                "--encrypt",
+                "--reduce-device-size",
+                "4M",
+                "--device-size",
+                "8M",
+            ],
+            &p.img,
+            None,
+            Some(&p.key),
+            None,
+            &[],
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("Options --reduce-device-size and --data-size cannot be combined."),
+            "{err}"
+        );
+    }
+    assert!(std::fs::read(&p.img).unwrap() == before);
+
+    let v = volume(40 << 20, false, &[]);
+    let n = 24usize << 20;
+    let ours = with_header(&v, "ours");
+    let theirs = with_header(&v, "theirs");
+    for (side, t) in [(true, &ours), (false, &theirs)] {
+        check_ok(&reenc_on(
+            side,
+            &["--decrypt", "--init-only", "--device-size", "24M"],
+            t,
+            &[],
+        ));
+    }
+    let j = dump(&ours);
+    let prev = j["segments"]
+        .as_object()
+        .unwrap()
+        .values()
+        .find(|s| s["flags"][0] == "backup-previous")
+        .unwrap();
+    assert_eq!(prev["size"], n.to_string());
+    assert_eq!(normalised(j), normalised(dump(&theirs)));
+    assert!(
+        std::fs::read(&ours.img).unwrap() == std::fs::read(&theirs.img).unwrap(),
+        "udm moved other bytes than cryptsetup"
+    );
+    // Each finishes the other's start, for the first N bytes only.
+    let tail = pread(&ours.img, n as u64, 8 << 20);
+    for (side, t) in [(false, &ours), (true, &theirs)] {
+        check_ok(&reenc_on(
+            side,
+            &["--resume-only", "--device-size", "24M"],
+            t,
+            &[],
+        ));
+        let j = dump(t);
+        assert!(!in_reencryption(&j), "{side}: {j:#}");
+        assert_eq!(j["segments"]["0"]["type"], "linear");
+        assert!(
+            pread(&t.img, 0, n) == t.plain[..n],
+            "{side}: the first N bytes are not the plaintext"
+        );
+        assert!(
+            pread(&t.img, n as u64, 8 << 20) == tail,
+            "{side}: bytes beyond N were touched"
+        );
+    }
+    // A whole run by each: the same device.
+    let a = with_header(&v, "a");
+    let b = with_header(&v, "b");
+    for (side, t) in [(true, &a), (false, &b)] {
+        check_ok(&reenc_on(
+            side,
+            &["--decrypt", "--device-size", "24M"],
+            t,
+            &[],
+        ));
+        assert!(pread(&t.img, 0, n) == t.plain[..n], "{side}");
+    }
+    let (ia, ib) = (
+        std::fs::read(&a.img).unwrap(),
+        std::fs::read(&b.img).unwrap(),
+    );
+    // The last `shift` bytes are random on both sides.
+    let keep = ia.len() - (16 << 20);
+    assert!(
+        ia[..keep] == ib[..keep],
+        "udm left other bytes than cryptsetup"
+    );
+}
+
+/// A running `udm serve` with a control socket and no device.
+fn server(d: &std::path::Path) -> (UdmServe, PathBuf) {
+    let ctl = d.join("ctl");
+    let srv = UdmServe::start(
+        &d.join("nbd.sock"),
+        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
+    );
+    (srv, ctl)
+}
+
+/// Online encryption with data shift, as cryptsetup 2.6 does it
+/// (src/utils_reencrypt.c encrypt_luks2_init with a device name): the
+/// start is offline (`reencrypt --encrypt --reduce-device-size N DEVICE
+/// NAME` moves the data, writes the header, then activates NAME), the
+/// rest online. Here `--init-only` stops after the activation, an NBD
+/// client starts on NAME, an online `--resume-only --active-name NAME`
+/// stopped by SIGINT after some hotzones and resumed finishes; the
+/// client's data is what udm and cryptsetup's key read. Then a second
+/// run stopped online is finished offline by cryptsetup.
+#[test]
+fn online_encrypt_with_data_shift_as_cryptsetup() {
+    let mut v = plain_device(72 << 20, 8 << 20);
+    let d = v.dir.path().to_path_buf();
+    let (srv, ctl) = server(&d);
+    let env = ("UDM_CONTROL", ctl.to_str().unwrap());
+    let mut a = shift_args("8M");
+    a.extend(["--init-only", "--hotzone-size", "1M"]);
+    let mut c = udm();
+    c.arg("cryptsetup")
+        .args(&a)
+        .args(["-q", "--key-file"])
+        .arg(&v.key)
+        .arg(&v.img)
+        .arg("enc")
+        .env(env.0, env.1);
+    let o = c.output().unwrap();
+    check_ok(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .contains("enc is now active and ready for online encryption."),
+        "{}",
+        show(&o)
+    );
+    let client = Client::start(&d, &srv.uri("enc"), &v.plain);
+    let mut c = udm();
+    c.args([
+        "cryptsetup",
+        "reencrypt",
+        "-q",
+        "--resume-only",
+        "--active-name",
+        "enc",
+    ])
+    .arg("--key-file")
+    .arg(&v.key)
+    .arg(&v.img)
+    .env(env.0, env.1);
+    let st = interrupted(&v, c, libc::SIGINT, shift_started);
+    assert!(st.success(), "{st}");
+    assert!(in_reencryption(&dump(&v)), "SIGINT left resumable metadata");
+    check_ok(&udm_cs(
+        &["reencrypt", "--resume-only", "--active-name", "enc"],
+        &v,
+        &[env],
+    ));
+    v.plain = client.finish();
+    let table = dmsetup(&ctl, &["table", "enc"]);
+    assert!(
+        table.lines().count() == 1 && table.contains(" crypt "),
+        "live table after encryption: {table}"
+    );
+    assert_eq!(
+        table.split_whitespace().nth(1),
+        Some(((64u64 << 20) / 512).to_string().as_str()),
+        "the device kept its size"
+    );
+    srv.stop();
+    assert_shift_finished(&v, 4 << 20);
+
+    // Stopped online after two hotzones, finished offline by cryptsetup.
+    let v = plain_device(32 << 20, 4 << 20);
+    let d = v.dir.path().to_path_buf();
+    let (srv, ctl) = server(&d);
+    let env = ("UDM_CONTROL", ctl.to_str().unwrap());
+    let mut c = udm();
+    c.arg("cryptsetup")
+        .args(shift_args("4M"))
+        .args(["-q", "--key-file"])
+        .arg(&v.key)
+        .arg(&v.img)
+        .arg("enc")
+        .env(env.0, env.1)
+        .env("UDM_TEST_REENCRYPT_STOP_AFTER", "2");
+    check_ok(&c.output().unwrap());
+    assert!(in_reencryption(&dump(&v)));
+    srv.stop();
+    assert_udm_reads_plain(&v, "stopped online");
+    cs_finishes(&v);
+    assert_shift_finished(&v, 2 << 20);
+}
+
+// ---- --reduce-device-size with --offset ----
+
+/// `--encrypt --reduce-device-size N --offset S` with the header on the
+/// device, as cryptsetup 2.6.1's encrypt_luks2_init
+/// (src/utils_reencrypt.c): S sectors above N/2 are refused ("Requested
+/// data offset must be less than or equal to half of
+/// --reduce-device-size parameter.", exit 1, nothing written); below, the
+/// reduction becomes 2·S ("Adjusting --reduce-device-size value to twice
+/// the --offset 2·S (sectors)."); equal, nothing changes. The started
+/// headers (normalised) and devices are the same as cryptsetup's, and
+/// cryptsetup finishes udm's start.
+#[test]
+fn reduce_device_size_with_offset_as_cryptsetup() {
+    let v = plain_device(24 << 20, 8 << 20);
+    let before = std::fs::read(&v.img).unwrap();
+    for side in [true, false] {
+        let o = reenc_on(
+            side,
+            &[
+                "--encrypt",
+                "--reduce-device-size",
+                "8M",
+                "--offset",
+                "8200",
+            ],
+            &v,
+            &[],
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("Requested data offset must be less than or equal to half of --reduce-device-size parameter."),
+            "{side}: {err}"
+        );
+        assert!(std::fs::read(&v.img).unwrap() == before);
+    }
+    for (offset, shift) in [("4096", 2usize << 20), ("8192", 4 << 20)] {
+        let ours = twin(&v, "ours");
+        let theirs = twin(&v, "theirs");
+        let mut outs = Vec::new();
+        for (side, t) in [(true, &ours), (false, &theirs)] {
+            let mut a = shift_args("8M");
+            a.remove(0);
+            a.extend(["--offset", offset, "--init-only"]);
+            let o = reenc_on(side, &a, t, &[]);
+            check_ok(&o);
+            outs.push(String::from_utf8_lossy(&o.stdout).into_owned());
+        }
+        let adjusted = "Adjusting --reduce-device-size value to twice the --offset 8192 (sectors).";
+        for out in &outs {
+            assert_eq!(out.contains(adjusted), offset == "4096", "{offset}: {out}");
+        }
+        let j = dump(&ours);
+        let fin = j["segments"]
+            .as_object()
+            .unwrap()
+            .values()
+            .find(|s| s["flags"][0] == "backup-final")
+            .unwrap();
+        assert_eq!(fin["offset"], shift.to_string(), "{j:#}");
+        assert_eq!(
+            normalised(j),
+            normalised(dump(&theirs)),
+            "--offset {offset}"
+        );
+        let (a, b) = (
+            std::fs::read(&ours.img).unwrap(),
+            std::fs::read(&theirs.img).unwrap(),
+        );
+        assert!(
+            a[shift..] == b[shift..],
+            "--offset {offset}: other data moved"
+        );
+        cs_finishes(&ours);
+        let mut ours = ours;
+        let len = 24usize << 20;
+        ours.plain.extend(fast_bytes(7, 8 << 20));
+        ours.plain.truncate(len - 2 * shift);
+        assert_shift_finished(&ours, shift);
+    }
+}
+
+// ---- tokens ----
+
+/// cryptsetup 2.6.1's reencrypt takes `--token-id`, `--token-only` and
+/// `--token-type` (options of every action) but reads the passphrase as
+/// always (src/utils_reencrypt.c uses tools_get_key, never a token: no
+/// token unlocks a reencryption), even with `--token-only`; udm does the
+/// same: with a key file, and with the passphrase on stdin, exit 0, and
+/// the luks2-keyring token follows the new keyslot as cryptsetup's
+/// assign_tokens moves it.
+#[test]
+fn token_options_on_reencrypt_as_cryptsetup() {
+    let v = volume(4 << 20, false, &[]);
+    run(cryptsetup()
+        .args([
+            "token",
+            "add",
+            "--key-description",
+            "udm:reenc",
+            "--key-slot",
+            "0",
+        ])
+        .arg(&v.img));
+    let opts = [
+        "--token-id",
+        "0",
+        "--token-only",
+        "--token-type",
+        "luks2-keyring",
+    ];
+    let mut tokens = Vec::new();
+    for side in [true, false] {
+        let t = twin(&v, if side { "u" } else { "c" });
+        let mut a: Vec<&str> = opts.to_vec();
+        a.extend(FAST_PBKDF);
+        let o = reenc_on(side, &a, &t, &[]);
+        assert_eq!(o.status.code(), Some(0), "{side}: {}", show(&o));
+        let a: Vec<&str> = ["--token-only"].iter().copied().chain(FAST_PBKDF).collect();
+        let o = reenc_cmd(side, &a, &t.img, None, None, Some(PASS), &[]);
+        assert_eq!(o.status.code(), Some(0), "{side}: {}", show(&o));
+        let j = dump(&t);
+        assert!(!in_reencryption(&j));
+        let slots: Vec<String> = j["keyslots"].as_object().unwrap().keys().cloned().collect();
+        assert_eq!(
+            j["tokens"]["0"]["keyslots"],
+            serde_json::json!(slots),
+            "{side}: {j:#}"
+        );
+        assert!(udm_data(&t) == t.plain, "{side}");
+        tokens.push(j["tokens"].clone());
+    }
+    assert_eq!(tokens[0], tokens[1]);
 }

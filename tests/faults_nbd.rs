@@ -278,30 +278,19 @@ fn fault_targets_through_udm_dmsetup() {
     )));
     // Reload to always down with drop_writes, write, reload back up: the
     // write was acknowledged and is not there.
-    srv.ok(&[
-        "reload",
-        "fl",
-        "--table",
-        &format!("0 8192 flakey {disk} 0 0 3600 1 drop_writes"),
-    ]);
-    srv.ok(&["suspend", "fl"]);
-    srv.ok(&["resume", "fl"]);
-    let out = python(
-        "faults/isolate.py",
-        &[srv.serve.sock.to_str().unwrap(), "dropped", "fl"],
+    let swap_and_check = |table: String, expect: &str| {
+        srv.ok(&["reload", "fl", "--table", &table]);
+        srv.ok(&["suspend", "fl"]);
+        srv.ok(&["resume", "fl"]);
+        let out = python(
+            "faults/isolate.py",
+            &[srv.serve.sock.to_str().unwrap(), expect, "fl"],
+        );
+        println!("{}", String::from_utf8_lossy(&out.stdout).trim());
+    };
+    swap_and_check(
+        format!("0 8192 flakey {disk} 0 0 3600 1 drop_writes"),
+        "dropped",
     );
-    println!("{}", String::from_utf8_lossy(&out.stdout).trim());
-    srv.ok(&[
-        "reload",
-        "fl",
-        "--table",
-        &format!("0 8192 flakey {disk} 0 3600 0"),
-    ]);
-    srv.ok(&["suspend", "fl"]);
-    srv.ok(&["resume", "fl"]);
-    let out = python(
-        "faults/isolate.py",
-        &[srv.serve.sock.to_str().unwrap(), "kept", "fl"],
-    );
-    println!("{}", String::from_utf8_lossy(&out.stdout).trim());
+    swap_and_check(format!("0 8192 flakey {disk} 0 3600 0"), "kept");
 }

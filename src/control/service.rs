@@ -550,13 +550,18 @@ impl Service {
             let (Some(e), Some(bs)) = (self.export_of(n), plan.new_block_size(n)) else {
                 continue;
             };
+            // Requests stay widened to the export's block size, so a
+            // table with smaller logical blocks serves them as well (as
+            // the kernel lets a reload lower a device's logical block
+            // size: an online decryption ends with a linear table); a
+            // larger one would take requests the clients cannot align.
             let have = e.queue.block_size();
-            if u64::from(bs.max(1)).next_power_of_two() != have {
+            if u64::from(bs.max(1)).next_power_of_two() > have {
                 return Err(err(
                     Code::Einval,
                     format!(
                         "the new table of '{n}' has {bs}-byte logical blocks, its clients \
-                         {have}-byte ones: a device's block size cannot change while it is \
+                         {have}-byte ones: a device's block size cannot grow while it is \
                          exported; remove and create it again"
                     ),
                 ));

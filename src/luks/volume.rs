@@ -130,6 +130,23 @@ impl Volume {
         }
     }
 
+    /// The data offset in bytes as the header states it: a LUKS1
+    /// payload offset, or the lowest offset of a LUKS2 data segment
+    /// (backup segments of a reencryption aside; 0 with none).
+    pub fn data_offset(&self) -> u64 {
+        match &self.header {
+            Header::Luks1(h) => u64::from(h.payload_offset) * 512,
+            Header::Luks2(h) => h
+                .meta
+                .segments
+                .values()
+                .filter(|s| !s.is_backup())
+                .map(|s| s.offset)
+                .min()
+                .unwrap_or(0),
+        }
+    }
+
     /// Refuse headers whose requirement flags udm does not implement.
     pub fn check_requirements(&self) -> Result<(), LuksError> {
         if let Header::Luks2(h) = &self.header {

@@ -16,7 +16,6 @@ use arc_swap::ArcSwap;
 
 use super::route::Routes;
 use super::stats::{StatOp, Stats};
-use crate::core::device::Transform;
 use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Limits, WriteBuf};
 
 /// The statistics of a live device, from a completion that runs after
@@ -143,20 +142,6 @@ impl BlockDevice for LiveDevice {
         // Nothing stacks on a live device (stacks are compiled against its
         // routes), so there is no caller to offer direct access to.
         false
-    }
-
-    fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
-        crate::core::device::read_transformed_by_reading(self, offset, buf, t)
-    }
-
-    fn write_transformed(
-        &self,
-        offset: u64,
-        src: &[u8],
-        fua: bool,
-        t: &dyn Transform,
-    ) -> DevResult<()> {
-        crate::core::device::write_transformed_by_writing(self, offset, src, fua, t)
     }
 
     fn flush(&self) -> DevResult<()> {

@@ -272,7 +272,10 @@ impl Loop {
         }
         // Requests left running on the engine's workers: their completion
         // wakes the loop, and polling meanwhile would take a core from them.
-        if let Some(c) = slot.s.client() {
+        // Without busy polling the answer is never used, so the engine's
+        // state lock is not taken for it.
+        let polling = !self.cx.opts.busy_poll.is_zero();
+        if let Some(c) = slot.s.client().filter(|_| polling) {
             if self.cx.engine.client_requests(c) > 0 {
                 self.workers_busy = true;
             }

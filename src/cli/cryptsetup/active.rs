@@ -204,6 +204,28 @@ pub(super) fn open(c: &Ctx) -> Outcome {
     Ok(())
 }
 
+/// Create `name` on the server mapping the LUKS2 volume `uuid` of
+/// `argv[0]` as `act` says (with the command line's dm-crypt flags), as
+/// `open` does.
+pub(super) fn create_luks2(
+    c: &Ctx,
+    name: &str,
+    mut act: crate::luks::Activation,
+    uuid: &str,
+) -> Outcome {
+    for f in flags(c).into_iter().rev() {
+        if !act.options.contains(&f) {
+            act.options.insert(0, f);
+        }
+    }
+    let table = act.table(&crate::core::table::escape_arg(&c.argv[0]));
+    let mut r = req("create", name);
+    r.has_table = true;
+    r.uuid = Some(format!("CRYPT-LUKS2-{}-{name}", uuid.replace('-', "")));
+    call(c, name, r, table.as_bytes())?;
+    Ok(())
+}
+
 pub(super) fn close(c: &Ctx) -> Outcome {
     let name = &c.argv[0];
     let mut r = req("remove", name);
@@ -483,6 +505,9 @@ pub(super) struct LiveCtl<'a> {
     name: String,
     data: String,
     options: Vec<&'static str>,
+    sectors: Option<u64>,
+    /// The device UUID, `CRYPT-LUKS2-<volume uuid>-NAME`.
+    pub uuid: String,
 }
 
 /// The dm-crypt optional flags of a table line (fields after the eighth:
@@ -503,29 +528,52 @@ fn crypt_flags(line: &str) -> Vec<&'static str> {
         .collect()
 }
 
-/// Find `name` on the server and the data device its crypt table names.
+/// Find `name` on the server: the data device its table names (a crypt
+/// line's, or a linear line's while no data is encrypted yet), its
+/// dm-crypt flags and its size.
 pub(super) fn live_device<'a>(c: &'a Ctx, name: &str) -> Result<LiveCtl<'a>, LuksError> {
-    let (info, lines) = active_luks(c, name)?;
-    if !info["uuid"]
-        .as_str()
-        .unwrap_or("")
-        .starts_with("CRYPT-LUKS2-")
-        || lines.is_empty()
-    {
+    let (info, _) = active_luks(c, name)?;
+    let (_, payload) = call(c, name, req("table", name), &[])?;
+    let text = String::from_utf8_lossy(&payload);
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let data = lines
+        .iter()
+        .find_map(|f| match f.get(2) {
+            Some(&"crypt") => f.get(6),
+            Some(&"linear") => f.get(3),
+            _ => None,
+        })
+        .map(|d| d.to_string());
+    let (true, Some(data)) = (
+        info["uuid"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("CRYPT-LUKS2-"),
+        data,
+    ) else {
         return Err(LuksError::Usage(format!(
-            "Device {name} is not an active LUKS2 device."
+            "Active device {name} is not LUKS2."
         )));
-    }
-    let data = lines[0]
-        .split_whitespace()
-        .nth(6)
-        .ok_or_else(|| LuksError::Usage(format!("Device {name}: unexpected table")))?
-        .to_string();
+    };
+    let sectors = lines
+        .iter()
+        .map(|f| f.get(1).and_then(|n| n.parse::<u64>().ok()))
+        .sum::<Option<u64>>();
+    let options = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(2) == Some("crypt"))
+        .map(crypt_flags)
+        .unwrap_or_default();
     Ok(LiveCtl {
         c,
         name: name.to_string(),
         data,
-        options: crypt_flags(&lines[0]),
+        options,
+        sectors,
+        uuid: info["uuid"].as_str().unwrap_or("").to_string(),
     })
 }
 
@@ -547,5 +595,13 @@ impl crate::luks::reencrypt::Live for LiveCtl<'_> {
 
     fn options(&self) -> Vec<&'static str> {
         self.options.clone()
+    }
+
+    fn resume(&mut self) -> Result<(), LuksError> {
+        call(self.c, &self.name, req("resume", &self.name), &[]).map(|_| ())
+    }
+
+    fn sectors(&self) -> Option<u64> {
+        self.sectors
     }
 }

@@ -442,6 +442,14 @@ fn verify(a: &Args, action: &str, argv: &[String], ty: Option<&str>) -> Result<(
             return Err("Options --device-size and --size cannot be combined.".into());
         }
         "reencrypt" => {
+            if let Some(r) = a.u64("reduce-device-size") {
+                if r > 1 << 30 {
+                    return Err("Maximum device reduce size is 1 GiB.".into());
+                }
+                if r % 512 != 0 {
+                    return Err("Reduce size must be multiple of 512 bytes sector.".into());
+                }
+            }
             if a.has("reduce-device-size") && a.has("device-size") {
                 return Err(
                     "Options --reduce-device-size and --data-size cannot be combined.".into(),

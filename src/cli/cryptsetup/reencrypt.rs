@@ -23,7 +23,7 @@ use crate::cli::ui::Ui;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::ops::format::{default_key_bits, luks_format, FormatOpts};
-use crate::luks::reencrypt::{self, InitParams, Mode, Outcome as Done};
+use crate::luks::reencrypt::{self, InitParams, Live, Mode, Outcome as Done};
 use crate::luks::volume::Volume;
 
 /// Set by SIGINT/SIGTERM; the engine checks it between hotzones.
@@ -162,6 +162,26 @@ fn unsupported(what: &str) -> LuksError {
     LuksError::Unsupported(what.into())
 }
 
+/// The served device `name` (`--active-name`); one that is not active
+/// fails as cryptsetup's reencrypt does, exit 1.
+fn active<'a>(c: &'a Ctx, name: &str) -> Result<super::active::LiveCtl<'a>, LuksError> {
+    match super::active::live_device(c, name) {
+        Err(LuksError::Silent(_)) => Err(LuksError::Silent(1)),
+        r => r,
+    }
+}
+
+/// cryptsetup's refusal of `--encrypt --active-name` for a device that
+/// is not in reencryption: the active device is LUKS already (an
+/// encryption starts offline, over the plaintext device), exit 1.
+fn already_luks(dev: &crate::luks::ops::Device) -> LuksError {
+    let what = dev.header.as_deref().unwrap_or(&dev.path);
+    LuksError::Usage(format!(
+        "Device {} is already LUKS device. Aborting operation.",
+        what.display()
+    ))
+}
+
 pub(super) fn run(c: &Ctx) -> Outcome {
     if c.argv.is_empty() {
         return Err(LuksError::Usage(
@@ -199,8 +219,9 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         steps: Cell::new(0),
     };
     if let Some(name) = c.a.str("active-name") {
-        // Online: the served device must exist before anything changes.
-        super::active::live_device(c, name)?;
+        // Online: the served device must exist before anything changes
+        // (cryptsetup: "Device NAME is not active.", exit 1).
+        active(c, name)?;
     }
     let dev = device(c);
     let hotzone = c.a.u64("hotzone-size");
@@ -230,6 +251,9 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         if c.a.has("resume-only") {
             return Err(not_in_progress());
         }
+        if c.a.has("active-name") {
+            return Err(already_luks(&dev));
+        }
         let o = encrypt_format(c, &dev, &key, slot, 0);
         luks_format(&o, &fb)?;
         let mut vol = dev.load(true, &fb)?;
@@ -237,10 +261,11 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         let (s, k) = vol.unlock(&pass, slot)?;
         let p = params(c, Mode::Encrypt);
         reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
+        let name = activate(c, &vol, &pass)?;
         if c.a.has("init-only") {
             return Ok(());
         }
-        return go(c, &mut vol, &pass, hotzone, &fb);
+        return go_online(c, &mut vol, &pass, hotzone, &fb, name);
     }
 
     if c.a.has("decrypt") {
@@ -276,18 +301,8 @@ pub(super) fn run(c: &Ctx) -> Outcome {
                 "LUKS2 decryption requires --header option.".into(),
             ));
         }
-        let offset = match &vol.header {
-            crate::luks::volume::Header::Luks2(h) => h
-                .meta
-                .segments
-                .values()
-                .filter(|s| !s.is_backup())
-                .map(|s| s.offset)
-                .min()
-                .unwrap_or(0),
-            crate::luks::volume::Header::Luks1(_) => 0,
-        };
-        if offset > 0 {
+        // LUKS1 was refused above: this is the lowest data segment.
+        if vol.data_offset() > 0 {
             return Err(LuksError::Unsupported(
                 "LUKS2 decryption is supported with detached header device only (with data \
                  offset set to 0)."
@@ -564,17 +579,11 @@ fn decrypt_shift(
     if c.a.has("resume-only") {
         return Err(not_in_progress());
     }
-    if c.a.has("active-name") {
-        return Err(unsupported(
-            "online decryption with data shift (--active-name); run it offline",
-        ));
-    }
     let resilience = unshift_resilience(c)?;
-    if c.a.has("device-size") {
-        return Err(unsupported(
-            "--device-size with a data shift (fixed-size decryption with data shift)",
-        ));
-    }
+    let mut live = match c.a.str("active-name") {
+        Some(name) => Some(active(c, name)?),
+        None => None,
+    };
     if !c.batch() {
         crate::luks::ops::confirm_or(
             fb,
@@ -592,6 +601,7 @@ fn decrypt_shift(
     vol.unlock(&pass, slot)?;
     drop(vol);
     crate::luks::ops::header::backup(&on_dev, hdr, fb)?;
+    let mut suspended = false;
     let started = (|| -> Result<(), LuksError> {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(hdr)
@@ -607,14 +617,33 @@ fn decrypt_shift(
         )?;
         let mut vol = dev.load(true, fb)?;
         let (s, k_old) = vol.unlock(&pass, slot)?;
+        if let Some(l) = live.as_mut() {
+            check_live(c, l, &vol)?;
+            // The first hotzone's ciphertext is copied to byte 0 before
+            // the header names it: no client may write it meanwhile.
+            l.suspend()?;
+            suspended = true;
+        }
         wipe_luks_magic(&dev.path, vol.header_len())?;
         let mut p = params(c, Mode::Decrypt);
         p.resilience = resilience.to_string();
         p.move_first = true;
         p.hotzone = hotzone;
-        reencrypt::init(&mut vol, &p, &pass, s, &[], Some(&k_old), None).map(|_| ())
+        reencrypt::init(&mut vol, &p, &pass, s, &[], Some(&k_old), None)?;
+        if let Some(l) = live.as_mut() {
+            let vol = dev.load(false, fb)?;
+            let act = reencrypt::activation(&vol, &pass)?
+                .ok_or_else(|| LuksError::Usage("reencryption state changed".into()))?;
+            reload(l, act)?;
+            suspended = false;
+        }
+        Ok(())
     })();
     if let Err(e) = started {
+        if suspended {
+            // The header goes back below; the old table maps it again.
+            let _ = live.as_mut().map(|l| l.resume());
+        }
         // Nothing of the reencryption reached the header: put the
         // original header back on the device and drop the export.
         match restore_header(&dev.path, hdr) {
@@ -628,11 +657,41 @@ fn decrypt_shift(
         }
         return Err(e);
     }
+    drop(live);
     if c.a.has("init-only") {
         return Ok(());
     }
     let mut vol = dev.load(true, fb)?;
     go(c, &mut vol, &pass, hotzone, fb)
+}
+
+/// Load the mapping `act` into the served device (its flags, its size)
+/// and resume it.
+fn reload(l: &mut super::active::LiveCtl<'_>, act: crate::luks::Activation) -> Outcome {
+    let table = reencrypt::live_table(l, act);
+    l.reload(&table)
+}
+
+/// The served device must map this volume (its device UUID names the
+/// volume's, else cryptsetup's "Mismatching parameters on device NAME.")
+/// and `--device-size` must equal its size ("Active device size and
+/// requested reencryption size don't match."); both exit 1.
+fn check_live(c: &Ctx, l: &super::active::LiveCtl<'_>, vol: &Volume) -> Outcome {
+    let want = format!("CRYPT-LUKS2-{}-", vol.uuid().replace('-', ""));
+    if !l.uuid.starts_with(&want) {
+        return Err(LuksError::Usage(format!(
+            "Mismatching parameters on device {}.",
+            c.a.str("active-name").unwrap_or("")
+        )));
+    }
+    if let (Some(want), Some(have)) = (c.a.u64("device-size"), l.sectors()) {
+        if want != have * 512 {
+            return Err(LuksError::Usage(
+                "Active device size and requested reencryption size don't match.".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Zero the magic of both LUKS2 header copies on `path` (as blkid's
@@ -699,25 +758,43 @@ fn encrypt_shift(
     if c.a.has("resume-only") {
         return Err(not_in_progress());
     }
-    if c.a.has("device-size") {
-        return Err(unsupported(
-            "--device-size with a data shift (fixed-size encryption with data shift)",
-        ));
+    if c.a.has("active-name") {
+        return Err(already_luks(dev));
     }
-    let Some(reduce) = c.a.u64("reduce-device-size") else {
+    let Some(mut reduce) = c.a.u64("reduce-device-size") else {
         return Err(unsupported(
             "--encrypt without --header needs --reduce-device-size (room for the header)",
         ));
     };
-    if c.a.has("offset") || c.a.has("luks2-keyslots-size") {
+    if c.a.has("luks2-keyslots-size") {
         return Err(unsupported(
-            "--offset or --luks2-keyslots-size with --reduce-device-size",
+            "--luks2-keyslots-size with --reduce-device-size (the header takes half of it)",
         ));
     }
+    // cryptsetup's --offset (sectors) with the header on the device: at
+    // most half the reduction; less shrinks the reduction to twice it.
+    if let Some(off) = c.a.u64("offset").filter(|&o| o > 0) {
+        let half = reduce / 1024;
+        if off > half {
+            return Err(LuksError::Usage(
+                "Requested data offset must be less than or equal to half of \
+                 --reduce-device-size parameter."
+                    .into(),
+            ));
+        }
+        if off < half {
+            reduce = off * 1024;
+            println!(
+                "Adjusting --reduce-device-size value to twice the --offset {} (sectors).",
+                off * 2
+            );
+        }
+    }
     let shift = reduce / 2;
-    if reduce == 0 || reduce % 8192 != 0 || shift > 1 << 30 {
+    if reduce == 0 || reduce % 8192 != 0 {
         return Err(LuksError::Usage(
-            "Device size reduction must be a multiple of 8 KiB, at most 2 GiB.".into(),
+            "Device size reduction must be a multiple of 8 KiB (udm moves whole 4 KiB blocks)."
+                .into(),
         ));
     }
     let size = crate::luks::disk::Disk::open(&dev.path, false)?.size()?;
@@ -751,10 +828,26 @@ fn encrypt_shift(
     let mut p = params(c, Mode::Encrypt);
     p.shift = Some(shift);
     reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
+    let name = activate(c, &vol, &pass)?;
     if c.a.has("init-only") {
         return Ok(());
     }
-    go(c, &mut vol, &pass, hotzone, fb)
+    go_online(c, &mut vol, &pass, hotzone, fb, name)
+}
+
+/// cryptsetup's online encryption: `reencrypt --encrypt DEVICE NAME`
+/// activates NAME (here: a device of the running server) once the
+/// encryption is initialised, and the rest of it runs online (also with
+/// `--init-only`, which stops after the activation).
+fn activate<'c>(c: &'c Ctx, vol: &Volume, pass: &[u8]) -> Result<Option<&'c str>, LuksError> {
+    let Some(name) = c.argv.get(1) else {
+        return Ok(None);
+    };
+    let act = reencrypt::activation(vol, pass)?
+        .ok_or_else(|| LuksError::Usage("reencryption state changed".into()))?;
+    super::active::create_luks2(c, name, act, vol.uuid())?;
+    println!("{name} is now active and ready for online encryption.");
+    Ok(Some(name.as_str()))
 }
 
 fn resume_only(
@@ -778,14 +871,29 @@ fn resume_only(
 }
 
 fn go(c: &Ctx, vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progress) -> Outcome {
+    go_online(c, vol, pass, hotzone, fb, c.a.str("active-name"))
+}
+
+/// [`go`], online when `name` names the served device.
+fn go_online(
+    c: &Ctx,
+    vol: &mut Volume,
+    pass: &[u8],
+    hotzone: Option<u64>,
+    fb: &Progress,
+    name: Option<&str>,
+) -> Outcome {
     install_handlers();
     // Test hooks (the interop tests stop or crash udm at a chosen hotzone).
     let hook = |n: &str| std::env::var(n).ok().and_then(|v| v.parse::<u64>().ok());
     fb.stop_after.set(hook("UDM_TEST_REENCRYPT_STOP_AFTER"));
-    let mut live = match c.a.str("active-name") {
-        Some(name) => Some(super::active::live_device(c, name)?),
+    let mut live = match name {
+        Some(name) => Some(active(c, name)?),
         None => None,
     };
+    if let Some(l) = &live {
+        check_live(c, l, vol)?;
+    }
     let r = reencrypt::resume(
         vol,
         pass,
@@ -798,7 +906,7 @@ fn go(c: &Ctx, vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progres
         hook("UDM_TEST_REENCRYPT_CRASH_IN"),
         live.as_mut().map(|l| l as &mut dyn reencrypt::Live),
     );
-    let r = match (r, c.a.str("active-name")) {
+    let r = match (r, name) {
         (Err(e), Some(name)) => {
             // As libcryptsetup leaves a failed hotzone unreachable: the
             // device stays suspended until the hotzone is recovered.

@@ -90,7 +90,7 @@ pub fn restore(dev: &Device, file: &Path, fb: &dyn Feedback) -> Result<(), LuksE
                     backup.version()
                 )));
             }
-            if data_offset(cur) != data_offset(&backup) {
+            if cur.data_offset() != backup.data_offset() {
                 return Err(LuksError::Usage(
                     "Data offset differ on device and backup, restore failed.".into(),
                 ));
@@ -122,21 +122,6 @@ pub fn restore(dev: &Device, file: &Path, fb: &dyn Feedback) -> Result<(), LuksE
     }
     out.write_at(0, &buf)?;
     out.sync()
-}
-
-/// Data offset in bytes as the header states it.
-fn data_offset(v: &Volume) -> u64 {
-    match &v.header {
-        Header::Luks1(h) => u64::from(h.payload_offset) * 512,
-        Header::Luks2(h) => h
-            .meta
-            .segments
-            .values()
-            .filter(|s| !s.is_backup())
-            .map(|s| s.offset)
-            .min()
-            .unwrap_or(0),
-    }
 }
 
 /// convert: LUKS1 to LUKS2 or back, after asking.

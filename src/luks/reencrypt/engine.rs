@@ -167,13 +167,15 @@ impl<'a> Job<'a> {
             device: device_size,
         } = sizes;
         if let Resilience::Datashift { shift, moved } = st.resilience {
-            if device_size.is_some() {
-                return Err(LuksError::Unsupported(
-                    "--device-size with a data shift (fixed-size data shift)".into(),
-                ));
-            }
             if st.mode == Mode::Decrypt {
-                return Job::new_unshift(vol, st, key_old, shift, moved);
+                return Job::new_unshift(vol, st, key_old, shift, moved, device_size);
+            }
+            if device_size.is_some() {
+                // cryptsetup refuses it when the encryption starts
+                // (--reduce-device-size with --device-size).
+                return Err(LuksError::Usage(
+                    "Options --reduce-device-size and --data-size cannot be combined.".into(),
+                ));
             }
             return Job::new_shift(vol, st, key_old, key_new, shift);
         }
@@ -193,7 +195,6 @@ impl<'a> Job<'a> {
             }
         }
         let data_offset = st.new.offset;
-        let data = Disk::open(&vol.data_path, true)?;
         let size = vol.data_size.checked_sub(data_offset).ok_or_else(|| {
             LuksError::field("segments", data_offset, "data offset beyond the device")
         })?;
@@ -294,21 +295,7 @@ impl<'a> Job<'a> {
             Direction::Forward => zone.offset,
             Direction::Backward => size - zone.offset - zone.length,
         };
-        Ok(Job {
-            vol,
-            data,
-            st,
-            old,
-            new,
-            zone,
-            progress,
-            none_dirty: false,
-            crash_in: None,
-            steps: 0,
-            live: None,
-            shift: None,
-            unshift: None,
-        })
+        Job::with(vol, st, old, new, zone, progress)
     }
 
     /// Encryption with data shift (`--reduce-device-size`), cryptsetup's
@@ -421,22 +408,9 @@ impl<'a> Job<'a> {
         }
         let old = crypt(&st.old, key_old)?;
         let new = crypt(&st.new, key_new)?;
-        let data = Disk::open(&vol.data_path, true)?;
-        Ok(Job {
-            vol,
-            data,
-            st,
-            old,
-            new,
-            zone,
-            progress: size - linear,
-            none_dirty: false,
-            crash_in: None,
-            steps: 0,
-            live: None,
-            shift: Some((shift, m_off, m_size)),
-            unshift: None,
-        })
+        let mut job = Job::with(vol, st, old, new, zone, size - linear)?;
+        job.shift = Some((shift, m_off, m_size));
+        Ok(job)
     }
 
     /// Decryption with data shift (a volume whose header was on the
@@ -447,12 +421,17 @@ impl<'a> Job<'a> {
     /// so an interrupted one is simply done again); the last hotzone
     /// decrypts the moved segment in place, protected by checksums or a
     /// journal in the reencrypt keyslot's area.
+    ///
+    /// `device_size` (`--device-size`, given to this run as cryptsetup
+    /// takes it: a resume without it decrypts the whole device) moves and
+    /// decrypts only the first that many bytes.
     fn new_unshift(
         vol: &'a mut Volume,
         st: State,
         key_old: Option<&Key>,
         shift: u64,
         moved: Option<Moved>,
+        device_size: Option<u64>,
     ) -> Result<Job<'a>, LuksError> {
         let slot = st.slot;
         let Some(moved) = moved else {
@@ -491,6 +470,15 @@ impl<'a> Job<'a> {
             .checked_sub(shift)
             .filter(|s| *s > 0 && s % align == 0)
             .ok_or_else(|| bad("data device too small or not aligned for this shift", shift))?;
+        let size = match device_size {
+            None => size,
+            Some(want) if want > 0 && want <= size && want % align == 0 => want,
+            Some(_) => {
+                return Err(LuksError::Usage(
+                    "Illegal device size requested in reencryption parameters.".into(),
+                ))
+            }
+        };
         let h = luks2(vol)?;
         let mid = super::state::segment_by_flag(&h.meta, "backup-moved-segment")
             .ok_or_else(|| LuksError::field("segments", "backup-moved-segment", "missing"))?;
@@ -593,13 +581,28 @@ impl<'a> Job<'a> {
             }
         }
         let old = crypt(&st.old, key_old)?;
+        let mut job = Job::with(vol, st, old, None, zone, progress)?;
+        job.unshift = Some((shift, m_size, moved));
+        Ok(job)
+    }
+
+    /// A job on `vol` at `zone` with `progress` bytes done: the data
+    /// device opened for writing, no hooks, no data shift.
+    fn with(
+        vol: &'a mut Volume,
+        st: State,
+        old: Option<SectorCrypt>,
+        new: Option<SectorCrypt>,
+        zone: Zone,
+        progress: u64,
+    ) -> Result<Job<'a>, LuksError> {
         let data = Disk::open(&vol.data_path, true)?;
         Ok(Job {
             vol,
             data,
             st,
             old,
-            new: None,
+            new,
             zone,
             progress,
             none_dirty: false,
@@ -607,7 +610,7 @@ impl<'a> Job<'a> {
             steps: 0,
             live: None,
             shift: None,
-            unshift: Some((shift, m_size, moved)),
+            unshift: None,
         })
     }
 
@@ -758,6 +761,9 @@ impl<'a> Job<'a> {
     /// One hotzone that moves data (no copy of the old bytes is needed:
     /// the source stays intact until the post table is written).
     fn step_shift(&mut self) -> Result<(), LuksError> {
+        // Online, clients must not write the source while it is copied:
+        // the device waits from before the hot table to the reload.
+        self.live(false)?;
         let (hot, post) = self.tables()?;
         self.set_segments(hot, true)?;
         self.commit()?;
@@ -765,7 +771,8 @@ impl<'a> Job<'a> {
         self.move_zone(crash)?;
         self.steps += 1;
         self.set_segments(post, false)?;
-        self.commit()
+        self.commit()?;
+        self.live(true)
     }
 
     /// One hotzone, steps 1-4 of the module doc.

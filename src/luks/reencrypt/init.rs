@@ -368,7 +368,8 @@ pub fn init(
         segs.insert(n.to_string(), with_flag(first, "backup-moved-segment"));
         segs.insert(
             (n + 1).to_string(),
-            with_flag(crypt(shift, None, 0), "backup-previous"),
+            // `--device-size` fixes its size, as cryptsetup writes it.
+            with_flag(crypt(shift, p.device_size, 0), "backup-previous"),
         );
         let fin = json!({"type": "linear", "offset": "0", "size": "dynamic"});
         segs.insert((n + 2).to_string(), with_flag(fin, "backup-final"));

@@ -9,13 +9,17 @@
 //! Supported: re-key (new key, cipher, key size or sector size), encrypt
 //! and decrypt of volumes with a detached header, in both directions,
 //! with resilience checksum, journal or none; encrypt with data shift
-//! (`--reduce-device-size`, resilience datashift, offline); decrypt of a
+//! (`--reduce-device-size`, resilience datashift; started offline, as
+//! cryptsetup starts it, resumable online); decrypt of a
 //! volume whose header is on the device (the header moves to a new
 //! detached file, the data moves back to byte 0: resilience
-//! datashift-checksum or datashift-journal, offline); `--device-size`
-//! (only the start of the data area, fixed-size segments while it runs)
-//! without a data shift. Not supported: `--device-size` with a data
-//! shift, metadata version 1.
+//! datashift-checksum or datashift-journal); `--device-size` (only the
+//! start of the data area: fixed-size segments while it runs, or, for a
+//! decryption with data shift, as cryptsetup, the size of this run).
+//! Online (a `Live` device) every mode runs, data shifts included: the
+//! device is suspended from before a hotzone's hot table until its new
+//! table is loaded. Not supported: `--device-size` with an encryption
+//! with data shift (cryptsetup refuses it too), metadata version 1.
 
 mod engine;
 mod init;
@@ -77,6 +81,9 @@ pub trait Live {
     fn suspend(&mut self) -> Result<(), LuksError>;
     /// Load `table` and resume the device.
     fn reload(&mut self, table: &str) -> Result<(), LuksError>;
+    /// Resume the device with the table it had (a start that failed
+    /// after `suspend` and left the header as it was).
+    fn resume(&mut self) -> Result<(), LuksError>;
     /// The data device as the device's table names it.
     fn data_device(&self) -> &str;
     /// The device's dm-crypt flags (allow_discards, same_cpu_crypt,
@@ -85,6 +92,27 @@ pub trait Live {
     fn options(&self) -> Vec<&'static str> {
         Vec::new()
     }
+    /// The device's size in 512-byte sectors, if known: every table
+    /// loaded keeps it (cryptsetup never resizes the active device during
+    /// a reencryption; a data shift's final volume is larger, and
+    /// stays as large as it was until it is resized or opened again).
+    fn sectors(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The table `live` gets for the mapping `act`: with the device's
+/// dm-crypt flags, cut to the device's size.
+pub fn live_table(live: &dyn Live, mut act: Activation) -> zeroize::Zeroizing<String> {
+    act.options = live.options();
+    if let Some(mut left) = live.sectors() {
+        act.segments.retain_mut(|s| {
+            s.len_sectors = s.len_sectors.min(left);
+            left -= s.len_sectors;
+            s.len_sectors > 0
+        });
+    }
+    act.table(live.data_device())
 }
 
 /// Resume (or recover, then resume) the reencryption of `vol`, opened
@@ -107,11 +135,6 @@ pub fn resume(
             vol.data_path.display()
         ))
     })?;
-    if live.is_some() && matches!(st.resilience, Resilience::Datashift { .. }) {
-        return Err(LuksError::Unsupported(
-            "online reencryption with data shift (run it offline)".into(),
-        ));
-    }
     let (old, new) = unlock_checked(vol, &st, passphrase)?;
     let crashed = st.hot.is_some();
     let (k_old, k_new) = (old.clone(), new.clone());
@@ -124,9 +147,8 @@ pub fn resume(
             if !after {
                 return live.suspend();
             }
-            let mut act = assemble(vol, &st, k_old.clone(), k_new.clone())?;
-            act.options = live.options();
-            let table = act.table(live.data_device());
+            let act = assemble(vol, &st, k_old.clone(), k_new.clone())?;
+            let table = live_table(&*live, act);
             live.reload(&table)
         }));
     }
