@@ -222,11 +222,11 @@ fn linear_striped_and_crypt_over_striped_on_rbd() {
         );
     }
     // crypt over RBD: what 4 KiB requests wrote (submitted, encrypted on
-    // the reader) reads back through 1 MiB requests (run on workers,
+    // the reader) reads back through 4 MiB requests (run on workers,
     // decrypted there), and the other way round: both paths store the
     // same ciphertext.
     let out = d.join("enc.out");
-    for (seed, w, r) in [(3, "4096", "1048576"), (4, "1048576", "4096")] {
+    for (seed, w, r) in [(3, "4096", "4194304"), (4, "4194304", "4096")] {
         let enc_data = fast_bytes(seed, 32 << 20);
         let enc_file = write_file(d, "enc.in", &enc_data);
         run(Command::new("nbdcopy").args([

@@ -39,7 +39,7 @@
 //!   completion callback wakes it.
 //! - **Submitted requests** skip even that: when the device takes
 //!   asynchronous submissions ([`BlockDevice::can_submit`], an RBD image
-//!   under linear layers or small-request crypt), a read or whole-block
+//!   under linear layers or crypt (requests up to 1 MiB)), a read or whole-block
 //!   write whose turn has come is started on the connection's reader and
 //!   finished in the device's completion callback (reply, then the same
 //!   bookkeeping a worker does), so no worker wakes twice per request.
