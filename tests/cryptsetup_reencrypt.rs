@@ -262,8 +262,10 @@ fn try_interrupt(
     let start = Instant::now();
     loop {
         let meta = v.hdr.as_ref().unwrap_or(&v.img);
-        // A header file the program has not written yet reads as empty.
-        let json = if meta.exists() {
+        // A header file the program has not written (whole) yet reads as
+        // empty.
+        let whole = std::fs::metadata(meta).is_ok_and(|m| m.len() >= 4096 + 12288);
+        let json = if whole {
             String::from_utf8_lossy(&pread(meta, 4096, 12288)).into_owned()
         } else {
             String::new()
@@ -2266,4 +2268,224 @@ fn token_options_on_reencrypt_as_cryptsetup() {
         tokens.push(j["tokens"].clone());
     }
     assert_eq!(tokens[0], tokens[1]);
+}
+
+// ---- --reduce-device-size with a detached header ----
+
+/// `--encrypt --reduce-device-size N --header H` as cryptsetup 2.6.1 does
+/// it (src/utils_reencrypt.c encrypt_luks2_init: metadata areas of 16
+/// KiB, the keyslots area the rest of N; lib/luks2/luks2_reencrypt.c:
+/// data offset 0, resilience datashift with shift N, backward, no moved
+/// segment): nothing is reduced, the device is encrypted in place in
+/// hotzones of N. udm's `--init-only` header (normalised) and header file
+/// size equal cryptsetup's; either finishes the other's start (udm's
+/// also after it stopped past a hotzone); the data reads back through
+/// udm and through cryptsetup alone. A metadata size larger than N is
+/// refused by both ("LUKS2 metadata size is larger than data shift
+/// value.", exit 1).
+#[test]
+fn reduce_device_size_with_detached_header_as_cryptsetup() {
+    let v = plain_device(32 << 20, 0);
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["--encrypt", "--reduce-device-size", "8M"];
+        a.extend(FAST_PBKDF);
+        a.extend(extra);
+        a
+    };
+    for side in [true, false] {
+        let t = with_header(&v, if side { "u" } else { "c" });
+        let o = reenc_on(side, &args(&["--luks2-keyslots-size", "8M"]), &t, &[]);
+        assert_eq!(o.status.code(), Some(1), "{side}: {}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("LUKS2 metadata size is larger than data shift value."),
+            "{err}"
+        );
+    }
+    let ours = with_header(&v, "ours");
+    let theirs = with_header(&v, "theirs");
+    for (side, t) in [(true, &ours), (false, &theirs)] {
+        check_ok(&reenc_on(side, &args(&["--init-only"]), t, &[]));
+        assert!(
+            std::fs::read(&t.img).unwrap() == v.plain,
+            "{side}: data moved"
+        );
+    }
+    let (ju, jc) = (dump(&ours), dump(&theirs));
+    assert_eq!(ju["config"]["keyslots_size"], "8355840", "{ju:#}");
+    assert_eq!(normalised(ju), normalised(jc));
+    let len = |t: &Vol| std::fs::metadata(t.hdr.as_ref().unwrap()).unwrap().len();
+    assert_eq!(len(&ours), len(&theirs));
+    assert!(udm_data(&ours) == v.plain);
+    // Each finishes the other's start.
+    check_ok(&reenc_on(false, &["--resume-only"], &ours, &[]));
+    check_ok(&reenc_on(true, &["--resume-only"], &theirs, &[]));
+    for t in [&ours, &theirs] {
+        let j = dump(t);
+        assert!(!in_reencryption(&j), "{j:#}");
+        assert_eq!(j["segments"]["0"]["offset"], "0");
+        assert_finished_both(t);
+    }
+    // Stopped past a hotzone: cryptsetup 2.6.1 cannot resume udm's state
+    // half-way (its size check adds the shift once the encrypted segment
+    // is dynamic: "Device … is too small.", exit 1; it fails so on some
+    // of its own interrupted states too); udm finishes it, and finishes a
+    // run of cryptsetup's stopped by SIGINT.
+    let ours = with_header(&v, "stopped");
+    check_ok(&reenc_on(
+        true,
+        &args(&[]),
+        &ours,
+        &[("UDM_TEST_REENCRYPT_STOP_AFTER", "2")],
+    ));
+    let j = dump(&ours);
+    assert!(in_reencryption(&j) && regular_segments(&j) == 2, "{j:#}");
+    assert!(udm_data(&ours) == v.plain, "stopped half-way");
+    let o = reenc_on(false, &["--resume-only"], &ours, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is too small."));
+    check_ok(&reenc_on(true, &["--resume-only"], &ours, &[]));
+    assert_finished_both(&ours);
+
+    let big = plain_device(96 << 20, 0);
+    let mut landed = false;
+    for _ in 0..8 {
+        let t = with_header(&big, "sigint");
+        let mut c = cryptsetup();
+        c.args(["reencrypt", "-q", "--force-offline-reencrypt"])
+            .args(["--encrypt", "--reduce-device-size", "1M"])
+            .args(FAST_PBKDF)
+            .arg("--header")
+            .arg(t.hdr.as_ref().unwrap())
+            .arg("--key-file")
+            .arg(&t.key)
+            .arg(&t.img);
+        let between = |j: &str| {
+            j.contains("online-reencrypt") && !j.contains("in-reencryption") && {
+                let v: Result<Value, _> = serde_json::from_str(j.trim_end_matches('\0'));
+                v.is_ok_and(|j| regular_segments(&j) == 2)
+            }
+        };
+        if try_interrupt(&t, c, libc::SIGINT, between).is_err() || !in_reencryption(&dump(&t)) {
+            continue;
+        }
+        landed = true;
+        assert!(udm_data(&t) == t.plain, "cryptsetup interrupted");
+        check_ok(&reenc_on(true, &["--resume-only"], &t, &[]));
+        assert_finished_both(&t);
+        break;
+    }
+    assert!(landed, "SIGINT never landed between two hotzones");
+}
+
+/// `--luks2-keyslots-size` with `--reduce-device-size N` and the header
+/// on the device, as cryptsetup 2.6.1: a size that fits is taken, a
+/// larger one shrinks to the shift less the metadata ("WARNING: LUKS2
+/// keyslots area size changed to … bytes.", on stdout); the `--init-only` headers
+/// (normalised) are equal. A resume's `--device-size` must be the
+/// plaintext's size (the segments have fixed sizes): another is refused
+/// by both ("Illegal device size requested in reencryption
+/// parameters.", exit 1), that one is taken.
+#[test]
+fn reduce_device_size_keyslots_size_and_resume_size_as_cryptsetup() {
+    let v = plain_device(32 << 20, 8 << 20);
+    for ks in ["1M", "8M"] {
+        let ours = twin(&v, "ours");
+        let theirs = twin(&v, "theirs");
+        let mut errs = Vec::new();
+        for (side, t) in [(true, &ours), (false, &theirs)] {
+            let mut a = shift_args("8M");
+            a.remove(0);
+            a.extend(["--luks2-keyslots-size", ks, "--init-only"]);
+            let o = reenc_on(side, &a, t, &[]);
+            check_ok(&o);
+            errs.push(String::from_utf8_lossy(&o.stdout).into_owned());
+        }
+        let warned = "WARNING: LUKS2 keyslots area size changed to 4161536 bytes.";
+        for e in &errs {
+            assert_eq!(e.contains(warned), ks == "8M", "{ks}: {e}");
+        }
+        assert_eq!(normalised(dump(&ours)), normalised(dump(&theirs)), "{ks}");
+    }
+    for side in [true, false] {
+        let t = twin(&v, "resume");
+        let mut a = shift_args("8M");
+        a.remove(0);
+        a.push("--init-only");
+        check_ok(&reenc_on(false, &a, &t, &[]));
+        let o = reenc_on(side, &["--resume-only", "--device-size", "8M"], &t, &[]);
+        assert_eq!(o.status.code(), Some(1), "{side}: {}", show(&o));
+        assert!(String::from_utf8_lossy(&o.stderr)
+            .contains("Illegal device size requested in reencryption parameters."));
+        check_ok(&reenc_on(
+            side,
+            &["--resume-only", "--device-size", "24M"],
+            &t,
+            &[],
+        ));
+        assert_shift_finished(&t, 4 << 20);
+    }
+}
+
+/// The same with `--offset S` (sectors): cryptsetup formats the detached
+/// header with its data at S, shrinks the keyslots area below S
+/// ("WARNING: LUKS2 keyslots area size changed to … bytes."), and
+/// encrypts the data area in place from S; udm's start equals it, either
+/// finishes the other's, and cryptsetup's volume key decrypts the result
+/// (its `--decrypt` refuses a detached header with a data offset).
+#[test]
+fn reduce_device_size_with_detached_header_and_offset_as_cryptsetup() {
+    let v = plain_device(33 << 20, 0);
+    let ours = with_header(&v, "ours");
+    let theirs = with_header(&v, "theirs");
+    let mut a = vec![
+        "--encrypt",
+        "--reduce-device-size",
+        "8M",
+        "--offset",
+        "2048",
+    ];
+    a.extend(FAST_PBKDF);
+    a.push("--init-only");
+    let mut outs = Vec::new();
+    for (side, t) in [(true, &ours), (false, &theirs)] {
+        let o = reenc_on(side, &a, t, &[]);
+        check_ok(&o);
+        outs.push(String::from_utf8_lossy(&o.stdout).into_owned());
+    }
+    for out in &outs {
+        assert!(
+            out.contains("WARNING: LUKS2 keyslots area size changed to 1015808 bytes."),
+            "{out}"
+        );
+    }
+    assert_eq!(normalised(dump(&ours)), normalised(dump(&theirs)));
+    check_ok(&reenc_on(false, &["--resume-only"], &ours, &[]));
+    check_ok(&reenc_on(true, &["--resume-only"], &theirs, &[]));
+    for t in [&ours, &theirs] {
+        let j = dump(t);
+        assert!(!in_reencryption(&j), "{j:#}");
+        let seg = &j["segments"]["0"];
+        assert_eq!(seg["offset"], "1048576");
+        assert!(udm_data(t) == t.plain[1 << 20..], "udm reads other data");
+        let key = cs_volume_key(&t.img, t.hdr.as_deref(), &t.key);
+        let ct = pread(&t.img, 1 << 20, 32 << 20);
+        let pt = py_crypt(
+            t.dir.path(),
+            "dec",
+            seg["encryption"].as_str().unwrap(),
+            &key,
+            512,
+            0,
+            &ct,
+        );
+        assert!(
+            pt == t.plain[1 << 20..],
+            "cryptsetup's key decrypts other data"
+        );
+        assert!(
+            pread(&t.img, 0, 1 << 20) == t.plain[..1 << 20],
+            "bytes before the offset moved"
+        );
+    }
 }

@@ -265,6 +265,7 @@ impl CryptEntry {
             key: self.key.clone(),
             slot: self.key_slot,
             tries: self.tries,
+            unbound: false,
         };
         let (slot, key) = super::ops::unlock(
             &v,

@@ -326,16 +326,53 @@ pub fn volume_key_text(
         writeln!(short, "{head}Key stored to file {}.", p.display()).map_err(too_long)?;
         return Ok(short);
     }
+    key_hex(&mut t, key).map_err(too_long)?;
+    Ok(t)
+}
+
+/// A key as cryptsetup prints it: each byte in hex and a space, 16 bytes a
+/// line, continuation lines indented by two tabs.
+fn key_hex(t: &mut SecretText, key: &[u8]) -> std::fmt::Result {
     for (i, chunk) in key.chunks(16).enumerate() {
         if i > 0 {
-            t.write_str("\n\t\t").map_err(too_long)?;
+            t.write_str("\n\t\t")?;
         }
         for b in chunk {
-            t.hex(std::slice::from_ref(b), "", 0, "")
-                .map_err(too_long)?;
-            t.write_str(" ").map_err(too_long)?;
+            t.hex(std::slice::from_ref(b), "", 0, "")?;
+            t.write_str(" ")?;
         }
     }
-    t.write_str("\n").map_err(too_long)?;
+    t.write_str("\n")
+}
+
+/// `luksDump --unbound --key-slot N` as cryptsetup prints it.
+pub fn unbound_key_text(
+    v: &Volume,
+    slot: u32,
+    key: &[u8],
+    device: &str,
+    stored_to: Option<&std::path::Path>,
+) -> Result<SecretText, LuksError> {
+    let cap = 160
+        + device.len()
+        + v.uuid().len()
+        + key.len() * 4
+        + stored_to.map_or(0, |p| p.as_os_str().len());
+    let mut t = SecretText::with_capacity(cap);
+    let too_long = |_| LuksError::Usage("unbound key dump does not fit its buffer".into());
+    write!(
+        t,
+        "LUKS header information for {device}\nUUID:    \t{}\nKeyslot: \t{slot}\nKey bits:\t{}\n",
+        v.uuid(),
+        key.len() * 8
+    )
+    .map_err(too_long)?;
+    match stored_to {
+        Some(p) => writeln!(t, "Key stored to file {}.", p.display()).map_err(too_long)?,
+        None => {
+            t.write_str("Unbound Key:\t").map_err(too_long)?;
+            key_hex(&mut t, key).map_err(too_long)?;
+        }
+    }
     Ok(t)
 }

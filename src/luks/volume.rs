@@ -16,6 +16,30 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use zeroize::Zeroizing;
 
+/// Which keyslots may answer a passphrase. cryptsetup's verbs take only a
+/// keyslot whose key opens a data segment; `luksChangeKey`, `luksDump
+/// --unbound` and `open --test-passphrase --unbound` also take a keyslot
+/// holding an unbound key (one no segment uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotUse {
+    Segment,
+    Any,
+}
+
+/// The digest a new LUKS2 keyslot is bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binding {
+    /// The volume key's (segment 0's); the key must match it.
+    Volume,
+    /// An existing digest (the keyslot a passphrase change replaces); the
+    /// key must match it.
+    Digest(u32),
+    /// A new unbound key: a digest of its own with no segment (PBKDF2 with
+    /// `hash` and `iterations`), unless the key is the volume key, which
+    /// binds the keyslot to the volume as cryptsetup does.
+    NewUnbound { hash: HashAlg, iterations: u32 },
+}
+
 /// The header, by version.
 #[derive(Clone, Debug)]
 pub enum Header {
@@ -292,34 +316,104 @@ impl Volume {
         passphrase: &[u8],
         only: Option<u32>,
     ) -> Result<(u32, Zeroizing<Vec<u8>>), LuksError> {
+        self.unlock_for(passphrase, only, SlotUse::Segment)
+    }
+
+    /// Whether keyslot `slot` holds an unbound key: its digest names no
+    /// segment (cryptsetup's CRYPT_SLOT_UNBOUND).
+    pub fn slot_is_unbound(&self, slot: u32) -> bool {
+        match &self.header {
+            Header::Luks1(_) => false,
+            Header::Luks2(h) => {
+                h.meta.keyslots.contains_key(&slot)
+                    && h.meta
+                        .digest_of(slot)
+                        .is_none_or(|(_, d)| d.segments.is_empty())
+            }
+        }
+    }
+
+    /// True if `key` is the key of keyslot `slot` by that keyslot's own
+    /// digest (LUKS1: the volume key).
+    fn check_slot_key(&self, slot: u32, key: &[u8]) -> bool {
+        match &self.header {
+            Header::Luks1(_) => self.check_key(key),
+            Header::Luks2(h) => h.meta.digest_of(slot).is_some_and(|(_, d)| {
+                ct_eq(
+                    &keyslot::key_digest(d.hash, key, &d.salt, d.iterations, d.digest.len()),
+                    &d.digest,
+                )
+            }),
+        }
+    }
+
+    fn slot_priority(&self, slot: u32) -> u32 {
+        match &self.header {
+            Header::Luks1(_) => 1,
+            Header::Luks2(h) => h.meta.keyslots.get(&slot).map_or(1, |k| k.priority),
+        }
+    }
+
+    /// [`Volume::unlock`] over the keyslots `usable` admits. A keyslot
+    /// that cannot serve is skipped without running its KDF, and the error
+    /// is cryptsetup's: within a priority class the last keyslot tried
+    /// decides between a wrong passphrase (exit 2) and no usable keyslot
+    /// (exit 1), and a wrong passphrase for a preferred keyslot beats an
+    /// unusable normal one.
+    pub fn unlock_for(
+        &self,
+        passphrase: &[u8],
+        only: Option<u32>,
+        usable: SlotUse,
+    ) -> Result<(u32, Zeroizing<Vec<u8>>), LuksError> {
         let spec = self.luks1_spec();
         let order = self.try_order(only);
         if order.is_empty() {
             return Err(LuksError::NoUsableKeyslot);
         }
+        let serves = |s: u32| usable == SlotUse::Any || !self.slot_is_unbound(s);
         if let Some(limit) = &self.cost_limit {
             let costs: Vec<(u32, Kdf)> = order
                 .iter()
+                .filter(|&&s| serves(s))
                 .filter_map(|&s| self.slot_kdf(s).map(|k| (s, k)))
                 .collect();
             limit.check(&costs)?;
         }
+        // `wrong`: the current class's last keyslot refused the passphrase
+        // (rather than being unusable); `preferred_wrong`: the same for the
+        // preferred class once the normal one has begun.
+        let (mut wrong, mut preferred_wrong) = (false, false);
+        let mut class = None;
         for slot in order {
-            let Some(mut p) = self.slot_params(slot) else {
-                if only.is_some() {
-                    return Err(LuksError::NoUsableKeyslot);
-                }
+            let prio = self.slot_priority(slot);
+            if class == Some(2) && prio != 2 {
+                preferred_wrong = wrong;
+            }
+            class = Some(prio);
+            let params = self.slot_params(slot).filter(|_| serves(slot));
+            let Some(mut p) = params else {
+                wrong = false;
                 continue;
             };
             if self.version() == 1 {
                 p.encryption = &spec;
             }
             let key = keyslot::unlock(&self.meta, &p, passphrase)?;
-            if self.check_key(&key) {
+            let ok = match usable {
+                SlotUse::Segment => self.check_key(&key),
+                SlotUse::Any => self.check_slot_key(slot, &key),
+            };
+            if ok {
                 return Ok((slot, key));
             }
+            wrong = true;
         }
-        Err(LuksError::WrongPassphrase)
+        if wrong || preferred_wrong {
+            Err(LuksError::WrongPassphrase)
+        } else {
+            Err(LuksError::NoUsableKeyslot)
+        }
     }
 
     /// The dm-crypt mapping for `key` (already verified).
@@ -474,8 +568,42 @@ impl Volume {
         kdf: Kdf,
         af_hash: HashAlg,
     ) -> Result<u32, LuksError> {
+        self.add_key_to(key, passphrase, slot, kdf, af_hash, Binding::Volume)
+    }
+
+    /// [`Volume::add_key`] with the keyslot bound as `binding` says (LUKS2;
+    /// LUKS1 knows only the volume key).
+    pub fn add_key_to(
+        &mut self,
+        key: &[u8],
+        passphrase: &[u8],
+        slot: Option<u32>,
+        kdf: Kdf,
+        af_hash: HashAlg,
+        binding: Binding,
+    ) -> Result<u32, LuksError> {
         self.check_requirements()?;
-        if !self.check_key(key) {
+        let binding = match binding {
+            Binding::NewUnbound { .. } if self.version() == 1 => {
+                return Err(LuksError::Usage("Unbound keys need a LUKS2 header.".into()))
+            }
+            Binding::NewUnbound { .. } if self.check_key(key) => Binding::Volume,
+            b => b,
+        };
+        let matches = match binding {
+            Binding::Volume => self.check_key(key),
+            Binding::Digest(d) => match &self.header {
+                Header::Luks2(h) => h.meta.digests.get(&d).is_some_and(|d| {
+                    ct_eq(
+                        &keyslot::key_digest(d.hash, key, &d.salt, d.iterations, d.digest.len()),
+                        &d.digest,
+                    )
+                }),
+                Header::Luks1(_) => self.check_key(key),
+            },
+            Binding::NewUnbound { .. } => true,
+        };
+        if !matches {
             return Err(LuksError::Usage(
                 "volume key does not match the header digest".into(),
             ));
@@ -541,9 +669,37 @@ impl Volume {
             }
             Header::Luks2(h) => {
                 let hdr_size = h.bin.hdr_size;
-                let (digest_id, _) = h.meta.segment_digest().ok_or_else(|| {
+                let (segment_digest, _) = h.meta.segment_digest().ok_or_else(|| {
                     LuksError::field("digests", "{}", "no digest bound to segment 0")
                 })?;
+                // A new unbound key gets a digest of its own, written with
+                // its keyslot in one header update.
+                let mut meta = h.meta.clone();
+                let digest_id = match binding {
+                    Binding::Volume => segment_digest,
+                    Binding::Digest(d) => d,
+                    Binding::NewUnbound { hash, iterations } => {
+                        // cryptsetup takes the lowest free digest number.
+                        let d = (0..super::json::MAX_KEYSLOTS)
+                            .find(|i| !meta.digests.contains_key(i))
+                            .ok_or_else(|| LuksError::Usage("No free digest.".into()))?;
+                        let dsalt = keyslot::random(32)?;
+                        let dg =
+                            keyslot::key_digest(hash, key, &dsalt, iterations, hash.digest_len());
+                        let entry = json!({
+                            "type": "pbkdf2", "keyslots": [], "segments": [],
+                            "hash": hash.name(), "iterations": iterations,
+                            "salt": b64_encode(&dsalt), "digest": b64_encode(&dg),
+                        });
+                        meta = meta.edit(hdr_size, |top| {
+                            if let Some(ds) = top.get_mut("digests").and_then(|d| d.as_object_mut())
+                            {
+                                ds.insert(d.to_string(), entry);
+                            }
+                        })?;
+                        d
+                    }
+                };
                 let (encryption, area_key_size) = match h.meta.keyslots.values().next() {
                     Some(k) => (k.area_encryption.clone(), k.area_key_size),
                     None => {
@@ -589,7 +745,7 @@ impl Volume {
                     "area": {"type": "raw", "offset": offset.to_string(), "size": size.to_string(), "encryption": encryption, "key_size": area_key_size},
                     "kdf": kdf_json,
                 });
-                let new_meta = h.meta.with_keyslot(hdr_size, slot, ks, digest_id)?;
+                let new_meta = meta.with_keyslot(hdr_size, slot, ks, digest_id)?;
                 // Material first, header second: a crash in between leaves an unreferenced area.
                 self.meta.write_at(offset, &material)?;
                 self.meta.sync()?;

@@ -42,6 +42,7 @@ pub(super) fn unlock(c: &Ctx) -> Unlock {
         key: key_source(c, c.a.str("key-file")),
         slot: c.a.i32("key-slot").map(|s| s as u32),
         tries: c.a.u32("tries").unwrap_or(3),
+        unbound: false,
     }
 }
 
@@ -130,9 +131,7 @@ pub(super) fn format(c: &Ctx) -> Outcome {
 
 pub(super) fn add_key(c: &Ctx) -> Outcome {
     if c.a.has("unbound") {
-        return Err(LuksError::Unsupported(
-            "unbound keyslots (--unbound) are not implemented by udm".into(),
-        ));
+        return add_unbound_key(c);
     }
     check_type(c, &device(c))?;
     let new_file = c.argv.get(1).map(String::as_str).or(c.a.str("new-keyfile"));
@@ -160,6 +159,29 @@ pub(super) fn add_key(c: &Ctx) -> Outcome {
         pbkdf: pbkdf(c),
     };
     let slot = ops::keys::add_key(&o, &ui(c))?;
+    slot_msg(c, slot, "created");
+    Ok(())
+}
+
+/// `luksAddKey --unbound --key-size BITS`: `--key-slot` names the new
+/// keyslot, the positional or `--new-keyfile` key file its passphrase.
+fn add_unbound_key(c: &Ctx) -> Outcome {
+    let new_file = c.argv.get(1).map(String::as_str).or(c.a.str("new-keyfile"));
+    let mut new_key = key_source(c, new_file);
+    new_key.offset = c.a.u64("new-keyfile-offset").unwrap_or(0);
+    new_key.size =
+        c.a.u32("new-keyfile-size")
+            .map(u64::from)
+            .filter(|&s| s > 0);
+    let o = ops::keys::AddUnboundOpts {
+        dev: device(c),
+        new_key,
+        new_slot: c.a.i32("key-slot").map(|s| s as u32),
+        key_bytes: (c.a.u32("key-size").unwrap_or(0) / 8) as usize,
+        volume_key_file: c.a.str("volume-key-file").map(PathBuf::from),
+        pbkdf: pbkdf(c),
+    };
+    let slot = ops::keys::add_unbound_key(&o, &ui(c))?;
     slot_msg(c, slot, "created");
     Ok(())
 }
@@ -244,15 +266,15 @@ pub(super) fn is_luks(c: &Ctx) -> Outcome {
 }
 
 pub(super) fn dump(c: &Ctx) -> Outcome {
-    if c.a.has("unbound") {
-        return Err(LuksError::Unsupported(
-            "unbound keyslots (--unbound) are not implemented by udm".into(),
-        ));
-    }
     let dev = device(c);
     check_type(c, &dev)?;
     let kind = if c.a.has("dump-volume-key") {
         ops::info::DumpKind::VolumeKey(c.a.str("volume-key-file").map(PathBuf::from))
+    } else if c.a.has("unbound") {
+        ops::info::DumpKind::UnboundKey(
+            c.a.i32("key-slot").unwrap_or(0) as u32,
+            c.a.str("volume-key-file").map(PathBuf::from),
+        )
     } else if c.a.has("dump-json-metadata") {
         ops::info::DumpKind::Json
     } else {
@@ -313,7 +335,13 @@ pub(super) fn open(c: &Ctx) -> Outcome {
     if ty.starts_with("luks") && c.a.has("test-passphrase") {
         let dev = device(c);
         check_type(c, &dev)?;
-        let slot = ops::test_passphrase(&dev, &unlock(c), &ui(c))?;
+        // As cryptsetup: testing one keyslot by number, or asking for
+        // unbound keys, lets a keyslot of an unbound key answer.
+        let u = Unlock {
+            unbound: c.a.has("unbound") || c.a.has("key-slot"),
+            ..unlock(c)
+        };
+        let slot = ops::test_passphrase(&dev, &u, &ui(c))?;
         slot_msg(c, slot, "unlocked");
         return Ok(());
     }

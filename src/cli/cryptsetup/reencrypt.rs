@@ -8,7 +8,10 @@
 //! reencrypts online: NAME, a device of a running `udm serve` (control
 //! socket), is suspended around each hotzone and reloaded with the
 //! volume's new multi-segment table after it, so its NBD clients keep
-//! reading and writing correct data. SIGINT/SIGTERM stop after
+//! reading and writing correct data; data shifts too, as cryptsetup 2.6
+//! allows them online (a decryption with data shift starts online; an
+//! encryption starts offline and `--encrypt DEVICE NAME` then creates
+//! NAME on the server and goes on online). SIGINT/SIGTERM stop after
 //! the current hotzone, leaving resumable metadata. Progress goes to
 //! stderr: a bar on a terminal, or a line every `--progress-frequency`
 //! seconds.
@@ -148,6 +151,8 @@ fn encrypt_format(
         subsystem: c.a.str("subsystem").map(str::to_string),
         uuid: c.a.str("uuid").map(str::to_string),
         offset_sectors: Some(offset_sectors),
+        metadata_size: c.a.u64("luks2-metadata-size"),
+        keyslots_size: c.a.u64("luks2-keyslots-size"),
         key_slot: slot,
         pbkdf: pbkdf(c),
         ..FormatOpts::default()
@@ -233,9 +238,6 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         return encrypt_shift(c, &dev, &key, slot, &prompt, hotzone, &fb);
     }
     if c.a.has("encrypt") {
-        if c.a.has("reduce-device-size") {
-            return Err(unsupported("--reduce-device-size with a detached --header"));
-        }
         let Some(hdr) = dev.header.clone() else {
             return Err(not_in_progress());
         };
@@ -254,12 +256,18 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         if c.a.has("active-name") {
             return Err(already_luks(&dev));
         }
-        let o = encrypt_format(c, &dev, &key, slot, 0);
+        // A detached header: the data stays where --offset says.
+        let mut o = encrypt_format(c, &dev, &key, slot, c.a.u64("offset").unwrap_or(0));
+        let reduce = c.a.u64("reduce-device-size");
+        if let Some(n) = reduce {
+            in_place_shift(c, &dev, n, &mut o)?;
+        }
         luks_format(&o, &fb)?;
         let mut vol = dev.load(true, &fb)?;
         let pass = key.read(&prompt, false)?;
         let (s, k) = vol.unlock(&pass, slot)?;
-        let p = params(c, Mode::Encrypt);
+        let mut p = params(c, Mode::Encrypt);
+        p.shift = reduce;
         reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
         let name = activate(c, &vol, &pass)?;
         if c.a.has("init-only") {
@@ -672,6 +680,48 @@ fn reload(l: &mut super::active::LiveCtl<'_>, act: crate::luks::Activation) -> O
     l.reload(&table)
 }
 
+/// `--encrypt --reduce-device-size N` with a detached header, as
+/// cryptsetup 2.6.1 does it (src/utils_reencrypt.c encrypt_luks2_init,
+/// lib/luks2/luks2_reencrypt.c): the header file's metadata areas are
+/// `--luks2-metadata-size` (16 KiB) each and its keyslots area the rest
+/// of N, the data stays where it is (data offset 0, nothing reduced) and
+/// is encrypted in place, backward, in hotzones of N under resilience
+/// `datashift`, which keeps no copy of a hotzone (at `--offset`, if
+/// given). cryptsetup's hotzone arithmetic only ends at the data offset
+/// when N divides the data area, so udm takes only such devices.
+fn in_place_shift(c: &Ctx, dev: &crate::luks::ops::Device, n: u64, o: &mut FormatOpts) -> Outcome {
+    let meta = c.a.u64("luks2-metadata-size").unwrap_or(0x4000);
+    let mut slots = match c.a.u64("luks2-keyslots-size") {
+        Some(k) => k,
+        None => n.saturating_sub(2 * meta),
+    };
+    if 2 * meta + slots > n {
+        return Err(LuksError::Usage(
+            "LUKS2 metadata size is larger than data shift value.".into(),
+        ));
+    }
+    // Below a data offset, as libcryptsetup keeps even a detached
+    // header's areas (it could go back on the device).
+    let offset = c.a.u64("offset").unwrap_or(0).saturating_mul(512);
+    if offset > 0 && 2 * meta + slots > offset {
+        slots = offset.saturating_sub(2 * meta) / 4096 * 4096;
+        println!("WARNING: LUKS2 keyslots area size changed to {slots} bytes.");
+    }
+    let size = crate::luks::disk::Disk::open(&dev.path, false)?
+        .size()?
+        .saturating_sub(offset);
+    if n % 4096 != 0 || n > reencrypt::UDM_MAX_HOTZONE || size == 0 || size % n != 0 {
+        return Err(unsupported(&format!(
+            "--reduce-device-size {n} with a detached --header and a data area of {size} bytes: \
+             udm encrypts in place only when the reduction (4 KiB aligned, at most 64 MiB) \
+             divides the data area, where cryptsetup's hotzones end at the data offset"
+        )));
+    }
+    o.metadata_size = Some(meta);
+    o.keyslots_size = Some(slots);
+    Ok(())
+}
+
 /// The served device must map this volume (its device UUID names the
 /// volume's, else cryptsetup's "Mismatching parameters on device NAME.")
 /// and `--device-size` must equal its size ("Active device size and
@@ -766,11 +816,6 @@ fn encrypt_shift(
             "--encrypt without --header needs --reduce-device-size (room for the header)",
         ));
     };
-    if c.a.has("luks2-keyslots-size") {
-        return Err(unsupported(
-            "--luks2-keyslots-size with --reduce-device-size (the header takes half of it)",
-        ));
-    }
     // cryptsetup's --offset (sectors) with the header on the device: at
     // most half the reduction; less shrinks the reduction to twice it.
     if let Some(off) = c.a.u64("offset").filter(|&o| o > 0) {
@@ -821,7 +866,17 @@ fn encrypt_shift(
         }
         d.sync()?;
     }
-    let o = encrypt_format(c, dev, key, slot, shift / 512);
+    let mut o = encrypt_format(c, dev, key, slot, shift / 512);
+    // The header takes the shift: a larger keyslots area shrinks to fit,
+    // as libcryptsetup shrinks it.
+    let meta = o.metadata_size.unwrap_or(0x4000);
+    if let Some(ks) = o.keyslots_size.filter(|&k| 2 * meta + k > shift) {
+        let fit = shift.saturating_sub(2 * meta) / 4096 * 4096;
+        if fit != ks {
+            println!("WARNING: LUKS2 keyslots area size changed to {fit} bytes.");
+        }
+        o.keyslots_size = Some(fit);
+    }
     luks_format(&o, fb)?;
     let mut vol = dev.load(true, fb)?;
     let (s, k) = vol.unlock(&pass, slot)?;

@@ -58,6 +58,7 @@ fn unlock(c: &Common, slot: Option<u32>) -> Unlock {
         key: c.key_source(),
         slot,
         tries: 3,
+        unbound: false,
     }
 }
 

@@ -43,7 +43,9 @@ impl Metadata {
         })
     }
 
-    /// A copy without keyslot `slot`; digests and tokens forget it.
+    /// A copy without keyslot `slot`; digests and tokens forget it, and a
+    /// digest left with no keyslot and no segment (an unbound key's) goes,
+    /// as cryptsetup erases unused digests on every header write.
     pub fn without_keyslot(&self, hdr_size: u64, slot: u32) -> Result<Metadata, LuksError> {
         let name = slot.to_string();
         self.edit(hdr_size, |top| {
@@ -58,6 +60,14 @@ impl Metadata {
                         }
                     }
                 }
+            }
+            let empty = |d: &Value, key: &str| {
+                d.get(key)
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| a.is_empty())
+            };
+            if let Some(ds) = top.get_mut("digests").and_then(Value::as_object_mut) {
+                ds.retain(|_, d| !(empty(d, "keyslots") && empty(d, "segments")));
             }
         })
     }

@@ -20,6 +20,9 @@ pub enum DumpKind {
     /// The volume key (asks for a passphrase); with a file, the key goes
     /// there (raw, mode 0400, created exclusively) instead of the screen.
     VolumeKey(Option<PathBuf>),
+    /// The unbound key of a keyslot (`--unbound --key-slot N`), to the
+    /// screen or a file as `VolumeKey`.
+    UnboundKey(u32, Option<PathBuf>),
 }
 
 /// Text for stdout: plain, or a secret-bearing buffer.
@@ -58,21 +61,50 @@ pub fn luks_dump(
             let (_, key) = unlock(&v, u, &format!("Enter passphrase for {name}: "))?;
             let data_name = dev.path.display().to_string();
             if let Some(p) = file {
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o400)
-                    .open(p)
-                    .map_err(|e| {
-                        LuksError::io(format!("Cannot create volume key file {}", p.display()), e)
-                    })?;
-                f.write_all(&key).and_then(|_| f.sync_all()).map_err(|e| {
-                    LuksError::io(format!("Cannot write volume key file {}", p.display()), e)
-                })?;
+                write_key_file(p, &key)?;
             }
             dump::volume_key_text(&v, &key, &data_name, file.as_deref()).map(DumpText::Secret)
         }
+        DumpKind::UnboundKey(slot, file) => {
+            // cryptsetup checks the keyslot before it asks anything.
+            if !v.slot_is_unbound(*slot) {
+                return Err(LuksError::Usage(format!(
+                    "Keyslot {slot} does not contain unbound key."
+                )));
+            }
+            if !fb.confirm(
+                "The header dump with unbound key is sensitive information.\nThis dump should be stored encrypted in a safe place.",
+            )? {
+                return Err(LuksError::Denied("Operation aborted.".into()));
+            }
+            let u = Unlock {
+                slot: Some(*slot),
+                unbound: true,
+                ..u.clone()
+            };
+            let (_, key) = unlock(&v, &u, &format!("Enter passphrase for {name}: "))?;
+            if let Some(p) = file {
+                write_key_file(p, &key)?;
+            }
+            let data_name = dev.path.display().to_string();
+            dump::unbound_key_text(&v, *slot, &key, &data_name, file.as_deref())
+                .map(DumpText::Secret)
+        }
     }
+}
+
+/// A key to a new file: raw, mode 0400, created exclusively (never over
+/// an existing file).
+fn write_key_file(p: &std::path::Path, key: &[u8]) -> Result<(), LuksError> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .open(p)
+        .map_err(|e| LuksError::io(format!("Cannot create volume key file {}", p.display()), e))?;
+    f.write_all(key)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| LuksError::io(format!("Cannot write volume key file {}", p.display()), e))
 }
 
 /// luksUUID: print the UUID, or set it (`--uuid`).

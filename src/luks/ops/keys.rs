@@ -7,7 +7,7 @@ use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::passphrase::KeySource;
 use crate::luks::pbkdf::PbkdfChoice;
-use crate::luks::volume::{Header, Volume};
+use crate::luks::volume::{Binding, Header, Volume};
 use std::path::PathBuf;
 use zeroize::Zeroizing;
 
@@ -82,6 +82,49 @@ pub fn add_key(o: &AddKeyOpts, fb: &dyn Feedback) -> Result<u32, LuksError> {
     let p = slot_pbkdf(&v, &o.pbkdf);
     let kdf = p.resolve(v.version(), key.len(), fb)?;
     v.add_key(&key, &new, o.new_slot, kdf, p.hash()?)
+}
+
+/// luksAddKey --unbound: a keyslot for a key no segment uses (a random
+/// one of `key_bytes`, or `--volume-key-file`'s), under a digest of its
+/// own. No existing passphrase is asked for, as in cryptsetup.
+#[derive(Clone, Debug, Default)]
+pub struct AddUnboundOpts {
+    pub dev: Device,
+    pub new_key: KeySource,
+    pub new_slot: Option<u32>,
+    pub key_bytes: usize,
+    pub volume_key_file: Option<PathBuf>,
+    pub pbkdf: PbkdfChoice,
+}
+
+/// Add an unbound key; returns its keyslot.
+pub fn add_unbound_key(o: &AddUnboundOpts, fb: &dyn Feedback) -> Result<u32, LuksError> {
+    let mut v = o.dev.load(true, fb)?;
+    if v.version() != 2 {
+        return Err(LuksError::Usage(format!(
+            "Device {} is not a valid LUKS2 device.",
+            o.dev.meta_path().display()
+        )));
+    }
+    v.check_requirements()?;
+    let key: VolumeKey = match &o.volume_key_file {
+        Some(p) => Zeroizing::new(read_volume_key_file(p, o.key_bytes)?.to_vec()),
+        None => crate::luks::keyslot::random(o.key_bytes)?,
+    };
+    let new = o
+        .new_key
+        .read("Enter new passphrase for key slot: ", true)?;
+    let kdf = o.pbkdf.resolve(2, key.len(), fb)?;
+    let hash = o.pbkdf.hash()?;
+    let iterations = o.pbkdf.digest_iterations(hash, key.len());
+    v.add_key_to(
+        &key,
+        &new,
+        o.new_slot,
+        kdf,
+        hash,
+        Binding::NewUnbound { hash, iterations },
+    )
 }
 
 /// Remove the keyslot the passphrase opens (luksRemoveKey); returns it.
@@ -186,7 +229,12 @@ pub fn change_key(
 ) -> Result<u32, LuksError> {
     let mut v = dev.load(true, fb)?;
     v.check_requirements()?;
-    let (old, key) = unlock(&v, u, "Enter passphrase to be changed: ")?;
+    // cryptsetup changes an unbound key's passphrase too.
+    let u = Unlock {
+        unbound: true,
+        ..u.clone()
+    };
+    let (old, key) = unlock(&v, &u, "Enter passphrase to be changed: ")?;
     let pass = new.read("Enter new passphrase: ", true)?;
     rewrite_slot(&mut v, old, &key, &pass, pbkdf, fb)
 }
@@ -203,9 +251,18 @@ fn rewrite_slot(
     let p = slot_pbkdf(v, pbkdf);
     let kdf = p.resolve(v.version(), key.len(), fb)?;
     let hash = p.hash()?;
+    // The new keyslot keeps the old one's digest (an unbound key stays
+    // unbound).
+    let binding = match &v.header {
+        Header::Luks2(h) => h
+            .meta
+            .digest_of(old)
+            .map_or(Binding::Volume, |(d, _)| Binding::Digest(d)),
+        Header::Luks1(_) => Binding::Volume,
+    };
     match v.free_slot() {
         Some(new) => {
-            v.add_key(key, pass, Some(new), kdf, hash)?;
+            v.add_key_to(key, pass, Some(new), kdf, hash, binding)?;
             if v.version() == 2 {
                 // Keep the passphrase under its old number, as cryptsetup.
                 v.copy_token_assignment(old, new)?;
@@ -220,7 +277,7 @@ fn rewrite_slot(
         }
         None => {
             v.kill_slot(old)?;
-            v.add_key(key, pass, Some(old), kdf, hash)
+            v.add_key_to(key, pass, Some(old), kdf, hash, binding)
         }
     }
 }

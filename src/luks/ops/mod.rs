@@ -17,7 +17,7 @@ use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::passphrase::KeySource;
 use crate::luks::secret::SecretBuf;
-use crate::luks::volume::Volume;
+use crate::luks::volume::{SlotUse, Volume};
 use std::path::{Path, PathBuf};
 use zeroize::Zeroizing;
 
@@ -85,6 +85,9 @@ pub struct Unlock {
     pub slot: Option<u32>,
     /// `--tries` for a passphrase typed on a terminal (cryptsetup: 3).
     pub tries: u32,
+    /// Keyslots holding an unbound key may answer too (`--unbound`,
+    /// `luksChangeKey`).
+    pub unbound: bool,
 }
 
 /// The volume key, wiped on drop.
@@ -101,7 +104,12 @@ pub fn unlock(v: &Volume, u: &Unlock, prompt: &str) -> Result<(u32, VolumeKey), 
     let mut last = LuksError::WrongPassphrase;
     for _ in 0..tries {
         let pass = u.key.read(prompt, false)?;
-        match v.unlock(&pass, u.slot) {
+        let usable = if u.unbound {
+            SlotUse::Any
+        } else {
+            SlotUse::Segment
+        };
+        match v.unlock_for(&pass, u.slot, usable) {
             Ok(r) => return Ok(r),
             Err(LuksError::WrongPassphrase) => {
                 if tries > 1 {
@@ -125,7 +133,10 @@ pub fn test_passphrase(dev: &Device, u: &Unlock, fb: &dyn Feedback) -> Result<u3
         u,
         &format!("Enter passphrase for {}: ", dev.meta_path().display()),
     )?;
-    v.activation(key, slot)?;
+    // An unbound key opens no segment: there is no mapping to check.
+    if !v.slot_is_unbound(slot) {
+        v.activation(key, slot)?;
+    }
     Ok(slot)
 }
 

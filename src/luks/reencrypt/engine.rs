@@ -166,18 +166,34 @@ impl<'a> Job<'a> {
             hotzone: max_hotzone,
             device: device_size,
         } = sizes;
-        if let Resilience::Datashift { shift, moved } = st.resilience {
+        // cryptsetup's encryption with data shift and a detached header:
+        // no moved segment, the data encrypted in place (at the data
+        // offset) in hotzones of the shift (the generic backward path
+        // below).
+        let in_place = match st.resilience {
+            Resilience::Datashift { shift, moved: None }
+                if st.mode == Mode::Encrypt
+                    && vol.detached
+                    && super::state::segment_by_flag(&luks2(vol)?.meta, "backup-moved-segment")
+                        .is_none() =>
+            {
+                Some(shift)
+            }
+            _ => None,
+        };
+        if let (Resilience::Datashift { shift, moved }, None) = (st.resilience, in_place) {
             if st.mode == Mode::Decrypt {
                 return Job::new_unshift(vol, st, key_old, shift, moved, device_size);
             }
-            if device_size.is_some() {
-                // cryptsetup refuses it when the encryption starts
-                // (--reduce-device-size with --device-size).
+            let job = Job::new_shift(vol, st, key_old, key_new, shift)?;
+            // The segments have fixed sizes: as cryptsetup, a resume's
+            // --device-size must be the plaintext's size.
+            if device_size.is_some_and(|d| d != job.zone.size) {
                 return Err(LuksError::Usage(
-                    "Options --reduce-device-size and --data-size cannot be combined.".into(),
+                    "Illegal device size requested in reencryption parameters.".into(),
                 ));
             }
-            return Job::new_shift(vol, st, key_old, key_new, shift);
+            return Ok(job);
         }
         if st.old.offset != st.new.offset || st.old.iv_tweak != 0 || st.new.iv_tweak != 0 {
             return Err(LuksError::Unsupported(
@@ -187,7 +203,8 @@ impl<'a> Job<'a> {
         let h = luks2(vol)?;
         for flag in ["backup-previous", "backup-final"] {
             if let Some(id) = super::state::segment_by_flag(&h.meta, flag) {
-                if h.meta.segments[&id].size.is_some() {
+                // The in-place data shift's plaintext segment has a size.
+                if h.meta.segments[&id].size.is_some() && in_place.is_none() {
                     return Err(LuksError::Unsupported(
                         "reencryption of a fixed-size data segment (--device-size)".into(),
                     ));
@@ -237,6 +254,21 @@ impl<'a> Job<'a> {
             zone.check(hid, s.offset, MAX_HOTZONE, align, true)?;
         } else {
             let mut len = match st.resilience {
+                _ if in_place.is_some() => {
+                    let shift = in_place.unwrap_or(0);
+                    if shift == 0
+                        || shift > UDM_MAX_HOTZONE
+                        || shift % align != 0
+                        || size % shift != 0
+                    {
+                        return Err(LuksError::field(
+                            format!("keyslots.{}.area.shift_size", st.slot),
+                            shift,
+                            "not a 4 KiB multiple of at most 64 MiB dividing the data area",
+                        ));
+                    }
+                    shift
+                }
                 Resilience::None => max_hotzone.unwrap_or(NONE_DEFAULT),
                 Resilience::Checksum { hash, block } => {
                     st.area_size / hash.digest_len() as u64 * u64::from(block)
@@ -244,7 +276,7 @@ impl<'a> Job<'a> {
                 _ => st.area_size,
             };
             len = len.min(UDM_MAX_HOTZONE);
-            if let Some(m) = max_hotzone {
+            if let Some(m) = max_hotzone.filter(|_| in_place.is_none()) {
                 len = len.min(m);
             }
             len -= len % align;
@@ -253,7 +285,7 @@ impl<'a> Job<'a> {
                     "Hotzone size must be multiple of calculated zone alignment ({align} bytes)."
                 )));
             }
-            if 65536 % align == 0 && len > 65536 {
+            if 65536 % align == 0 && len > 65536 && in_place.is_none() {
                 len -= len % 65536;
             }
             let first = |i: usize| regular.get(i).copied();
@@ -803,7 +835,11 @@ impl<'a> Job<'a> {
                 self.vol.meta.write_at(off, &buf)?;
                 self.commit()?;
             }
-            _ => self.none_dirty = true,
+            // In place under datashift (detached header): the hot table
+            // is committed, as cryptsetup commits it, but nothing keeps
+            // the old bytes.
+            Resilience::Datashift { .. } => self.commit()?,
+            Resilience::None => self.none_dirty = true,
         }
         self.transform(&mut buf, z.offset);
         if self.crash_in == Some(self.steps) {
@@ -920,6 +956,14 @@ impl<'a> Job<'a> {
                         .read_at(self.st.area_offset + done, &mut buf)?;
                     self.transform(&mut buf, at);
                     self.data.write_at(z.data_offset + at, &buf)?;
+                }
+                Resilience::Datashift { .. } => {
+                    return Err(LuksError::Usage(
+                        "Interrupted hotzone cannot be recovered: an encryption in place with \
+                         resilience datashift (a detached header with --reduce-device-size) \
+                         keeps no copy of it."
+                            .into(),
+                    ))
                 }
                 _ => {
                     return Err(LuksError::Usage(

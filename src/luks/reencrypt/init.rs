@@ -145,6 +145,7 @@ pub fn init(
     key_new: Option<&Key>,
 ) -> Result<u32, LuksError> {
     let data_size = vol.data_size;
+    let detached = vol.detached;
     let h = h2(vol)?;
     if !h.meta.requirements.is_empty() {
         return Err(LuksError::Usage(
@@ -377,6 +378,22 @@ pub fn init(
         old_segs = (0..=n as u32 + 1).collect();
         unshift = Some((shift, moved));
         n as u32 + 2
+    } else if let Some(shift) = p.shift.filter(|_| detached) {
+        // A detached header: cryptsetup encrypts in place (at the data
+        // offset), backward, in hotzones of the shift; the plaintext is
+        // one linear segment of the whole data area.
+        if p.mode != Mode::Encrypt || shift == 0 || size % shift != 0 {
+            return Err(LuksError::Usage(format!(
+                "An encryption with data shift and a detached header needs the data size \
+                 ({size} bytes) to be a multiple of the shift ({shift} bytes)."
+            )));
+        }
+        let prev = json!({"type": "linear", "offset": d_off.to_string(),
+                          "size": size.to_string()});
+        v["segments"] = json!({"0": prev.clone()});
+        v["segments"]["1"] = with_flag(prev, "backup-previous");
+        v["segments"]["2"] = with_flag(fin, "backup-final");
+        2
     } else if let Some(shift) = p.shift {
         // cryptsetup's layout: [header (shift)][plaintext from shift]
         // [gap][first `shift` bytes of the plaintext, moved].

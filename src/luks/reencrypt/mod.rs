@@ -10,7 +10,8 @@
 //! and decrypt of volumes with a detached header, in both directions,
 //! with resilience checksum, journal or none; encrypt with data shift
 //! (`--reduce-device-size`, resilience datashift; started offline, as
-//! cryptsetup starts it, resumable online); decrypt of a
+//! cryptsetup starts it, resumable online; with a detached header, as
+//! cryptsetup, in place, in hotzones of the shift); decrypt of a
 //! volume whose header is on the device (the header moves to a new
 //! detached file, the data moves back to byte 0: resilience
 //! datashift-checksum or datashift-journal); `--device-size` (only the
