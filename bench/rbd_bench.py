@@ -18,9 +18,23 @@ server on a Unix socket over one of them:
 
 and is measured with fio (ioengine=nbd, one connection): 1 MiB sequential
 write/read at QD16, 4 KiB random read/write at QD32. Configurations are
-interleaved round by round; the report gives medians and same-run ratios.
+interleaved round by round. The first round(s) (`--warmup`, default 1) are
+run the same way and thrown away: on a fresh cluster the first round is
+faster for every server (the OSD's memory is fresh), and a median of few
+rounds would keep that bias. The report gives medians of the measured
+rounds (`--rounds`, default 5), the ratios of the medians, and the paired
+ratio of every round (the two servers of a pair ran one after the other
+in the same round, so these show how steady a ratio is).
 
-Usage: bench/rbd.sh [--runtime S] [--rounds N] [--only a,b] [--json FILE]
+Usage: bench/rbd.sh [--runtime S] [--rounds N] [--warmup N] [--only a,b]
+                    [--json FILE] [--qemu-dir DIR]
+  --runtime S    seconds per fio job (after a 1 s ramp), default 8
+  --rounds N     measured rounds, default 5
+  --warmup N     rounds run first and not counted, default 1
+  --only a,b     only these configurations (names above)
+  --json FILE    every round's figures and the medians, as JSON
+  --qemu-dir DIR where `scripts/ceph-dev.sh qemu` unpacks qemu-nbd with its
+                 rbd driver (default /tmp/udm-qemu-rbd; reused if there)
 """
 
 import argparse
@@ -101,14 +115,18 @@ class Server:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runtime", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
+    ap.add_argument("--qemu-dir", default="/tmp/udm-qemu-rbd")
     a = ap.parse_args()
+    if a.rounds < 1 or a.warmup < 0:
+        ap.error("--rounds must be at least 1 and --warmup at least 0")
 
     work = tempfile.mkdtemp(prefix="udm-rbd-bench", dir="/tmp")
     cdir = os.path.join(work, "cluster")
-    qbin = subprocess.run(["bash", f"{ROOT}/scripts/ceph-dev.sh", "qemu", "/tmp/udm-qemu-rbd"],
+    qbin = subprocess.run(["bash", f"{ROOT}/scripts/ceph-dev.sh", "qemu", a.qemu_dir],
                           check=True, capture_output=True, text=True).stdout.strip()
     sh(["bash", f"{ROOT}/scripts/ceph-dev.sh", "start", cdir],
        env=dict(os.environ, MEMSTORE_BYTES=str(6 << 30)), stdout=subprocess.DEVNULL)
@@ -152,19 +170,26 @@ def main():
         names = [n for n in configs if not only or n in only]
         # Prefill the LUKS plaintext (so reads hit real objects, as on raw).
         srv = configs["udm-rbd-luks"]()
+        servers.append(srv)
         sh(["fio", "--name=fill", "--ioengine=nbd", f"--uri={srv.uri('v')}", "--rw=write", "--bs=4M",
             "--iodepth=16", f"--size={SIZE}"], stdout=subprocess.DEVNULL)
+        servers.remove(srv)
         srv.stop()
         results = {n: {j[0]: [] for j in JOBS} for n in names}
-        for r in range(a.rounds):
+        for r in range(a.warmup + a.rounds):
+            warm = r < a.warmup
+            tag = f"warm-up {r + 1}" if warm else f"round {r - a.warmup + 1}"
             for n in names:
                 srv = configs[n]()
+                servers.append(srv)
                 export = "v" if n == "udm-rbd-luks" else ("lin" if n.startswith("udm") else "")
                 for label, rw, bs, qd in JOBS:
                     mbs, iops = fio(srv.uri(export), rw, bs, qd, a.runtime)
-                    results[n][label].append(mbs if bs == "1M" else iops)
-                    print(f"round {r + 1} {n:18} {label:20} "
+                    if not warm:
+                        results[n][label].append(mbs if bs == "1M" else iops)
+                    print(f"{tag:9} {n:18} {label:20} "
                           f"{mbs:8.0f} MB/s {iops:9.0f} IOPS", flush=True)
+                servers.remove(srv)
                 srv.stop()
         med = {n: {l: statistics.median(v) for l, v in results[n].items()} for n in names}
         fmt = lambda l, v: f"{v:.0f} MB/s" if "1M" in l else f"{v / 1000:.1f}k IOPS"
@@ -177,14 +202,23 @@ def main():
                   ("udm-rbd-luks / udm-rbd", "udm-rbd-luks", "udm-rbd"),
                   ("udm-rbd-luks / qemu-rbd-luks", "udm-rbd-luks", "qemu-rbd-luks"),
                   ("udm-rbd / udm-rbd-depth0", "udm-rbd", "udm-rbd-depth0")]
-        print("\n| ratio | " + " | ".join(j[0] for j in JOBS) + " |")
+        ratios = [r for r in ratios if r[1] in med and r[2] in med]
+        print(f"\n| ratio of medians ({a.rounds} rounds) | " + " | ".join(j[0] for j in JOBS) + " |")
         print("|---|" + "---|" * len(JOBS))
         for label, x, y in ratios:
-            if x in med and y in med:
-                print(f"| {label} | " + " | ".join(f"{med[x][j[0]] / med[y][j[0]]:.2f}" for j in JOBS) + " |")
+            print(f"| {label} | " + " | ".join(f"{med[x][j[0]] / med[y][j[0]]:.2f}" for j in JOBS) + " |")
+        # Paired per round: both servers of a pair ran in the same round.
+        paired = {label: {j[0]: [rx / ry for rx, ry in zip(results[x][j[0]], results[y][j[0]])]
+                          for j in JOBS} for label, x, y in ratios}
+        print("\n| per-round ratio (round 1 / 2 / …) | " + " | ".join(j[0] for j in JOBS) + " |")
+        print("|---|" + "---|" * len(JOBS))
+        for label, _, _ in ratios:
+            print(f"| {label} | " + " | ".join(" / ".join(f"{v:.2f}" for v in paired[label][j[0]])
+                                                for j in JOBS) + " |")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"rounds": results, "medians": med}, f, indent=1)
+                json.dump({"rounds": results, "medians": med, "paired_ratios": paired,
+                           "warmup": a.warmup, "runtime": a.runtime}, f, indent=1)
     finally:
         for srv in servers:
             srv.stop()

@@ -124,6 +124,8 @@ fn linear_striped_and_crypt_over_striped_on_rbd() {
     let work = scratch("udm-rbd-tables");
     let d = work.path();
     cl.create("lin", "32M");
+    cl.create("enc", "32M");
+    cl.create("lv", "32M");
     for i in 0..4 {
         cl.create(&format!("s{i}"), "16M");
         cl.create(&format!("c{i}"), "16M");
@@ -135,6 +137,7 @@ fn linear_striped_and_crypt_over_striped_on_rbd() {
             .join(" ")
     };
     let lin = table(d, "lin", &format!("0 65536 linear {} 0\n", cl.path("lin")));
+    let lv = table(d, "lv", &format!("0 65536 linear {} 0\n", cl.path("lv")));
     let str_ = table(d, "str", &format!("0 131072 striped 4 128 {}\n", legs("s")));
     let cstr = table(
         d,
@@ -147,10 +150,22 @@ fn linear_striped_and_crypt_over_striped_on_rbd() {
         "sec",
         &format!("0 131072 crypt aes-xts-plain64 {key} 0 @cstr 0 1 sector_size:4096\n"),
     );
+    let enc = table(
+        d,
+        "enc",
+        &format!(
+            "0 65536 crypt aes-xts-plain64 {key} 0 {} 0 1 sector_size:4096\n",
+            cl.path("enc")
+        ),
+    );
     let sock = d.join("udm.sock");
     let srv = UdmServe::start(
         &sock,
         &[
+            "--table",
+            &format!("enc={enc}"),
+            "--table",
+            &format!("lv={lv}"),
             "--table",
             &format!("lin={lin}"),
             "--table",
@@ -179,28 +194,56 @@ fn linear_striped_and_crypt_over_striped_on_rbd() {
             &format!("nbd+unix:///{exp}?socket={}", sock.display()),
         ]));
     }
-    // crypt over striped over four RBD images, many requests in flight.
-    let fio = run(Command::new(need("fio")).current_dir(d).args([
-        "--name=verify",
-        "--ioengine=nbd",
-        &format!("--uri={}", srv.uri("sec")),
-        "--rw=randwrite",
-        "--bsrange=4k-256k",
-        "--size=24m",
-        "--numjobs=2",
-        "--offset_increment=24m",
-        "--iodepth=32",
-        "--verify=crc32c",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--do_verify=1",
-        "--group_reporting",
-    ]));
-    let text = String::from_utf8_lossy(&fio.stdout);
-    assert!(
-        text.contains("err= 0") && !text.contains("verify: bad"),
-        "{text}"
-    );
+    // crypt over striped over four RBD images (run on workers), linear
+    // over one image and crypt straight over one (submitted, completed
+    // from librbd's callback; overlapping ones wait for each other), many
+    // requests in flight.
+    for (exp, size, jobs) in [("sec", "24m", "2"), ("lv", "12m", "2"), ("enc", "12m", "2")] {
+        let fio = run(Command::new(need("fio")).current_dir(d).args([
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={}", srv.uri(exp)),
+            "--rw=randwrite",
+            "--bsrange=4k-256k",
+            &format!("--size={size}"),
+            &format!("--numjobs={jobs}"),
+            &format!("--offset_increment={size}"),
+            "--iodepth=32",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--do_verify=1",
+            "--group_reporting",
+        ]));
+        let text = String::from_utf8_lossy(&fio.stdout);
+        assert!(
+            text.contains("err= 0") && !text.contains("verify: bad"),
+            "{exp}: {text}"
+        );
+    }
+    // crypt over RBD: what 4 KiB requests wrote (submitted, encrypted on
+    // the reader) reads back through 4 MiB requests (run on workers,
+    // decrypted there), and the other way round: both paths store the
+    // same ciphertext.
+    let out = d.join("enc.out");
+    for (seed, w, r) in [(3, "4096", "4194304"), (4, "4194304", "4096")] {
+        let enc_data = fast_bytes(seed, 32 << 20);
+        let enc_file = write_file(d, "enc.in", &enc_data);
+        run(Command::new("nbdcopy").args([
+            &format!("--request-size={w}"),
+            &enc_file.display().to_string(),
+            &srv.uri("enc"),
+        ]));
+        run(Command::new("nbdcopy").args([
+            &format!("--request-size={r}"),
+            &srv.uri("enc"),
+            &out.display().to_string(),
+        ]));
+        assert!(
+            std::fs::read(&out).unwrap() == enc_data,
+            "crypt over RBD: written with {w}-byte requests, read with {r}"
+        );
+    }
     assert_eq!(srv.stop(), Some(0));
 
     // On the cluster itself: the linear image holds the data as written.

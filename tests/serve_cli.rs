@@ -342,12 +342,17 @@ fn direct_no_mmap_and_mapped_files_hold_the_same_bytes() {
 
 /// Names of the engine's request workers of process `pid`.
 fn engine_workers(pid: u32) -> usize {
+    threads_named(pid, "udm-worker-")
+}
+
+/// Threads of `pid` whose name starts with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .filter(|t| {
             let comm = t.as_ref().unwrap().path().join("comm");
             std::fs::read_to_string(comm)
-                .map(|c| c.starts_with("udm-worker-"))
+                .map(|c| c.starts_with(prefix))
                 .unwrap_or(false)
         })
         .count()
@@ -359,7 +364,10 @@ fn engine_workers(pid: u32) -> usize {
 /// the raw one (the depth stacks through crypt, no extra queue), and `udm
 /// serve` does not count a device's reservation twice while it puts the
 /// exports in command-line order (which once left 2 + 2×depth idle threads
-/// behind).
+/// behind). Nor does the crypt export start crypto helper threads: over a
+/// device with a queue depth crypt never splits a request across them, so
+/// they would only sleep (checked after 1 MiB requests went through, the
+/// size that is split over a local file).
 #[test]
 fn remote_device_gets_its_queue_depth_in_workers_once_raw_or_under_crypt() {
     let d = scratch("udm-test-");
@@ -400,6 +408,11 @@ fn remote_device_gets_its_queue_depth_in_workers_once_raw_or_under_crypt() {
         run(Command::new("nbdcopy").args([&srv.uri(name), out.to_str().unwrap()]));
         assert!(std::fs::read(&out).unwrap()[..data.len()] == data[..]);
         counts.push(engine_workers(srv.pid()));
+        assert_eq!(
+            threads_named(srv.pid(), "udm-crypt"),
+            0,
+            "{name}: no crypto helper threads over a remote device"
+        );
         assert_eq!(srv.stop(), Some(0));
     }
     let depth = 64; // store::nbd::QUEUE_DEPTH

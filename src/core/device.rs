@@ -272,6 +272,65 @@ pub fn extents_of(
     Ok(more)
 }
 
+/// One read or write handed to [`BlockDevice::submit`]: the device starts
+/// it and returns at once; `done` receives the result later, on whatever
+/// thread the device completes on.
+///
+/// Why a second, asynchronous way in: a store that waits on a network
+/// (RBD) completes from its library's callback thread anyway. Run
+/// synchronously, every request costs two thread switches in the server
+/// (wake a worker to submit, wake it again from the callback to reply) on
+/// top of the library's own; submitted from the connection's reader and
+/// completed in the callback, it costs none. Only the simplest stacks
+/// offer it (a store, with linear layers and mapped devices forwarding);
+/// everything else, and every request a device does not take, runs the
+/// synchronous way on a worker.
+pub struct AsyncIo {
+    /// Read into, or write from, `buf[..len]`.
+    pub write: bool,
+    /// Durable on completion (writes).
+    pub fua: bool,
+    pub offset: u64,
+    pub buf: *mut u8,
+    pub len: usize,
+    /// Called exactly once: `Some(result)` when the I/O finished, `None`
+    /// when the device did not take the request (it was not started and
+    /// the caller runs it the synchronous way). May run on the submitting
+    /// thread, before `submit` returns, or on any other thread.
+    pub done: Box<dyn FnOnce(Option<DevResult<()>>) + Send>,
+}
+
+impl AsyncIo {
+    /// The same request at another offset (a linear layer's shift).
+    pub fn at(mut self, offset: u64) -> AsyncIo {
+        self.offset = offset;
+        self
+    }
+
+    /// Refuse it: `done(None)`.
+    pub fn decline(self) {
+        (self.done)(None)
+    }
+}
+
+/// Drop `a` where dropping the last reference cannot run inside a storage
+/// library's completion callback: if this is the last reference, the value
+/// is dropped on a thread of its own. Why: closing an RBD image waits for
+/// librbd's own threads, so a completion that held the last reference to
+/// the image (through a queue or a table) and closed it there would wait
+/// for itself. Only the last reference pays the thread.
+pub fn drop_outside_callback<T: Send + 'static>(a: std::sync::Arc<T>) {
+    if let Some(v) = std::sync::Arc::into_inner(a) {
+        let spawned = std::thread::Builder::new()
+            .name("udm-release".into())
+            .spawn(move || drop(v));
+        if let Err(e) = spawned {
+            // Not dropping it is the safe failure (a leak, not a hang).
+            tracing::warn!("cannot start a thread to release a device: {e}");
+        }
+    }
+}
+
 /// A block device: anything that serves reads and writes by byte offset.
 ///
 /// Contract for implementors:
@@ -322,6 +381,29 @@ pub trait BlockDevice: Send + Sync {
     /// [`write_transformed`]: BlockDevice::write_transformed
     fn direct_access(&self) -> bool {
         false
+    }
+
+    /// Whether [`BlockDevice::submit`] may take requests. Like
+    /// [`BlockDevice::direct_access`] a method, not a limit: only a device
+    /// that implements `submit` (or forwards it to one that does) says
+    /// `true`. The engine asks it to choose the path of a request; a
+    /// device that says `true` may still decline a given request.
+    fn can_submit(&self) -> bool {
+        false
+    }
+
+    /// Start `io` and return without waiting; `io.done` gets the result
+    /// (see [`AsyncIo`]). The default declines.
+    ///
+    /// # Safety
+    ///
+    /// `io.buf[..io.len]` must be valid for reads (a write) or writes (a
+    /// read), not be accessed by anyone else, and stay allocated until
+    /// `io.done` has been called; the device must not touch it after
+    /// calling `done`. The caller keeps `self` alive until then too (a
+    /// layer may refer to itself from the completion).
+    unsafe fn submit(&self, io: AsyncIo) {
+        io.decline()
     }
 
     /// Read `buf.len()` bytes at `offset` through `t`: `buf` receives the

@@ -7,5 +7,5 @@ pub mod error;
 pub mod table;
 pub mod units;
 
-pub use device::{extents_of, BlockDevice, Extent, Limits, WriteBuf};
+pub use device::{extents_of, AsyncIo, BlockDevice, Extent, Limits, WriteBuf};
 pub use error::{DevError, DevResult};

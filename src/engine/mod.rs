@@ -37,6 +37,15 @@
 //!   reader (a reader waiting a round trip would stop reading the client's
 //!   next requests). A waiting worker is a sleeping thread; the store's
 //!   completion callback wakes it.
+//! - **Submitted requests** skip even that: when the device takes
+//!   asynchronous submissions ([`BlockDevice::can_submit`], an RBD image
+//!   under linear layers or crypt (requests up to 1 MiB)), a read or whole-block
+//!   write whose turn has come is started on the connection's reader and
+//!   finished in the device's completion callback (reply, then the same
+//!   bookkeeping a worker does), so no worker wakes twice per request.
+//!   Such requests are registered exactly as running ones (ordering,
+//!   drain, the queue's cap) but skip the fair scheduler: there is no
+//!   shared worker time to divide, and admission still caps each client.
 //! - **No allocation per request in steady state**: request descriptors
 //!   live in a slab of slots that is reused (free list), queues are
 //!   `VecDeque`s/`Vec`s that keep their capacity, and payload buffers come
@@ -51,7 +60,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 
-use crate::core::{BlockDevice, DevResult};
+use crate::core::{AsyncIo, BlockDevice, DevResult};
 use crate::mem::{default_total_budget, per_device_budget, Budget, BufPool};
 
 pub use buf::Buf;
@@ -712,6 +721,18 @@ impl Engine {
             && g.depth == 0
             && req.len <= INLINE_MAX
             && matches!(req.op, Op::Read | Op::Write);
+        // A device that waits on a network and takes submissions gets a
+        // read, or a write of whole blocks (no read-modify-write), started
+        // here and completed from its callback: no worker wakes for it.
+        let submit = g.depth > 0
+            && req.len > 0
+            && req.buf.len() <= g.max_io
+            && match req.op {
+                Op::Read => true,
+                Op::Write => req.head == 0 && req.len as usize == req.buf.len(),
+                _ => false,
+            }
+            && q.device.can_submit();
         if t.mem > 0 {
             // Memory charged at admission but no buffer made: it comes back
             // when the request finishes.
@@ -727,10 +748,13 @@ impl Engine {
             }
         }
         let held = st.holds[export].held;
-        let (queued, now) = if inline && deps == 0 && !held {
-            (None, Some(req))
+        let cap = st.caps[export];
+        let (queued, now, started) = if inline && deps == 0 && !held {
+            (None, Some(req), None)
+        } else if submit && deps == 0 && !held && (cap == 0 || st.holds[export].running < cap) {
+            (None, None, Some(req))
         } else {
-            (Some(req), None)
+            (Some(req), None, None)
         };
         let cost = if matches!(kind, Kind::Read | Kind::Write) {
             (t.work + t.mem).max(4096)
@@ -756,8 +780,33 @@ impl Engine {
             st.slots.len() as u32 - 1
         };
         st.inflight[export].push(id);
-        if now.is_some() {
+        if now.is_some() || started.is_some() {
             st.holds[export].running += 1;
+        }
+        if let Some(mut req) = started {
+            // Registered like a running request (later conflicting ones
+            // wait for it, a hold's drain counts it); `finish` runs in the
+            // completion.
+            drop(guard);
+            let (buf, len) = (req.buf.as_mut_ptr(), req.buf.len());
+            let io = AsyncIo {
+                write: req.op == Op::Write,
+                fua: req.fua,
+                offset: req.offset - req.head as u64,
+                buf,
+                len,
+                done: Box::new({
+                    let (shared, q) = (self.shared.clone(), q.clone());
+                    move |r| complete_submitted(shared, q, id, req, r)
+                }),
+            };
+            // SAFETY: the buffer is the request's own (pool memory that
+            // does not move with the request); the completion owns the
+            // request, so nothing else touches the buffer and it lives
+            // until `done`; the completion holds the queue and so the
+            // device.
+            unsafe { q.device.submit(io) };
+            return;
         }
         if let Some(mut req) = now {
             // Its turn has come and it is small: run it on this thread. The
@@ -1157,6 +1206,47 @@ fn finish(st: &mut State, shared: &Shared, id: u32, mem: Option<(u32, u32, u64)>
     }
     release(st, shared, client, work);
     st.free_slots.push(id);
+}
+
+/// The completion of a request started by [`BlockDevice::submit`], on the
+/// device's callback thread: reply and finish as a worker would. A request
+/// the device declined goes to the workers instead.
+fn complete_submitted(
+    shared: Arc<Shared>,
+    q: Arc<Queue>,
+    id: u32,
+    mut req: Request,
+    result: Option<DevResult<()>>,
+) {
+    let Some(res) = result else {
+        let mut guard = lock(&shared.state);
+        let st = &mut *guard;
+        let export = q.id as usize;
+        let h = &mut st.holds[export];
+        h.running = h.running.saturating_sub(1);
+        if h.held && h.running == 0 {
+            shared.done.notify_all();
+        }
+        let slot = &mut st.slots[id as usize];
+        slot.req = Some(req);
+        slot.queue = Some(q);
+        if ready_or_park(st, id) {
+            shared.work.notify_one();
+        }
+        return;
+    };
+    let sink = req.sink.clone();
+    sink.complete(&mut req, res);
+    let mem = req.buf.free_and_take_charge();
+    drop(req);
+    let mut st = lock(&shared.state);
+    finish(&mut st, &shared, id, mem);
+    drop(st);
+    // The queue (and so the device) must not be let go of for the last
+    // time here, inside the device's own callback; the connection is held
+    // until the request is finished, as on a worker.
+    crate::core::device::drop_outside_callback(q);
+    drop(sink);
 }
 
 fn worker(shared: Arc<Shared>) {

@@ -587,3 +587,179 @@ fn held_requests_stall_nothing_else() {
     e.remove_client(c2);
     e.shutdown();
 }
+
+/// A submission held by [`Submits`] until the test completes it.
+struct Held(AsyncIo);
+// SAFETY: the buffer pointer is only used by the thread that completes
+// the request, while the engine's completion still owns the buffer.
+unsafe impl Send for Held {}
+
+/// A memory device that waits "on a network" (a queue depth) and takes
+/// submissions: reads and writes below `decline_from` are kept until the
+/// test completes them (from another thread, as librbd's callback), the
+/// rest are declined. Records which thread made each synchronous call.
+struct Submits {
+    inner: MemStore,
+    decline_from: u64,
+    held: Mutex<Vec<Held>>,
+    sync_calls: Mutex<Vec<(u64, std::thread::ThreadId)>>,
+}
+
+impl Submits {
+    /// Complete every held submission, on a thread of its own.
+    fn complete_all(self: &Arc<Self>) -> usize {
+        let held = std::mem::take(&mut *self.held.lock().unwrap());
+        let n = held.len();
+        let me = self.clone();
+        std::thread::spawn(move || {
+            for Held(io) in held {
+                // SAFETY: the engine's contract: the buffer is valid and
+                // ours until `done`.
+                let b = unsafe { std::slice::from_raw_parts_mut(io.buf, io.len) };
+                let r = if io.write {
+                    me.inner.write(io.offset, WriteBuf::Borrowed(b), io.fua)
+                } else {
+                    me.inner.read(io.offset, b)
+                };
+                (io.done)(Some(r));
+            }
+        })
+        .join()
+        .unwrap();
+        n
+    }
+}
+
+impl BlockDevice for Submits {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn limits(&self) -> Limits {
+        Limits {
+            queue_depth: 8,
+            ..self.inner.limits()
+        }
+    }
+    fn can_submit(&self) -> bool {
+        true
+    }
+    unsafe fn submit(&self, io: AsyncIo) {
+        if io.offset >= self.decline_from {
+            return io.decline();
+        }
+        self.held.lock().unwrap().push(Held(io));
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
+        self.sync_calls
+            .lock()
+            .unwrap()
+            .push((o, std::thread::current().id()));
+        self.inner.read(o, b)
+    }
+    fn write(&self, o: u64, d: WriteBuf<'_>, f: bool) -> DevResult<()> {
+        self.sync_calls
+            .lock()
+            .unwrap()
+            .push((o, std::thread::current().id()));
+        self.inner.write(o, d, f)
+    }
+    fn flush(&self) -> DevResult<()> {
+        Ok(())
+    }
+    fn discard(&self, o: u64, l: u64) -> DevResult<()> {
+        self.inner.discard(o, l)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
+        self.inner.write_zeroes(o, l, f)
+    }
+}
+
+/// Over a device that takes submissions, a whole-block read or write is
+/// started on the submitting thread and finished from the device's
+/// completion (no worker runs it); a later overlapping request still
+/// waits for it; a partial-block write (read-modify-write) and a request
+/// the device declines run the synchronous way on a worker; a hold's
+/// drain waits for a submitted request; the data round-trips.
+#[test]
+fn submitted_requests_complete_from_the_device_callback_in_order() {
+    let dev = Arc::new(Submits {
+        inner: MemStore::new(1 << 20),
+        decline_from: 512 << 10,
+        held: Mutex::new(Vec::new()),
+        sync_calls: Mutex::new(Vec::new()),
+    });
+    let e = Engine::new(vec![dev.clone() as Arc<dyn BlockDevice>], 2).unwrap();
+    let c = e.add_client();
+    let (s, rx) = sink();
+    let me = std::thread::current().id();
+    let a = vec![0xa5u8; 8192];
+    send(&e, c, 8192, req(&e, Op::Write, 1, 0, &a, 8192, &s));
+    // An overlapping read waits for the write; a disjoint one is started.
+    send(&e, c, 4096, req(&e, Op::Read, 2, 4096, &[], 4096, &s));
+    send(&e, c, 4096, req(&e, Op::Read, 3, 64 << 10, &[], 4096, &s));
+    assert_eq!(
+        dev.held.lock().unwrap().len(),
+        2,
+        "write and disjoint read started"
+    );
+    assert!(
+        rx.recv_timeout(Duration::from_millis(100)).is_err(),
+        "none done yet"
+    );
+    e.hold(e.queue(0));
+    let drained = std::thread::scope(|sc| {
+        let d = sc.spawn(|| {
+            e.drain(e.queue(0));
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!d.is_finished(), "drain waits for submitted requests");
+        assert_eq!(dev.complete_all(), 2);
+        d.join().is_ok()
+    });
+    assert!(drained);
+    let mut done: Vec<Done> = (0..2).map(|_| rx.recv().unwrap()).collect();
+    done.sort();
+    assert_eq!((done[0].0, done[0].1), (1, true));
+    assert_eq!((done[1].0, done[1].1), (3, true));
+    assert_eq!(done[1].2, vec![0u8; 4096]);
+    e.release(e.queue(0));
+    // The read that waited for the write ran on a worker and sees it.
+    let (cookie, ok, data) = rx.recv().unwrap();
+    assert_eq!((cookie, ok), (2, true));
+    assert!(data == a[..4096]);
+    // A partial-block write is a read-modify-write: synchronous, on a
+    // worker.
+    send(
+        &e,
+        c,
+        100,
+        req(&e, Op::Write, 4, 1000, &[7u8; 100], 100, &s),
+    );
+    assert_eq!(rx.recv().unwrap().0, 4);
+    // A request the device declines runs on a worker.
+    send(
+        &e,
+        c,
+        4096,
+        req(&e, Op::Write, 5, 600 << 10, &a[..4096], 4096, &s),
+    );
+    assert_eq!(rx.recv().unwrap().0, 5);
+    assert!(dev.held.lock().unwrap().is_empty());
+    let calls = dev.sync_calls.lock().unwrap().clone();
+    assert!(
+        calls.iter().all(|&(_, t)| t != me),
+        "synchronous calls on workers"
+    );
+    let offsets: Vec<u64> = calls.iter().map(|&(o, _)| o).collect();
+    assert!(
+        offsets.contains(&4096) && offsets.contains(&(600 << 10)),
+        "{offsets:?}"
+    );
+    assert!(!offsets.contains(&0), "the whole-block write was submitted");
+    let mut back = vec![0u8; 8192];
+    dev.inner.read(0, &mut back).unwrap();
+    let mut want = a.clone();
+    want[1000..1100].fill(7);
+    assert!(back == want);
+    e.remove_client(c);
+}

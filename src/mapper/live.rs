@@ -16,7 +16,16 @@ use arc_swap::ArcSwap;
 
 use super::route::Routes;
 use super::stats::{StatOp, Stats};
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Limits, WriteBuf};
+
+/// The statistics of a live device, from a completion that runs after
+/// `submit` returned.
+#[derive(Clone, Copy)]
+struct StatsRef(*const Stats);
+
+// SAFETY: `Stats` is Sync (atomics and a mutex); the pointer is only
+// dereferenced while the device is alive (`BlockDevice::submit`'s contract).
+unsafe impl Send for StatsRef {}
 
 /// A device whose routes can be swapped at runtime.
 pub struct LiveDevice {
@@ -85,6 +94,48 @@ impl BlockDevice for LiveDevice {
         let r = self.routes.load().write(offset, data, fua);
         self.stats.done(t, StatOp::Write, n, r.is_ok());
         r
+    }
+
+    fn can_submit(&self) -> bool {
+        !self.read_only && self.routes.load().can_submit()
+    }
+
+    /// Forwarded to the live routes, counted in the statistics when it
+    /// completes. The completion keeps those routes alive: a table swapped
+    /// while the request is in flight (only without a suspend) is freed
+    /// after it, never under it.
+    unsafe fn submit(&self, io: AsyncIo) {
+        if self.read_only && io.write {
+            return io.decline();
+        }
+        let routes = self.routes.load_full();
+        let t = self.stats.start();
+        let (op, n) = if io.write {
+            (StatOp::Write, io.len as u64)
+        } else {
+            (StatOp::Read, io.len as u64)
+        };
+        let stats = StatsRef(&self.stats);
+        let keep = routes.clone();
+        let done = io.done;
+        let io = AsyncIo {
+            done: Box::new(move |r: Option<DevResult<()>>| {
+                let stats = stats;
+                // SAFETY: the caller of `submit` keeps this device (and so
+                // its statistics) alive until `done` has run.
+                let s = unsafe { &*stats.0 };
+                match &r {
+                    Some(res) => s.done(t, op, n, res.is_ok()),
+                    // Not started here: the synchronous retry counts it.
+                    None => s.cancel(t),
+                }
+                done(r);
+                crate::core::device::drop_outside_callback(keep);
+            }),
+            ..io
+        };
+        // SAFETY: the caller's guarantee on the buffer is passed on.
+        unsafe { routes.submit(io) }
     }
 
     fn direct_access(&self) -> bool {

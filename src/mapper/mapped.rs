@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::route::{Route, Routes};
 use crate::core::device::Transform;
-use crate::core::{BlockDevice, DevResult, Extent, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevResult, Extent, Limits, WriteBuf};
 use crate::targets::Target;
 
 /// One table segment, in bytes.
@@ -102,6 +102,15 @@ impl BlockDevice for MappedDevice {
 
     fn direct_access(&self) -> bool {
         self.routes.direct_access()
+    }
+
+    fn can_submit(&self) -> bool {
+        self.routes.can_submit()
+    }
+
+    unsafe fn submit(&self, io: AsyncIo) {
+        // SAFETY: the caller's guarantee on the buffer is passed on.
+        unsafe { self.routes.submit(io) }
     }
 
     fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Limits, WriteBuf};
 
 /// `[start, start+len)` of the mapped device is `[shift, shift+len)` of `dev`.
 #[derive(Clone)]
@@ -36,6 +36,9 @@ pub struct Routes {
     limits: Limits,
     /// Every route offers direct access (fixed at construction).
     direct: bool,
+    /// Every route's device takes asynchronous submissions (fixed at
+    /// construction).
+    submit: bool,
 }
 
 impl Routes {
@@ -47,11 +50,13 @@ impl Routes {
             .all(|w| w[0].start + w[0].len == w[1].start));
         let size = routes.last().map(|r| r.start + r.len).unwrap_or(0);
         let direct = !routes.is_empty() && routes.iter().all(|r| r.dev.direct_access());
+        let submit = !routes.is_empty() && routes.iter().all(|r| r.dev.can_submit());
         Routes {
             routes,
             size,
             limits,
             direct,
+            submit,
         }
     }
 
@@ -63,6 +68,7 @@ impl Routes {
             size,
             limits,
             direct: false,
+            submit: false,
         }
     }
 
@@ -202,6 +208,27 @@ impl BlockDevice for Routes {
 
     fn direct_access(&self) -> bool {
         self.direct
+    }
+
+    fn can_submit(&self) -> bool {
+        self.submit
+    }
+
+    /// Forwarded when the request lies inside one route (as direct
+    /// access); one that crosses a boundary is declined and runs the
+    /// synchronous way, which cuts it.
+    unsafe fn submit(&self, io: AsyncIo) {
+        if self.check(io.offset, io.len as u64).is_err() {
+            return io.decline();
+        }
+        match self.within(io.offset, io.len as u64) {
+            Some(r) if self.submit => {
+                let at = io.offset - r.start + r.shift;
+                // SAFETY: the caller's guarantee on the buffer is passed on.
+                unsafe { r.dev.submit(io.at(at)) }
+            }
+            _ => io.decline(),
+        }
     }
 
     fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {

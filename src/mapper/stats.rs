@@ -180,6 +180,14 @@ impl Stats {
         }
     }
 
+    /// A request counted by [`Stats::start`] did not run after all (an
+    /// asynchronous submission the device declined; the synchronous retry
+    /// counts it again): it leaves the in-flight count, nothing else.
+    #[inline]
+    pub fn cancel(&self, t: Timing) {
+        self.shards[t.shard].finished.fetch_add(1, Relaxed);
+    }
+
     /// Turn latency histograms on or off (counters are always kept).
     pub fn set_histograms(&self, on: bool) {
         self.histograms.store(on, Relaxed);

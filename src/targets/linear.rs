@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{expect_args, resolve_area, Area, Target, TargetArgs, TargetError};
 use crate::core::device::Transform;
-use crate::core::{extents_of, BlockDevice, DevResult, Extent, Limits, WriteBuf};
+use crate::core::{extents_of, AsyncIo, BlockDevice, DevResult, Extent, Limits, WriteBuf};
 
 pub struct Linear {
     area: Area,
@@ -59,6 +59,14 @@ impl BlockDevice for Linear {
     }
     fn direct_access(&self) -> bool {
         self.area.dev.direct_access()
+    }
+    fn can_submit(&self) -> bool {
+        self.area.dev.can_submit()
+    }
+    unsafe fn submit(&self, io: AsyncIo) {
+        let at = self.area.offset + io.offset;
+        // SAFETY: the caller's guarantee on the buffer is passed on as is.
+        unsafe { self.area.dev.submit(io.at(at)) }
     }
     fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
         self.area

@@ -7,6 +7,9 @@
 //! synchronous, like every `BlockDevice`; many requests are in flight per
 //! image because the store asks the engine for [`QUEUE_DEPTH`] workers
 //! (`Limits::queue_depth`, see docs/REMOTE.md for why this design).
+//! Reads and writes may also be *submitted* ([`BlockDevice::submit`]): the
+//! callback then completes the request itself, so no thread waits and
+//! none is woken (the engine does this for reads and whole-block writes).
 //!
 //! Cluster settings, applied in this order: the config file (`conf=` or
 //! librados' own search), udm's defaults (below), then every `KEY=VALUE` of
@@ -33,7 +36,7 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Thread;
 
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Limits, WriteBuf};
 
 use super::rbd_spec::RbdSpec;
 
@@ -343,6 +346,46 @@ extern "C" fn on_complete(_c: ffi::rbd_completion_t, arg: *mut c_void) {
     t.unpark();
 }
 
+/// A request started by [`RbdStore::submit`], owned by librbd's
+/// completion until its callback.
+struct Submitted {
+    done: Box<dyn FnOnce(Option<DevResult<()>>) + Send>,
+    /// A read's buffer (zero-filled past what librbd returned).
+    read: Option<(*mut u8, usize)>,
+    store: *const RbdStore,
+}
+
+/// librbd's completion callback of a submitted request: hand the result to
+/// the submitter's completion, here on librbd's thread.
+extern "C" fn on_submitted(c: ffi::rbd_completion_t, arg: *mut c_void) {
+    // SAFETY: `arg` is the `Submitted` boxed and leaked by `submit` for
+    // this completion, whose callback runs once; nothing else owns it.
+    let op = unsafe { Box::from_raw(arg as *mut Submitted) };
+    // SAFETY: the completion finished (this is its callback); reading its
+    // value and releasing it are the last uses (qemu's rbd driver does the
+    // same from its callback).
+    let ret = unsafe { ffi::rbd_aio_get_return_value(c) };
+    // SAFETY: as above.
+    unsafe { ffi::rbd_aio_release(c) };
+    let res = if ret < 0 {
+        // SAFETY: the submitter keeps the store alive until `done` ran
+        // (`BlockDevice::submit`'s contract).
+        Err(unsafe { &*op.store }.err(ret as c_int))
+    } else {
+        if let Some((ptr, len)) = op.read {
+            let n = (ret as usize).min(len);
+            if n < len {
+                // Past the image end (only after a shrink): zeros.
+                // SAFETY: the submitter's buffer, valid for writes and ours
+                // until `done` (the contract); librbd is finished with it.
+                unsafe { std::ptr::write_bytes(ptr.add(n), 0, len - n) };
+            }
+        }
+        Ok(())
+    };
+    (op.done)(Some(res));
+}
+
 impl Drop for RbdStore {
     fn drop(&mut self) {
         // SAFETY: the handles were created in `open` and are released once,
@@ -369,6 +412,56 @@ impl BlockDevice for RbdStore {
             write_zeroes: !self.read_only,
             read_only: self.read_only,
             queue_depth: self.queue_depth,
+        }
+    }
+
+    fn can_submit(&self) -> bool {
+        true
+    }
+
+    /// One `rbd_aio_read`/`rbd_aio_write` whose callback completes the
+    /// request (see [`AsyncIo`]): no thread waits for it. Declined, so run
+    /// the synchronous way: larger than one librbd call, a write to a
+    /// read-only image (which fails there), and FUA with librbd's cache on
+    /// (which needs a flush after the write).
+    unsafe fn submit(&self, io: AsyncIo) {
+        if io.len > MAX_IO || (io.write && (self.read_only || (io.fua && self.cache))) {
+            return io.decline();
+        }
+        let (write, offset, buf, len) = (io.write, io.offset, io.buf, io.len);
+        let op = Box::new(Submitted {
+            done: io.done,
+            read: (!write).then_some((buf, len)),
+            store: self,
+        });
+        let arg = Box::into_raw(op) as *mut c_void;
+        let mut c: ffi::rbd_completion_t = std::ptr::null_mut();
+        // SAFETY: `arg` is the leaked box, reclaimed exactly once: by the
+        // callback, or below if the completion is never used; `c` is a
+        // valid out-pointer.
+        let r = unsafe { ffi::rbd_aio_create_completion(arg, on_submitted, &mut c) };
+        let r = if r < 0 {
+            r
+        } else if write {
+            // SAFETY: `buf[..len]` stays valid and unchanged until the
+            // completion (the caller's contract); librbd only reads it.
+            unsafe { ffi::rbd_aio_write(self.image, offset, len, buf as *const c_char, c) }
+        } else {
+            // SAFETY: as above, and librbd writes it only until the
+            // completion.
+            unsafe { ffi::rbd_aio_read(self.image, offset, len, buf as *mut c_char, c) }
+        };
+        if r < 0 {
+            // librbd reports a failure from these calls only before taking
+            // the completion (errors of the I/O come through it), so the
+            // callback will not run: release both here.
+            if !c.is_null() {
+                // SAFETY: a completion we created and librbd did not take.
+                unsafe { ffi::rbd_aio_release(c) };
+            }
+            // SAFETY: the box leaked above, not reclaimed by any callback.
+            let op = unsafe { Box::from_raw(arg as *mut Submitted) };
+            (op.done)(Some(Err(self.err(r))));
         }
     }
 

@@ -107,7 +107,13 @@ pub struct Crypt {
     area: Area,
     len: u64,
     opts: CryptOptions,
-    pool: Option<Arc<CryptPool>>,
+    /// Crypto threads asked for (0 = one per core; 1 = none, the
+    /// submitting thread does all the work).
+    threads: usize,
+    /// The helper threads that split a large request, started by the first
+    /// request that is split (see [`Crypt::helpers`]); `None` inside when
+    /// they could not be started or are not wanted.
+    pool: OnceLock<Option<Arc<CryptPool>>>,
     bounce_pool: OnceLock<Arc<MemPool>>,
     /// Per-request state of split requests, from a fixed-size block pool
     /// (free list threaded through the free blocks) instead of the general
@@ -148,7 +154,11 @@ pub static TYPE: super::TargetType = super::TargetType {
 };
 
 /// Constructor, as dm-crypt's `crypt_ctr`.
-pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
+pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
+    Ok(Arc::new(construct(a)?))
+}
+
+fn construct(mut a: TargetArgs<'_>) -> Result<Crypt, TargetError> {
     if a.args.len() < 5 {
         return Err(TargetError::line(format!(
             "expected at least 5 arguments (<cipher> <key> <iv_offset> <device> <offset> \
@@ -202,11 +212,10 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     }
     let len = a.len;
     let area = resolve_area(&mut a, 3, len)?;
-    let threads = a.options.crypt_threads;
-    let pool = if opts.same_cpu_crypt || (opts.no_read_workqueue && opts.no_write_workqueue) {
-        None
+    let threads = if opts.same_cpu_crypt || (opts.no_read_workqueue && opts.no_write_workqueue) {
+        1
     } else {
-        CryptPool::new(threads, "udm-crypt")
+        a.options.crypt_threads
     };
     tracing::debug!(
         cipher = %cipher,
@@ -215,10 +224,10 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         iv_offset,
         device = %area.name,
         vector_kernel = sc.uses_vector_kernel(),
-        threads = pool.as_ref().map_or(1, |p| p.parallelism()),
+        threads,
         "crypt target created"
     );
-    Ok(Arc::new(Crypt {
+    Ok(Crypt {
         cipher,
         key_len: key.len(),
         keyed: ArcSwapOption::from_pointee(Keyed { key, sc }),
@@ -227,11 +236,12 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         area,
         len,
         opts,
-        pool,
+        threads,
+        pool: OnceLock::new(),
         bounce_pool: OnceLock::new(),
         io_pool: BlockPool::new(),
         bulk_bounce: mempool::bulk_bounce_default(),
-    }))
+    })
 }
 
 impl Crypt {

@@ -8,8 +8,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use std::sync::Arc;
+
 use super::Crypt;
 use crate::core::{DevError, DevResult};
+use crate::crypto::pool::CryptPool;
 
 /// Requests at least this large are split across the worker pool.
 const SPLIT_MIN: usize = 128 << 10;
@@ -37,11 +40,10 @@ impl Crypt {
     /// requests at once, each on its own worker, which spreads the cipher
     /// work over the cores instead.
     pub(super) fn plan(&self, len: usize, may_split: bool) -> (usize, usize) {
-        let threads = match &self.pool {
-            Some(p) if may_split && len >= SPLIT_MIN && self.area.dev.limits().queue_depth == 0 => {
-                p.parallelism()
-            }
-            _ => 1,
+        let threads = if may_split && len >= SPLIT_MIN && self.area.dev.limits().queue_depth == 0 {
+            self.helpers().map_or(1, |p| p.parallelism())
+        } else {
+            1
         };
         let ss = self.opts.sector_size as usize;
         // Two parts per thread: whoever is free takes the next one, so a
@@ -53,6 +55,25 @@ impl Crypt {
         (per, len.div_ceil(per).max(1))
     }
 
+    /// The crypto helper threads, started on first use: the first request
+    /// that would be split. Over a device with a queue depth no request is
+    /// ever split (see [`Crypt::plan`]), so a crypt target over an RBD
+    /// image or a remote NBD export starts none — at construction they
+    /// would be one more thread per core that only ever sleeps. The lower
+    /// device is asked per request because it may be a mapped device
+    /// whose table (and so its queue depth) is reloaded.
+    pub(super) fn helpers(&self) -> Option<&Arc<CryptPool>> {
+        self.pool
+            .get_or_init(|| {
+                if self.threads == 1 {
+                    None
+                } else {
+                    CryptPool::new(self.threads, "udm-crypt")
+                }
+            })
+            .as_ref()
+    }
+
     /// Run `f(i)` for parts `0..n`, on the pool when there is more than one;
     /// the first error wins. Returns only when every part has finished, so
     /// a request completes as a whole (no reordering).
@@ -61,8 +82,8 @@ impl Crypt {
         n: usize,
         f: &(dyn Fn(usize) -> DevResult<()> + Sync),
     ) -> DevResult<()> {
-        let pool = match &self.pool {
-            Some(p) if n > 1 => p,
+        let pool = match self.pool.get() {
+            Some(Some(p)) if n > 1 => p,
             _ => {
                 for i in 0..n {
                     f(i)?;

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::io::Cipher;
-use super::new;
+use super::{construct, new};
 use crate::core::device::Transform;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::crypto::SectorCrypt;
@@ -391,6 +391,7 @@ impl BlockDevice for Remote {
 /// request is not split over the crypto threads: its I/O stays on the
 /// calling thread, one call per request (no hand-off, no second queue),
 /// an owned write goes down in its own buffer, and the data round-trips.
+/// No crypto helper thread is ever started for it.
 #[test]
 fn no_split_over_a_device_that_waits_on_a_network() {
     let dev = Arc::new(Remote {
@@ -402,7 +403,7 @@ fn no_split_over_a_device_that_waits_on_a_network() {
         .split_whitespace()
         .map(String::from)
         .collect();
-    let t = new(TargetArgs {
+    let t = construct(TargetArgs {
         args: &args,
         len: 8 << 20,
         resolver: &mut One(dev.clone()),
@@ -438,6 +439,39 @@ fn no_split_over_a_device_that_waits_on_a_network() {
         calls.iter().all(|&c| c == me),
         "lower I/O on the caller's thread"
     );
+    assert!(t.pool.get().is_none(), "no crypto helper threads started");
+}
+
+/// Over a local device the helper threads are started by the first
+/// request large enough to be split, not before, and serve it.
+#[test]
+fn helper_threads_start_with_the_first_split_request() {
+    let store: Arc<dyn BlockDevice> = Arc::new(MemStore::new(8 << 20));
+    let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 mem 0")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let t = construct(TargetArgs {
+        args: &args,
+        len: 8 << 20,
+        resolver: &mut One(store),
+        options: &TargetOptions {
+            crypt_threads: 4,
+            ..Default::default()
+        },
+    })
+    .unwrap();
+    assert!(t.pool.get().is_none(), "nothing started at construction");
+    let small = vec![7u8; 4096];
+    t.write(0, WriteBuf::Borrowed(&small), false).unwrap();
+    assert!(t.pool.get().is_none(), "a 4 KiB write is never split");
+    let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+    t.write(4096, WriteBuf::Borrowed(&data), false).unwrap();
+    let pool = t.pool.get().and_then(|p| p.as_ref());
+    assert_eq!(pool.map(|p| p.parallelism()), Some(4), "started for 4 MiB");
+    let mut back = vec![0u8; 4 << 20];
+    t.read(4096, &mut back).unwrap();
+    assert!(back == data);
 }
 
 /// dm-crypt's `key wipe` / `key set`: refused unless suspended; a wiped
