@@ -95,6 +95,15 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// True if `key` is the key LUKS2 digest `d` was made from (compared in
+/// constant time).
+pub fn digest_matches(d: &super::json::Digest, key: &[u8]) -> bool {
+    ct_eq(
+        &key_digest(d.hash, key, &d.salt, d.iterations, d.digest.len()),
+        &d.digest,
+    )
+}
+
 /// PBKDF2 digest of a volume key, `len` bytes.
 pub fn key_digest(
     hash: HashAlg,

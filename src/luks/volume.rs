@@ -223,13 +223,10 @@ impl Volume {
                         &h.mk_digest,
                     )
             }
-            Header::Luks2(h) => match h.meta.segment_digest() {
-                Some((_, d)) => ct_eq(
-                    &keyslot::key_digest(d.hash, key, &d.salt, d.iterations, d.digest.len()),
-                    &d.digest,
-                ),
-                None => false,
-            },
+            Header::Luks2(h) => h
+                .meta
+                .segment_digest()
+                .is_some_and(|(_, d)| keyslot::digest_matches(d, key)),
         }
     }
 
@@ -338,12 +335,10 @@ impl Volume {
     fn check_slot_key(&self, slot: u32, key: &[u8]) -> bool {
         match &self.header {
             Header::Luks1(_) => self.check_key(key),
-            Header::Luks2(h) => h.meta.digest_of(slot).is_some_and(|(_, d)| {
-                ct_eq(
-                    &keyslot::key_digest(d.hash, key, &d.salt, d.iterations, d.digest.len()),
-                    &d.digest,
-                )
-            }),
+            Header::Luks2(h) => h
+                .meta
+                .digest_of(slot)
+                .is_some_and(|(_, d)| keyslot::digest_matches(d, key)),
         }
     }
 
@@ -594,12 +589,11 @@ impl Volume {
         let matches = match binding {
             Binding::Volume => self.check_key(key),
             Binding::Digest(d) => match &self.header {
-                Header::Luks2(h) => h.meta.digests.get(&d).is_some_and(|d| {
-                    ct_eq(
-                        &keyslot::key_digest(d.hash, key, &d.salt, d.iterations, d.digest.len()),
-                        &d.digest,
-                    )
-                }),
+                Header::Luks2(h) => h
+                    .meta
+                    .digests
+                    .get(&d)
+                    .is_some_and(|d| keyslot::digest_matches(d, key)),
                 Header::Luks1(_) => self.check_key(key),
             },
             Binding::NewUnbound { .. } => true,

@@ -52,6 +52,18 @@ pub(super) fn unlock(c: &Ctx) -> Unlock {
     }
 }
 
+/// Where a new passphrase comes from: `file` (the positional key file or
+/// `--new-keyfile`) with `--new-keyfile-offset` and `--new-keyfile-size`.
+fn new_key_source(c: &Ctx, file: Option<&str>) -> KeySource {
+    let mut k = key_source(c, file);
+    k.offset = c.a.u64("new-keyfile-offset").unwrap_or(0);
+    k.size =
+        c.a.u32("new-keyfile-size")
+            .map(u64::from)
+            .filter(|&s| s > 0);
+    k
+}
+
 /// [`unlock`] for the verbs that try the volume's tokens before asking
 /// for a passphrase, as cryptsetup's `open` and `luksResume` do.
 pub(super) fn unlock_tokens_first(c: &Ctx) -> Unlock {
@@ -162,12 +174,7 @@ pub(super) fn add_key(c: &Ctx) -> Outcome {
         }
         new_slot = u.slot.take();
     }
-    let mut new_key = key_source(c, new_file);
-    new_key.offset = c.a.u64("new-keyfile-offset").unwrap_or(0);
-    new_key.size =
-        c.a.u32("new-keyfile-size")
-            .map(u64::from)
-            .filter(|&s| s > 0);
+    let new_key = new_key_source(c, new_file);
     let o = ops::keys::AddKeyOpts {
         dev: device(c),
         unlock: u,
@@ -185,12 +192,7 @@ pub(super) fn add_key(c: &Ctx) -> Outcome {
 /// keyslot, the positional or `--new-keyfile` key file its passphrase.
 fn add_unbound_key(c: &Ctx) -> Outcome {
     let new_file = c.argv.get(1).map(String::as_str).or(c.a.str("new-keyfile"));
-    let mut new_key = key_source(c, new_file);
-    new_key.offset = c.a.u64("new-keyfile-offset").unwrap_or(0);
-    new_key.size =
-        c.a.u32("new-keyfile-size")
-            .map(u64::from)
-            .filter(|&s| s > 0);
+    let new_key = new_key_source(c, new_file);
     let o = ops::keys::AddUnboundOpts {
         dev: device(c),
         new_key,
@@ -220,12 +222,7 @@ pub(super) fn remove_key(c: &Ctx) -> Outcome {
 
 pub(super) fn change_key(c: &Ctx) -> Outcome {
     check_type(c, &device(c))?;
-    let mut new = key_source(c, c.argv.get(1).map(String::as_str));
-    new.offset = c.a.u64("new-keyfile-offset").unwrap_or(0);
-    new.size =
-        c.a.u32("new-keyfile-size")
-            .map(u64::from)
-            .filter(|&s| s > 0);
+    let new = new_key_source(c, c.argv.get(1).map(String::as_str));
     let slot = ops::keys::change_key(&device(c), &unlock(c), &new, &pbkdf(c), &ui(c))?;
     slot_msg(c, slot, "created");
     Ok(())

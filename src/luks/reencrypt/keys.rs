@@ -3,7 +3,7 @@
 //! either. Keys live in `Zeroizing` buffers and are wiped on drop.
 
 use crate::luks::error::LuksError;
-use crate::luks::keyslot::{self, ct_eq, SlotParams};
+use crate::luks::keyslot::{self, SlotParams};
 use crate::luks::volume::{Header, Volume};
 use zeroize::Zeroizing;
 
@@ -15,12 +15,10 @@ pub fn matches(vol: &Volume, digest: u32, key: &[u8]) -> bool {
     let Header::Luks2(h) = &vol.header else {
         return false;
     };
-    h.meta.digests.get(&digest).is_some_and(|d| {
-        ct_eq(
-            &keyslot::key_digest(d.hash, key, &d.salt, d.iterations, d.digest.len()),
-            &d.digest,
-        )
-    })
+    h.meta
+        .digests
+        .get(&digest)
+        .is_some_and(|d| keyslot::digest_matches(d, key))
 }
 
 /// Unlock the key of digest `digest` with `passphrase`, trying the
