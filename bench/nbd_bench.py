@@ -16,11 +16,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from benchlib import sh, wait_socket
 
 JOBS = [
     ("seq read 1M qd16", "read", "1M", 16),
@@ -29,25 +30,6 @@ JOBS = [
     ("rand write 4k qd32", "randwrite", "4k", 32),
     ("rand read 4k qd1", "randread", "4k", 1),
 ]
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, check=True, **kw)
-
-
-def wait_socket(path, proc, timeout=30):
-    t = time.time()
-    while time.time() - t < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early: {proc.args}")
-        try:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(path)
-            s.close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"server did not come up: {proc.args}")
 
 
 def fio(uri, rw, bs, qd, runtime, size):

@@ -41,12 +41,13 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchlib import sh, wait_socket
 
 JOBS = [
     ("seq write 1M qd16", "write", "1M", 16),
@@ -57,25 +58,6 @@ JOBS = [
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UDM = os.path.join(ROOT, "target/release/udm")
 SIZE = "960M"  # inside both the raw image and the LUKS2 plaintext (1008 MiB)
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, check=True, **kw)
-
-
-def wait_socket(path, proc, timeout=120):
-    t = time.time()
-    while time.time() - t < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early: {proc.args}")
-        try:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(path)
-            s.close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"server did not come up: {proc.args}")
 
 
 def fio(uri, rw, bs, qd, runtime, extra=()):

@@ -32,20 +32,17 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from benchlib import sh, wait_socket
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = "960M"
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, check=True, **kw)
 
 
 def cpu_seconds(pid):
@@ -71,21 +68,6 @@ def idle_jiffies():
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     return v[3] + v[4], sum(v)
-
-
-def wait_socket(path, proc, timeout=120):
-    t = time.time()
-    while time.time() - t < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early: {proc.args}")
-        try:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(path)
-            s.close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"server did not come up: {proc.args}")
 
 
 def fio_argv(uri, a):
