@@ -180,17 +180,34 @@ impl SectorCrypt {
         self
     }
 
-    /// Whether the vectorised AES-XTS kernel is in use.
-    pub fn uses_vector_kernel(&self) -> bool {
+    /// Use the AVX2 width of the vectorised AES-XTS kernel even where the
+    /// AVX-512 one runs (for benchmarks and tests that compare the two);
+    /// unchanged where the CPU has no VAES.
+    #[doc(hidden)]
+    pub fn with_avx2_vector_kernel(mut self) -> SectorCrypt {
+        #[cfg(target_arch = "x86_64")]
+        for t in self.tfms.iter_mut() {
+            if let Kind::Xts { fast: Some(f), .. } = &mut t.kind {
+                if let Some(n) = f.narrowed() {
+                    *f = n;
+                }
+            }
+        }
+        self
+    }
+
+    /// The vectorised AES-XTS kernel in use (`vaes-avx512`, `vaes-avx2`),
+    /// or `None` for the portable path.
+    pub fn vector_kernel(&self) -> Option<&'static str> {
         #[cfg(target_arch = "x86_64")]
         if let Some(Tfm {
-            kind: Kind::Xts { fast: Some(_), .. },
+            kind: Kind::Xts { fast: Some(f), .. },
             ..
         }) = self.tfms.first().map(|t| &**t)
         {
-            return true;
+            return Some(f.width().name());
         }
-        false
+        None
     }
 
     /// The encryption unit in bytes.

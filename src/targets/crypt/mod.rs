@@ -223,7 +223,7 @@ fn construct(mut a: TargetArgs<'_>) -> Result<Crypt, TargetError> {
         sector_size = ss,
         iv_offset,
         device = %area.name,
-        vector_kernel = sc.uses_vector_kernel(),
+        vector_kernel = sc.vector_kernel().unwrap_or("portable"),
         threads,
         "crypt target created"
     );
