@@ -96,8 +96,11 @@ impl BlockDevice for LiveDevice {
         r
     }
 
+    /// Read-only devices take submissions too: their reads are the whole
+    /// load, and `submit` declines a write (the synchronous retry then
+    /// fails it with [`DevError::ReadOnly`]).
     fn can_submit(&self) -> bool {
-        !self.read_only && self.routes.load().can_submit()
+        self.routes.load().can_submit()
     }
 
     /// Forwarded to the live routes, counted in the statistics when it
@@ -179,5 +182,98 @@ impl BlockDevice for LiveDevice {
         out: &mut dyn FnMut(crate::core::Extent) -> bool,
     ) -> DevResult<()> {
         self.routes.load().extents(offset, len, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::mapper::route::Route;
+
+    /// Takes every submission and completes it at once.
+    struct AtOnce {
+        submitted: AtomicUsize,
+    }
+
+    impl BlockDevice for AtOnce {
+        fn size(&self) -> u64 {
+            1 << 20
+        }
+        fn read(&self, _: u64, buf: &mut [u8]) -> DevResult<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write(&self, _: u64, _: WriteBuf<'_>, _: bool) -> DevResult<()> {
+            Ok(())
+        }
+        fn flush(&self) -> DevResult<()> {
+            Ok(())
+        }
+        fn limits(&self) -> Limits {
+            Limits::default()
+        }
+        fn discard(&self, _: u64, _: u64) -> DevResult<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, _: u64, _: u64, _: bool) -> DevResult<()> {
+            Ok(())
+        }
+        fn can_submit(&self) -> bool {
+            true
+        }
+        unsafe fn submit(&self, io: AsyncIo) {
+            self.submitted.fetch_add(1, Ordering::SeqCst);
+            (io.done)(Some(Ok(())))
+        }
+    }
+
+    fn submit(d: &LiveDevice, write: bool, buf: &mut [u8]) -> Option<DevResult<()>> {
+        let (tx, rx) = mpsc::channel();
+        let io = AsyncIo {
+            write,
+            fua: false,
+            offset: 0,
+            buf: buf.as_mut_ptr(),
+            len: buf.len(),
+            done: Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        };
+        // SAFETY: `buf` outlives the call, and the completion has run when
+        // `recv` returns (the test device completes before returning).
+        unsafe { d.submit(io) };
+        rx.recv().unwrap()
+    }
+
+    /// A read-only export over a device that takes submissions sends its
+    /// reads down that path and declines writes, which then fail the
+    /// synchronous way.
+    #[test]
+    fn read_only_device_submits_reads_and_declines_writes() {
+        let inner = Arc::new(AtOnce {
+            submitted: AtomicUsize::new(0),
+        });
+        let d = LiveDevice::new(true, false);
+        d.swap(Arc::new(Routes::new(
+            vec![Route {
+                start: 0,
+                len: 1 << 20,
+                dev: inner.clone(),
+                shift: 0,
+            }],
+            Limits::default(),
+        )));
+        assert!(d.can_submit());
+        let mut buf = vec![1u8; 4096];
+        assert!(matches!(submit(&d, false, &mut buf), Some(Ok(()))));
+        assert_eq!(inner.submitted.load(Ordering::SeqCst), 1);
+        assert!(submit(&d, true, &mut buf).is_none());
+        assert_eq!(inner.submitted.load(Ordering::SeqCst), 1);
+        let r = d.write(0, WriteBuf::Borrowed(&buf), false);
+        assert!(matches!(r, Err(DevError::ReadOnly)));
+        assert_eq!(d.stats().snapshot().read.ios, 1);
     }
 }
