@@ -23,8 +23,13 @@ With `--strace` one extra, separate fio run per server is made under
 `strace -c -f` and the system calls per request are printed (strace slows
 the server several times: its IOPS are not comparable).
 
+With `--luks` each udm binary also serves a LUKS2 volume on a second image
+(`LABEL-luks`, formatted by the first binary and prefilled through it), so
+the cost of the crypt layer per request is read against the raw image in
+the same rounds.
+
 Usage: bench/rbd_cpu.py [--runtime S] [--rounds N] [--rw RW] [--bs BS]
-                        [--qd N] [--qemu] [--strace] LABEL=UDM_BINARY ...
+                        [--qd N] [--qemu] [--luks] [--strace] LABEL=UDM_BINARY ...
 (build first: cargo build --release --features rbd)
 """
 
@@ -91,6 +96,7 @@ def main():
     ap.add_argument("--qd", type=int, default=32)
     ap.add_argument("--qemu", action="store_true")
     ap.add_argument("--strace", action="store_true")
+    ap.add_argument("--luks", action="store_true")
     ap.add_argument("--qemu-dir", default="/tmp/udm-qemu-rbd")
     ap.add_argument("servers", nargs="*")
     a = ap.parse_args()
@@ -124,6 +130,18 @@ def main():
         sock = os.path.join(work, "s.sock")
         configs = {label: ([binary, "serve", "--socket", sock, "--table", f"lin={table}"], "lin")
                    for label, binary in udms}
+        if a.luks and udms:
+            pw = os.path.join(work, "pass")
+            with open(pw, "w") as f:
+                f.write("bench passphrase")
+            os.chmod(pw, 0o600)
+            lk = f"rbd:rbd/lk:conf={conf}"
+            sh(rbd + ["create", "--size", "1G", "rbd/lk"])
+            sh([udms[0][1], "luks", "format", "-q", "--type", "luks2", "--pbkdf", "pbkdf2",
+                "--pbkdf-force-iterations", "1000", "--key-file", pw, lk])
+            for label, binary in udms:
+                configs[f"{label}-luks"] = ([binary, "serve", "--socket", sock, "--luks", f"v={lk}",
+                                             "--key-file", pw], "v")
         if qbin:
             configs["qemu-rbd-nocache"] = ([f"{qbin}/qemu-nbd", "-f", "raw", "--cache=none", "-t",
                                             "-k", sock, path], "")
@@ -145,6 +163,12 @@ def main():
                 p.wait()
 
         uri = lambda export: f"nbd+unix:///{export}?socket={sock}"
+        if a.luks and udms:
+            # Prefill the plaintext, so reads hit real objects as on raw.
+            p = start(configs[f"{udms[0][0]}-luks"][0])
+            sh(["fio", "--name=fill", "--ioengine=nbd", f"--uri={uri('v')}", "--rw=write",
+                "--bs=4M", "--iodepth=16", f"--size={SIZE}"], stdout=subprocess.DEVNULL)
+            stop(p)
         rows = {n: [] for n in configs}
         # Round 0 is a warm-up on the fresh cluster, not reported.
         for r in range(a.rounds + 1):
