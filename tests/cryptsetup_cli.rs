@@ -115,7 +115,7 @@ fn header_state(img: &Path) -> String {
     if !o.status.success() {
         return format!(
             "(not a LUKS device: {})",
-            String::from_utf8_lossy(&o.stderr)
+            String::from_utf8_lossy(&o.stderr).replace(&img.display().to_string(), "@IMG")
         );
     }
     // LUKS1: drop hex dumps (salts, digests) and their continuation lines.
@@ -534,6 +534,70 @@ fn unbound_keys_match_cryptsetup_step_by_step() {
         &k,
         d,
     );
+}
+
+/// The keyslots area against a requested data offset, inside and with a
+/// detached header: it fills the space below the offset, a given size
+/// shrinks to fit, and libcryptsetup's two warnings (a very small area,
+/// a changed size) appear on stdout as cryptsetup prints them. A new
+/// detached header file is made readable by its owner only.
+#[test]
+fn keyslots_area_follows_the_data_offset_as_cryptsetup() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let k = keys(d);
+    let img = d.join("blank.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(48 << 20)
+        .unwrap();
+    let f = "luksFormat -q --type luks2 FAST --key-file @K/k0 \
+             --uuid 0a1b2c3d-1111-4222-8333-444455556666";
+    let script = [
+        // Refused on the blank image (cryptsetup wipes an existing header
+        // before it refuses; udm leaves it, so only a blank one compares).
+        step(&format!("{f} --offset 40 @IMG"), 1, Out::Code),
+        step(&format!("{f} --offset 4096 @IMG"), 0, Out::Stdout),
+        step(
+            &format!("{f} --offset 8192 --luks2-keyslots-size 8M @IMG"),
+            0,
+            Out::Stdout,
+        ),
+        step(&format!("{f} --offset 4000 @IMG"), 0, Out::Stdout),
+        // cryptsetup's sector size for a requested offset (512 here).
+        step(&format!("{f} --offset 6144 @IMG"), 0, Out::Stdout),
+        step(
+            &format!("{f} --luks2-keyslots-size 1M @IMG"),
+            0,
+            Out::Stdout,
+        ),
+        step(
+            &format!("{f} --header @D/h1 --offset 4096 --luks2-keyslots-size 8M @IMG"),
+            0,
+            Out::Stdout,
+        ),
+        step("luksDump --dump-json-metadata @D/h1", 0, Out::Json),
+        step(
+            &format!("{f} --header @D/h2 --offset 65536 @IMG"),
+            0,
+            Out::Stdout,
+        ),
+        step("luksDump --dump-json-metadata @D/h2", 0, Out::Json),
+    ];
+    let (cs, ud) = compare("ks-offset", &img, &script, &k, d);
+    for h in ["h1", "h2"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |img: &Path| {
+            let p = img.parent().unwrap().join(h);
+            std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+        };
+        assert_eq!(mode(&ud), mode(&cs), "mode of the new header {h}");
+        assert_eq!(mode(&ud), 0o600);
+    }
+    // Each side's detached header opens the other side's way.
+    let h2 = |img: &Path| img.parent().unwrap().join("h2");
+    assert!(udm::luks::open(&cs, Some(&h2(&cs)), b"first").is_ok());
+    assert!(cs_test(&ud, Some(&h2(&ud)), &k.join("k0")));
 }
 
 #[test]

@@ -71,9 +71,12 @@ impl Disk {
         Self::open_file(path, OpenOptions::new().read(true).write(write))
     }
 
-    /// Open, creating the file if missing (format). A remote image must
-    /// exist already (create it with its own tools: `rbd create`).
+    /// Open, creating the file if missing (format). A new file is made
+    /// readable by its owner only, as cryptsetup makes a detached header:
+    /// it holds the keyslots. A remote image must exist already (create it
+    /// with its own tools: `rbd create`).
     pub fn create(path: &Path) -> Result<Disk, LuksError> {
+        use std::os::unix::fs::OpenOptionsExt;
         if let Some(d) = Disk::open_remote(path, true)? {
             return Ok(d);
         }
@@ -83,7 +86,8 @@ impl Disk {
                 .read(true)
                 .write(true)
                 .create(true)
-                .truncate(false),
+                .truncate(false)
+                .mode(0o600),
         )
     }
 

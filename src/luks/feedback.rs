@@ -26,6 +26,11 @@ pub trait Feedback {
     fn warn(&self, msg: &str) {
         eprintln!("WARNING: {msg}");
     }
+    /// A warning libcryptsetup prints on its normal log, i.e. stdout
+    /// (scripts that compare cryptsetup's output see it there).
+    fn notice(&self, msg: &str) {
+        println!("WARNING: {msg}");
+    }
 }
 
 /// No output, every question answered yes: tests and callers that have
@@ -37,4 +42,5 @@ impl Feedback for Quiet {
         Ok(true)
     }
     fn warn(&self, _msg: &str) {}
+    fn notice(&self, _msg: &str) {}
 }

@@ -109,6 +109,10 @@ pub fn check_uuid(u: &str) -> Result<(), LuksError> {
     }
 }
 
+/// Below this keyslots area libcryptsetup warns that few keyslots fit: 4 MiB
+/// less two 16 KiB headers (whatever the metadata size).
+const VERY_SMALL_KEYSLOTS: u64 = 4 * MIB - 2 * 0x4000;
+
 /// Sizes a format will use: (data offset bytes, metadata bytes, keyslots_size).
 pub fn layout(p: &FormatParams, detached: bool) -> Result<(u64, u64, u64), LuksError> {
     if p.version == 1 {
@@ -142,25 +146,31 @@ pub fn layout(p: &FormatParams, detached: bool) -> Result<(u64, u64, u64), LuksE
             "Unsupported LUKS2 metadata size {hdr} (16 KiB .. 4 MiB, a power of two)."
         )));
     }
-    let ks = match p.keyslots_size {
-        Some(k) => {
-            if k % 4096 != 0 || k == 0 || k > super::json::MAX_KEYSLOTS_SIZE {
-                return Err(LuksError::Usage(format!(
-                    "Unsupported LUKS2 keyslots size {k} (a multiple of 4096, at most 128 MiB)."
-                )));
-            }
-            k
+    // libcryptsetup's order (LUKS2_generate_hdr): without a size, the
+    // keyslots fill the space up to a requested data offset (also with a
+    // detached header, whose areas could go back on the device); a size,
+    // given or default, that does not fit below the offset shrinks to fit
+    // (format() says so, as cryptsetup does).
+    let offset = p.data_offset.filter(|&o| o != 0);
+    if let Some(k) = p.keyslots_size {
+        if k % 4096 != 0 || k == 0 || k > super::json::MAX_KEYSLOTS_SIZE {
+            return Err(LuksError::Usage(format!(
+                "Unsupported LUKS2 keyslots size {k} (a multiple of 4096, at most 128 MiB)."
+            )));
         }
-        None => {
-            let default = (16 * MIB).saturating_sub(2 * hdr);
-            match p.data_offset {
-                Some(o) if !detached => {
-                    (o.saturating_sub(2 * hdr) / 4096 * 4096).min(super::json::MAX_KEYSLOTS_SIZE)
-                }
-                _ => default,
-            }
+    }
+    let mut ks = match (p.keyslots_size, offset) {
+        (Some(k), _) => k,
+        (None, Some(o)) => {
+            (o.saturating_sub(2 * hdr) / 4096 * 4096).min(super::json::MAX_KEYSLOTS_SIZE)
         }
+        (None, None) => (16 * MIB).saturating_sub(2 * hdr),
     };
+    if let Some(o) = offset {
+        if 2 * hdr + ks > o {
+            ks = o.saturating_sub(2 * hdr) / 4096 * 4096;
+        }
+    }
     let meta = 2 * hdr + ks;
     let align = p.align.unwrap_or(MIB).max(512);
     let data = match p.data_offset {
@@ -168,7 +178,8 @@ pub fn layout(p: &FormatParams, detached: bool) -> Result<(u64, u64, u64), LuksE
             if o % 512 != 0 || (!detached && o < meta) || ks < 4096 {
                 return Err(LuksError::Usage(format!(
                     "Requested data offset {o} bytes is too small for the LUKS2 metadata \
-                     ({meta} bytes)."
+                     ({} bytes).",
+                    meta.max(2 * hdr + 4096)
                 )));
             }
             o
@@ -211,6 +222,20 @@ pub fn format(
     p.kdf.check("--pbkdf")?;
     let detached = header.is_some();
     let (data_off, meta_len, ks_size) = layout(p, detached)?;
+    if p.version == 2 {
+        // libcryptsetup's two notes, in its order.
+        if ks_size < VERY_SMALL_KEYSLOTS {
+            fb.notice(&format!(
+                "keyslots area ({ks_size} bytes) is very small, available LUKS2 keyslot count \
+                 is very limited."
+            ));
+        }
+        if p.keyslots_size.is_some_and(|k| k != ks_size) {
+            fb.notice(&format!(
+                "LUKS2 keyslots area size changed to {ks_size} bytes."
+            ));
+        }
+    }
     if p.subsystem.len() >= 48 {
         return Err(LuksError::Usage(
             "Subsystem is too long (at most 47 bytes).".into(),
@@ -317,6 +342,11 @@ pub fn format(
                 }
                 s
             }
+            // As cryptsetup 2.6 (sector_size_autodetect): a requested
+            // offset falls back to 512 unless its count of 512-byte sectors
+            // is a multiple of 4096 (libcryptsetup tests the sector count,
+            // not the bytes, against the sector size); headers stay equal.
+            None if p.data_offset.is_some_and(|o| o != 0 && (o / 512) % 4096 != 0) => 512,
             None if data_size > data_off && (data_size - data_off) % 4096 == 0 => 4096,
             None if data_size <= data_off => 4096,
             None => 512,

@@ -123,6 +123,9 @@ impl Feedback for Progress {
     fn warn(&self, m: &str) {
         self.ui.warn(m)
     }
+    fn notice(&self, m: &str) {
+        self.ui.notice(m)
+    }
 }
 
 /// The new LUKS2 header `--encrypt` writes over a plaintext device: the
