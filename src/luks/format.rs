@@ -328,6 +328,13 @@ pub fn format(
         meta.sync()?;
         Header::Luks1(Box::new(h))
     } else {
+        // As cryptsetup 2.6 (sector_size_autodetect): a requested offset
+        // falls back to 512 unless its count of 512-byte sectors is a
+        // multiple of 4096 (libcryptsetup tests the sector count, not the
+        // bytes, against the sector size); headers stay equal.
+        let offset_wants_512 = p
+            .data_offset
+            .is_some_and(|o| o != 0 && (o / 512) % 4096 != 0);
         let sector = match p.sector_size {
             Some(s) => {
                 if !(512..=4096).contains(&s) || !s.is_power_of_two() {
@@ -342,11 +349,7 @@ pub fn format(
                 }
                 s
             }
-            // As cryptsetup 2.6 (sector_size_autodetect): a requested
-            // offset falls back to 512 unless its count of 512-byte sectors
-            // is a multiple of 4096 (libcryptsetup tests the sector count,
-            // not the bytes, against the sector size); headers stay equal.
-            None if p.data_offset.is_some_and(|o| o != 0 && (o / 512) % 4096 != 0) => 512,
+            None if offset_wants_512 => 512,
             None if data_size > data_off && (data_size - data_off) % 4096 == 0 => 4096,
             None if data_size <= data_off => 4096,
             None => 512,
