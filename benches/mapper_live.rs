@@ -19,7 +19,8 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use udm::core::{table, BlockDevice};
-use udm::mapper::{build, LiveDevice, Route, Routes};
+use udm::dm::{LiveDevice, Route, Routes};
+use udm::mapper::build;
 use udm::store::MemStore;
 use udm::targets::{DeviceResolver, TargetOptions};
 

@@ -8,9 +8,11 @@
 //!    fixed-size block pool, payload buffers, locked key memory;
 //! 2. [`crypto`] (dm-crypt sector ciphers and IVs) and [`store`] (files,
 //!    block devices, memory);
-//! 3. [`targets`] (one module per dm target, and their list) and
-//!    [`engine`] (workers, ordering, fairness);
-//! 4. [`mapper`]: tables into mapped devices, the named-device registry;
+//! 3. [`targets`] (one module per dm target, and their list),
+//!    [`engine`] (workers, ordering, fairness) and [`dm`] (the dm core:
+//!    a request over a device's routes, cut at their boundaries and at
+//!    the limits a device declares; the live device and its statistics);
+//! 4. [`mapper`]: tables into routes, the named devices of a server;
 //! 5. [`luks`] (LUKS1/LUKS2 volumes) and [`nbd`] (the server);
 //! 6. [`control`]: the control socket (dmsetup's verbs on a running
 //!    server), over the device registry and the exports;
@@ -25,6 +27,7 @@ pub mod cli;
 pub mod control;
 pub mod core;
 pub mod crypto;
+pub mod dm;
 pub mod engine;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

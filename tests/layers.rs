@@ -13,7 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["core", "protocol"],
     &["mem"],
     &["crypto", "store"],
-    &["targets", "engine"],
+    &["targets", "engine", "dm"],
     &["mapper"],
     &["luks", "nbd"],
     &["control"],
@@ -256,4 +256,93 @@ fn checker_sees_grouped_and_plain_paths() {
     assert!(find_cycle(&g).is_some());
     g.insert("b".to_string(), BTreeSet::new());
     assert!(find_cycle(&g).is_none());
+}
+
+/// Each module's top-level modules used outside unit tests, from the code.
+fn uses_in_code(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let (top, sub) = module_of(src, f);
+        if top == "lib" || top == "main" || sub == "tests" {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(f).expect("read source"));
+        let non_test = match code.find("#[cfg(test)]\nmod ") {
+            Some(i) => &code[..i],
+            None => &code[..],
+        };
+        let uses = out.entry(top.clone()).or_default();
+        for m in segments_after(non_test, "crate::") {
+            if m != top && layer_of(&m).is_some() {
+                uses.insert(m);
+            }
+        }
+    }
+    out
+}
+
+/// The floor table of docs/ARCHITECTURE.md: module -> (floor, uses).
+fn floor_table(doc: &str) -> BTreeMap<String, (usize, BTreeSet<String>)> {
+    let mut out = BTreeMap::new();
+    for line in doc.lines().skip_while(|l| !l.starts_with("| floor |")) {
+        if !line.starts_with('|') {
+            break;
+        }
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        let Ok(floor) = cells[0].parse::<usize>() else {
+            continue;
+        };
+        let module = cells[1].trim_matches('`').trim_end_matches('/');
+        let module = module.trim_end_matches(".rs").to_string();
+        let last = cells.last().copied().unwrap_or("");
+        let uses = last
+            .split(", ")
+            .filter(|u| *u != "—")
+            .map(|u| u.trim_matches('`').to_string())
+            .collect();
+        out.insert(module, (floor, uses));
+    }
+    out
+}
+
+/// docs/ARCHITECTURE.md's floor table says what the code does: every
+/// module on the floor `LAYERS` gives it, using exactly the modules its
+/// code uses (outside unit tests).
+#[test]
+fn floor_table_matches_the_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).expect("read doc");
+    let table = floor_table(&doc);
+    let code = uses_in_code(&root.join("src"));
+    let mut errors = Vec::new();
+    for (floor, mods) in LAYERS.iter().enumerate() {
+        for m in *mods {
+            match table.get(*m) {
+                None => errors.push(format!("{m}: missing from the floor table")),
+                Some((f, _)) if *f != floor => {
+                    errors.push(format!("{m}: floor {f} in the doc, {floor} in LAYERS"))
+                }
+                Some((_, uses)) => {
+                    let actual = code.get(*m).cloned().unwrap_or_default();
+                    if *uses != actual {
+                        errors.push(format!(
+                            "{m}: the doc says it uses {uses:?}, the code {actual:?}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    for m in table.keys() {
+        if layer_of(m).is_none() {
+            errors.push(format!("{m}: in the floor table but not in LAYERS"));
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "floor table out of date:\n{}",
+        errors.join("\n")
+    );
 }

@@ -45,7 +45,17 @@ pub fn run(c: Cmd) -> i32 {
 }
 
 fn show(file: &std::path::Path, showkeys: bool) -> i32 {
-    use crate::mapper::{BuildOptions, DeviceSpec, Registry};
+    use crate::mapper::compile::{compile, Files, Lookup};
+    /// `table show` builds one table alone: no other device exists.
+    struct Alone;
+    impl Lookup for Alone {
+        fn routes_of(&mut self, name: &str) -> Result<std::sync::Arc<crate::dm::Routes>, String> {
+            Err(format!(
+                "the table names device '{name}', which only exists on a running server: \
+                 use 'udm dmsetup table' there, or 'udm table check' here"
+            ))
+        }
+    }
     let text = match std::fs::read_to_string(file) {
         Ok(s) => zeroize::Zeroizing::new(s),
         Err(e) => {
@@ -53,26 +63,20 @@ fn show(file: &std::path::Path, showkeys: bool) -> i32 {
             return 1;
         }
     };
-    let spec = DeviceSpec::Table {
-        text,
-        source: file.display().to_string(),
-    };
-    let opts = BuildOptions {
+    let flags = crate::store::OpenFlags {
         read_only: true,
-        ..Default::default()
+        direct: false,
+        no_map: true,
     };
-    match Registry::build(vec![("table".into(), spec)], opts) {
-        Ok(r) => {
-            if let Some(m) = r.entries.first().and_then(|e| e.mapped.as_ref()) {
-                print!(
-                    "{}",
-                    zeroize::Zeroizing::new(m.table_text(showkeys)).as_str()
-                );
-            }
+    let opts = crate::targets::TargetOptions::default();
+    match compile(&text, &mut Alone, &mut Files::default(), flags, &opts, true) {
+        Ok(c) => {
+            let shown = zeroize::Zeroizing::new(c.mapped.table_text(showkeys));
+            print!("{}", shown.as_str());
             0
         }
         Err(e) => {
-            eprintln!("udm table show: {e}");
+            eprintln!("udm table show: table {}: {e}", file.display());
             1
         }
     }

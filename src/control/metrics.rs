@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::service::Service;
-use crate::mapper::stats::OPS;
+use crate::dm::stats::OPS;
 
 /// Render the metrics of every device.
 pub fn render(service: &Service) -> String {

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::mapper::stats::Snapshot;
+use crate::dm::stats::Snapshot;
 
 /// udm devices have no block device node; their "major" is 0, which no
 /// kernel block device uses, so a script cannot mistake one for a real

@@ -1,12 +1,46 @@
 //! Building a mapped device from parsed table lines: each line's target
 //! type is looked up in the targets' own list and constructed over the
 //! devices its arguments name, and every error keeps the line and field.
+//!
+//! There is one way from a table to a device a client uses: [`build`]
+//! makes the table's targets, `compile` turns them (and the stack under
+//! them) into routes, and `Devices` puts the routes behind a
+//! [`crate::dm::LiveDevice`]. Devices given on the command line
+//! ([`DeviceSpec`]) take the same way as those created at runtime.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+
+use zeroize::Zeroizing;
 
 use super::mapped::{MappedDevice, Segment};
 use crate::core::table::{TableError, TableLine, SECTOR};
 use crate::targets::{self, DeviceResolver, Target, TargetArgs, TargetOptions};
+
+/// How a device given at start (`udm serve --table/--file/--luks`) is
+/// defined, before it becomes a table for `Devices`.
+pub enum DeviceSpec {
+    /// dmsetup table text; `source` names where it came from, for errors.
+    /// Zeroizing because a crypt table carries its key.
+    Table {
+        text: Zeroizing<String>,
+        source: String,
+    },
+    /// A file, block device or remote image (`rbd:…`, `nbd://…`) served
+    /// as it is.
+    File(PathBuf),
+}
+
+/// How the stores under a server's tables are opened, and the targets'
+/// options.
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    pub read_only: bool,
+    pub direct: bool,
+    /// Never map tmpfs files (see `store::file`).
+    pub no_mmap: bool,
+    pub target: TargetOptions,
+}
 
 /// Build a mapped device from parsed lines: construct each target, check
 /// the block-size alignment of every segment.

@@ -10,11 +10,9 @@
 //! paths are opened read-only, so the areas are checked against the real
 //! sizes and block sizes too.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::registry::open_shared;
+use super::compile::Files;
 use crate::core::table::{TableError, TableLine};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::store::{Location, OpenFlags};
@@ -35,7 +33,7 @@ pub enum CheckDevices {
 pub fn check(lines: &[TableLine], devices: CheckDevices) -> Result<(), TableError> {
     let mut resolver = CheckResolver {
         open: devices == CheckDevices::OpenReadOnly,
-        files: HashMap::new(),
+        files: Files::default(),
         placeholder: Arc::new(Placeholder),
     };
     // One crypt thread: a check needs no worker pool.
@@ -48,7 +46,7 @@ pub fn check(lines: &[TableLine], devices: CheckDevices) -> Result<(), TableErro
 
 struct CheckResolver {
     open: bool,
-    files: HashMap<PathBuf, Arc<dyn BlockDevice>>,
+    files: Files,
     placeholder: Arc<dyn BlockDevice>,
 }
 
@@ -68,7 +66,7 @@ impl DeviceResolver for CheckResolver {
             direct: false,
             no_map: true,
         };
-        open_shared(&mut self.files, Path::new(spec), flags)
+        self.files.open(spec, flags)
     }
 }
 

@@ -30,9 +30,9 @@ use std::sync::{Arc, Weak};
 use zeroize::Zeroizing;
 
 use super::mapped::MappedDevice;
-use super::route::{Route, Routes};
 use crate::core::table;
 use crate::core::BlockDevice;
+use crate::dm::route::{Route, Routes};
 use crate::store::{Location, OpenFlags};
 use crate::targets::{DeviceResolver, TargetOptions};
 

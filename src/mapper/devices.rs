@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use zeroize::Zeroizing;
 
+use super::build::BuildOptions;
 use super::compile::{self, Compiled, Dep, Files, Lookup};
-use super::live::LiveDevice;
-use super::registry::BuildOptions;
-use super::route::Routes;
+use crate::dm::live::LiveDevice;
+use crate::dm::route::Routes;
 use crate::store::OpenFlags;
 use crate::targets::{EventHook, Target, TargetOptions};
 
@@ -781,5 +781,22 @@ mod tests {
         d.load("l1", z(&format!("0 8 linear {a} 0\n"))).unwrap();
         let e = d.prepare_resume("l1").err().unwrap();
         assert!(e.contains("'s'"), "{e}");
+    }
+
+    /// What the registry of start-time devices refused, the one path
+    /// refuses too: an area past the end of the device below (naming the
+    /// line), and a name no device has.
+    #[test]
+    fn stacked_areas_must_fit_and_names_must_exist() {
+        let d = Devices::new(BuildOptions::default(), true, false);
+        up(&d, "base", "0 16 zero\n");
+        d.create("top", "", false).unwrap();
+        let e = d.load("top", z("0 16 linear @base 8\n")).unwrap_err();
+        assert!(e.contains("does not fit") && e.contains("line 1"), "{e}");
+        d.load("top", z("0 8 linear @base 8\n")).unwrap();
+        d.commit(d.prepare_resume("top").unwrap());
+        assert_eq!(d.info("top").unwrap().device.size(), 4096);
+        let e = d.load("top", z("0 8 linear @zz 0\n")).unwrap_err();
+        assert!(e.contains("zz"), "{e}");
     }
 }

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use super::route::{Route, Routes};
 use crate::core::device::Transform;
 use crate::core::{AsyncIo, BlockDevice, DevResult, Extent, Limits, WriteBuf};
+use crate::dm::route::{Route, Routes};
 use crate::targets::Target;
 
 /// One table segment, in bytes.

@@ -68,7 +68,7 @@ pub trait Target: BlockDevice {
     /// `Some((device, byte offset))` when this target is a plain offset
     /// shift onto one device (linear). The mapper compiles such segments
     /// away: a request goes straight to the device below (a stack of
-    /// linear layers costs one call, see `mapper::flat`).
+    /// linear layers costs one call, see `mapper::compile`).
     fn as_linear(&self) -> Option<(&Arc<dyn BlockDevice>, u64)> {
         None
     }

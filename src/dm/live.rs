@@ -191,7 +191,7 @@ mod tests {
     use std::sync::mpsc;
 
     use super::*;
-    use crate::mapper::route::Route;
+    use crate::dm::route::Route;
 
     /// Takes every submission and completes it at once.
     struct AtOnce {
