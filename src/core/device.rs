@@ -53,6 +53,16 @@ pub struct Limits {
     /// requests on a connection's reader, so a slow round trip costs a
     /// sleeping thread, not the client's queue depth.
     pub queue_depth: u32,
+    /// Bytes a request may not cross a multiple of, counted from the
+    /// device's own offset 0; 0 for none. This is dm's `max_io_len`
+    /// (dm-stripe sets it to its chunk): the dm core (`dm::Routes`) cuts
+    /// every request at these boundaries before it reaches the device, so
+    /// a target maps pieces that never cross one, and cutting is written
+    /// once for all targets. A device that declares one may refuse a
+    /// request that crosses it. It is in the device's own offsets, so
+    /// [`Limits::stack`] does not carry it up: a device below cuts its
+    /// own requests, or its upper one is routed through the dm core.
+    pub io_boundary: u64,
 }
 
 impl Default for Limits {
@@ -65,6 +75,7 @@ impl Default for Limits {
             write_zeroes: true,
             read_only: false,
             queue_depth: 0,
+            io_boundary: 0,
         }
     }
 }
@@ -81,6 +92,7 @@ impl Limits {
             write_zeroes: self.write_zeroes && lower.write_zeroes,
             read_only: self.read_only || lower.read_only,
             queue_depth: self.queue_depth.max(lower.queue_depth),
+            io_boundary: 0,
         }
     }
 }

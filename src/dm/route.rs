@@ -5,15 +5,19 @@
 //! to the stores and to the targets that transform data, with the linear
 //! layers in between folded into the shifts.
 //!
-//! A request is cut exactly at route boundaries, as dm core cuts a bio
-//! with its clones — but without cloning: each piece is a sub-slice of the
-//! caller's buffer, so routing costs a binary search and no allocation.
+//! A request is cut exactly at route boundaries, and inside a route at
+//! the multiples of the I/O boundary its device declares
+//! ([`Limits::io_boundary`], dm's `max_io_len`: a striped target's chunk),
+//! as dm core cuts a bio with its clones — but without cloning: each piece
+//! is a sub-slice of the caller's buffer, so routing costs a binary search
+//! and no allocation. This is the one place requests are cut for a
+//! target's sake; a target maps pieces that never cross its boundary.
 //!
 //! Direct access (see [`crate::core::device::Transform`]) is forwarded when
-//! every route's device offers it and the request lies inside one route
-//! (the common case, and the only one where forwarding is free); a request
-//! that crosses a boundary takes the generic path, because a boundary need
-//! not fall on a whole unit of the transform.
+//! every route's device offers it and the request is one piece (the common
+//! case, and the only one where forwarding is free); a request that must be
+//! cut takes the generic path, because a boundary need not fall on a whole
+//! unit of the transform.
 
 use std::sync::Arc;
 
@@ -32,6 +36,9 @@ pub struct Route {
 /// Contiguous routes from 0, with the limits of the device they form.
 pub struct Routes {
     routes: Vec<Route>,
+    /// Each route's device's [`Limits::io_boundary`] (0: none), read once
+    /// here so a request does not ask its device.
+    bounds: Vec<u64>,
     size: u64,
     limits: Limits,
     /// Every route offers direct access (fixed at construction).
@@ -51,8 +58,10 @@ impl Routes {
         let size = routes.last().map(|r| r.start + r.len).unwrap_or(0);
         let direct = !routes.is_empty() && routes.iter().all(|r| r.dev.direct_access());
         let submit = !routes.is_empty() && routes.iter().all(|r| r.dev.can_submit());
+        let bounds = routes.iter().map(|r| r.dev.limits().io_boundary).collect();
         Routes {
             routes,
+            bounds,
             size,
             limits,
             direct,
@@ -65,6 +74,7 @@ impl Routes {
     pub fn failing(size: u64, limits: Limits) -> Routes {
         Routes {
             routes: Vec::new(),
+            bounds: Vec::new(),
             size,
             limits,
             direct: false,
@@ -123,14 +133,26 @@ impl Routes {
         self.routes.partition_point(|r| r.start + r.len <= offset)
     }
 
-    /// The route holding all of `[offset, offset+len)`, if one does.
+    /// The route that takes all of `[offset, offset+len)` in one call, and
+    /// the offset on its device: the range lies inside the route and
+    /// crosses no I/O boundary of its device. `None`: it must be cut.
     #[inline]
-    fn within(&self, offset: u64, len: u64) -> Option<&Route> {
-        let r = self.routes.get(self.find(offset))?;
-        (offset + len <= r.start + r.len).then_some(r)
+    fn whole(&self, offset: u64, len: u64) -> Option<(&Route, u64)> {
+        let i = self.find(offset);
+        let r = self.routes.get(i)?;
+        if offset + len > r.start + r.len {
+            return None;
+        }
+        let at = offset - r.start + r.shift;
+        let b = self.bounds[i];
+        if b != 0 && len > 0 && at / b != (at + len - 1) / b {
+            return None;
+        }
+        Some((r, at))
     }
 
-    /// Visit the pieces of `[offset, offset+len)`, one per route:
+    /// Visit the pieces of `[offset, offset+len)`, cut at route boundaries
+    /// and at the I/O boundaries of each route's device:
     /// `f(route, offset_on_route_device, piece_len)`.
     #[inline]
     fn for_each_piece(
@@ -148,9 +170,17 @@ impl Routes {
         let mut i = self.find(offset);
         while pos < end {
             let r = &self.routes[i];
-            let n = (r.start + r.len).min(end) - pos;
-            f(r, pos - r.start + r.shift, n)?;
-            pos += n;
+            let route_end = (r.start + r.len).min(end);
+            let b = self.bounds[i];
+            while pos < route_end {
+                let at = pos - r.start + r.shift;
+                let mut n = route_end - pos;
+                if b != 0 {
+                    n = n.min(b - at % b);
+                }
+                f(r, at, n)?;
+                pos += n;
+            }
             i += 1;
         }
         Ok(())
@@ -173,9 +203,9 @@ impl BlockDevice for Routes {
     #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check(offset, buf.len() as u64)?;
-        // Fast path: inside one route (the common case).
-        if let Some(r) = self.within(offset, buf.len() as u64) {
-            return r.dev.read(offset - r.start + r.shift, buf);
+        // Fast path: one piece (the common case).
+        if let Some((r, at)) = self.whole(offset, buf.len() as u64) {
+            return r.dev.read(at, buf);
         }
         let mut rest = buf;
         self.for_each_piece(offset, rest.len() as u64, |r, off, n| {
@@ -188,8 +218,8 @@ impl BlockDevice for Routes {
     #[inline]
     fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
         self.check(offset, data.len() as u64)?;
-        if let Some(r) = self.within(offset, data.len() as u64) {
-            return r.dev.write(offset - r.start + r.shift, data, fua);
+        if let Some((r, at)) = self.whole(offset, data.len() as u64) {
+            return r.dev.write(at, data, fua);
         }
         let mut rest = Some(data);
         self.for_each_piece(
@@ -214,16 +244,15 @@ impl BlockDevice for Routes {
         self.submit
     }
 
-    /// Forwarded when the request lies inside one route (as direct
-    /// access); one that crosses a boundary is declined and runs the
-    /// synchronous way, which cuts it.
+    /// Forwarded when the request is one piece (as direct access); one
+    /// that would be cut, at a route's end or at its device's I/O
+    /// boundary, is declined and runs the synchronous way, which cuts it.
     unsafe fn submit(&self, io: AsyncIo) {
         if self.check(io.offset, io.len as u64).is_err() {
             return io.decline();
         }
-        match self.within(io.offset, io.len as u64) {
-            Some(r) if self.submit => {
-                let at = io.offset - r.start + r.shift;
+        match self.whole(io.offset, io.len as u64) {
+            Some((r, at)) if self.submit => {
                 // SAFETY: the caller's guarantee on the buffer is passed on.
                 unsafe { r.dev.submit(io.at(at)) }
             }
@@ -233,8 +262,8 @@ impl BlockDevice for Routes {
 
     fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
         self.check(offset, buf.len() as u64)?;
-        if let Some(r) = self.within(offset, buf.len() as u64) {
-            return r.dev.read_transformed(offset - r.start + r.shift, buf, t);
+        if let Some((r, at)) = self.whole(offset, buf.len() as u64) {
+            return r.dev.read_transformed(at, buf, t);
         }
         read_transformed_by_reading(self, offset, buf, t)
     }
@@ -247,10 +276,8 @@ impl BlockDevice for Routes {
         t: &dyn Transform,
     ) -> DevResult<()> {
         self.check(offset, src.len() as u64)?;
-        if let Some(r) = self.within(offset, src.len() as u64) {
-            return r
-                .dev
-                .write_transformed(offset - r.start + r.shift, src, fua, t);
+        if let Some((r, at)) = self.whole(offset, src.len() as u64) {
+            return r.dev.write_transformed(at, src, fua, t);
         }
         write_transformed_by_writing(self, offset, src, fua, t)
     }
@@ -293,5 +320,157 @@ impl BlockDevice for Routes {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records each call's (offset, len), declares a 4 KiB I/O boundary,
+    /// and takes submissions (completing them at once).
+    struct Chunked {
+        calls: Mutex<Vec<(u64, u64)>>,
+    }
+
+    impl Chunked {
+        fn take(&self) -> Vec<(u64, u64)> {
+            std::mem::take(&mut self.calls.lock().unwrap())
+        }
+        fn note(&self, offset: u64, len: u64) -> DevResult<()> {
+            let crosses = offset / 4096 != (offset + len.max(1) - 1) / 4096;
+            self.calls.lock().unwrap().push((offset, len));
+            match crosses {
+                true => Err(DevError::Target("crossed a boundary".into())),
+                false => Ok(()),
+            }
+        }
+    }
+
+    impl BlockDevice for Chunked {
+        fn size(&self) -> u64 {
+            1 << 20
+        }
+        fn limits(&self) -> Limits {
+            Limits {
+                io_boundary: 4096,
+                ..Limits::default()
+            }
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+            self.note(offset, buf.len() as u64)
+        }
+        fn write(&self, offset: u64, data: WriteBuf<'_>, _: bool) -> DevResult<()> {
+            self.note(offset, data.len() as u64)
+        }
+        fn flush(&self) -> DevResult<()> {
+            Ok(())
+        }
+        fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+            self.note(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, _: bool) -> DevResult<()> {
+            self.note(offset, len)
+        }
+        fn can_submit(&self) -> bool {
+            true
+        }
+        unsafe fn submit(&self, io: AsyncIo) {
+            let r = self.note(io.offset, io.len as u64);
+            (io.done)(Some(r))
+        }
+    }
+
+    /// The device starts at byte 1024 of the routes and is used from its
+    /// byte 512: boundaries fall where the device counts them.
+    fn routes() -> (Arc<Chunked>, Arc<Chunked>, Routes) {
+        let dev = Arc::new(Chunked {
+            calls: Mutex::new(Vec::new()),
+        });
+        let first = Arc::new(Chunked {
+            calls: Mutex::new(Vec::new()),
+        });
+        let r = Routes::new(
+            vec![
+                Route {
+                    start: 0,
+                    len: 1024,
+                    dev: first.clone(),
+                    shift: 0,
+                },
+                Route {
+                    start: 1024,
+                    len: 64 << 10,
+                    dev: dev.clone(),
+                    shift: 512,
+                },
+            ],
+            Limits::default(),
+        );
+        (first, dev, r)
+    }
+
+    #[test]
+    fn requests_are_cut_at_the_io_boundary_of_the_route_device() {
+        let (first, dev, r) = routes();
+        let mut buf = vec![0u8; 10 << 10];
+        // Device bytes 512.. : cut at 4096 and 8192.
+        r.read(1024, &mut buf).unwrap();
+        assert_eq!(dev.take(), [(512, 3584), (4096, 4096), (8192, 2560)]);
+        // Across the route boundary too: 512 bytes before it elsewhere.
+        r.write(512, WriteBuf::Borrowed(&buf[..4096]), false)
+            .unwrap();
+        assert_eq!(first.take(), [(512, 512)]);
+        assert_eq!(dev.take(), [(512, 3584)]);
+        r.discard(1024 + 3584, 8192).unwrap();
+        assert_eq!(dev.take(), [(4096, 4096), (8192, 4096)]);
+        // One piece goes down as it is.
+        r.write_zeroes(1024 + 3584, 4096, false).unwrap();
+        assert_eq!(dev.take(), [(4096, 4096)]);
+    }
+
+    fn submit(r: &Routes, offset: u64, buf: &mut [u8]) -> Option<DevResult<()>> {
+        let (tx, rx) = mpsc::channel();
+        let io = AsyncIo {
+            write: false,
+            fua: false,
+            offset,
+            buf: buf.as_mut_ptr(),
+            len: buf.len(),
+            done: Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        };
+        // SAFETY: `buf` outlives the call, and the completion has run when
+        // `recv` returns (the test device completes before returning).
+        unsafe { r.submit(io) };
+        rx.recv().unwrap()
+    }
+
+    /// A request that is one piece is submitted; one that would be cut is
+    /// declined (and then runs the synchronous way, which cuts it).
+    #[test]
+    fn a_request_that_would_be_cut_declines_submission() {
+        let dev = Arc::new(Chunked {
+            calls: Mutex::new(Vec::new()),
+        });
+        let r = Routes::new(
+            vec![Route {
+                start: 0,
+                len: 64 << 10,
+                dev: dev.clone(),
+                shift: 0,
+            }],
+            Limits::default(),
+        );
+        assert!(r.can_submit());
+        let mut buf = vec![0u8; 4096];
+        assert!(matches!(submit(&r, 8192, &mut buf), Some(Ok(()))));
+        assert_eq!(dev.take(), [(8192, 4096)]);
+        assert!(submit(&r, 2048, &mut buf).is_none());
+        assert!(dev.take().is_empty());
     }
 }

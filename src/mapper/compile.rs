@@ -150,6 +150,12 @@ impl DeviceResolver for Resolver<'_> {
             return None;
         }
         let r = s.pop()?;
+        // A device with an I/O boundary (a striped target) is only called
+        // through the dm core, which cuts requests at it: the target above
+        // keeps the routes.
+        if r.dev.limits().io_boundary != 0 {
+            return None;
+        }
         Some((r.dev, r.shift))
     }
 }

@@ -241,6 +241,7 @@ impl BlockDevice for FileStore {
             write_zeroes: self.fast_zero,
             read_only: self.read_only,
             queue_depth: 0,
+            io_boundary: 0,
         }
     }
 

@@ -1009,6 +1009,7 @@ impl BlockDevice for NbdStore {
             write_zeroes: self.info.flags & TF_SEND_WRITE_ZEROES != 0,
             read_only: self.read_only,
             queue_depth: QUEUE_DEPTH,
+            io_boundary: 0,
         }
     }
 

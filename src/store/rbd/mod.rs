@@ -412,6 +412,7 @@ impl BlockDevice for RbdStore {
             write_zeroes: !self.read_only,
             read_only: self.read_only,
             queue_depth: self.queue_depth,
+            io_boundary: 0,
         }
     }
 

@@ -44,6 +44,7 @@ impl BlockDevice for Crypt {
             write_zeroes: false,
             read_only: false,
             queue_depth: 0,
+            io_boundary: 0,
         }
         .stack(self.area.dev.limits())
     }
