@@ -82,7 +82,8 @@ impl Default for Limits {
 
 impl Limits {
     /// Limits of a device stacked on `lower`: the coarser block size, the
-    /// smaller maximum, and capabilities both have.
+    /// smaller maximum, and capabilities both have; no I/O boundary (each
+    /// is in its own device's offsets, see [`Limits::io_boundary`]).
     pub fn stack(self, lower: Limits) -> Limits {
         Limits {
             logical_block_size: self.logical_block_size.max(lower.logical_block_size),
