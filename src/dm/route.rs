@@ -1,7 +1,7 @@
 //! Routing a request over a device's ranges: the hot path of every mapped
 //! device. A [`Routes`] is a sorted list of byte ranges, each sent to a
 //! device at an offset (`shift`). A table's segments are routes to their
-//! targets (shift 0); a compiled stack (see `flat`) has routes straight
+//! targets (shift 0); a compiled stack (see `mapper::compile`) has routes straight
 //! to the stores and to the targets that transform data, with the linear
 //! layers in between folded into the shifts.
 //!
