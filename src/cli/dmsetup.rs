@@ -4,7 +4,9 @@
 //! arguments, prints the same lines and exits with the same codes (0 on
 //! success, 1 on failure, after "Command failed." on stderr), so scripts
 //! written for dmsetup run unchanged. udm-only additions: `--control
-//! PATH`, `--json` on the reading verbs, `status --stats`.
+//! PATH`, `--json` on the reading verbs, `status --stats`. Its argv parser
+//! stays hand-written: dmsetup's exact option forms and exit codes are the
+//! contract, which a general parser crate would change.
 //!
 //! Differences from the kernel's dmsetup, all because udm devices are NBD
 //! exports, not block devices: the major number is 0, device arguments of

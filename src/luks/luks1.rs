@@ -5,6 +5,7 @@
 use super::af::STRIPES;
 use super::error::LuksError;
 use super::hash::HashAlg;
+use crate::protocol::be;
 
 pub const MAGIC: [u8; 6] = *b"LUKS\xba\xbe";
 /// Bytes cryptsetup reads and writes for a LUKS1 header.
@@ -45,10 +46,16 @@ pub struct Header {
     pub slots: [Slot; NUM_SLOTS],
 }
 
-fn be32(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[off..off + 4]);
-    u32::from_be_bytes(a)
+/// A big-endian header field through the shared codec: a buffer too short
+/// for it is an error naming the offset, not a panic.
+pub(crate) fn be32(b: &[u8], off: usize) -> Result<u32, LuksError> {
+    be::u32_at(b, off).ok_or_else(|| {
+        LuksError::field(
+            format!("header bytes {off}..{}", off + 4),
+            b.len(),
+            "past the end of the header",
+        )
+    })
 }
 
 /// A NUL-terminated string field of `len` bytes at `off`.
@@ -131,8 +138,8 @@ impl Header {
         if cipher_mode.is_empty() {
             return Err(LuksError::field("cipher-mode", "", "empty"));
         }
-        let payload_offset = be32(&raw, 104);
-        let key_bytes = be32(&raw, 108);
+        let payload_offset = be32(&raw, 104)?;
+        let key_bytes = be32(&raw, 108)?;
         if key_bytes == 0 || key_bytes > MAX_KEY_BYTES {
             return Err(LuksError::field(
                 "key-bytes",
@@ -144,7 +151,7 @@ impl Header {
         mk_digest.copy_from_slice(&raw[112..132]);
         let mut mk_digest_salt = [0u8; 32];
         mk_digest_salt.copy_from_slice(&raw[132..164]);
-        let mk_digest_iter = be32(&raw, 164);
+        let mk_digest_iter = be32(&raw, 164)?;
         if mk_digest_iter == 0 || mk_digest_iter > super::kdf::MAX_PBKDF2_ITERATIONS {
             return Err(LuksError::field(
                 "mk-digest-iter",
@@ -164,15 +171,15 @@ impl Header {
         let mut areas: Vec<(u64, u64, usize)> = Vec::with_capacity(NUM_SLOTS);
         for (i, slot) in slots.iter_mut().enumerate() {
             let b = 208 + 48 * i;
-            let state = be32(&raw, b);
+            let state = be32(&raw, b)?;
             // As cryptsetup: only the enabled magic makes a slot active;
             // any other value is an empty slot (kept as it is on rewrite).
             let active = state == SLOT_ENABLED;
             slot.active = active;
-            slot.iterations = be32(&raw, b + 4);
+            slot.iterations = be32(&raw, b + 4)?;
             slot.salt.copy_from_slice(&raw[b + 8..b + 40]);
-            slot.key_offset = be32(&raw, b + 40);
-            slot.stripes = be32(&raw, b + 44);
+            slot.key_offset = be32(&raw, b + 40)?;
+            slot.stripes = be32(&raw, b + 44)?;
             if slot.stripes != STRIPES {
                 return Err(LuksError::field(
                     format!("key-slot[{i}].stripes"),
@@ -261,7 +268,7 @@ impl Header {
         put_cstr(&mut b, 168, 40, &self.uuid);
         for (i, s) in self.slots.iter().enumerate() {
             let o = 208 + 48 * i;
-            let was = u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+            let was = be::u32_at(&b, o).unwrap_or(0);
             let state = if s.active {
                 SLOT_ENABLED
             } else if was != SLOT_ENABLED && was != 0 {

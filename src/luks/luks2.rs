@@ -8,6 +8,7 @@ use super::error::LuksError;
 use super::hash::HashAlg;
 use super::json::Metadata;
 use super::luks1::{cstr, put_cstr};
+use crate::protocol::be;
 
 pub const MAGIC_PRIMARY: [u8; 6] = *b"LUKS\xba\xbe";
 pub const MAGIC_SECONDARY: [u8; 6] = *b"SKUL\xba\xbe";
@@ -50,10 +51,16 @@ pub struct Luks2 {
     pub warnings: Vec<String>,
 }
 
-fn be64(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_be_bytes(a)
+/// A big-endian header field through the shared codec: a buffer too short
+/// for it is an error naming the offset, not a panic.
+fn be64(b: &[u8], off: usize) -> Result<u64, LuksError> {
+    be::u64_at(b, off).ok_or_else(|| {
+        LuksError::field(
+            format!("header bytes {off}..{}", off + 8),
+            b.len(),
+            "past the end of the header",
+        )
+    })
 }
 
 struct Copy {
@@ -96,7 +103,7 @@ pub fn parse_bin(
             "expected 2",
         ));
     }
-    let hdr_size = be64(b, 8);
+    let hdr_size = be64(b, 8)?;
     if !HDR_SIZES.contains(&hdr_size) {
         return Err(LuksError::field(
             format!("{which} hdr_size"),
@@ -104,7 +111,7 @@ pub fn parse_bin(
             "must be 16 KiB..4 MiB, a power of two",
         ));
     }
-    let hdr_offset = be64(b, 0x100);
+    let hdr_offset = be64(b, 0x100)?;
     if hdr_offset != offset || (secondary && hdr_offset != hdr_size) {
         return Err(LuksError::field(
             format!("{which} hdr_offset"),
@@ -125,7 +132,7 @@ pub fn parse_bin(
     Ok((
         BinHeader {
             hdr_size,
-            seqid: be64(b, 0x10),
+            seqid: be64(b, 0x10)?,
             label: cstr(b, 0x18, 48, &format!("{which} label"))?,
             checksum_alg,
             uuid: cstr(b, 0xA8, 40, &format!("{which} uuid"))?,

@@ -8,26 +8,22 @@
 
 use super::disk::Disk;
 use super::error::LuksError;
-use super::luks1::{self, HEADER_LEN, SLOT_DISABLED, SLOT_ENABLED};
+use super::luks1::{self, be32, HEADER_LEN, SLOT_DISABLED, SLOT_ENABLED};
 use super::volume::{Header, Volume};
 use std::path::Path;
-
-fn be32(b: &[u8], o: usize) -> u32 {
-    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
 
 /// Repair a LUKS1 header in place (`raw` is its 1024 bytes); returns the
 /// messages cryptsetup prints, and whether anything changed.
 pub fn repair_luks1(raw: &mut [u8; HEADER_LEN]) -> Result<(Vec<String>, bool), LuksError> {
     let mut msgs = Vec::new();
     let mut changed = false;
-    let key_bytes = be32(raw, 108);
+    let key_bytes = be32(raw, 108)?;
     if ![16, 32, 64].contains(&key_bytes) {
         return Err(LuksError::Usage(
             "Non standard key size, manual repair required.".into(),
         ));
     }
-    if be32(raw, 208 + 40) < 8 {
+    if be32(raw, 208 + 40)? < 8 {
         return Err(LuksError::Usage(
             "Non standard keyslots alignment, manual repair required.".into(),
         ));
@@ -53,12 +49,12 @@ pub fn repair_luks1(raw: &mut [u8; HEADER_LEN]) -> Result<(Vec<String>, bool), L
     let sig = raw[0x1fe] == 0x55 && raw[0x1ff] == 0xaa;
     for i in 0..luks1::NUM_SLOTS {
         let o = 208 + 48 * i;
-        if be32(raw, o) == SLOT_ENABLED {
+        if be32(raw, o)? == SLOT_ENABLED {
             continue;
         }
         let want_off = (8 + area * i as u64) as u32;
         let mut bad = false;
-        let off = be32(raw, o + 40);
+        let off = be32(raw, o + 40)?;
         if off != want_off {
             msgs.push(format!(
                 "Keyslot {i}: offset repaired ({off} -> {want_off})."
@@ -66,7 +62,7 @@ pub fn repair_luks1(raw: &mut [u8; HEADER_LEN]) -> Result<(Vec<String>, bool), L
             raw[o + 40..o + 44].copy_from_slice(&want_off.to_be_bytes());
             bad = true;
         }
-        let stripes = be32(raw, o + 44);
+        let stripes = be32(raw, o + 44)?;
         if stripes != super::af::STRIPES {
             msgs.push(format!(
                 "Keyslot {i}: stripes repaired ({stripes} -> {}).",

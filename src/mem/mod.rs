@@ -48,5 +48,5 @@ pub use budget::{default_total_budget, per_device_budget, total_ram_bytes, Budge
 pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
 pub use mempool::{MemPool, PageList, BIO_MAX_VECS};
 pub use percpu::PerCpuCounter;
-pub use raw::{RawBuf, PAGE_SIZE};
+pub use raw::{page_size, RawBuf, PAGE_SIZE};
 pub use secret::{Locked, SecretBytes};

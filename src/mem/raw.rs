@@ -10,9 +10,27 @@
 
 use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
-/// Alignment of every pool buffer.
+/// Alignment of every pool buffer: 4 KiB, the largest crypt sector and
+/// `O_DIRECT` unit. Not necessarily the host's page size; what must cover
+/// whole pages (locked key memory) uses [`page_size`].
 pub const PAGE_SIZE: usize = 4096;
+
+/// The host's page size, asked once: `mlock` and `MADV_DONTDUMP` act on
+/// whole pages, which are 16 or 64 KiB on some arm64 and ppc64 kernels, so
+/// locked memory sized by a 4 KiB guess would share its pages.
+pub fn page_size() -> usize {
+    static SIZE: OnceLock<usize> = OnceLock::new();
+    *SIZE.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(p)
+            .ok()
+            .filter(|p| p.is_power_of_two() && *p >= PAGE_SIZE)
+            .unwrap_or(PAGE_SIZE)
+    })
+}
 
 /// An owned, page-aligned byte buffer of fixed size (> 0).
 pub struct RawBuf {
@@ -91,6 +109,14 @@ impl std::fmt::Debug for RawBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_size_is_the_hosts() {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let host = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        assert_eq!(page_size(), host);
+        assert!(page_size().is_power_of_two() && page_size() >= PAGE_SIZE);
+    }
 
     #[test]
     fn aligned_zeroed_and_writable() {

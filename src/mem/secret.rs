@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use zeroize::Zeroize;
 
-use super::raw::PAGE_SIZE;
+use super::raw::{page_size, PAGE_SIZE};
 
 /// A `T` on locked pages of its own; its bytes are zeroed after its own
 /// `Drop` ran, whether or not `T` wipes itself.
@@ -50,8 +50,9 @@ impl<T> Locked<T> {
     }
 
     fn layout() -> Layout {
-        let size = std::mem::size_of::<T>().max(1).next_multiple_of(PAGE_SIZE);
-        let align = std::mem::align_of::<T>().max(PAGE_SIZE);
+        let page = page_size();
+        let size = std::mem::size_of::<T>().max(1).next_multiple_of(page);
+        let align = std::mem::align_of::<T>().max(page);
         match Layout::from_size_align(size, align) {
             Ok(l) => l,
             // Only for types near usize::MAX bytes, which no key object is.
@@ -199,7 +200,7 @@ mod tests {
             }
         }
         let k = Locked::new(Key([7; 64]));
-        assert_eq!(&*k as *const Key as usize % PAGE_SIZE, 0);
+        assert_eq!(&*k as *const Key as usize % page_size(), 0);
         assert_eq!(k.0, [7; 64]);
         if may_lock() {
             assert!(k.is_locked(), "mlock refused although permitted");

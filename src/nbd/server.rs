@@ -22,7 +22,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -203,46 +203,39 @@ impl Drop for Listener {
     }
 }
 
-/// Write end of the self-pipe the signal handler writes to (-1: none).
-static SIGNAL_FD: AtomicI32 = AtomicI32::new(-1);
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_sig: libc::c_int) {
-    SIGNALLED.store(true, Ordering::SeqCst);
-    let fd = SIGNAL_FD.load(Ordering::SeqCst);
-    if fd >= 0 {
-        let b = 1u8;
-        // SAFETY: write(2) is async-signal-safe; `b` is a live stack byte.
-        unsafe { libc::write(fd, &b as *const u8 as *const libc::c_void, 1) };
-    }
-}
-
-/// A pipe whose read end wakes the accept loop.
+/// The self-pipe that SIGINT/SIGTERM write to (through `signal-hook`), so
+/// that a signal wakes the accept loop's poll at once; the handlers also
+/// set the stop flag. Dropping it unregisters them.
 struct Pipe {
-    r: RawFd,
-    w: RawFd,
+    read: UnixStream,
+    ids: Vec<signal_hook::SigId>,
 }
 
 impl Pipe {
-    fn new() -> io::Result<Pipe> {
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: pipe2 writes two descriptors into the live array.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-            return Err(io::Error::last_os_error());
+    fn install(stop: &Arc<AtomicBool>) -> io::Result<Pipe> {
+        let (read, write) = UnixStream::pair()?;
+        read.set_nonblocking(true)?;
+        write.set_nonblocking(true)?;
+        let mut pipe = Pipe {
+            read,
+            ids: Vec::new(),
+        };
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            pipe.ids
+                .push(signal_hook::flag::register(sig, Arc::clone(stop))?);
+            pipe.ids.push(signal_hook::low_level::pipe::register(
+                sig,
+                write.try_clone()?,
+            )?);
         }
-        Ok(Pipe {
-            r: fds[0],
-            w: fds[1],
-        })
+        Ok(pipe)
     }
 }
 
 impl Drop for Pipe {
     fn drop(&mut self) {
-        // SAFETY: both descriptors are owned by this struct and closed once.
-        unsafe {
-            libc::close(self.r);
-            libc::close(self.w);
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
         }
     }
 }
@@ -272,26 +265,9 @@ pub fn serve_with(cfg: ServerConfig, opts: ServeOptions) -> io::Result<()> {
     if let Some(stop) = &opts.stop {
         return run(cfg, stop, None, &opts);
     }
-    let pipe = Pipe::new()?;
-    SIGNALLED.store(false, Ordering::SeqCst);
-    SIGNAL_FD.store(pipe.w, Ordering::SeqCst);
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: installs a handler that only touches atomics and calls
-        // write(2); the sigaction struct is fully initialised.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-    }
-    let stop = AtomicBool::new(false);
-    let r = run(cfg, &stop, Some(&pipe), &opts);
-    SIGNAL_FD.store(-1, Ordering::SeqCst);
-    r
+    let stop = Arc::new(AtomicBool::new(false));
+    let pipe = Pipe::install(&stop)?;
+    run(cfg, &stop, Some(&pipe), &opts)
 }
 
 /// Raise the soft limit on open descriptors to the hard limit (each
@@ -396,8 +372,7 @@ fn run(
         listener.describe()
     );
 
-    let stopped =
-        || stop.load(Ordering::SeqCst) || (pipe.is_some() && SIGNALLED.load(Ordering::SeqCst));
+    let stopped = || stop.load(Ordering::SeqCst);
     while !stopped() {
         let mut fds = [
             libc::pollfd {
@@ -406,7 +381,7 @@ fn run(
                 revents: 0,
             },
             libc::pollfd {
-                fd: pipe.map_or(-1, |p| p.r),
+                fd: pipe.map_or(-1, |p| p.read.as_raw_fd()),
                 events: libc::POLLIN,
                 revents: 0,
             },

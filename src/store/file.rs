@@ -18,6 +18,7 @@ use std::io::IoSlice;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use super::filemap::{on_tmpfs, FileMap};
 use super::MemStore;
@@ -38,6 +39,14 @@ pub struct FileStore {
     /// The file's pages, mapped, when it lives on tmpfs: direct access.
     /// Abandoned (for the syscalls) after the first SIGBUS in it.
     map: Option<MemStore>,
+    /// The first failed `fdatasync`, latched: Linux reports a writeback
+    /// error once per open file, so the next `fdatasync` would succeed over
+    /// writes that were lost (PostgreSQL's "fsyncgate"). Once set, every
+    /// flush and FUA write fails until the store is reopened.
+    sync_failed: OnceLock<String>,
+    /// Test seam: the `fdatasync` to call, so tests can make it fail.
+    #[cfg(test)]
+    sync_fn: fn(&File) -> std::io::Result<()>,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -112,6 +121,9 @@ impl FileStore {
             direct: flags.direct,
             fast_zero,
             map,
+            sync_failed: OnceLock::new(),
+            #[cfg(test)]
+            sync_fn: File::sync_data,
         })
     }
 
@@ -176,8 +188,38 @@ impl FileStore {
         }
     }
 
+    /// `fdatasync`, failing for good once it has failed (see
+    /// `sync_failed`).
     fn sync(&self) -> DevResult<()> {
-        self.file.sync_data().map_err(DevError::Io)
+        let latched = |first: &str| {
+            DevError::Io(std::io::Error::other(format!(
+                "{}: an earlier flush failed ({first}), so writes acknowledged before it \
+                 may be lost; every flush fails until the device is reopened: check the \
+                 disk and its kernel log, then restart the device",
+                self.path.display()
+            )))
+        };
+        if let Some(first) = self.sync_failed.get() {
+            return Err(latched(first));
+        }
+        match self.fdatasync() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::error!("{}: flush failed: {e}", self.path.display());
+                let _ = self.sync_failed.set(e.to_string());
+                Err(DevError::Io(e))
+            }
+        }
+    }
+
+    #[cfg(not(test))]
+    fn fdatasync(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
+    #[cfg(test)]
+    fn fdatasync(&self) -> std::io::Result<()> {
+        (self.sync_fn)(&self.file)
     }
 }
 
@@ -515,6 +557,32 @@ mod tests {
         for (i, c) in back.chunks(4096).enumerate() {
             assert!(c.iter().all(|&b| b == i as u8), "page {i}");
         }
+    }
+
+    #[test]
+    fn a_failed_flush_is_latched_until_reopen() {
+        fn eio(_: &File) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        }
+        let f = tempfile::NamedTempFile::new().unwrap();
+        f.as_file().set_len(1 << 20).unwrap();
+        let mut s = FileStore::open(f.path(), OpenFlags::default()).unwrap();
+        s.flush().unwrap();
+        s.sync_fn = eio;
+        let first = s.flush().unwrap_err();
+        assert_eq!(first.nbd_errno(true), 5, "{first}");
+        // The kernel would now report success: the latch must not.
+        s.sync_fn = File::sync_data;
+        let second = s.flush().unwrap_err();
+        assert!(
+            second.to_string().contains("earlier flush failed"),
+            "{second}"
+        );
+        assert!(second.to_string().contains(&*f.path().to_string_lossy()));
+        let fua = s.write(0, WriteBuf::Borrowed(&[1; 512]), true);
+        assert!(fua.is_err(), "a FUA write needs a flush too");
+        let reopened = FileStore::open(f.path(), OpenFlags::default()).unwrap();
+        reopened.flush().unwrap();
     }
 
     #[test]

@@ -79,6 +79,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let start = slot.start.load(Ordering::Acquire);
         if start != 0 && addr >= start && addr < slot.end.load(Ordering::Acquire) {
             let page = addr & !(PAGE_SIZE.load(Ordering::Relaxed) - 1);
+            // Count first: a reader racing this fault that finds the
+            // swapped-in page (zeros) must also find the fault counted, so
+            // it fails instead of returning those zeros as data.
+            slot.faults.fetch_add(1, Ordering::AcqRel);
             // SAFETY: the page lies inside a mapping udm owns (registered
             // in the table until just before it is unmapped); replacing it
             // with anonymous memory lets the faulting access complete. mmap
@@ -93,7 +97,6 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                     0,
                 )
             };
-            slot.faults.fetch_add(1, Ordering::AcqRel);
             return;
         }
     }

@@ -2,7 +2,10 @@
 //! cryptsetup 2.6's own command line (actions, option names and forms,
 //! which option goes with which action, exit codes), so scripts written
 //! for cryptsetup run unchanged. The LUKS work is done by `luks::ops`, the
-//! same functions as `udm luks`; this module maps argv to them.
+//! same functions as `udm luks`; this module maps argv to them. The
+//! argument parser stays hand-written (`args.rs`), not a parser crate's:
+//! cryptsetup's exact forms, option-to-action rules and exit codes are the
+//! contract, and no general parser reproduces them.
 //!
 //! Exit codes are cryptsetup's: 0 success, 1 wrong or missing parameters
 //! (and invalid headers), 2 no permission or bad passphrase, 3 out of

@@ -18,6 +18,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use super::offline::{device, key_source, pbkdf, ui};
@@ -29,23 +30,14 @@ use crate::luks::ops::format::{default_key_bits, luks_format, FormatOpts};
 use crate::luks::reencrypt::{self, InitParams, Live, Mode, Outcome as Done};
 use crate::luks::volume::Volume;
 
-/// Set by SIGINT/SIGTERM; the engine checks it between hotzones.
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_sig: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
+/// Set by SIGINT/SIGTERM (through `signal-hook`); the engine checks it
+/// between hotzones.
+static STOP: LazyLock<Arc<AtomicBool>> = LazyLock::new(Arc::default);
 
 fn install_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask"
-        // value; the handler only stores to an atomic, which is
-        // async-signal-safe.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&STOP)) {
+            tracing::warn!("cannot catch signal {sig} ({e}); it will stop udm mid-hotzone");
         }
     }
 }

@@ -158,10 +158,25 @@ impl VaesXts {
     /// Process `ivs.len()` sectors of `ss` bytes: read from `src` (or `dst`
     /// itself when `None`), write to `dst`. `ivs` are the raw (unencrypted)
     /// dm-crypt IVs of the sectors.
+    ///
+    /// Panics, in every build, unless `dst` (and `src`) are exactly one
+    /// whole sector of `ss` (a multiple of 512) per IV: a partial or
+    /// IV-less sector would otherwise be left as it was, i.e. plaintext
+    /// written as if encrypted. Callers cut requests to whole sectors, so
+    /// this is a bug check, never an answer to input.
     pub fn run(&self, src: Option<&[u8]>, dst: &mut [u8], ss: usize, ivs: &[Block], encrypt: bool) {
-        let n = ivs.len().min(dst.len() / ss);
-        let n = src.map_or(n, |s| n.min(s.len() / ss));
-        if n == 0 || ss % 512 != 0 {
+        assert!(
+            ss != 0
+                && ss % 512 == 0
+                && Some(dst.len()) == ivs.len().checked_mul(ss)
+                && src.is_none_or(|s| s.len() == dst.len()),
+            "VaesXts::run: {} bytes (source {:?}) for {} IVs of {ss}-byte sectors",
+            dst.len(),
+            src.map(<[u8]>::len),
+            ivs.len()
+        );
+        let n = ivs.len();
+        if n == 0 {
             return;
         }
         let dptr = dst.as_mut_ptr();
@@ -173,9 +188,9 @@ impl VaesXts {
             // SAFETY: the object exists only if its width's features (and
             // AES-NI) were detected. Every pointer stays inside its slice:
             // `ivc.len()` sectors of `ss` bytes from `off`, and
-            // `(c * BATCH + ivc.len()) * ss <= n * ss`, which is within both
-            // `src` and `dst` (n was clamped to both). `tw` has one entry
-            // per IV; `ss` is a multiple of 512 (checked above).
+            // `(c * BATCH + ivc.len()) * ss <= n * ss`, which is the length
+            // of both `src` and `dst` (asserted above). `tw` has one entry
+            // per IV; `ss` is a multiple of 512 (asserted above).
             unsafe {
                 let (s, d) = (sptr.add(off), dptr.add(off));
                 match (self.width, self.rounds) {
@@ -355,6 +370,32 @@ mod tests {
                 (x >> 24) as u8
             })
             .collect()
+    }
+
+    fn partial_sector_panics(dst_len: usize, src_len: Option<usize>, nivs: usize) -> bool {
+        let Some(v) = VaesXts::new(&[1; 32], &[2; 32]) else {
+            eprintln!("no VAES on this CPU: the vector kernels are not exercised");
+            return true;
+        };
+        let ivs = vec![Block::default(); nivs];
+        let src = src_len.map(|n| vec![0u8; n]);
+        std::panic::catch_unwind(move || {
+            let mut dst = vec![7u8; dst_len];
+            v.run(src.as_deref(), &mut dst, 512, &ivs, true);
+        })
+        .is_err()
+    }
+
+    /// In release builds too: a tail that is not a whole sector, or a
+    /// sector without an IV, is refused instead of being left plaintext.
+    #[test]
+    fn partial_or_uncovered_sectors_are_refused_in_every_build() {
+        assert!(partial_sector_panics(2 * 512 + 100, None, 2));
+        assert!(partial_sector_panics(3 * 512, None, 2));
+        assert!(partial_sector_panics(2 * 512, Some(512), 2));
+        assert!(partial_sector_panics(2 * 512, None, 3));
+        assert!(!partial_sector_panics(2 * 512, Some(2 * 512), 2));
+        assert!(!partial_sector_panics(0, None, 0));
     }
 
     /// Each width the CPU runs against the portable path (the `aes` crate's

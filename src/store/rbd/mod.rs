@@ -1,4 +1,6 @@
 //! A Ceph RBD image as a backing store, through the distribution's librbd.
+//! The FFI (`ffi.rs`) is hand-written because no maintained Rust binding
+//! of librbd's C API exists.
 //!
 //! Every request is one librbd asynchronous call (`rbd_aio_read`,
 //! `rbd_aio_write`/`rbd_aio_writev`, `rbd_aio_discard`,
@@ -23,10 +25,16 @@
 //! - `rbd_cache=false` unless the path says `:rbd_cache=true`: with the
 //!   cache off an acknowledged write is on the OSDs (no flush needed for
 //!   FUA) and librbd holds no dirty data outside udm's memory budget.
-//! - With the cache off, `rbd_disable_zero_copy_writes=false`: librbd sends
-//!   udm's buffer instead of copying it. Safe because the buffer is neither
-//!   changed nor freed before the completion; with the cache on, librbd may
-//!   keep the data past the completion, so it copies as by default.
+//! - Zero-copy writes (`rbd_disable_zero_copy_writes=false`: librbd sends
+//!   udm's buffer instead of copying it) only with the cache off *and* no
+//!   OSD op timeout (`:rados_osd_op_timeout=0`); otherwise librbd copies
+//!   (forced, whatever the path says). Correctness first: a timed-out op
+//!   completes with ETIMEDOUT while its message may still sit in the
+//!   messenger's queue pointing at the buffer, which udm then reuses for
+//!   another request, so a late send would put other data on disk; with
+//!   the cache on, librbd may keep the data past the completion. Without a
+//!   timeout the completion is the end of librbd's use of the buffer, and
+//!   udm keeps every buffer until then.
 
 mod ffi;
 
@@ -208,10 +216,10 @@ impl RbdStore {
             p.conf_set(k, v)?;
         }
         let cache = p.conf_get(c"rbd_cache").is_some_and(|v| v == "true");
-        if !cache {
-            // Not every librbd knows the option; copying is the safe default.
-            let _ = p.conf_set("rbd_disable_zero_copy_writes", "false");
-        }
+        let timeout = p.conf_get(c"rados_osd_op_timeout");
+        let copy = !zero_copy_writes(cache, timeout.as_deref());
+        // Not every librbd knows the option; those copy, the safe way.
+        let _ = p.conf_set("rbd_disable_zero_copy_writes", &copy.to_string());
         // SAFETY: valid, configured, not yet connected cluster handle.
         let r = unsafe { ffi::rados_connect(p.cluster) };
         if r < 0 {
@@ -290,7 +298,12 @@ impl RbdStore {
         }
         let r = submit(c);
         if r < 0 {
+            // The waiter stays leaked (see above), but our reference to the
+            // completion is released: librbd counts references, so this is
+            // safe even if it had taken one of its own.
             std::mem::forget(waiter);
+            // SAFETY: `c` was created above and this is our only release.
+            unsafe { ffi::rbd_aio_release(c) };
             return Err(self.err(r));
         }
         while !waiter.done.load(Ordering::Acquire) {
@@ -327,6 +340,17 @@ impl RbdStore {
         }
         Ok(())
     }
+}
+
+/// Whether librbd may send udm's write buffers without copying them: only
+/// when nothing can complete an op while librbd still holds the buffer,
+/// i.e. no cache and no OSD op timeout (`timeout` as librados prints it;
+/// unknown or unreadable counts as a timeout).
+fn zero_copy_writes(cache: bool, timeout: Option<&str>) -> bool {
+    let no_timeout = timeout
+        .and_then(|t| t.trim().parse::<f64>().ok())
+        .is_some_and(|t| t == 0.0);
+    !cache && no_timeout
 }
 
 struct Waiter {
@@ -557,5 +581,24 @@ impl BlockDevice for RbdStore {
             pos += n;
         }
         self.flush_if_cached(fua)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_copied_unless_no_op_can_time_out() {
+        // udm's default (30 s timeout): copy, the buffer may be reused while
+        // a timed-out message still points at it.
+        assert!(!zero_copy_writes(false, Some("30")));
+        assert!(!zero_copy_writes(false, Some("30.000000")));
+        assert!(!zero_copy_writes(false, None));
+        assert!(!zero_copy_writes(false, Some("soon")));
+        // The cache may keep the data past the completion.
+        assert!(!zero_copy_writes(true, Some("0")));
+        assert!(zero_copy_writes(false, Some("0")));
+        assert!(zero_copy_writes(false, Some("0.000000")));
     }
 }
