@@ -8,8 +8,7 @@
 
 use std::path::PathBuf;
 
-use super::offline::{device, key_source, ui, unlock_tokens_first};
-use super::{Ctx, Outcome};
+use super::ctx::{device, key_source, ui, unlock_tokens_first, Ctx, Outcome};
 use crate::control::proto::{Code, Request};
 use crate::control::{Client, ClientError};
 use crate::luks::error::LuksError;

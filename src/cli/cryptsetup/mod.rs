@@ -10,6 +10,7 @@
 
 mod active;
 mod args;
+mod ctx;
 mod offline;
 mod reencrypt;
 
@@ -18,9 +19,7 @@ use std::ffi::OsString;
 use crate::luks::error::LuksError;
 
 pub use args::{parse, parse_size, Args};
-
-/// What a verb returns: Ok, or the error to print and its exit code.
-pub(crate) type Outcome = Result<(), LuksError>;
+pub(crate) use ctx::{Ctx, Outcome};
 
 /// One cryptsetup action: name, positional arguments it needs (after the
 /// action), their description, and the handler.
@@ -31,30 +30,12 @@ struct Action {
     run: fn(&Ctx) -> Outcome,
 }
 
-/// The parsed command line as the handlers see it.
-pub(crate) struct Ctx {
-    pub a: Args,
-    /// Positional arguments after the action.
-    pub argv: Vec<String>,
-    /// `--type`, or what an old action name implies (`luksOpen` → luks).
-    pub device_type: Option<String>,
-}
-
-impl Ctx {
-    pub fn verbose(&self) -> bool {
-        self.a.has("verbose") || self.a.has("debug")
+/// `open`: the offline checks (and `--test-passphrase`), then the mapping.
+fn open(c: &Ctx) -> Outcome {
+    if offline::open_checks(c)? {
+        return Ok(());
     }
-
-    pub fn batch(&self) -> bool {
-        self.a.has("batch-mode")
-    }
-
-    /// `log_verbose` of cryptsetup: a message only with `-v`.
-    pub fn verbose_msg(&self, m: &str) {
-        if self.verbose() {
-            println!("{m}");
-        }
-    }
+    active::open(c)
 }
 
 const ACTIONS: &[Action] = &[
@@ -62,7 +43,7 @@ const ACTIONS: &[Action] = &[
         name: "open",
         min_args: 1,
         usage: "<device> [--type <type>] [<name>]",
-        run: offline::open,
+        run: open,
     },
     Action {
         name: "close",
@@ -98,7 +79,7 @@ const ACTIONS: &[Action] = &[
         name: "reencrypt",
         min_args: 0,
         usage: "<device>",
-        run: offline::reencrypt,
+        run: reencrypt::run,
     },
     Action {
         name: "erase",

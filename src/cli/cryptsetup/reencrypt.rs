@@ -20,8 +20,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use super::offline::{device, key_source, pbkdf, ui};
-use super::{Ctx, Outcome};
+use super::ctx::{device, key_source, pbkdf, ui, Ctx, Outcome};
 use crate::cli::ui::Ui;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
