@@ -512,7 +512,7 @@ impl BlockDevice for Flakey {
 
 impl Target for Flakey {
     fn type_name(&self) -> &'static str {
-        "flakey"
+        TYPE.name
     }
     /// As dm-flakey prints it: the feature count and words always, with
     /// the implied `error_reads error_writes` of a table without features.
