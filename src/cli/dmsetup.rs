@@ -20,6 +20,7 @@ use zeroize::Zeroizing;
 use crate::control::model::{DeviceInfo, DeviceStatus, TableDevice, TargetVersion, MAJOR};
 use crate::control::proto::{Code, Request};
 use crate::control::{default_path, Client, ClientError};
+use crate::core::table::TableLine;
 
 /// The parsed command line.
 #[derive(Default, Debug)]
@@ -493,7 +494,14 @@ fn wipe_table(o: &Opts, args: &[String]) -> Result<(), Failure> {
         let mut r = req("load", std::slice::from_ref(n));
         r.has_table = true;
         r.force = true;
-        c.call(r, format!("0 {size} error\n").as_bytes())?;
+        let line = TableLine {
+            line_no: 1,
+            start: 0,
+            len: size,
+            target: crate::targets::error::TYPE.name.into(),
+            args: Vec::new(),
+        };
+        c.call(r, (line.text() + "\n").as_bytes())?;
         let mut r = req("resume", std::slice::from_ref(n));
         r.force = true;
         c.call(r, &[])?;
