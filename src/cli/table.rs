@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use crate::core::table;
 use crate::mapper::{self, CheckDevices};
+use crate::targets::crypt;
 
 /// Table commands.
 #[derive(clap::Subcommand, Debug)]
@@ -120,8 +121,8 @@ fn check(file: &std::path::Path, open: bool) -> i32 {
     );
     for l in &lines {
         let mut args = zeroize::Zeroizing::new(l.args.clone());
-        if l.target == "crypt" && args.len() > 1 && !args[1].starts_with(':') {
-            args[1] = "0".repeat(args[1].len());
+        if l.target == crypt::TYPE.name && args.len() > 1 {
+            args[1] = crypt::mask_key(&args[1]);
         }
         println!(
             "{:>12} {:>12}  {:<8} {}",

@@ -32,6 +32,20 @@ pub struct TableLine {
     pub args: Vec<String>,
 }
 
+impl TableLine {
+    /// The line as dmsetup writes it (`start length target args…`, each
+    /// word escaped so that [`parse`] reads the same line back). Holds a
+    /// crypt key when the line does: callers wipe it.
+    pub fn text(&self) -> String {
+        let mut s = format!("{} {} {}", self.start, self.len, escape_arg(&self.target));
+        for a in &self.args {
+            s.push(' ');
+            s.push_str(&escape_arg(a));
+        }
+        s
+    }
+}
+
 /// A table error, located as precisely as possible.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableError {
@@ -266,6 +280,16 @@ mod tests {
         assert!(parse("").is_err());
         assert!(parse("0 99999999999999999999 zero").is_err());
         assert!(parse(&format!("0 {} zero", u64::MAX)).is_err());
+    }
+
+    #[test]
+    fn a_line_prints_as_it_parses() {
+        let t = "0 8 linear /tmp/a\\ b 0\n8 16 crypt aes-xts-plain64 00ff 0 /d\\#1 8 1 allow_discards\n";
+        let lines = parse(t).expect("valid table");
+        let back: Vec<String> = lines.iter().map(TableLine::text).collect();
+        assert_eq!(back[0], "0 8 linear /tmp/a\\ b 0");
+        assert_eq!(lines[1].args[3], "/d#1");
+        assert_eq!(parse(&(back.join("\n") + "\n")).expect("reparse"), lines);
     }
 
     #[test]

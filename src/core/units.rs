@@ -35,6 +35,18 @@ pub fn parse_decimal(s: &str) -> Result<u64, DecimalError> {
     Ok(v)
 }
 
+/// [`parse_decimal`] with at most `max_digits` digits, leading zeros
+/// included: LUKS2's JSON reader (json-c with cryptsetup's checks) refuses
+/// a longer string even when its value would fit, so a header udm accepts
+/// is one cryptsetup accepts too. Too many digits is `TooLarge`.
+pub fn parse_decimal_digits(s: &str, max_digits: usize) -> Result<u64, DecimalError> {
+    let v = parse_decimal(s)?;
+    if s.len() > max_digits {
+        return Err(DecimalError::TooLarge);
+    }
+    Ok(v)
+}
+
 /// A size such as `4096`, `64K`, `32M`, `1G`, `2T` (binary multiples; an
 /// optional trailing `B` or `iB` is accepted: `32MiB`, `1GB`; surrounding
 /// spaces are ignored). Errors quote the input and say what would do.
@@ -82,6 +94,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_digits_caps_the_length_not_only_the_value() {
+        assert_eq!(parse_decimal_digits("00000000000000000001", 20), Ok(1));
+        assert_eq!(
+            parse_decimal_digits("000000000000000000001", 20),
+            Err(DecimalError::TooLarge)
+        );
+        assert_eq!(parse_decimal_digits("", 20), Err(DecimalError::Empty));
+        assert_eq!(parse_decimal_digits("+1", 20), Err(DecimalError::NotDigits));
+        assert_eq!(
+            parse_decimal_digits("18446744073709551616", 20),
+            Err(DecimalError::TooLarge)
+        );
+    }
 
     #[test]
     fn decimals_are_digits_only() {

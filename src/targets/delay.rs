@@ -202,7 +202,7 @@ impl BlockDevice for Delay {
 
 impl Target for Delay {
     fn type_name(&self) -> &'static str {
-        "delay"
+        TYPE.name
     }
     fn table_params(&self, _show_keys: bool) -> String {
         let mut s = self.read.table();

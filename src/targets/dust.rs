@@ -251,7 +251,7 @@ impl BlockDevice for Dust {
 
 impl Target for Dust {
     fn type_name(&self) -> &'static str {
-        "dust"
+        TYPE.name
     }
     fn table_params(&self, _show_keys: bool) -> String {
         format!(

@@ -72,7 +72,7 @@ impl BlockDevice for ErrorTarget {
 
 impl Target for ErrorTarget {
     fn type_name(&self) -> &'static str {
-        "error"
+        TYPE.name
     }
     fn table_params(&self, _show_keys: bool) -> String {
         String::new()

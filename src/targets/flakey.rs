@@ -215,40 +215,7 @@ fn parse_features(args: &[String]) -> Result<Features, TargetError> {
                 if f.corrupt.is_some() {
                     return Err(TargetError::at(at, "Feature corrupt_bio_byte duplicated"));
                 }
-                if end - i < 4 {
-                    return Err(TargetError::at(
-                        at,
-                        "Feature corrupt_bio_byte requires 4 parameters: <Nth_byte> <r|w> <value> <flags>",
-                    ));
-                }
-                let byte = bounded(args, i, 1, u32::MAX, "Invalid corrupt bio byte (1 or more)")?;
-                let write = match args[i + 1].to_ascii_lowercase().as_str() {
-                    "w" => true,
-                    "r" => false,
-                    _ => {
-                        return Err(TargetError::at(
-                            i + 1,
-                            format!(
-                                "Invalid corrupt bio direction (r or w), got '{}'",
-                                args[i + 1]
-                            ),
-                        ))
-                    }
-                };
-                let value = bounded(
-                    args,
-                    i + 2,
-                    0,
-                    255,
-                    "Invalid corrupt value to write into bio byte (0-255)",
-                )? as u8;
-                let flags = parse_u32(args, i + 3, "Invalid corrupt bio flags mask")?;
-                f.corrupt = Some(Corrupt {
-                    byte,
-                    write,
-                    value,
-                    flags,
-                });
+                f.corrupt = Some(parse_corrupt(args, at, i, end)?);
                 i += 4;
             }
             "random_read_corrupt" | "random_write_corrupt" => {
@@ -261,19 +228,7 @@ fn parse_features(args: &[String]) -> Result<Features, TargetError> {
                 if cur != 0 {
                     return Err(TargetError::at(at, format!("Feature {name} duplicated")));
                 }
-                if i >= end {
-                    return Err(TargetError::at(
-                        at,
-                        format!("Feature {name} requires a parameter"),
-                    ));
-                }
-                let p = bounded(
-                    args,
-                    i,
-                    0,
-                    PROBABILITY_BASE,
-                    "Invalid random corrupt argument (0 to 1000000000)",
-                )?;
+                let p = parse_probability(args, at, i, end, &name)?;
                 if read {
                     f.random_read_corrupt = p;
                 } else {
@@ -293,6 +248,80 @@ fn parse_features(args: &[String]) -> Result<Features, TargetError> {
             }
         }
     }
+    check_compatible(&f)?;
+    if f == Features::default() {
+        f.error_reads = true;
+        f.error_writes = true;
+    }
+    Ok(f)
+}
+
+/// `corrupt_bio_byte <Nth_byte> <r|w> <value> <flags>`, its parameters
+/// from `i` (the feature's name at `at`, the features ending at `end`).
+fn parse_corrupt(args: &[String], at: usize, i: usize, end: usize) -> Result<Corrupt, TargetError> {
+    if end - i < 4 {
+        return Err(TargetError::at(
+            at,
+            "Feature corrupt_bio_byte requires 4 parameters: <Nth_byte> <r|w> <value> <flags>",
+        ));
+    }
+    let byte = bounded(args, i, 1, u32::MAX, "Invalid corrupt bio byte (1 or more)")?;
+    let write = match args[i + 1].to_ascii_lowercase().as_str() {
+        "w" => true,
+        "r" => false,
+        _ => {
+            return Err(TargetError::at(
+                i + 1,
+                format!(
+                    "Invalid corrupt bio direction (r or w), got '{}'",
+                    args[i + 1]
+                ),
+            ))
+        }
+    };
+    let value = bounded(
+        args,
+        i + 2,
+        0,
+        255,
+        "Invalid corrupt value to write into bio byte (0-255)",
+    )? as u8;
+    let flags = parse_u32(args, i + 3, "Invalid corrupt bio flags mask")?;
+    Ok(Corrupt {
+        byte,
+        write,
+        value,
+        flags,
+    })
+}
+
+/// The probability parameter of `random_read_corrupt` or
+/// `random_write_corrupt`, at `i` (the feature's name at `at`).
+fn parse_probability(
+    args: &[String],
+    at: usize,
+    i: usize,
+    end: usize,
+    name: &str,
+) -> Result<u32, TargetError> {
+    if i >= end {
+        return Err(TargetError::at(
+            at,
+            format!("Feature {name} requires a parameter"),
+        ));
+    }
+    bounded(
+        args,
+        i,
+        0,
+        PROBABILITY_BASE,
+        "Invalid random corrupt argument (0 to 1000000000)",
+    )
+}
+
+/// The combinations dm-flakey refuses: writes dropped or failed and also
+/// corrupted, reads failed and also corrupted.
+fn check_compatible(f: &Features) -> Result<(), TargetError> {
     let cw = f.corrupt.is_some_and(|c| c.write);
     let cr = f.corrupt.is_some_and(|c| !c.write);
     if f.drop_writes && (cw || f.random_write_corrupt != 0) {
@@ -310,11 +339,7 @@ fn parse_features(args: &[String]) -> Result<Features, TargetError> {
             "error_reads is incompatible with random_read_corrupt or corrupt_bio_byte with the READ flag set",
         ));
     }
-    if f == Features::default() {
-        f.error_reads = true;
-        f.error_writes = true;
-    }
-    Ok(f)
+    Ok(())
 }
 
 impl Flakey {
@@ -487,7 +512,7 @@ impl BlockDevice for Flakey {
 
 impl Target for Flakey {
     fn type_name(&self) -> &'static str {
-        "flakey"
+        TYPE.name
     }
     /// As dm-flakey prints it: the feature count and words always, with
     /// the implied `error_reads error_writes` of a table without features.

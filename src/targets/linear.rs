@@ -25,6 +25,12 @@ pub static TYPE: super::TargetType = super::TargetType {
 };
 
 /// Constructor, as dm-linear's: exactly `<dev> <offset>`.
+/// The device a linear line's arguments (`DEVICE OFFSET`) name, read
+/// without building the target.
+pub fn device_of(args: &[String]) -> Option<&str> {
+    args.first().map(String::as_str)
+}
+
 pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     expect_args(a.args, 2, "<device> <offset>")?;
     let len = a.len;
@@ -102,7 +108,7 @@ impl BlockDevice for Linear {
 
 impl Target for Linear {
     fn type_name(&self) -> &'static str {
-        "linear"
+        TYPE.name
     }
     fn table_params(&self, _show_keys: bool) -> String {
         format!("{} {}", self.area.table_name(), self.area.table_offset())

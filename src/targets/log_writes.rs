@@ -403,7 +403,7 @@ impl BlockDevice for LogWrites {
 
 impl Target for LogWrites {
     fn type_name(&self) -> &'static str {
-        "log-writes"
+        TYPE.name
     }
     fn table_params(&self, _show_keys: bool) -> String {
         format!("{} {}", self.dev.table_name(), self.log.table_name())

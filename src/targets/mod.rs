@@ -24,7 +24,9 @@ pub mod zero;
 /// A table segment's target. Offsets passed to its [`BlockDevice`] methods
 /// are relative to the segment start; `size()` is the segment length.
 pub trait Target: BlockDevice {
-    /// Target type as written in tables (`linear`, `crypt`, ...).
+    /// Target type as written in tables (`linear`, `crypt`, ...): each
+    /// target returns its [`TargetType`]'s `name`, so the name is written
+    /// once, where `TYPES` finds it.
     fn type_name(&self) -> &'static str;
 
     /// Parameters as `dmsetup table` prints them (devices by the name they

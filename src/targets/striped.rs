@@ -235,7 +235,7 @@ impl BlockDevice for Striped {
 
 impl Target for Striped {
     fn type_name(&self) -> &'static str {
-        "striped"
+        TYPE.name
     }
     fn table_params(&self, _show_keys: bool) -> String {
         let mut s = format!("{} {}", self.legs.len(), self.chunk / 512);

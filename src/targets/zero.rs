@@ -65,7 +65,7 @@ impl BlockDevice for Zero {
 
 impl Target for Zero {
     fn type_name(&self) -> &'static str {
-        "zero"
+        TYPE.name
     }
     fn table_params(&self, _show_keys: bool) -> String {
         String::new()

@@ -8,13 +8,14 @@
 
 use std::path::PathBuf;
 
-use super::offline::{device, key_source, ui, unlock_tokens_first};
-use super::{Ctx, Outcome};
+use super::ctx::{device, key_source, ui, unlock_tokens_first, Ctx, Outcome};
 use crate::control::proto::{Code, Request};
 use crate::control::{Client, ClientError};
+use crate::core::table::{self, TableLine};
 use crate::luks::error::LuksError;
 use crate::luks::ops;
 use crate::luks::plain::{self, PlainParams};
+use crate::targets::{crypt, crypt::CryptParams, linear};
 use serde_json::Value;
 use zeroize::Zeroizing;
 
@@ -247,6 +248,38 @@ fn live_table(c: &Ctx, name: &str) -> Result<(Value, Zeroizing<String>), LuksErr
     Ok((info["devices"][0].clone(), text))
 }
 
+/// Table lines read back through core's table grammar; the keys they may
+/// hold are wiped on drop.
+struct Lines(Vec<TableLine>);
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        for l in &mut self.0 {
+            l.args.iter_mut().for_each(zeroize::Zeroize::zeroize);
+        }
+    }
+}
+
+/// Parses the table the server gave for `name` (none for a device
+/// without a table).
+fn lines_of(name: &str, text: &str) -> Result<Lines, LuksError> {
+    if text.trim().is_empty() {
+        return Ok(Lines(Vec::new()));
+    }
+    table::parse(text).map(Lines).map_err(|e| {
+        LuksError::Device(format!(
+            "the table of {name} from the server does not parse: {e}"
+        ))
+    })
+}
+
+/// A crypt line's parameters, through the crypt target's own reader.
+fn crypt_params(l: &TableLine) -> Option<CryptParams> {
+    (l.target == crypt::TYPE.name)
+        .then(|| CryptParams::parse(&l.args).ok())
+        .flatten()
+}
+
 pub(super) fn status(c: &Ctx) -> Outcome {
     let name = &c.argv[0];
     let (info, table) = match live_table(c, name) {
@@ -257,12 +290,11 @@ pub(super) fn status(c: &Ctx) -> Outcome {
         }
         Err(e) => return Err(e),
     };
-    let line = table.lines().next().unwrap_or("");
-    let f: Vec<&str> = line.split_whitespace().collect();
-    if f.len() < 8 || f[2] != "crypt" {
+    let lines = lines_of(name, &table)?;
+    let Some(p) = lines.0.first().and_then(crypt_params) else {
         println!("/dev/mapper/{name} is active.");
         return Ok(());
-    }
+    };
     let uuid = info["uuid"].as_str().unwrap_or("");
     let ty = if uuid.starts_with("CRYPT-LUKS2") {
         "LUKS2"
@@ -273,14 +305,7 @@ pub(super) fn status(c: &Ctx) -> Outcome {
     } else {
         "n/a"
     };
-    let size: u64 = table
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum();
-    let ss = f
-        .iter()
-        .find_map(|o| o.strip_prefix("sector_size:"))
-        .unwrap_or("512");
+    let size: u64 = lines.0.iter().map(|l| l.len).sum();
     let suspended = info["suspended"].as_bool().unwrap_or(false);
     println!(
         "/dev/mapper/{name} is active{}.",
@@ -291,12 +316,12 @@ pub(super) fn status(c: &Ctx) -> Outcome {
         }
     );
     println!("  type:    {ty}");
-    println!("  cipher:  {}", f[3]);
-    println!("  keysize: {} bits", f[4].len() / 2 * 8);
+    println!("  cipher:  {}", p.cipher);
+    println!("  keysize: {} bits", p.key_bits());
     println!("  key location: dm-crypt");
-    println!("  device:  {}", f[6]);
-    println!("  sector size:  {ss}");
-    println!("  offset:  {} sectors", f[7]);
+    println!("  device:  {}", p.device);
+    println!("  sector size:  {}", p.options.sector_size);
+    println!("  offset:  {} sectors", p.offset);
     println!("  size:    {size} sectors");
     if suspended {
         println!("  mode:    suspended");
@@ -305,14 +330,10 @@ pub(super) fn status(c: &Ctx) -> Outcome {
     } else {
         println!("  mode:    read/write");
     }
-    for o in [
-        "allow_discards",
-        "same_cpu_crypt",
-        "submit_from_crypt_cpus",
-        "no_read_workqueue",
-        "no_write_workqueue",
-    ] {
-        if f.contains(&o) {
+    // cryptsetup reports these flags (not high_priority, which it does
+    // not set, nor iv_large_sectors, which belongs to the sector size).
+    for o in p.options.flags() {
+        if !matches!(o, "high_priority" | "iv_large_sectors") {
             println!("  flags:   {}", o.replace('_', "-"));
         }
     }
@@ -322,35 +343,32 @@ pub(super) fn status(c: &Ctx) -> Outcome {
 pub(super) fn resize(c: &Ctx) -> Outcome {
     let name = &c.argv[0];
     let (_, table) = live_table(c, name)?;
-    let lines: Vec<&str> = table.lines().collect();
-    if lines.len() != 1 {
+    let mut lines = lines_of(name, &table)?;
+    if lines.0.len() != 1 {
         return Err(LuksError::Unsupported(
             "resize of a device with more than one crypt segment".into(),
         ));
     }
-    let mut f: Vec<String> = lines[0].split_whitespace().map(str::to_string).collect();
-    if f.len() < 8 || f[2] != "crypt" {
+    let Some(p) = crypt_params(&lines.0[0]) else {
         return Err(LuksError::Usage(format!(
             "{name} is not an active crypt device."
         )));
-    }
+    };
     let new_len = match (c.a.u64("size"), c.a.u64("device-size")) {
         (Some(s), _) => s,
         (None, Some(b)) => b / 512,
         (None, None) => {
             // To the end of the backing file or device.
-            let dev = std::path::Path::new(&f[6]);
+            let dev = std::path::Path::new(&p.device);
             let bytes = crate::luks::disk::Disk::open(dev, false)?.size()?;
-            let off: u64 = f[7].parse().unwrap_or(0);
-            (bytes / 512).saturating_sub(off)
+            (bytes / 512).saturating_sub(p.offset)
         }
     };
     if new_len == 0 {
         return Err(LuksError::Usage("Device size must not be zero.".into()));
     }
-    f[1] = new_len.to_string();
-    let new = Zeroizing::new(f.join(" ") + "\n");
-    f.iter_mut().for_each(zeroize::Zeroize::zeroize);
+    lines.0[0].len = new_len;
+    let new = Zeroizing::new(lines.0[0].text() + "\n");
     let mut r = req("load", name);
     r.has_table = true;
     call(c, name, r, new.as_bytes())?;
@@ -361,7 +379,7 @@ pub(super) fn resize(c: &Ctx) -> Outcome {
 /// The active LUKS device `name` as luksSuspend/luksResume find it: its
 /// info and the table lines of its crypt segments (keys masked), or
 /// cryptsetup's error for a device that is not there.
-fn active_luks(c: &Ctx, name: &str) -> Result<(Value, Vec<String>), LuksError> {
+fn active_luks(c: &Ctx, name: &str) -> Result<(Value, Lines), LuksError> {
     let info = match call(c, name, req("info", name), &[]) {
         Ok((v, _)) => v["devices"][0].clone(),
         Err(LuksError::Device(_)) => {
@@ -371,26 +389,18 @@ fn active_luks(c: &Ctx, name: &str) -> Result<(Value, Vec<String>), LuksError> {
         Err(e) => return Err(e),
     };
     let (_, payload) = call(c, name, req("table", name), &[])?;
-    let lines = String::from_utf8_lossy(&payload)
-        .lines()
-        .filter(|l| l.split_whitespace().nth(2) == Some("crypt"))
-        .map(str::to_string)
-        .collect();
+    let mut lines = lines_of(name, &String::from_utf8_lossy(&payload))?;
+    lines.0.retain(|l| l.target == crypt::TYPE.name);
     Ok((info, lines))
 }
 
 /// A dm-crypt message to every crypt segment of `name` (a LUKS2 device
 /// maps one key over every segment), the words in the payload: `key set`
 /// carries the key.
-fn crypt_message(c: &Ctx, name: &str, lines: &[String], text: &[u8]) -> Outcome {
-    for l in lines {
-        let sector: u64 = l
-            .split_whitespace()
-            .next()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
+fn crypt_message(c: &Ctx, name: &str, lines: &Lines, text: &[u8]) -> Outcome {
+    for l in &lines.0 {
         let mut r = req("message", name);
-        r.sector = sector;
+        r.sector = l.start;
         call(c, name, r, text)?;
     }
     Ok(())
@@ -403,7 +413,8 @@ pub(super) fn luks_suspend(c: &Ctx) -> Outcome {
     let name = &c.argv[0];
     let (info, lines) = active_luks(c, name)?;
     let uuid = info["uuid"].as_str().unwrap_or("");
-    if !uuid.starts_with("CRYPT-LUKS1-") && !uuid.starts_with("CRYPT-LUKS2-") || lines.is_empty() {
+    if !uuid.starts_with("CRYPT-LUKS1-") && !uuid.starts_with("CRYPT-LUKS2-") || lines.0.is_empty()
+    {
         return Err(LuksError::Usage(
             "This operation is supported only for LUKS device.".into(),
         ));
@@ -437,10 +448,7 @@ pub(super) fn luks_resume(c: &Ctx) -> Outcome {
         Some(_) => return Err(LuksError::Silent(1)),
     };
     let (info, lines) = active_luks(c, name)?;
-    let data = lines
-        .first()
-        .and_then(|l| l.split_whitespace().nth(6))
-        .map(str::to_string);
+    let data = lines.0.first().and_then(crypt_params).map(|p| p.device);
     let not_luks = || {
         LuksError::Usage(format!(
             "{name} is not active LUKS device name or header is missing."
@@ -510,43 +518,19 @@ pub(super) struct LiveCtl<'a> {
     pub uuid: String,
 }
 
-/// The dm-crypt optional flags of a table line (fields after the eighth:
-/// a count, then the flags), those the reloaded tables must keep; the
-/// sector size comes from each segment instead.
-fn crypt_flags(line: &str) -> Vec<&'static str> {
-    const KNOWN: [&str; 6] = [
-        "allow_discards",
-        "same_cpu_crypt",
-        "submit_from_crypt_cpus",
-        "no_read_workqueue",
-        "no_write_workqueue",
-        "iv_large_sectors",
-    ];
-    line.split_whitespace()
-        .skip(9)
-        .filter_map(|f| KNOWN.iter().find(|k| **k == f).copied())
-        .collect()
-}
-
 /// Find `name` on the server: the data device its table names (a crypt
 /// line's, or a linear line's while no data is encrypted yet), its
 /// dm-crypt flags and its size.
 pub(super) fn live_device<'a>(c: &'a Ctx, name: &str) -> Result<LiveCtl<'a>, LuksError> {
     let (info, _) = active_luks(c, name)?;
     let (_, payload) = call(c, name, req("table", name), &[])?;
-    let text = String::from_utf8_lossy(&payload);
-    let lines: Vec<Vec<&str>> = text
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    let data = lines
-        .iter()
-        .find_map(|f| match f.get(2) {
-            Some(&"crypt") => f.get(6),
-            Some(&"linear") => f.get(3),
-            _ => None,
-        })
-        .map(|d| d.to_string());
+    let lines = lines_of(name, &String::from_utf8_lossy(&payload))?;
+    let crypt = lines.0.iter().find_map(crypt_params);
+    let data = lines.0.iter().find_map(|l| match crypt_params(l) {
+        Some(p) => Some(p.device),
+        None if l.target == linear::TYPE.name => linear::device_of(&l.args).map(str::to_string),
+        None => None,
+    });
     let (true, Some(data)) = (
         info["uuid"]
             .as_str()
@@ -558,15 +542,15 @@ pub(super) fn live_device<'a>(c: &'a Ctx, name: &str) -> Result<LiveCtl<'a>, Luk
             "Active device {name} is not LUKS2."
         )));
     };
-    let sectors = lines
-        .iter()
-        .map(|f| f.get(1).and_then(|n| n.parse::<u64>().ok()))
-        .sum::<Option<u64>>();
-    let options = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(2) == Some("crypt"))
-        .map(crypt_flags)
-        .unwrap_or_default();
+    let sectors = Some(lines.0.iter().map(|l| l.len).sum());
+    // The flags the reloaded tables keep (cryptsetup's activation flags:
+    // not high_priority); the sector size comes from each segment instead.
+    let options = crypt
+        .map(|p| p.options.flags())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| *f != "high_priority")
+        .collect();
     Ok(LiveCtl {
         c,
         name: name.to_string(),

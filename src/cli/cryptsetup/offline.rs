@@ -3,87 +3,12 @@
 //! precedence rules of cryptsetup's action functions.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use super::{Ctx, Outcome};
-use crate::cli::ui::{Style, Ui};
+use super::ctx::{
+    device, key_source, new_key_source, pbkdf, ui, unlock, unlock_tokens_first, Ctx, Outcome,
+};
 use crate::luks::error::LuksError;
 use crate::luks::ops::{self, Device, Unlock};
-use crate::luks::passphrase::KeySource;
-use crate::luks::pbkdf::PbkdfChoice;
-
-pub(super) fn ui(c: &Ctx) -> Ui {
-    Ui::new(c.batch(), Style::Cryptsetup)
-}
-
-pub(super) fn device(c: &Ctx) -> Device {
-    Device {
-        path: PathBuf::from(&c.argv[0]),
-        header: c.a.str("header").map(PathBuf::from),
-        no_cost_limit: c.a.has("no-kdf-limit"),
-    }
-}
-
-pub(super) fn key_source(c: &Ctx, key_file: Option<&str>) -> KeySource {
-    KeySource {
-        key_file: key_file.map(PathBuf::from),
-        offset: c.a.u64("keyfile-offset").unwrap_or(0),
-        size: c.a.u32("keyfile-size").map(u64::from).filter(|&s| s > 0),
-        timeout: c
-            .a
-            .u32("timeout")
-            .filter(|&t| t > 0)
-            .map(|t| Duration::from_secs(u64::from(t))),
-    }
-}
-
-pub(super) fn unlock(c: &Ctx) -> Unlock {
-    Unlock {
-        key: key_source(c, c.a.str("key-file")),
-        slot: c.a.i32("key-slot").map(|s| s as u32),
-        tries: c.a.u32("tries").unwrap_or(3),
-        unbound: false,
-        token: ops::token::TokenUse {
-            try_first: false,
-            only: c.a.has("token-only"),
-            id: c.a.i32("token-id").and_then(|n| u32::try_from(n).ok()),
-            kind: c.a.str("token-type").map(str::to_string),
-        },
-    }
-}
-
-/// Where a new passphrase comes from: `file` (the positional key file or
-/// `--new-keyfile`) with `--new-keyfile-offset` and `--new-keyfile-size`.
-fn new_key_source(c: &Ctx, file: Option<&str>) -> KeySource {
-    let mut k = key_source(c, file);
-    k.offset = c.a.u64("new-keyfile-offset").unwrap_or(0);
-    k.size =
-        c.a.u32("new-keyfile-size")
-            .map(u64::from)
-            .filter(|&s| s > 0);
-    k
-}
-
-/// [`unlock`] for the verbs that try the volume's tokens before asking
-/// for a passphrase, as cryptsetup's `open` and `luksResume` do.
-pub(super) fn unlock_tokens_first(c: &Ctx) -> Unlock {
-    let mut u = unlock(c);
-    u.token.try_first = true;
-    u
-}
-
-/// The key-derivation options of the command line (also used by
-/// `reencrypt` for the new keyslot).
-pub(super) fn pbkdf(c: &Ctx) -> PbkdfChoice {
-    PbkdfChoice {
-        pbkdf: c.a.str("pbkdf").map(str::to_string),
-        iter_time: c.a.u32("iter-time"),
-        force_iterations: c.a.u32("pbkdf-force-iterations"),
-        memory: c.a.u32("pbkdf-memory"),
-        parallel: c.a.u32("pbkdf-parallel"),
-        hash: c.a.str("hash").map(str::to_string),
-    }
-}
 
 /// LUKS version `--type` asks for: None = any (`luks`).
 fn wanted_version(c: &Ctx) -> Result<Option<u8>, LuksError> {
@@ -345,7 +270,9 @@ pub(super) fn config(c: &Ctx) -> Outcome {
     ops::info::config(&device(c), &o, &ui(c))
 }
 
-pub(super) fn open(c: &Ctx) -> Outcome {
+/// What `open` checks before a device is mapped, and `open
+/// --test-passphrase`, which maps nothing: Ok(true) when that was all.
+pub(super) fn open_checks(c: &Ctx) -> Result<bool, LuksError> {
     let ty = c.device_type.as_deref().unwrap_or("luks");
     if ty.starts_with("luks") && c.a.has("test-passphrase") {
         let dev = device(c);
@@ -358,7 +285,7 @@ pub(super) fn open(c: &Ctx) -> Outcome {
         };
         let slot = ops::test_passphrase(&dev, &u, &ui(c))?;
         slot_msg(c, slot, "unlocked");
-        return Ok(());
+        return Ok(true);
     }
     if !matches!(ty, "luks" | "luks1" | "luks2" | "plain") {
         return Err(LuksError::Unsupported(format!(
@@ -370,7 +297,7 @@ pub(super) fn open(c: &Ctx) -> Outcome {
             "Command requires device and mapped name as arguments.".into(),
         ));
     }
-    super::active::open(c)
+    Ok(false)
 }
 
 pub(super) fn benchmark(c: &Ctx) -> Outcome {
@@ -503,8 +430,4 @@ pub(super) fn repair(c: &Ctx) -> Outcome {
         }
     }
     Ok(())
-}
-
-pub(super) fn reencrypt(c: &Ctx) -> Outcome {
-    super::reencrypt::run(c)
 }

@@ -21,12 +21,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
-use super::offline::{device, key_source, pbkdf, ui};
-use super::{Ctx, Outcome};
+use super::ctx::{device, key_source, pbkdf, ui, Ctx, Outcome};
 use crate::cli::ui::Ui;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::ops::format::{default_key_bits, luks_format, FormatOpts};
+use crate::luks::passphrase::KeySource;
 use crate::luks::reencrypt::{self, InitParams, Live, Mode, Outcome as Done};
 use crate::luks::volume::Volume;
 
@@ -183,41 +183,8 @@ fn already_luks(dev: &crate::luks::ops::Device) -> LuksError {
 }
 
 pub(super) fn run(c: &Ctx) -> Outcome {
-    if c.argv.is_empty() {
-        return Err(LuksError::Usage(
-            "Command requires device as argument.".into(),
-        ));
-    };
-    if c.a.has("reduce-device-size") && !c.a.has("encrypt") {
-        return Err(unsupported(
-            "--reduce-device-size without --encrypt (udm shifts data only to encrypt)",
-        ));
-    }
-    for (opt, why) in [("integrity", "--integrity")] {
-        if c.a.has(opt) {
-            return Err(unsupported(why));
-        }
-    }
-    if c.a.has("encrypt") && c.a.has("decrypt") {
-        return Err(LuksError::Usage(
-            "Options --encrypt and --decrypt cannot be combined.".into(),
-        ));
-    }
-    let fb = Progress {
-        ui: ui(c),
-        every: c
-            .a
-            .u32("progress-frequency")
-            .map(u64::from)
-            .filter(|&f| f > 0),
-        quiet: c.batch(),
-        total: Cell::new(0),
-        start: Instant::now(),
-        last: Cell::new(None),
-        first: Cell::new(u64::MAX),
-        stop_after: Cell::new(None),
-        steps: Cell::new(0),
-    };
+    check_args(c)?;
+    let fb = progress(c);
     if let Some(name) = c.a.str("active-name") {
         // Online: the served device must exist before anything changes
         // (cryptsetup: "Device NAME is not active.", exit 1).
@@ -233,42 +200,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
         return encrypt_shift(c, &dev, &key, slot, &prompt, hotzone, &fb);
     }
     if c.a.has("encrypt") {
-        let Some(hdr) = dev.header.clone() else {
-            return Err(not_in_progress());
-        };
-        if hdr.exists() && std::fs::metadata(&hdr).is_ok_and(|m| m.len() > 0) {
-            let vol = Volume::load(&dev.path, Some(&hdr), false);
-            if vol
-                .as_ref()
-                .is_ok_and(|v| reencrypt::status(v).ok().flatten().is_some())
-            {
-                return resume_only(c, &dev, &key, &prompt, hotzone, &fb);
-            }
-        }
-        if c.a.has("resume-only") {
-            return Err(not_in_progress());
-        }
-        if c.a.has("active-name") {
-            return Err(already_luks(&dev));
-        }
-        // A detached header: the data stays where --offset says.
-        let mut o = encrypt_format(c, &dev, &key, slot, c.a.u64("offset").unwrap_or(0));
-        let reduce = c.a.u64("reduce-device-size");
-        if let Some(n) = reduce {
-            in_place_shift(c, &dev, n, &mut o)?;
-        }
-        luks_format(&o, &fb)?;
-        let mut vol = dev.load(true, &fb)?;
-        let pass = key.read(&prompt, false)?;
-        let (s, k) = vol.unlock(&pass, slot)?;
-        let mut p = params(c, Mode::Encrypt);
-        p.shift = reduce;
-        reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
-        let name = activate(c, &vol, &pass)?;
-        if c.a.has("init-only") {
-            return Ok(());
-        }
-        return go_online(c, &mut vol, &pass, hotzone, &fb, name);
+        return encrypt_detached(c, &dev, &key, slot, &prompt, hotzone, &fb);
     }
 
     if c.a.has("decrypt") {
@@ -298,24 +230,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
     if c.a.has("resume-only") {
         return Err(not_in_progress());
     }
-    let mode = if c.a.has("decrypt") {
-        if !vol.detached {
-            return Err(LuksError::Usage(
-                "LUKS2 decryption requires --header option.".into(),
-            ));
-        }
-        // LUKS1 was refused above: this is the lowest data segment.
-        if vol.data_offset() > 0 {
-            return Err(LuksError::Unsupported(
-                "LUKS2 decryption is supported with detached header device only (with data \
-                 offset set to 0)."
-                    .into(),
-            ));
-        }
-        Mode::Decrypt
-    } else {
-        Mode::Reencrypt
-    };
+    let mode = mode_of(c, &vol)?;
     let keep = mode == Mode::Reencrypt && c.a.has("keep-key");
     if keep {
         keep_key(c, &vol)?;
@@ -332,7 +247,152 @@ pub(super) fn run(c: &Ctx) -> Outcome {
     let others: Vec<(u32, &[u8])> = others.iter().map(|(n, p)| (*n, &p[..])).collect();
     let mut p = params(c, mode);
     p.keep_key = keep;
-    let k_new = match mode {
+    let k_new = new_volume_key(c, mode, keep, &p, &k_old)?;
+    if let Some(k) = k_new.as_ref().filter(|_| !keep) {
+        p.kdf = new_kdf(c, k.len(), &fb)?;
+    }
+    reencrypt::init(
+        &mut vol,
+        &p,
+        &pass,
+        s,
+        &others,
+        Some(&k_old),
+        k_new.as_ref(),
+    )?;
+    if c.a.has("init-only") {
+        return Ok(());
+    }
+    go(c, &mut vol, &pass, hotzone, &fb)
+}
+
+/// What cryptsetup refuses before it looks at the device, and what udm
+/// does not do.
+fn check_args(c: &Ctx) -> Outcome {
+    if c.argv.is_empty() {
+        return Err(LuksError::Usage(
+            "Command requires device as argument.".into(),
+        ));
+    };
+    if c.a.has("reduce-device-size") && !c.a.has("encrypt") {
+        return Err(unsupported(
+            "--reduce-device-size without --encrypt (udm shifts data only to encrypt)",
+        ));
+    }
+    for (opt, why) in [("integrity", "--integrity")] {
+        if c.a.has(opt) {
+            return Err(unsupported(why));
+        }
+    }
+    if c.a.has("encrypt") && c.a.has("decrypt") {
+        return Err(LuksError::Usage(
+            "Options --encrypt and --decrypt cannot be combined.".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The progress report the command line asks for.
+fn progress(c: &Ctx) -> Progress {
+    Progress {
+        ui: ui(c),
+        every: c
+            .a
+            .u32("progress-frequency")
+            .map(u64::from)
+            .filter(|&f| f > 0),
+        quiet: c.batch(),
+        total: Cell::new(0),
+        start: Instant::now(),
+        last: Cell::new(None),
+        first: Cell::new(u64::MAX),
+        stop_after: Cell::new(None),
+        steps: Cell::new(0),
+    }
+}
+
+/// `--encrypt` with a detached header: resume one in progress, or format
+/// the header (shifting the data in place with `--reduce-device-size`),
+/// start, map and run the encryption.
+fn encrypt_detached(
+    c: &Ctx,
+    dev: &crate::luks::ops::Device,
+    key: &KeySource,
+    slot: Option<u32>,
+    prompt: &str,
+    hotzone: Option<u64>,
+    fb: &Progress,
+) -> Outcome {
+    let Some(hdr) = dev.header.clone() else {
+        return Err(not_in_progress());
+    };
+    if hdr.exists() && std::fs::metadata(&hdr).is_ok_and(|m| m.len() > 0) {
+        let vol = Volume::load(&dev.path, Some(&hdr), false);
+        if vol
+            .as_ref()
+            .is_ok_and(|v| reencrypt::status(v).ok().flatten().is_some())
+        {
+            return resume_only(c, dev, key, prompt, hotzone, fb);
+        }
+    }
+    if c.a.has("resume-only") {
+        return Err(not_in_progress());
+    }
+    if c.a.has("active-name") {
+        return Err(already_luks(dev));
+    }
+    // A detached header: the data stays where --offset says.
+    let mut o = encrypt_format(c, dev, key, slot, c.a.u64("offset").unwrap_or(0));
+    let reduce = c.a.u64("reduce-device-size");
+    if let Some(n) = reduce {
+        in_place_shift(c, dev, n, &mut o)?;
+    }
+    luks_format(&o, fb)?;
+    let mut vol = dev.load(true, fb)?;
+    let pass = key.read(prompt, false)?;
+    let (s, k) = vol.unlock(&pass, slot)?;
+    let mut p = params(c, Mode::Encrypt);
+    p.shift = reduce;
+    reencrypt::init(&mut vol, &p, &pass, s, &[], None, Some(&k))?;
+    let name = activate(c, &vol, &pass)?;
+    if c.a.has("init-only") {
+        return Ok(());
+    }
+    go_online(c, &mut vol, &pass, hotzone, fb, name)
+}
+
+/// `--decrypt` (detached header, data at offset 0 only) or a reencryption.
+fn mode_of(c: &Ctx, vol: &Volume) -> Result<Mode, LuksError> {
+    Ok(if c.a.has("decrypt") {
+        if !vol.detached {
+            return Err(LuksError::Usage(
+                "LUKS2 decryption requires --header option.".into(),
+            ));
+        }
+        // LUKS1 was refused above: this is the lowest data segment.
+        if vol.data_offset() > 0 {
+            return Err(LuksError::Unsupported(
+                "LUKS2 decryption is supported with detached header device only (with data \
+                 offset set to 0)."
+                    .into(),
+            ));
+        }
+        Mode::Decrypt
+    } else {
+        Mode::Reencrypt
+    })
+}
+
+/// The new volume key: the old one with `--keep-key` (its size must fit
+/// the new cipher), `--volume-key-file`'s, or a random one; none to decrypt.
+fn new_volume_key(
+    c: &Ctx,
+    mode: Mode,
+    keep: bool,
+    p: &InitParams,
+    k_old: &zeroize::Zeroizing<Vec<u8>>,
+) -> Result<Option<zeroize::Zeroizing<Vec<u8>>>, LuksError> {
+    Ok(match mode {
         Mode::Reencrypt if keep => {
             // The same volume key under new segment parameters.
             if p.key_bytes.is_some_and(|l| l != k_old.len()) {
@@ -353,23 +413,7 @@ pub(super) fn run(c: &Ctx) -> Outcome {
             })
         }
         _ => None,
-    };
-    if let Some(k) = k_new.as_ref().filter(|_| !keep) {
-        p.kdf = new_kdf(c, k.len(), &fb)?;
-    }
-    reencrypt::init(
-        &mut vol,
-        &p,
-        &pass,
-        s,
-        &others,
-        Some(&k_old),
-        k_new.as_ref(),
-    )?;
-    if c.a.has("init-only") {
-        return Ok(());
-    }
-    go(c, &mut vol, &pass, hotzone, &fb)
+    })
 }
 
 fn params(c: &Ctx, mode: Mode) -> InitParams {

@@ -51,11 +51,10 @@ pub(super) fn u64str(o: &Map<String, Value>, name: &str, field: &str) -> Result<
     })
 }
 
+/// LUKS2's decimal strings: core's one decimal parser, at most 20 digits
+/// (cryptsetup refuses a longer string even with leading zeros).
 pub fn parse_u64str(s: &str) -> Option<u64> {
-    if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
+    crate::core::units::parse_decimal_digits(s, 20).ok()
 }
 
 pub(super) fn int(
@@ -149,6 +148,32 @@ pub(super) fn strings(
                     })
                 })
                 .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_u64str;
+
+    /// The exact set the LUKS2 reader took before it used core's parser.
+    #[test]
+    fn decimal_strings_as_cryptsetup_reads_them() {
+        assert_eq!(parse_u64str("0"), Some(0));
+        assert_eq!(parse_u64str("0016384"), Some(16384));
+        assert_eq!(parse_u64str("18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            "",
+            " 1",
+            "1 ",
+            "+1",
+            "-1",
+            "0x10",
+            "1_000",
+            "18446744073709551616",
+            "000000000000000000001",
+        ] {
+            assert_eq!(parse_u64str(bad), None, "{bad:?}");
         }
     }
 }

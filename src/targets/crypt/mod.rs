@@ -77,12 +77,14 @@ use crate::mem::{mempool, Budget, MemPool, PageList, SecretBytes};
 
 mod args;
 mod io;
+mod params;
 mod split;
 #[cfg(test)]
 mod tests;
 
 pub use args::CryptOptions;
 use args::{parse_key, parse_options};
+pub use params::{mask_key, CryptParams};
 use split::CryptIo;
 
 /// The key and the cipher keyed with it, replaced as one by `key set` and
@@ -324,7 +326,7 @@ impl Crypt {
 
 impl Target for Crypt {
     fn type_name(&self) -> &'static str {
-        "crypt"
+        TYPE.name
     }
 
     /// dm-crypt's STATUSTYPE_TABLE order: cipher, key, iv_offset, device,
@@ -335,7 +337,7 @@ impl Target for Crypt {
         let key = match keyed.as_deref() {
             _ if self.key_len == 0 => "-".to_string(),
             Some(k) if show_keys => hex::encode(&k.key[..]),
-            _ => "0".repeat(self.key_len * 2),
+            _ => params::zeros(self.key_len * 2),
         };
         let mut s = format!(
             "{} {} {} {} {}",
@@ -345,26 +347,7 @@ impl Target for Crypt {
             self.area.table_name(),
             self.area.table_offset()
         );
-        let o = &self.opts;
-        let mut feats: Vec<String> = Vec::new();
-        for (on, name) in [
-            (o.allow_discards, "allow_discards"),
-            (o.same_cpu_crypt, "same_cpu_crypt"),
-            (o.high_priority, "high_priority"),
-            (o.submit_from_crypt_cpus, "submit_from_crypt_cpus"),
-            (o.no_read_workqueue, "no_read_workqueue"),
-            (o.no_write_workqueue, "no_write_workqueue"),
-        ] {
-            if on {
-                feats.push(name.into());
-            }
-        }
-        if o.sector_size != 512 {
-            feats.push(format!("sector_size:{}", o.sector_size));
-        }
-        if o.iv_large_sectors {
-            feats.push("iv_large_sectors".into());
-        }
+        let feats = self.opts.words();
         if !feats.is_empty() {
             s.push_str(&format!(" {} {}", feats.len(), feats.join(" ")));
         }
