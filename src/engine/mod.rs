@@ -60,7 +60,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 
-use crate::core::{AsyncIo, BlockDevice, DevResult};
+use crate::core::{AsyncIo, BlockDevice, DevResult, Extent};
 use crate::mem::{default_total_budget, per_device_budget, Budget, BufPool};
 
 pub use buf::Buf;
@@ -126,16 +126,20 @@ pub enum Op {
     Flush,
     Trim,
     WriteZeroes,
-    /// Allocation extents of the range (NBD BLOCK_STATUS): written into
-    /// the request's buffer as (length, flags) pairs of big-endian u32,
-    /// at most as many as fit; `len` becomes the bytes written.
-    BlockStatus,
+    /// The allocation extents of the range, returned as data in
+    /// [`Request::extents`]: at most `max` of them (at least one), adjacent
+    /// ones of the same kind merged, covering the range from its start
+    /// (a front end asks again from where the list ends). Each front end
+    /// encodes them its own way (NBD BLOCK_STATUS, SEEK_DATA/SEEK_HOLE).
+    Extents {
+        max: u32,
+    },
 }
 
 impl Op {
     fn kind(self) -> Kind {
         match self {
-            Op::Read | Op::BlockStatus => Kind::Read,
+            Op::Read | Op::Extents { .. } => Kind::Read,
             Op::Write | Op::Trim | Op::WriteZeroes => Kind::Write,
             Op::Flush => Kind::Flush,
         }
@@ -148,21 +152,27 @@ impl Op {
     }
 }
 
-/// One request as the engine runs it.
+/// One request as the engine runs it. Front-end neutral: whatever a
+/// front end needs to answer it (an NBD cookie, a FUSE unique id) goes in
+/// `tag`, and each front end encodes its own replies in its [`Sink`].
 pub struct Request {
     pub op: Op,
-    /// Opaque to the engine (the NBD cookie).
-    pub cookie: u64,
-    /// Opaque to the engine (the NBD command flags), for the sink.
-    pub flags: u16,
+    /// Opaque to the engine: the front end's completion tag, handed back
+    /// to its sink with the result.
+    pub tag: u64,
     pub offset: u64,
     pub len: u64,
+    /// Force unit access: the data is durable when the request completes
+    /// (a block-layer notion: NBD's FUA flag, FUSE's O_SYNC/O_DSYNC write).
     pub fua: bool,
     /// Write: the payload laid out over the block-widened range, the
     /// client's bytes at `head`. Read: filled by the engine the same way.
     pub buf: Buf,
     /// Where the client's bytes start in `buf`.
     pub head: usize,
+    /// [`Op::Extents`]: the result. A front end may pass a list with
+    /// capacity to reuse; the engine clears it first.
+    pub extents: Vec<Extent>,
     /// Who receives the result.
     pub sink: Arc<dyn Sink>,
 }
@@ -516,29 +526,6 @@ impl Engine {
         let n = (g.widened_end(offset.saturating_add(len)) - g.down(offset)) as usize;
         crate::mem::bufpool::class_of(n)
             .map_or(n as u64, |c| crate::mem::bufpool::class_size(c) as u64)
-    }
-
-    /// Budget cost of a plain buffer of `n` bytes (its pool size class).
-    pub fn mem_cost_plain(&self, n: u64) -> u64 {
-        crate::mem::bufpool::class_of(n as usize)
-            .map_or(n, |c| crate::mem::bufpool::class_size(c) as u64)
-    }
-
-    /// A plain buffer of `n` bytes for a request admitted by
-    /// [`Engine::try_admit`] with [`Engine::mem_cost_plain`] (the reply of
-    /// a BLOCK_STATUS), carrying the ticket's charge.
-    pub fn charged_plain_buffer(&self, t: &mut Ticket, q: &Queue, n: usize) -> Buf {
-        let mut b = buf::get_buf(&q.pool, n);
-        if t.mem > 0 {
-            b.set_charge(buf::Charge {
-                to: self.shared.clone(),
-                client: t.client,
-                queue: t.queue,
-                bytes: t.mem,
-            });
-            t.mem = 0;
-        }
-        b
     }
 
     /// The payload memory budget of `q` (requests costing more can never

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::core::DevResult;
+use crate::core::{DevResult, Extent};
 use crate::engine::{Buf, ClientId, ClientLimits, Engine, Op, Request, Sink, Ticket, Waker};
 
 use super::export::{ConnectionGuard, ExportSet, Exported};
@@ -444,19 +444,35 @@ impl Conn {
     }
 
     /// A BLOCK_STATUS reply: one chunk for `base:allocation` carrying the
-    /// extent descriptors the engine wrote into the request's buffer.
-    fn send_block_status(&self, req: &mut Request) {
-        let descriptors = req.data().len();
+    /// extents the engine returned, encoded on the stack (at most
+    /// [`MAX_EXTENTS`] descriptors, 8 KiB).
+    fn send_block_status(&self, req: &Request) {
+        let mut body = [0u8; 8 * MAX_EXTENTS];
+        let n = encode_extents(&req.extents, &mut body);
         let mut h = [0u8; 24];
         h[..20].copy_from_slice(&chunk_header(
             REPLY_FLAG_DONE,
             REPLY_TYPE_BLOCK_STATUS,
-            req.cookie,
-            4 + descriptors as u32,
+            req.tag,
+            4 + n as u32,
         ));
         h[20..].copy_from_slice(&self.meta_id.load(Ordering::Relaxed).to_be_bytes());
-        self.send(&h, &[], Some(req));
+        self.send(&h, &body[..n], None);
     }
+}
+
+/// NBD `base:allocation` descriptors for `extents`: (length, flags)
+/// pairs of big-endian u32, as many as fit into `out`; returns the bytes
+/// written. The lengths fit: a request's range is at most 4 GiB - 1.
+fn encode_extents(extents: &[Extent], out: &mut [u8]) -> usize {
+    let mut n = 0;
+    for (e, d) in extents.iter().zip(out.chunks_exact_mut(8)) {
+        let flags = u32::from(e.hole) * STATE_HOLE | u32::from(e.zero) * STATE_ZERO;
+        d[..4].copy_from_slice(&(e.len.min(u64::from(u32::MAX)) as u32).to_be_bytes());
+        d[4..].copy_from_slice(&flags.to_be_bytes());
+        n += 8;
+    }
+    n
 }
 
 /// Send queued replies until the socket is full or the queue empty.
@@ -555,11 +571,11 @@ impl Sink for Conn {
     fn complete(&self, req: &mut Request, result: DevResult<()>) {
         match result {
             Ok(()) if req.op == Op::Read => {
-                let (c, o) = (req.cookie, req.offset);
+                let (c, o) = (req.tag, req.offset);
                 self.send_read(c, o, Some(req))
             }
-            Ok(()) if req.op == Op::BlockStatus => self.send_block_status(req),
-            Ok(()) => self.send_ok(req.cookie),
+            Ok(()) if matches!(req.op, Op::Extents { .. }) => self.send_block_status(req),
+            Ok(()) => self.send_ok(req.tag),
             Err(e) => {
                 tracing::warn!(
                     "{:?} of {} bytes at offset {} failed: {e}",
@@ -569,7 +585,7 @@ impl Sink for Conn {
                 );
                 let msg = e.to_string();
                 self.send_error(
-                    req.cookie,
+                    req.tag,
                     e.nbd_errno(req.op.is_write()),
                     req.op == Op::Read,
                     &msg,
@@ -1017,15 +1033,13 @@ impl Session {
                     let q = tx.export.queue.clone();
                     let len = u64::from(h.len);
                     let data = matches!(h.cmd, CMD_READ | CMD_WRITE);
-                    let status_buf = if h.flags & CMD_FLAG_REQ_ONE != 0 {
-                        8
+                    let max_extents = if h.flags & CMD_FLAG_REQ_ONE != 0 {
+                        1
                     } else {
-                        8 * MAX_EXTENTS
+                        MAX_EXTENTS as u32
                     };
                     let mem = if data {
                         cx.engine.mem_cost(&q, h.offset, len)
-                    } else if h.cmd == CMD_BLOCK_STATUS {
-                        cx.engine.mem_cost_plain(status_buf as u64)
                     } else {
                         0
                     };
@@ -1033,6 +1047,9 @@ impl Session {
                         // Zeroing that writes every byte is charged as the
                         // write it is (capped so it is admitted when idle).
                         len.min(cx.opts.client.max_bytes)
+                    } else if h.cmd == CMD_BLOCK_STATUS {
+                        // The extent list the engine fills.
+                        u64::from(max_extents) * std::mem::size_of::<Extent>() as u64
                     } else if matches!(h.cmd, CMD_TRIM | CMD_WRITE_ZEROES) {
                         4096
                     } else {
@@ -1045,13 +1062,13 @@ impl Session {
                     let fua = h.flags & CMD_FLAG_FUA != 0;
                     let request = |op: Op, buf: Buf, head: usize| Request {
                         op,
-                        cookie: h.cookie,
-                        flags: h.flags,
+                        tag: h.cookie,
                         offset: h.offset,
                         len,
                         fua,
                         buf,
                         head,
+                        extents: Vec::new(),
                         sink: tx.sink.clone(),
                     };
                     match h.cmd {
@@ -1078,8 +1095,8 @@ impl Session {
                             cx.engine.submit(t, &q, r)
                         }
                         CMD_BLOCK_STATUS => {
-                            let buf = cx.engine.charged_plain_buffer(&mut t, &q, status_buf);
-                            let r = request(Op::BlockStatus, buf, 0);
+                            let op = Op::Extents { max: max_extents };
+                            let r = request(op, Buf::empty(), 0);
                             cx.engine.submit(t, &q, r)
                         }
                         _ => {
