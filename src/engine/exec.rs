@@ -7,7 +7,7 @@
 
 use crate::core::{BlockDevice, DevError, DevResult, Extent, WriteBuf};
 
-use super::{Op, Request};
+use super::request::{Op, Request};
 
 /// What the engine caches about an export's device, read once.
 #[derive(Clone, Copy, Debug)]

@@ -3,7 +3,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::*;
-use crate::core::{DevError, Limits, WriteBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Extent, Limits, WriteBuf};
 use crate::store::mem::MemStore;
 
 /// Sends (cookie, ok, data) of every finished request down a channel.

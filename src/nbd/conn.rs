@@ -467,7 +467,7 @@ impl Conn {
 fn encode_extents(extents: &[Extent], out: &mut [u8]) -> usize {
     let mut n = 0;
     for (e, d) in extents.iter().zip(out.chunks_exact_mut(8)) {
-        let flags = u32::from(e.hole) * STATE_HOLE | u32::from(e.zero) * STATE_ZERO;
+        let flags = (u32::from(e.hole) * STATE_HOLE) | (u32::from(e.zero) * STATE_ZERO);
         d[..4].copy_from_slice(&(e.len.min(u64::from(u32::MAX)) as u32).to_be_bytes());
         d[4..].copy_from_slice(&flags.to_be_bytes());
         n += 8;
