@@ -10,6 +10,11 @@ use super::request::{ClientId, ClientLimits, Ticket, Waker};
 use super::state::{lock, ClientQ, Engine, Queue, Shared, State};
 
 impl Engine {
+    /// A buffer for a data request on `[offset, offset+len)` of `q`, laid
+    /// out over the block-widened range, and where the client's bytes start
+    /// in it. Blocks while the device is over its memory budget (callers
+    /// that admitted with [`Engine::try_admit`] use
+    /// [`Engine::charged_buffer`], which never waits).
     pub fn buffer(&self, q: &Queue, offset: u64, len: u64) -> (Buf, usize) {
         let g = &q.geometry;
         let start = g.down(offset);
@@ -18,6 +23,9 @@ impl Engine {
         (b, (offset - start) as usize)
     }
 
+    /// The payload memory a data request on `[offset, offset+len)` of `q`
+    /// takes from the export's budget: its block-widened buffer, rounded to
+    /// the pool's size class (what the pool really hands out).
     pub fn mem_cost(&self, q: &Queue, offset: u64, len: u64) -> u64 {
         let g = &q.geometry;
         let n = (g.widened_end(offset.saturating_add(len)) - g.down(offset)) as usize;
@@ -25,10 +33,15 @@ impl Engine {
             .map_or(n as u64, |c| crate::mem::bufpool::class_size(c) as u64)
     }
 
+    /// The payload memory budget of `q` (requests costing more can never
+    /// be admitted and must be refused).
     pub fn mem_limit(&self, q: &Queue) -> u64 {
         lock(&self.shared.state).queues[q.id as usize].mem.limit
     }
 
+    /// [`Engine::buffer`] for a request admitted by [`Engine::try_admit`]:
+    /// the ticket's memory charge moves to the buffer and comes back when
+    /// the buffer is dropped. Never waits: admission reserved the memory.
     pub fn charged_buffer(&self, t: &mut Ticket, q: &Queue, offset: u64, len: u64) -> (Buf, usize) {
         let (mut b, head) = self.buffer(q, offset, len);
         if t.mem > 0 {
@@ -43,10 +56,14 @@ impl Engine {
         (b, head)
     }
 
+    /// Register a client (a connection) for fair scheduling, with the
+    /// default caps and no waker (for [`Engine::admit`], which blocks).
     pub fn add_client(&self) -> ClientId {
         self.add_client_with(ClientLimits::default(), None)
     }
 
+    /// Register a client with its caps and the waker
+    /// [`Engine::try_admit`] calls when a refused admission may succeed.
     pub fn add_client_with(&self, limits: ClientLimits, waker: Option<Waker>) -> ClientId {
         let mut st = lock(&self.shared.state);
         let q = ClientQ {
@@ -64,6 +81,9 @@ impl Engine {
         }
     }
 
+    /// Wait until `client` may put one more request of `bytes` payload in
+    /// flight, and count it (per-client caps only; the memory is taken by
+    /// [`Engine::buffer`], which may wait for the budget itself).
     pub fn admit(&self, client: ClientId, bytes: u64) -> Ticket {
         let mut st = lock(&self.shared.state);
         while let Some(c) = st.clients[client.0 as usize].as_mut() {
@@ -86,6 +106,12 @@ impl Engine {
         }
     }
 
+    /// Admit a request of `client` on `q` that needs `mem` bytes of
+    /// payload memory (see [`Engine::mem_cost`]) and causes `work` bytes of
+    /// other work, or refuse it without waiting: `None` means "not now";
+    /// the client's waker is called when trying again may succeed (a
+    /// request of its own finished, or memory of the queue came back).
+    /// See the module doc for the sharing rule.
     pub fn try_admit(&self, client: ClientId, q: &Queue, mem: u64, work: u64) -> Option<Ticket> {
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
@@ -146,6 +172,8 @@ impl Engine {
         })
     }
 
+    /// Give back an admission that was not submitted (e.g. the payload
+    /// could not be read).
     pub fn cancel(&self, t: Ticket) {
         let mut st = lock(&self.shared.state);
         if t.mem > 0 {
@@ -154,6 +182,8 @@ impl Engine {
         release(&mut st, &self.shared, t.client, t.work);
     }
 
+    /// Wait until every request of `client` has finished (its replies are
+    /// sent), then forget the client.
     pub fn remove_client(&self, client: ClientId) {
         let mut st = lock(&self.shared.state);
         loop {
@@ -168,6 +198,9 @@ impl Engine {
         st.free_clients.push(client.0);
     }
 
+    /// Forget `client` without waiting: its requests still run (their
+    /// results go to its sink, which may drop them) and the client's slot
+    /// is freed once nothing of it is in flight.
     pub fn close_client(&self, client: ClientId) {
         let mut st = lock(&self.shared.state);
         forget_waiter(&mut st, client.0);
@@ -178,6 +211,8 @@ impl Engine {
         maybe_free_client(&mut st, client.0);
     }
 
+    /// Whether `client` has no request in flight; if it has, its waker is
+    /// called when the last one finishes.
     pub fn wake_when_idle(&self, client: ClientId) -> bool {
         let mut st = lock(&self.shared.state);
         match st.clients[client.0 as usize].as_mut() {
@@ -189,6 +224,7 @@ impl Engine {
         }
     }
 
+    /// Requests of `client` admitted and not finished.
     pub fn client_requests(&self, client: ClientId) -> u32 {
         lock(&self.shared.state).clients[client.0 as usize]
             .as_ref()

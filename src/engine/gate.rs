@@ -5,10 +5,17 @@ use super::sched::make_ready;
 use super::state::{lock, Engine, Queue};
 
 impl Engine {
+    /// Suspend `q` (dm's suspend): from now on no request of `q` starts;
+    /// requests already running go on (wait for them with
+    /// [`Engine::drain`]); the others wait, in arrival order, until
+    /// [`Engine::release`]. Clients of other queues are not affected.
+    /// Idempotent.
     pub fn hold(&self, q: &Queue) {
         lock(&self.shared.state).queues[q.id as usize].hold.held = true;
     }
 
+    /// Wait until no request of `q` is running. With `q` held, this is
+    /// the moment its device may change under the queue.
     pub fn drain(&self, q: &Queue) {
         let mut st = lock(&self.shared.state);
         while st.queues[q.id as usize].hold.running > 0 {
@@ -16,6 +23,8 @@ impl Engine {
         }
     }
 
+    /// Undo [`Engine::hold`]: the requests that waited start, in the
+    /// order they arrived.
     pub fn release(&self, q: &Queue) {
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
@@ -31,6 +40,8 @@ impl Engine {
         }
     }
 
+    /// Release every held queue (server shutdown: requests parked behind
+    /// a suspended device must finish before the last flush).
     pub fn release_all(&self) {
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
@@ -45,6 +56,7 @@ impl Engine {
         self.shared.work.notify_all();
     }
 
+    /// Whether `q` is held.
     pub fn is_held(&self, q: &Queue) -> bool {
         lock(&self.shared.state).queues[q.id as usize].hold.held
     }

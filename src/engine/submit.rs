@@ -14,10 +14,16 @@ use super::sched::{finish, ready_or_park};
 use super::state::{lock, Engine, Queue, Shared, Slot};
 
 impl Engine {
+    /// Queue an admitted request on `q`. It runs once every earlier
+    /// conflicting request of that queue has finished, on a worker.
     pub fn submit(&self, t: Ticket, q: &Arc<Queue>, req: Request) {
         self.submit_with(t, q, req, false)
     }
 
+    /// Like [`Engine::submit`], but a small read or write whose turn has
+    /// already come runs right here on the calling thread (a connection's
+    /// reader), which saves the hand-off to a worker ([`INLINE_MAX`]). Each
+    /// connection has its own reader, so this delays only its own client.
     pub fn submit_or_run(&self, t: Ticket, q: &Arc<Queue>, req: Request) {
         self.submit_with(t, q, req, true)
     }

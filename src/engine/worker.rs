@@ -13,6 +13,8 @@ use super::sched::{finish, pop_ready};
 use super::state::{lock, Engine, Hold, QState, Queue, QueueState, Shared, State};
 
 impl Engine {
+    /// An engine with `threads` workers (0 = number of cores) and no
+    /// queues yet: add devices with [`Engine::add_queue`].
     pub fn start(threads: usize) -> std::io::Result<Engine> {
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -44,6 +46,7 @@ impl Engine {
         Ok(e)
     }
 
+    /// Start workers until there are `n`.
     fn grow_workers(&self, n: usize) -> std::io::Result<()> {
         let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
         while workers.len() < n {
@@ -58,6 +61,10 @@ impl Engine {
         Ok(())
     }
 
+    /// An engine serving `devices` (queue `i`, see [`Engine::queue`], is
+    /// `devices[i]`) with `threads` workers (0 = number of cores); each
+    /// device gets a buffer pool with the default memory budget (2 % of RAM
+    /// shared out).
     pub fn new(devices: Vec<Arc<dyn BlockDevice>>, threads: usize) -> std::io::Result<Engine> {
         let share = per_device_budget(default_total_budget(), devices.len(), false);
         let pools = devices
@@ -67,6 +74,7 @@ impl Engine {
         Engine::with_pools(devices, pools, threads)
     }
 
+    /// Like [`Engine::new`] with one buffer pool per device given.
     pub fn with_pools(
         devices: Vec<Arc<dyn BlockDevice>>,
         pools: Vec<Arc<BufPool>>,
@@ -82,10 +90,12 @@ impl Engine {
         Ok(e)
     }
 
+    /// The `i`-th queue made by [`Engine::new`] or [`Engine::with_pools`].
     pub fn queue(&self, i: usize) -> &Arc<Queue> {
         &self.initial[i]
     }
 
+    /// Schedule requests for one more device, with its own buffer pool.
     pub fn add_queue(&self, device: Arc<dyn BlockDevice>, pool: Arc<BufPool>) -> Arc<Queue> {
         let geometry = Geometry::of(device.as_ref());
         let cap = geometry.depth.min(MAX_QUEUE_DEPTH);
@@ -125,6 +135,7 @@ impl Engine {
         q
     }
 
+    /// Flush every device; returns the first error.
     pub fn flush_all(&self) -> DevResult<()> {
         let live: Vec<Arc<Queue>> = lock(&self.shared.state)
             .queues
@@ -142,6 +153,7 @@ impl Engine {
         res
     }
 
+    /// Finish all queued work and stop the workers.
     pub fn shutdown(&self) {
         lock(&self.shared.state).stop = true;
         self.shared.work.notify_all();
