@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use super::buf::{self, Buf};
 use super::request::{ClientId, ClientLimits, Ticket, Waker};
-use super::state::{lock, ClientQ, Engine, Queue, Shared, State};
+use super::state::{lock, ClientQ, Engine, QState, Queue, Shared, State};
 
 impl Engine {
     /// A buffer for a data request on `[offset, offset+len)` of `q`, laid
@@ -103,6 +103,7 @@ impl Engine {
             queue: u32::MAX,
             mem: 0,
             work: bytes,
+            awaiting: 0,
         }
     }
 
@@ -113,6 +114,50 @@ impl Engine {
     /// request of its own finished, or memory of the queue came back).
     /// See the module doc for the sharing rule.
     pub fn try_admit(&self, client: ClientId, q: &Queue, mem: u64, work: u64) -> Option<Ticket> {
+        self.admit_on(client, q, mem, work, false)
+    }
+
+    /// [`Engine::try_admit`] for a write whose payload the client has not
+    /// sent yet: its memory waits on the client, so writes awaiting their
+    /// payload may together hold at most half of the export's budget (one
+    /// always may), and each client at most its fair share once others
+    /// wait. Call [`Engine::payload_received`] when the payload is in.
+    pub fn try_admit_payload(
+        &self,
+        client: ClientId,
+        q: &Queue,
+        mem: u64,
+        work: u64,
+    ) -> Option<Ticket> {
+        self.admit_on(client, q, mem, work, true)
+    }
+
+    /// The payload of a ticket from [`Engine::try_admit_payload`] has
+    /// arrived: its memory no longer waits on the client.
+    pub fn payload_received(&self, t: &mut Ticket) {
+        if t.awaiting > 0 {
+            let mut st = lock(&self.shared.state);
+            payload_done(&mut st, t.queue, std::mem::take(&mut t.awaiting));
+        }
+    }
+
+    /// A fair share of `q`'s memory budget: the budget divided among the
+    /// clients that use it or wait for it (a front end caps what a client
+    /// that does not read its replies may have queued by it).
+    pub fn fair_share(&self, q: &Queue) -> u64 {
+        let st = lock(&self.shared.state);
+        let qs = &st.queues[q.id as usize].mem;
+        qs.limit / u64::from(qs.active.max(1))
+    }
+
+    fn admit_on(
+        &self,
+        client: ClientId,
+        q: &Queue,
+        mem: u64,
+        work: u64,
+        awaits: bool,
+    ) -> Option<Ticket> {
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
         let qi = q.id as usize;
@@ -125,18 +170,8 @@ impl Engine {
             return None;
         }
         let qs = &mut st.queues[qi].mem;
-        let fits = qs.used + mem <= qs.limit;
-        let ok = mem == 0
-            || match qs.waiters.front() {
-                None => fits,
-                Some(&(h, _)) if h == client.0 => fits,
-                Some(&(_, head)) => {
-                    let share = qs.limit / u64::from(qs.active.max(1));
-                    fits && (c.mem == 0 || c.mem + mem <= share) && qs.used + mem + head <= qs.limit
-                }
-            };
         let was = c.active();
-        if !ok {
+        if !memory_ok(qs, c, client.0, mem, awaits) {
             if c.waiting {
                 if let Some(w) = qs.waiters.iter_mut().find(|w| w.0 == client.0) {
                     w.1 = mem;
@@ -156,6 +191,11 @@ impl Engine {
         }
         c.mem += mem;
         qs.used += mem;
+        if qs.is_large(mem) {
+            qs.large += mem;
+        }
+        let awaiting = if awaits { mem } else { 0 };
+        qs.awaiting += awaiting;
         c.requests += 1;
         c.work += work;
         c.queue = Some(q.id);
@@ -169,6 +209,7 @@ impl Engine {
             queue: q.id,
             mem,
             work,
+            awaiting,
         })
     }
 
@@ -176,6 +217,9 @@ impl Engine {
     /// could not be read).
     pub fn cancel(&self, t: Ticket) {
         let mut st = lock(&self.shared.state);
+        if t.awaiting > 0 {
+            payload_done(&mut st, t.queue, t.awaiting);
+        }
         if t.mem > 0 {
             uncharge_locked(&mut st, t.client, t.queue, t.mem);
         }
@@ -256,6 +300,9 @@ pub(super) fn release(st: &mut State, shared: &Shared, client: u32, work: u64) {
 pub(super) fn uncharge_locked(st: &mut State, client: u32, qi: u32, bytes: u64) {
     if let Some(qs) = st.queues.get_mut(qi as usize).map(|q| &mut q.mem) {
         qs.used = qs.used.saturating_sub(bytes);
+        if qs.is_large(bytes) {
+            qs.large = qs.large.saturating_sub(bytes);
+        }
     }
     if let Some(c) = st.clients.get_mut(client as usize).and_then(|c| c.as_mut()) {
         let was = c.active();
@@ -270,6 +317,13 @@ pub(super) fn uncharge_locked(st: &mut State, client: u32, qi: u32, bytes: u64) 
             c.wake();
         }
     }
+    wake_waiters(st, qi);
+    maybe_free_client(st, client);
+}
+
+/// Wake the waiters of queue `qi` that fit into its free memory now,
+/// first come first served.
+fn wake_waiters(st: &State, qi: u32) {
     if let Some(qs) = st.queues.get(qi as usize).map(|q| &q.mem) {
         let mut free = qs.limit.saturating_sub(qs.used);
         for &(w, need) in &qs.waiters {
@@ -282,7 +336,46 @@ pub(super) fn uncharge_locked(st: &mut State, client: u32, qi: u32, bytes: u64) 
             }
         }
     }
-    maybe_free_client(st, client);
+}
+
+/// `bytes` of queue `qi` no longer wait on a client's payload.
+pub(super) fn payload_done(st: &mut State, qi: u32, bytes: u64) {
+    if let Some(qs) = st.queues.get_mut(qi as usize).map(|q| &mut q.mem) {
+        qs.awaiting = qs.awaiting.saturating_sub(bytes);
+    }
+    wake_waiters(st, qi);
+}
+
+/// The sharing rule (see the module doc of [`crate::engine`]): may
+/// `client` (`c`) take `mem` more bytes of the queue's budget now?
+/// `awaits`: the memory will wait on the client's payload.
+fn memory_ok(qs: &QState, c: &ClientQ, client: u32, mem: u64, awaits: bool) -> bool {
+    if mem == 0 {
+        return true;
+    }
+    let fits = qs.used + mem <= qs.limit;
+    let share = qs.limit / u64::from(qs.active.max(1));
+    let large = qs.is_large(mem);
+    // Large requests leave the reserve to small ones (one always may go,
+    // so a lone client makes progress whatever its request size).
+    if large && qs.large > 0 && qs.large + mem > qs.limit - qs.reserve() {
+        return false;
+    }
+    if awaits && qs.awaiting > 0 && qs.awaiting + mem > qs.limit / 2 {
+        return false;
+    }
+    match qs.waiters.front() {
+        None => fits,
+        Some(&(h, _)) if h == client => fits,
+        Some(&(_, head)) => {
+            // Others wait: nobody grows beyond an equal share, and the
+            // head of the line keeps its place, except for a small
+            // request that fits into the reserve.
+            let small_fits = !large && qs.used - qs.large + mem <= qs.reserve();
+            fits && (c.mem == 0 || c.mem + mem <= share)
+                && (qs.used + mem + head <= qs.limit || small_fits)
+        }
+    }
 }
 
 /// Take `client` out of its queue's waiter list.

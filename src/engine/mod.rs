@@ -1,6 +1,19 @@
 //! The request engine: a bounded pool of worker threads shared by every
 //! connection, with per-export ordering and per-client fairness.
 //!
+//! Front-end neutral: a [`Request`] carries an opaque completion tag and
+//! block-layer flags (FUA) only, and [`Op::Extents`] returns extents as
+//! data; each front end (NBD today, FUSE next) encodes its own replies in
+//! its [`Sink`].
+//!
+//! Files by job, each using only those listed before it: `order` (the
+//! ordering rules), `buf` (payload buffers and their charge), `request`
+//! (what a front end passes and gets back), `exec` (running one request
+//! on a device), `state` (the shared state, one `QueueState` per device),
+//! `admit` (admission and the budget), `sched` (deficit round robin and
+//! finishing), `gate` (suspend), `submit` (inline, submitted or queued),
+//! `worker` (the pool).
+//!
 //! Why this shape:
 //! - **One pool for all clients** bounds the threads (default: one per
 //!   core) and lets any idle core take any ready request.
@@ -24,6 +37,16 @@
 //!   Memory is counted in the pool's class sizes and charged until the
 //!   buffer is dropped (after its reply has really been sent), so the
 //!   pool never makes an admitted request wait.
+//! - **Memory a client holds hostage is bounded.** A large buffer's
+//!   release may depend on the client alone (a write whose payload it
+//!   does not send, a reply it does not read), so large requests together
+//!   may use only three quarters of an export's budget: the rest is kept
+//!   for small ones, and a 4 KiB read of a well-behaved client gets in
+//!   whatever the others hold. Writes awaiting their payload
+//!   ([`Engine::try_admit_payload`]) may hold at most half of the budget
+//!   (one always may), and the front end drops a payload that makes no
+//!   progress (`--payload-timeout`) and caps a client's unread replies at
+//!   its [`Engine::fair_share`].
 //! - **Ordering** (ordered parallel execution): see [`order`]. Overlapping requests run in
 //!   arrival order, flushes wait for earlier writes, and the same range
 //!   tracking makes the server's read-modify-write of partial blocks atomic.

@@ -146,6 +146,9 @@ pub struct Ticket {
     pub(super) mem: u64,
     /// Work charged until the request finishes.
     pub(super) work: u64,
+    /// Memory of a write whose payload the client still owes (see
+    /// [`super::Engine::try_admit_payload`]); 0 once it arrived.
+    pub(super) awaiting: u64,
 }
 
 /// A registered client (one NBD connection).

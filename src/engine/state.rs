@@ -123,6 +123,25 @@ pub(super) struct QState {
     pub(super) active: u32,
     /// Clients refused for memory, first come first served: (client, bytes).
     pub(super) waiters: VecDeque<(u32, u64)>,
+    /// Of `used`: charges of large requests ([`QState::is_large`]).
+    pub(super) large: u64,
+    /// Of `used`: charges of writes whose payload the client still owes.
+    pub(super) awaiting: u64,
+}
+
+impl QState {
+    /// Kept for small requests: large ones together may not use it, so
+    /// clients that hold large buffers hostage (a stalled payload, replies
+    /// never read) cannot lock the others out.
+    pub(super) fn reserve(&self) -> u64 {
+        self.limit / 4
+    }
+
+    /// Whether a charge of `bytes` counts as large (may not use the
+    /// reserve).
+    pub(super) fn is_large(&self, bytes: u64) -> bool {
+        bytes > self.reserve() / 16
+    }
 }
 
 /// What the engine keeps per queue (one device).

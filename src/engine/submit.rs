@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::core::{AsyncIo, DevResult};
 
-use super::admit::uncharge_locked;
+use super::admit::{payload_done, uncharge_locked};
 use super::exec;
 use super::order::{self, Kind, Span};
 use super::request::{Op, Request, Ticket, INLINE_MAX};
@@ -57,11 +57,17 @@ impl Engine {
                 _ => false,
             }
             && q.device.can_submit();
-        if t.mem > 0 {
-            // Memory charged at admission but no buffer made: it comes back
-            // when the request finishes.
+        if t.mem > 0 || t.awaiting > 0 {
+            // Memory charged at admission but no buffer made: it comes
+            // back now (the buffer's own charge when it is dropped). A
+            // payload, if one was awaited, is in.
             let mut st = lock(&self.shared.state);
-            uncharge_locked(&mut st, t.client, t.queue, t.mem);
+            if t.awaiting > 0 {
+                payload_done(&mut st, t.queue, t.awaiting);
+            }
+            if t.mem > 0 {
+                uncharge_locked(&mut st, t.client, t.queue, t.mem);
+            }
         }
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;

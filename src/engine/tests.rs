@@ -837,3 +837,71 @@ fn extents_come_back_as_data_merged_and_bounded() {
     let (_, ext) = ask(9, 6 * 4096, 0);
     assert_eq!(ext.len(), 1, "at least one extent");
 }
+
+/// An engine over one 64 MiB memory device whose buffer pool has a
+/// budget of `budget` bytes.
+fn budgeted(budget: u64) -> Engine {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemStore::new(64 << 20));
+    let pool = crate::mem::BufPool::new(crate::mem::Budget::new(budget));
+    Engine::with_pools(vec![dev], vec![pool], 1).unwrap()
+}
+
+#[test]
+fn large_requests_leave_the_reserve_to_small_ones() {
+    let e = budgeted(64 << 20);
+    let q = e.queue(0).clone();
+    let mut held = Vec::new();
+    // Clients that each take one 8 MiB buffer and keep it (a reply never
+    // read): together they stop at three quarters of the budget.
+    let mut refused = 0;
+    for _ in 0..8 {
+        let c = e.add_client();
+        match e.try_admit(c, &q, 8 << 20, 0) {
+            Some(t) => held.push(t),
+            None => refused += 1,
+        }
+    }
+    assert_eq!(held.len(), 6, "48 of 64 MiB for large requests");
+    assert_eq!(refused, 2);
+    // A small request of a new client still gets in, although large ones
+    // wait in line before it.
+    let c = e.add_client();
+    let t = e
+        .try_admit(c, &q, 4096, 0)
+        .expect("a 4 KiB request is admitted");
+    e.cancel(t);
+    for t in held {
+        e.cancel(t);
+    }
+}
+
+#[test]
+fn writes_awaiting_their_payload_hold_at_most_half_the_budget() {
+    let e = budgeted(64 << 20);
+    let q = e.queue(0).clone();
+    let mut waiting = Vec::new();
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        let c = e.add_client();
+        match e.try_admit_payload(c, &q, 8 << 20, 0) {
+            Some(t) => got.push(t),
+            None => waiting.push(c),
+        }
+    }
+    assert_eq!(got.len(), 4, "32 of 64 MiB may wait on payloads");
+    // Once a payload is in, its memory no longer counts: another write
+    // may start receiving.
+    e.payload_received(&mut got[0]);
+    let t = e.try_admit_payload(waiting[0], &q, 8 << 20, 0);
+    assert!(t.is_some(), "admitted after a payload arrived");
+    got.extend(t);
+    // One awaited payload always may go, whatever its size.
+    let lone = budgeted(64 << 20);
+    let c = lone.add_client();
+    let t = lone.try_admit_payload(c, lone.queue(0), 40 << 20, 0);
+    assert!(t.is_some(), "a lone large write is admitted");
+    lone.cancel(t.unwrap());
+    for t in got {
+        e.cancel(t);
+    }
+}

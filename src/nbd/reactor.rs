@@ -326,6 +326,15 @@ impl Loop {
                     continue;
                 }
             }
+            if s.payload_stalled_for(now)
+                .is_some_and(|t| t > o.payload_timeout)
+            {
+                self.close(
+                    idx,
+                    "sent part of a write and stopped; dropped after --payload-timeout",
+                );
+                continue;
+            }
             if self.stopping.is_some() {
                 s.input.eof = true;
             }

@@ -13,6 +13,9 @@ use super::super::tls::TlsMode;
 /// Default of [`NetOptions::busy_poll`] (`--poll-us`).
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 
+/// Default of [`NetOptions::payload_timeout`] (`--payload-timeout`).
+pub const DEFAULT_PAYLOAD_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Per-connection limits and deadlines of a server.
 #[derive(Debug, Clone)]
 pub struct NetOptions {
@@ -24,6 +27,9 @@ pub struct NetOptions {
     /// A client whose queued replies make no progress for this long (it
     /// stopped reading) is dropped.
     pub reply_timeout: Duration,
+    /// A client whose write payload makes no progress for this long is
+    /// dropped (the payload's buffer is charged to the export's budget).
+    pub payload_timeout: Duration,
     /// Caps on one client's requests and bytes in flight (queued replies
     /// included).
     pub client: ClientLimits,
@@ -39,6 +45,7 @@ impl Default for NetOptions {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: None,
             reply_timeout: Duration::from_secs(30),
+            payload_timeout: DEFAULT_PAYLOAD_TIMEOUT,
             client: ClientLimits::default(),
             tls: TlsMode::Off,
             busy_poll: DEFAULT_BUSY_POLL,

@@ -99,9 +99,15 @@ impl Tx {
     }
 }
 
-/// Queued reply bytes above which a client's requests are not read.
-fn tx_out_cap(cx: &Cx) -> u64 {
-    cx.opts.client.max_bytes
+/// Whether the client's queued replies are over its cap: its requests
+/// are then not read (back-pressure). The cap is the client's byte limit,
+/// and no more than its fair share of the export's memory budget, so
+/// clients that never read their replies cannot hold all of it.
+fn replies_over_cap(tx: &Tx, conn: &Conn, cx: &Cx) -> bool {
+    let queued = conn.queued();
+    // The engine's lock only when replies are queued at all.
+    queued > 0
+        && (queued > cx.opts.client.max_bytes || queued > cx.engine.fair_share(&tx.export.queue))
 }
 
 /// Run transmission as far as input, admission and output allow. An
@@ -156,7 +162,7 @@ fn read_header(
     if input.eof && input.inb.avail() < REQUEST_LEN {
         return Ok(false);
     }
-    if conn.queued() > tx_out_cap(cx) {
+    if replies_over_cap(tx, conn, cx) {
         // Back-pressure: its replies wait for the client.
         return Ok(false);
     }
@@ -220,7 +226,14 @@ fn admit(tx: &mut Tx, cx: &Cx, h: RequestHeader) -> bool {
     } else {
         0
     };
-    let Some(mut t) = cx.engine.try_admit(tx.client, &q, mem, work) else {
+    let admitted = if h.cmd == CMD_WRITE {
+        // Its payload is still on the way: the engine caps what such
+        // writes may hold.
+        cx.engine.try_admit_payload(tx.client, &q, mem, work)
+    } else {
+        cx.engine.try_admit(tx.client, &q, mem, work)
+    };
+    let Some(mut t) = admitted else {
         tx.state = TxState::Admit(h);
         return false;
     };
@@ -313,6 +326,8 @@ fn receive_payload(
     }
     match r {
         Ok(true) => {
+            let mut ticket = ticket;
+            cx.engine.payload_received(&mut ticket);
             let q = tx.export.queue.clone();
             cx.engine.submit_or_run(ticket, &q, req);
             Ok(true)
