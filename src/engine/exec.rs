@@ -140,43 +140,53 @@ pub(crate) fn execute(
             }
             Ok(())
         }
-        Op::WriteZeroes => {
-            let first = g.down(req.offset);
-            let last = g.down(end - 1);
-            let covers = |b: u64| req.offset <= b && end >= b + g.block_len(b) as u64;
-            // Whole blocks in the middle: the device's own write-zeroes.
-            let s = if covers(first) {
-                first
-            } else {
-                first + g.block
-            };
-            let e = if covers(last) {
-                end.max(last + g.block_len(last) as u64)
-            } else {
-                last
-            };
-            if s < e {
-                dev.write_zeroes(s, e - s, req.fua)?;
-            }
-            // Partial blocks at either end: read, zero the part, write.
-            for b in [first, last] {
-                if covers(b) || (b == last && last == first && b != first) {
-                    continue;
-                }
-                let blen = g.block_len(b);
-                let blk = &mut scratch[..blen];
-                dev.read(b, blk)?;
-                let zs = (req.offset.max(b) - b) as usize;
-                let ze = (end.min(b + blen as u64) - b) as usize;
-                blk[zs..ze].fill(0);
-                dev.write(b, WriteBuf::Owned(blk), req.fua)?;
-                if first == last {
-                    break;
-                }
-            }
-            Ok(())
+        Op::WriteZeroes => write_zeroes(dev, g, req, end, scratch),
+    }
+}
+
+/// Zero `[req.offset, end)`: the device's own write-zeroes for whole
+/// blocks, read-modify-write for partial ones at either end.
+fn write_zeroes(
+    dev: &dyn BlockDevice,
+    g: &Geometry,
+    req: &Request,
+    end: u64,
+    scratch: &mut [u8],
+) -> DevResult<()> {
+    let first = g.down(req.offset);
+    let last = g.down(end - 1);
+    let covers = |b: u64| req.offset <= b && end >= b + g.block_len(b) as u64;
+    // Whole blocks in the middle: the device's own write-zeroes.
+    let s = if covers(first) {
+        first
+    } else {
+        first + g.block
+    };
+    let e = if covers(last) {
+        end.max(last + g.block_len(last) as u64)
+    } else {
+        last
+    };
+    if s < e {
+        dev.write_zeroes(s, e - s, req.fua)?;
+    }
+    // Partial blocks at either end: read, zero the part, write.
+    for b in [first, last] {
+        if covers(b) || (b == last && last == first && b != first) {
+            continue;
+        }
+        let blen = g.block_len(b);
+        let blk = &mut scratch[..blen];
+        dev.read(b, blk)?;
+        let zs = (req.offset.max(b) - b) as usize;
+        let ze = (end.min(b + blen as u64) - b) as usize;
+        blk[zs..ze].fill(0);
+        dev.write(b, WriteBuf::Owned(blk), req.fua)?;
+        if first == last {
+            break;
         }
     }
+    Ok(())
 }
 
 /// The extents of `req`'s range into `req.extents`: at most `max` (at

@@ -11,7 +11,7 @@ use super::exec;
 use super::order::{self, Kind, Span};
 use super::request::{Op, Request, Ticket, INLINE_MAX};
 use super::sched::{finish, ready_or_park};
-use super::state::{lock, Engine, Queue, Shared, Slot};
+use super::state::{lock, Engine, Queue, Shared, Slot, State};
 
 impl Engine {
     /// Queue an admitted request on `q`. It runs once every earlier
@@ -32,31 +32,12 @@ impl Engine {
         let g = &q.geometry;
         let export = q.id as usize;
         let kind = req.op.kind();
-        let span = if kind == Kind::Flush {
-            Span {
-                kind,
-                start: 0,
-                end: 0,
-            }
-        } else {
-            Span::widened(kind, req.offset, req.len, g.block)
-        };
+        let span = span_of(&req, g.block);
         let inline = may_inline
             && g.depth == 0
             && req.len <= INLINE_MAX
             && matches!(req.op, Op::Read | Op::Write);
-        // A device that waits on a network and takes submissions gets a
-        // read, or a write of whole blocks (no read-modify-write), started
-        // here and completed from its callback: no worker wakes for it.
-        let submit = g.depth > 0
-            && req.len > 0
-            && req.buf.len() <= g.max_io
-            && match req.op {
-                Op::Read => true,
-                Op::Write => req.head == 0 && req.len as usize == req.buf.len(),
-                _ => false,
-            }
-            && q.device.can_submit();
+        let submit = submittable(q, &req);
         if t.mem > 0 || t.awaiting > 0 {
             // Memory charged at admission but no buffer made: it comes
             // back now (the buffer's own charge when it is dropped). A
@@ -92,71 +73,112 @@ impl Engine {
         } else {
             4096
         };
-        let slot = Slot {
-            queue: queued.as_ref().map(|_| q.clone()),
-            req: queued,
-            export: export as u32,
-            client: t.client,
-            work: t.work,
-            cost,
-            span,
-            deps,
-            waiting: deps > 0,
-        };
-        let id = if let Some(id) = st.free_slots.pop() {
-            st.slots[id as usize] = slot;
-            id
-        } else {
-            st.slots.push(slot);
-            st.slots.len() as u32 - 1
-        };
+        let id = put_slot(
+            st,
+            Slot {
+                queue: queued.as_ref().map(|_| q.clone()),
+                req: queued,
+                export: export as u32,
+                client: t.client,
+                work: t.work,
+                cost,
+                span,
+                deps,
+                waiting: deps > 0,
+            },
+        );
         st.queues[export].inflight.push(id);
         if now.is_some() || started.is_some() {
             st.queues[export].hold.running += 1;
         }
-        if let Some(mut req) = started {
-            // Registered like a running request (later conflicting ones
-            // wait for it, a hold's drain counts it); `finish` runs in the
-            // completion.
+        if let Some(req) = started {
             drop(guard);
-            let (buf, len) = (req.buf.as_mut_ptr(), req.buf.len());
-            let io = AsyncIo {
-                write: req.op == Op::Write,
-                fua: req.fua,
-                offset: req.offset - req.head as u64,
-                buf,
-                len,
-                done: Box::new({
-                    let (shared, q) = (self.shared.clone(), q.clone());
-                    move |r| complete_submitted(shared, q, id, req, r)
-                }),
-            };
-            // SAFETY: the buffer is the request's own (pool memory that
-            // does not move with the request); the completion owns the
-            // request, so nothing else touches the buffer and it lives
-            // until `done`; the completion holds the queue and so the
-            // device.
-            unsafe { q.device.submit(io) };
-            return;
-        }
-        if let Some(mut req) = now {
-            // Its turn has come and it is small: run it on this thread. The
-            // slot stays registered, so later conflicting requests of any
-            // client wait for it exactly as for a worker-run request.
+            self.start_submitted(q, id, req);
+        } else if let Some(req) = now {
             drop(guard);
-            let res = INLINE_SCRATCH
-                .with(|s| exec::execute(q.device.as_ref(), g, &mut req, &mut s.borrow_mut()));
-            let sink = req.sink.clone();
-            sink.complete(&mut req, res);
-            let mem = req.buf.free_and_take_charge();
-            drop(req);
-            let mut st = lock(&self.shared.state);
-            finish(&mut st, &self.shared, id, mem);
-            return;
-        }
-        if deps == 0 && ready_or_park(st, id) {
+            self.run_inline(q, id, req);
+        } else if deps == 0 && ready_or_park(st, id) {
             self.shared.work.notify_one();
         }
+    }
+
+    /// Start request `id` on a device that takes submissions. It is
+    /// registered like a running request (later conflicting ones wait for
+    /// it, a hold's drain counts it); `finish` runs in the completion.
+    fn start_submitted(&self, q: &Arc<Queue>, id: u32, mut req: Request) {
+        let (buf, len) = (req.buf.as_mut_ptr(), req.buf.len());
+        let io = AsyncIo {
+            write: req.op == Op::Write,
+            fua: req.fua,
+            offset: req.offset - req.head as u64,
+            buf,
+            len,
+            done: Box::new({
+                let (shared, q) = (self.shared.clone(), q.clone());
+                move |r| complete_submitted(shared, q, id, req, r)
+            }),
+        };
+        // SAFETY: the buffer is the request's own (pool memory that does
+        // not move with the request); the completion owns the request, so
+        // nothing else touches the buffer and it lives until `done`; the
+        // completion holds the queue and so the device.
+        unsafe { q.device.submit(io) };
+    }
+
+    /// Run request `id` on this thread: its turn has come and it is small.
+    /// The slot stays registered, so later conflicting requests of any
+    /// client wait for it exactly as for a worker-run request.
+    fn run_inline(&self, q: &Arc<Queue>, id: u32, mut req: Request) {
+        let g = &q.geometry;
+        let res = INLINE_SCRATCH
+            .with(|s| exec::execute(q.device.as_ref(), g, &mut req, &mut s.borrow_mut()));
+        let sink = req.sink.clone();
+        sink.complete(&mut req, res);
+        let mem = req.buf.free_and_take_charge();
+        drop(req);
+        let mut st = lock(&self.shared.state);
+        finish(&mut st, &self.shared, id, mem);
+    }
+}
+
+/// The range a request locks for ordering (a flush locks none).
+fn span_of(req: &Request, block: u64) -> Span {
+    let kind = req.op.kind();
+    if kind == Kind::Flush {
+        Span {
+            kind,
+            start: 0,
+            end: 0,
+        }
+    } else {
+        Span::widened(kind, req.offset, req.len, block)
+    }
+}
+
+/// A device that waits on a network and takes submissions gets a read,
+/// or a write of whole blocks (no read-modify-write), started on the
+/// submitting thread and completed from its callback: no worker wakes.
+fn submittable(q: &Queue, req: &Request) -> bool {
+    let g = &q.geometry;
+    g.depth > 0
+        && req.len > 0
+        && req.buf.len() <= g.max_io
+        && match req.op {
+            Op::Read => true,
+            Op::Write => req.head == 0 && req.len as usize == req.buf.len(),
+            _ => false,
+        }
+        && q.device.can_submit()
+}
+
+/// Put `slot` into a free slot of the slab (or a new one): its id.
+fn put_slot(st: &mut State, slot: Slot) -> u32 {
+    if let Some(id) = st.free_slots.pop() {
+        st.slots[id as usize] = slot;
+        id
+    } else {
+        st.slots.push(slot);
+        st.slots.len() as u32 - 1
     }
 }
 

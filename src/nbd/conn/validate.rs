@@ -40,61 +40,9 @@ pub(super) fn check(tx: &ExportView, conn: &Conn, h: &RequestHeader) -> io::Resu
     let len = u64::from(h.len);
     let in_range = h.offset.checked_add(len).is_some_and(|e| e <= tx.size);
     let bad_flags = |allowed: u16| h.flags & !allowed != 0;
-    let structured = conn.structured.load(Ordering::Relaxed);
     Ok(match h.cmd {
-        CMD_READ => {
-            let df = if structured { CMD_FLAG_DF } else { 0 };
-            let err = if bad_flags(CMD_FLAG_FUA | df) {
-                Some((EINVAL, "unsupported flags on READ"))
-            } else if h.len > MAX_PAYLOAD {
-                Some((EINVAL, "READ larger than the 32 MiB maximum"))
-            } else if len > tx.max_payload {
-                Some((
-                    EINVAL,
-                    "READ larger than the export's advertised maximum block size \
-                     (its memory budget is small: raise --memory-budget)",
-                ))
-            } else if !in_range {
-                Some((EINVAL, "READ beyond the end of the export"))
-            } else {
-                None
-            };
-            if let Some((e, msg)) = err {
-                conn.send_error(h.cookie, e, true, msg);
-                Checked::Done
-            } else if len == 0 {
-                conn.send_read(h.cookie, h.offset, None);
-                Checked::Done
-            } else {
-                Checked::Admit
-            }
-        }
-        CMD_WRITE => {
-            if h.len > MAX_DISCARDED_PAYLOAD {
-                return Err(invalid("absurd WRITE length"));
-            }
-            let err = if bad_flags(CMD_FLAG_FUA) {
-                Some(EINVAL)
-            } else if tx.read_only {
-                Some(EPERM)
-            } else if h.len > MAX_PAYLOAD || len > tx.max_payload {
-                Some(EINVAL)
-            } else if !in_range {
-                Some(ENOSPC)
-            } else {
-                None
-            };
-            if let Some(e) = err {
-                // The payload is already on the wire: consume it so the
-                // stream stays in sync, then refuse the request.
-                Checked::Skip(len, e)
-            } else if len == 0 {
-                conn.send_ok(h.cookie);
-                Checked::Done
-            } else {
-                Checked::Admit
-            }
-        }
+        CMD_READ => check_read(tx, conn, h, in_range),
+        CMD_WRITE => check_write(tx, conn, h, in_range)?,
         CMD_DISC => Checked::Disconnect,
         CMD_FLUSH => {
             if bad_flags(CMD_FLAG_FUA) || h.offset != 0 || len != 0 {
@@ -104,34 +52,7 @@ pub(super) fn check(tx: &ExportView, conn: &Conn, h: &RequestHeader) -> io::Resu
                 Checked::Admit
             }
         }
-        CMD_TRIM | CMD_WRITE_ZEROES => {
-            let zero = h.cmd == CMD_WRITE_ZEROES;
-            let allowed = if zero {
-                CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO
-            } else {
-                CMD_FLAG_FUA
-            };
-            let err = if bad_flags(allowed) {
-                Some(EINVAL)
-            } else if tx.read_only {
-                Some(EPERM)
-            } else if !in_range {
-                Some(if zero { ENOSPC } else { EINVAL })
-            } else if zero && h.flags & CMD_FLAG_FAST_ZERO != 0 && !tx.fast_zero {
-                Some(ENOTSUP)
-            } else {
-                None
-            };
-            if let Some(e) = err {
-                conn.send_error(h.cookie, e, false, "");
-                Checked::Done
-            } else if len == 0 {
-                conn.send_ok(h.cookie);
-                Checked::Done
-            } else {
-                Checked::Admit
-            }
-        }
+        CMD_TRIM | CMD_WRITE_ZEROES => check_trim_zero(tx, conn, h, in_range),
         CMD_CACHE => {
             // A prefetch hint; with no cache of our own there is
             // nothing to do beyond checking the request.
@@ -155,4 +76,99 @@ pub(super) fn check(tx: &ExportView, conn: &Conn, h: &RequestHeader) -> io::Resu
             Checked::Done
         }
     })
+}
+
+fn check_read(tx: &ExportView, conn: &Conn, h: &RequestHeader, in_range: bool) -> Checked {
+    let len = u64::from(h.len);
+    let df = if conn.structured.load(Ordering::Relaxed) {
+        CMD_FLAG_DF
+    } else {
+        0
+    };
+    let err = if h.flags & !(CMD_FLAG_FUA | df) != 0 {
+        Some((EINVAL, "unsupported flags on READ"))
+    } else if h.len > MAX_PAYLOAD {
+        Some((EINVAL, "READ larger than the 32 MiB maximum"))
+    } else if len > tx.max_payload {
+        Some((
+            EINVAL,
+            "READ larger than the export's advertised maximum block size \
+             (its memory budget is small: raise --memory-budget)",
+        ))
+    } else if !in_range {
+        Some((EINVAL, "READ beyond the end of the export"))
+    } else {
+        None
+    };
+    if let Some((e, msg)) = err {
+        conn.send_error(h.cookie, e, true, msg);
+        Checked::Done
+    } else if len == 0 {
+        conn.send_read(h.cookie, h.offset, None);
+        Checked::Done
+    } else {
+        Checked::Admit
+    }
+}
+
+fn check_write(
+    tx: &ExportView,
+    conn: &Conn,
+    h: &RequestHeader,
+    in_range: bool,
+) -> io::Result<Checked> {
+    let len = u64::from(h.len);
+    if h.len > MAX_DISCARDED_PAYLOAD {
+        return Err(invalid("absurd WRITE length"));
+    }
+    let err = if h.flags & !CMD_FLAG_FUA != 0 {
+        Some(EINVAL)
+    } else if tx.read_only {
+        Some(EPERM)
+    } else if h.len > MAX_PAYLOAD || len > tx.max_payload {
+        Some(EINVAL)
+    } else if !in_range {
+        Some(ENOSPC)
+    } else {
+        None
+    };
+    Ok(if let Some(e) = err {
+        // The payload is already on the wire: consume it so the stream
+        // stays in sync, then refuse the request.
+        Checked::Skip(len, e)
+    } else if len == 0 {
+        conn.send_ok(h.cookie);
+        Checked::Done
+    } else {
+        Checked::Admit
+    })
+}
+
+fn check_trim_zero(tx: &ExportView, conn: &Conn, h: &RequestHeader, in_range: bool) -> Checked {
+    let zero = h.cmd == CMD_WRITE_ZEROES;
+    let allowed = if zero {
+        CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO
+    } else {
+        CMD_FLAG_FUA
+    };
+    let err = if h.flags & !allowed != 0 {
+        Some(EINVAL)
+    } else if tx.read_only {
+        Some(EPERM)
+    } else if !in_range {
+        Some(if zero { ENOSPC } else { EINVAL })
+    } else if zero && h.flags & CMD_FLAG_FAST_ZERO != 0 && !tx.fast_zero {
+        Some(ENOTSUP)
+    } else {
+        None
+    };
+    if let Some(e) = err {
+        conn.send_error(h.cookie, e, false, "");
+        Checked::Done
+    } else if h.len == 0 {
+        conn.send_ok(h.cookie);
+        Checked::Done
+    } else {
+        Checked::Admit
+    }
 }
