@@ -121,7 +121,8 @@ impl Engine {
     /// sent yet: its memory waits on the client, so writes awaiting their
     /// payload may together hold at most half of the export's budget (one
     /// always may), and each client at most its fair share once others
-    /// wait. Call [`Engine::payload_received`] when the payload is in.
+    /// wait. The wait ends with [`Engine::payload_received`], or at the
+    /// latest when the request is submitted or cancelled.
     pub fn try_admit_payload(
         &self,
         client: ClientId,

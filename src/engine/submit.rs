@@ -38,20 +38,19 @@ impl Engine {
             && req.len <= INLINE_MAX
             && matches!(req.op, Op::Read | Op::Write);
         let submit = submittable(q, &req);
-        if t.mem > 0 || t.awaiting > 0 {
-            // Memory charged at admission but no buffer made: it comes
-            // back now (the buffer's own charge when it is dropped). A
-            // payload, if one was awaited, is in.
-            let mut st = lock(&self.shared.state);
-            if t.awaiting > 0 {
-                payload_done(&mut st, t.queue, t.awaiting);
-            }
-            if t.mem > 0 {
-                uncharge_locked(&mut st, t.client, t.queue, t.mem);
-            }
-        }
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
+        // A payload, if one was awaited, is in (under the same lock, so a
+        // write costs no extra lock round).
+        if t.awaiting > 0 {
+            payload_done(st, t.queue, t.awaiting);
+        }
+        if t.mem > 0 {
+            // Memory charged at admission but no buffer made: it comes
+            // back now (a buffer's own charge comes back when it is
+            // dropped).
+            uncharge_locked(st, t.client, t.queue, t.mem);
+        }
         let mut deps = 0;
         for &e in &st.queues[export].inflight {
             if order::conflicts(&st.slots[e as usize].span, &span) {

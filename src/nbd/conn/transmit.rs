@@ -24,19 +24,23 @@ const BATCH: usize = 32;
 enum TxState {
     Header,
     Admit(RequestHeader),
-    Payload {
-        req: Request,
-        ticket: Ticket,
-        filled: usize,
-        /// When the payload last made progress (or was admitted).
-        progress: Instant,
-    },
+    Payload(Payload),
     /// Discard a refused write's payload, then send its error.
     Skip {
         left: u64,
         cookie: u64,
         error: u32,
     },
+}
+
+/// A write whose payload is being received.
+struct Payload {
+    req: Request,
+    ticket: Ticket,
+    /// Payload bytes in the buffer so far.
+    filled: usize,
+    /// When the payload last made progress (or was admitted).
+    progress: Instant,
 }
 
 /// A session in transmission.
@@ -84,16 +88,16 @@ impl Tx {
     /// How long the payload being received has made no progress.
     pub(super) fn payload_stalled_for(&self, now: Instant) -> Option<Duration> {
         match &self.state {
-            TxState::Payload { progress, .. } => Some(now.saturating_duration_since(*progress)),
+            TxState::Payload(p) => Some(now.saturating_duration_since(p.progress)),
             _ => None,
         }
     }
 
     /// Give back what a half-received request holds, and the client.
     pub(super) fn close(self, cx: &Cx) {
-        if let TxState::Payload { req, ticket, .. } = self.state {
-            drop(req);
-            cx.engine.cancel(ticket);
+        if let TxState::Payload(p) = self.state {
+            drop(p.req);
+            cx.engine.cancel(p.ticket);
         }
         cx.engine.close_client(self.client);
     }
@@ -131,12 +135,7 @@ pub(super) fn drive(
                 go
             }
             TxState::Admit(h) => admit(tx, cx, h),
-            TxState::Payload {
-                req,
-                ticket,
-                filled,
-                progress,
-            } => receive_payload(tx, input, conn, cx, req, ticket, filled, progress)?,
+            TxState::Payload(p) => receive_payload(tx, input, conn, cx, p)?,
             TxState::Skip {
                 left,
                 cookie,
@@ -255,12 +254,12 @@ fn admit(tx: &mut Tx, cx: &Cx, h: RequestHeader) -> bool {
         }
         CMD_WRITE => {
             let (buf, head) = cx.engine.charged_buffer(&mut t, &q, h.offset, len);
-            tx.state = TxState::Payload {
+            tx.state = TxState::Payload(Payload {
                 req: request(Op::Write, buf, head),
                 ticket: t,
                 filled: 0,
                 progress: Instant::now(),
-            };
+            });
         }
         CMD_FLUSH => cx.engine.submit(t, &q, request(Op::Flush, Buf::empty(), 0)),
         CMD_WRITE_ZEROES => cx
@@ -277,28 +276,25 @@ fn admit(tx: &mut Tx, cx: &Cx, h: RequestHeader) -> bool {
 
 /// Receive a write's payload into its buffer, then submit the write:
 /// false when the socket has no more bytes now (the state is kept).
-#[allow(clippy::too_many_arguments)]
 fn receive_payload(
     tx: &mut Tx,
     input: &mut Input,
     conn: &Conn,
     cx: &Cx,
-    mut req: Request,
-    ticket: Ticket,
-    mut filled: usize,
-    mut progress: Instant,
+    mut p: Payload,
 ) -> io::Result<bool> {
-    let len = req.len as usize;
-    let head = req.head;
-    let start = filled;
+    let len = p.req.len as usize;
+    let head = p.req.head;
+    let start = p.filled;
     let r = loop {
-        let k = (len - filled).min(input.inb.avail());
+        let k = (len - p.filled).min(input.inb.avail());
         if k > 0 {
-            req.buf[head + filled..head + filled + k].copy_from_slice(&input.inb.bytes()[..k]);
+            let at = head + p.filled;
+            p.req.buf[at..at + k].copy_from_slice(&input.inb.bytes()[..k]);
             input.inb.consume(k);
-            filled += k;
+            p.filled += k;
         }
-        if filled == len {
+        if p.filled == len {
             break Ok(true);
         }
         if input.eof {
@@ -309,41 +305,35 @@ fn receive_payload(
         }
         // Large remainder, nothing buffered: straight into the payload
         // buffer (plain sockets).
-        let got = if len - filled >= 4096 && !conn.is_tls() {
-            read_direct(input, conn, &mut req.buf[head + filled..head + len])
+        let got = if len - p.filled >= 4096 && !conn.is_tls() {
+            read_direct(input, conn, &mut p.req.buf[head + p.filled..head + len])
         } else {
             input.fill(conn).map(|more| more.then_some(0))
         };
         match got {
-            Ok(Some(n)) => filled += n,
+            Ok(Some(n)) => p.filled += n,
             Ok(None) if input.eof => {}
             Ok(None) => break Ok(false),
             Err(e) => break Err(e),
         }
     };
-    if filled > start {
-        progress = Instant::now();
+    if p.filled > start {
+        p.progress = Instant::now();
     }
     match r {
         Ok(true) => {
-            let mut ticket = ticket;
-            cx.engine.payload_received(&mut ticket);
+            // Submitting ends the payload's wait (`payload_received`).
             let q = tx.export.queue.clone();
-            cx.engine.submit_or_run(ticket, &q, req);
+            cx.engine.submit_or_run(p.ticket, &q, p.req);
             Ok(true)
         }
         Ok(false) => {
-            tx.state = TxState::Payload {
-                req,
-                ticket,
-                filled,
-                progress,
-            };
+            tx.state = TxState::Payload(p);
             Ok(false)
         }
         Err(e) => {
-            drop(req);
-            cx.engine.cancel(ticket);
+            drop(p.req);
+            cx.engine.cancel(p.ticket);
             input.eof = true;
             Err(e)
         }
