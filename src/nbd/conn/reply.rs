@@ -78,6 +78,9 @@ pub struct Conn {
     live: Option<Arc<AtomicUsize>>,
     /// Ask the owning event loop to look at this connection.
     notify: OnceLock<Waker>,
+    /// An extent list kept from the last BLOCK_STATUS reply, handed to the
+    /// next one so steady-state BLOCK_STATUS allocates nothing.
+    spare_extents: Mutex<Vec<Extent>>,
 }
 
 impl Conn {
@@ -101,6 +104,7 @@ impl Conn {
             counted: AtomicBool::new(live.is_some()),
             live,
             notify: OnceLock::new(),
+            spare_extents: Mutex::new(Vec::new()),
         }
     }
 
@@ -364,6 +368,23 @@ impl Conn {
         }
     }
 
+    /// An extent list for the next BLOCK_STATUS request (the one kept
+    /// from the last reply, or a new, empty one).
+    pub(super) fn take_extents(&self) -> Vec<Extent> {
+        std::mem::take(&mut *self.spare_extents.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Keep `list` (emptied) for the next BLOCK_STATUS request, if it is
+    /// larger than the one kept but small enough that thousands of idle
+    /// connections do not hold much ([`KEPT_EXTENTS`]).
+    fn keep_extents(&self, mut list: Vec<Extent>) {
+        list.clear();
+        let mut spare = self.spare_extents.lock().unwrap_or_else(|p| p.into_inner());
+        if spare.capacity() < list.capacity() && list.capacity() <= KEPT_EXTENTS {
+            *spare = list;
+        }
+    }
+
     /// A BLOCK_STATUS reply: one chunk for `base:allocation` carrying the
     /// extents the engine returned, encoded on the stack (at most
     /// [`MAX_EXTENTS`] descriptors, 8 KiB).
@@ -385,6 +406,10 @@ impl Conn {
 /// Most extents in one BLOCK_STATUS reply (the spec suggests at most 2^20;
 /// clients ask again from where a reply ends).
 pub(super) const MAX_EXTENTS: usize = 1024;
+
+/// Largest extent list a connection keeps between BLOCK_STATUS requests
+/// (3 KiB); a longer reply's list is freed.
+const KEPT_EXTENTS: usize = 128;
 
 /// NBD `base:allocation` descriptors for `extents`: (length, flags)
 /// pairs of big-endian u32, as many as fit into `out`; returns the bytes
@@ -499,7 +524,10 @@ impl Sink for Conn {
                 let (c, o) = (req.tag, req.offset);
                 self.send_read(c, o, Some(req))
             }
-            Ok(()) if matches!(req.op, Op::Extents { .. }) => self.send_block_status(req),
+            Ok(()) if matches!(req.op, Op::Extents { .. }) => {
+                self.send_block_status(req);
+                self.keep_extents(std::mem::take(&mut req.extents));
+            }
             Ok(()) => self.send_ok(req.tag),
             Err(e) => {
                 tracing::warn!(

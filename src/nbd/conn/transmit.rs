@@ -134,7 +134,7 @@ pub(super) fn drive(
                 }
                 go
             }
-            TxState::Admit(h) => admit(tx, cx, h),
+            TxState::Admit(h) => admit(tx, conn, cx, h),
             TxState::Payload(p) => receive_payload(tx, input, conn, cx, p)?,
             TxState::Skip {
                 left,
@@ -200,7 +200,7 @@ fn read_header(
 
 /// Admit a checked request and submit it (a write waits for its payload
 /// first): false when the engine refused it for now (it wakes the session).
-fn admit(tx: &mut Tx, cx: &Cx, h: RequestHeader) -> bool {
+fn admit(tx: &mut Tx, conn: &Conn, cx: &Cx, h: RequestHeader) -> bool {
     let q = tx.export.queue.clone();
     let len = u64::from(h.len);
     let max_extents = if h.flags & CMD_FLAG_REQ_ONE != 0 {
@@ -266,8 +266,9 @@ fn admit(tx: &mut Tx, cx: &Cx, h: RequestHeader) -> bool {
             .engine
             .submit(t, &q, request(Op::WriteZeroes, Buf::empty(), 0)),
         CMD_BLOCK_STATUS => {
-            let op = Op::Extents { max: max_extents };
-            cx.engine.submit(t, &q, request(op, Buf::empty(), 0))
+            let mut r = request(Op::Extents { max: max_extents }, Buf::empty(), 0);
+            r.extents = conn.take_extents();
+            cx.engine.submit(t, &q, r)
         }
         _ => cx.engine.submit(t, &q, request(Op::Trim, Buf::empty(), 0)),
     }
