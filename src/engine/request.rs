@@ -54,7 +54,7 @@ impl Default for ClientLimits {
 }
 
 /// Called (from any thread, possibly under the engine's lock: it must only
-/// post a notification) when a client refused by [`Engine::try_admit`] may
+/// post a notification) when a client refused by [`super::Engine::try_admit`] may
 /// be admitted now.
 pub type Waker = Arc<dyn Fn() + Send + Sync>;
 
@@ -135,9 +135,9 @@ pub trait Sink: Send + Sync {
     fn complete(&self, req: &mut Request, result: DevResult<()>);
 }
 
-/// A client's admission, returned by [`Engine::admit`] or
-/// [`Engine::try_admit`]; pass it to [`Engine::submit`] or
-/// [`Engine::cancel`].
+/// A client's admission, returned by [`super::Engine::admit`] or
+/// [`super::Engine::try_admit`]; pass it to [`super::Engine::submit`] or
+/// [`super::Engine::cancel`].
 #[must_use]
 pub struct Ticket {
     pub(super) client: u32,

@@ -186,7 +186,7 @@ thread_local! {
     static INLINE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The completion of a request started by [`BlockDevice::submit`], on the
+/// The completion of a request started by [`crate::core::BlockDevice::submit`], on the
 /// device's callback thread: reply and finish as a worker would. A request
 /// the device declined goes to the workers instead.
 pub(super) fn complete_submitted(

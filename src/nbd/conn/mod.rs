@@ -27,11 +27,11 @@
 //! - **Admission never blocks either.** A request is parsed, checked
 //!   against the export (every check that needs no device access happens
 //!   here, so a bad request never costs a worker) and admitted by
-//!   [`Engine::try_admit`]; when refused, the session stops reading until
+//!   [`crate::engine::Engine::try_admit`]; when refused, the session stops reading until
 //!   the engine wakes it.
 //! - **Small requests stay inline.** A read or write of at most 64 KiB
 //!   whose turn has come runs on the event loop that parsed it
-//!   ([`Engine::submit_or_run`]): for 4 KiB the hand-off to a worker costs
+//!   ([`crate::engine::Engine::submit_or_run`]): for 4 KiB the hand-off to a worker costs
 //!   more than the I/O. Its reply usually goes out in the same `writev`
 //!   as before.
 //! - **Payloads are read straight into their buffer** once the batched
