@@ -61,7 +61,7 @@
 //!   next requests). A waiting worker is a sleeping thread; the store's
 //!   completion callback wakes it.
 //! - **Submitted requests** skip even that: when the device takes
-//!   asynchronous submissions ([`BlockDevice::can_submit`], an RBD image
+//!   asynchronous submissions ([`crate::core::BlockDevice::can_submit`], an RBD image
 //!   under linear layers or crypt (requests up to 1 MiB)), a read or whole-block
 //!   write whose turn has come is started on the connection's reader and
 //!   finished in the device's completion callback (reply, then the same
