@@ -91,6 +91,10 @@ pub struct Args {
     /// for this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub reply_timeout: f64,
+    /// Drop a client whose write payload makes no progress for this many
+    /// seconds (its buffer holds export memory meanwhile).
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub payload_timeout: f64,
     /// Microseconds an event loop keeps polling for the next request after
     /// its last event before it sleeps (0: sleep at once). A wake-up on
     /// another core costs tens of microseconds on a virtual machine, more
@@ -300,6 +304,7 @@ fn serve(a: Args) -> Result<(), String> {
             .map(|v| seconds(v, "--idle-timeout"))
             .transpose()?,
         reply_timeout: seconds(a.reply_timeout, "--reply-timeout")?,
+        payload_timeout: seconds(a.payload_timeout, "--payload-timeout")?,
         client: crate::engine::ClientLimits {
             max_requests: a.max_inflight_requests.max(1),
             max_bytes: max_bytes.max(1),

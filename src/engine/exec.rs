@@ -7,7 +7,7 @@
 
 use crate::core::{BlockDevice, DevError, DevResult, Extent, WriteBuf};
 
-use super::{Op, Request};
+use super::request::{Op, Request};
 
 /// What the engine caches about an export's device, read once.
 #[derive(Clone, Copy, Debug)]
@@ -122,48 +122,7 @@ pub(crate) fn execute(
             }
             Ok(())
         }
-        Op::BlockStatus => {
-            let max = req.buf.len() / 8;
-            let mut n = 0usize;
-            let mut run: Option<(u64, u32)> = None;
-            let flags = |e: &Extent| u32::from(e.hole) | (u32::from(e.zero) << 1);
-            let buf = &mut req.buf;
-            let mut put = |len: u64, f: u32, n: &mut usize| {
-                let d = &mut buf[*n * 8..*n * 8 + 8];
-                d[..4].copy_from_slice(&(len.min(u64::from(u32::MAX)) as u32).to_be_bytes());
-                d[4..].copy_from_slice(&f.to_be_bytes());
-                *n += 1;
-            };
-            // Adjacent extents of the same kind are merged (a striped
-            // device reports one per chunk).
-            crate::core::extents_of(dev, req.offset, req.len, &mut |e| {
-                let f = flags(&e);
-                match &mut run {
-                    Some((l, rf)) if *rf == f => {
-                        *l += e.len;
-                        true
-                    }
-                    _ => {
-                        if let Some((l, rf)) = run.take() {
-                            put(l, rf, &mut n);
-                        }
-                        run = Some((e.len, f));
-                        n < max
-                    }
-                }
-            })?;
-            if let Some((l, f)) = run {
-                if n < max {
-                    put(l, f, &mut n);
-                }
-            }
-            if n == 0 {
-                put(req.len, 0, &mut n);
-            }
-            req.head = 0;
-            req.len = (n * 8) as u64;
-            Ok(())
-        }
+        Op::Extents { max } => extents(dev, req, max as usize),
         Op::Flush => dev.flush(),
         Op::Trim => {
             // A hint: only whole blocks inside the range are discarded.
@@ -181,43 +140,86 @@ pub(crate) fn execute(
             }
             Ok(())
         }
-        Op::WriteZeroes => {
-            let first = g.down(req.offset);
-            let last = g.down(end - 1);
-            let covers = |b: u64| req.offset <= b && end >= b + g.block_len(b) as u64;
-            // Whole blocks in the middle: the device's own write-zeroes.
-            let s = if covers(first) {
-                first
-            } else {
-                first + g.block
-            };
-            let e = if covers(last) {
-                end.max(last + g.block_len(last) as u64)
-            } else {
-                last
-            };
-            if s < e {
-                dev.write_zeroes(s, e - s, req.fua)?;
-            }
-            // Partial blocks at either end: read, zero the part, write.
-            for b in [first, last] {
-                if covers(b) || (b == last && last == first && b != first) {
-                    continue;
-                }
-                let blen = g.block_len(b);
-                let blk = &mut scratch[..blen];
-                dev.read(b, blk)?;
-                let zs = (req.offset.max(b) - b) as usize;
-                let ze = (end.min(b + blen as u64) - b) as usize;
-                blk[zs..ze].fill(0);
-                dev.write(b, WriteBuf::Owned(blk), req.fua)?;
-                if first == last {
-                    break;
-                }
-            }
-            Ok(())
+        Op::WriteZeroes => write_zeroes(dev, g, req, end, scratch),
+    }
+}
+
+/// Zero `[req.offset, end)`: the device's own write-zeroes for whole
+/// blocks, read-modify-write for partial ones at either end.
+fn write_zeroes(
+    dev: &dyn BlockDevice,
+    g: &Geometry,
+    req: &Request,
+    end: u64,
+    scratch: &mut [u8],
+) -> DevResult<()> {
+    let first = g.down(req.offset);
+    let last = g.down(end - 1);
+    let covers = |b: u64| req.offset <= b && end >= b + g.block_len(b) as u64;
+    // Whole blocks in the middle: the device's own write-zeroes.
+    let s = if covers(first) {
+        first
+    } else {
+        first + g.block
+    };
+    let e = if covers(last) {
+        end.max(last + g.block_len(last) as u64)
+    } else {
+        last
+    };
+    if s < e {
+        dev.write_zeroes(s, e - s, req.fua)?;
+    }
+    // Partial blocks at either end: read, zero the part, write.
+    for b in [first, last] {
+        if covers(b) || (b == last && last == first && b != first) {
+            continue;
+        }
+        let blen = g.block_len(b);
+        let blk = &mut scratch[..blen];
+        dev.read(b, blk)?;
+        let zs = (req.offset.max(b) - b) as usize;
+        let ze = (end.min(b + blen as u64) - b) as usize;
+        blk[zs..ze].fill(0);
+        dev.write(b, WriteBuf::Owned(blk), req.fua)?;
+        if first == last {
+            break;
         }
     }
+    Ok(())
+}
+
+/// The extents of `req`'s range into `req.extents`: at most `max` (at
+/// least one), adjacent ones of the same kind merged (a striped device
+/// reports one per chunk), one data extent for the whole range when the
+/// device reports none.
+fn extents(dev: &dyn BlockDevice, req: &mut Request, max: usize) -> DevResult<()> {
+    let max = max.max(1);
+    let out = &mut req.extents;
+    out.clear();
+    let mut run: Option<Extent> = None;
+    crate::core::extents_of(dev, req.offset, req.len, &mut |e| match &mut run {
+        Some(r) if r.hole == e.hole && r.zero == e.zero => {
+            r.len += e.len;
+            true
+        }
+        _ => {
+            if let Some(r) = run.take() {
+                out.push(r);
+            }
+            run = Some(e);
+            out.len() < max
+        }
+    })?;
+    if let Some(r) = run {
+        if out.len() < max {
+            out.push(r);
+        }
+    }
+    if out.is_empty() {
+        out.push(Extent::data(req.len));
+    }
+    Ok(())
 }
 
 /// Complete the head and tail blocks of a write that does not cover them

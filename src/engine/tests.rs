@@ -3,7 +3,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::*;
-use crate::core::{DevError, Limits, WriteBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Extent, Limits, WriteBuf};
 use crate::store::mem::MemStore;
 
 /// Sends (cookie, ok, data) of every finished request down a channel.
@@ -16,11 +18,7 @@ impl Sink for Collect {
         } else {
             Vec::new()
         };
-        let _ = self
-            .0
-            .lock()
-            .unwrap()
-            .send((req.cookie, result.is_ok(), data));
+        let _ = self.0.lock().unwrap().send((req.tag, result.is_ok(), data));
     }
 }
 
@@ -56,13 +54,13 @@ fn req(
     }
     Request {
         op,
-        cookie,
-        flags: 0,
+        tag: cookie,
         offset,
         len,
         fua: false,
         buf,
         head,
+        extents: Vec::new(),
         sink: sink.clone(),
     }
 }
@@ -558,13 +556,13 @@ fn held_requests_stall_nothing_else() {
         buf[head..head + 4096].fill(i as u8);
         let r = Request {
             op: Op::Write,
-            cookie: 100 + i,
-            flags: 0,
+            tag: 100 + i,
             offset: i * 4096,
             len: 4096,
             fua: false,
             buf,
             head,
+            extents: Vec::new(),
             sink: s.clone(),
         };
         if i % 2 == 0 {
@@ -762,4 +760,148 @@ fn submitted_requests_complete_from_the_device_callback_in_order() {
     want[1000..1100].fill(7);
     assert!(back == want);
     e.remove_client(c);
+}
+
+/// A memory device that reports 4 KiB extents: data, data, hole, hole,
+/// data, ... (two of each kind in a row, so merging has work to do).
+struct Striped(MemStore);
+
+impl BlockDevice for Striped {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn limits(&self) -> Limits {
+        self.0.limits()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        self.0.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
+        self.0.write(offset, data, fua)
+    }
+    fn flush(&self) -> DevResult<()> {
+        self.0.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.0.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.0.write_zeroes(offset, len, fua)
+    }
+    fn extents(&self, offset: u64, len: u64, out: &mut dyn FnMut(Extent) -> bool) -> DevResult<()> {
+        let mut at = offset;
+        while at < offset + len {
+            let hole = (at / 8192) % 2 == 1;
+            if !out(Extent {
+                len: 4096,
+                hole,
+                zero: hole,
+            }) {
+                break;
+            }
+            at += 4096;
+        }
+        Ok(())
+    }
+}
+
+/// Sends the extents of every finished request down a channel.
+struct ExtentSink(Mutex<mpsc::Sender<(u64, Vec<Extent>)>>);
+
+impl Sink for ExtentSink {
+    fn complete(&self, req: &mut Request, result: DevResult<()>) {
+        assert!(result.is_ok());
+        let _ = self.0.lock().unwrap().send((req.tag, req.extents.clone()));
+    }
+}
+
+#[test]
+fn extents_come_back_as_data_merged_and_bounded() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(Striped(MemStore::new(1 << 20)));
+    let e = Engine::new(vec![dev], 1).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let s: Arc<dyn Sink> = Arc::new(ExtentSink(Mutex::new(tx)));
+    let c = e.add_client();
+    let ask = |tag: u64, len: u64, max: u32| {
+        let mut r = req(&e, Op::Extents { max }, tag, 0, &[], len, &s);
+        r.extents = Vec::with_capacity(4);
+        send(&e, c, 0, r);
+        rx.recv_timeout(Duration::from_secs(5)).unwrap()
+    };
+    let (tag, ext) = ask(7, 6 * 4096, 100);
+    assert_eq!(tag, 7);
+    let kinds: Vec<(u64, bool)> = ext.iter().map(|x| (x.len, x.hole)).collect();
+    assert_eq!(kinds, [(8192, false), (8192, true), (8192, false)]);
+    let (_, ext) = ask(8, 6 * 4096, 2);
+    assert_eq!(ext.len(), 2, "bounded by max: {ext:?}");
+    let (_, ext) = ask(9, 6 * 4096, 0);
+    assert_eq!(ext.len(), 1, "at least one extent");
+}
+
+/// An engine over one 64 MiB memory device whose buffer pool has a
+/// budget of `budget` bytes.
+fn budgeted(budget: u64) -> Engine {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemStore::new(64 << 20));
+    let pool = crate::mem::BufPool::new(crate::mem::Budget::new(budget));
+    Engine::with_pools(vec![dev], vec![pool], 1).unwrap()
+}
+
+#[test]
+fn large_requests_leave_the_reserve_to_small_ones() {
+    let e = budgeted(64 << 20);
+    let q = e.queue(0).clone();
+    let mut held = Vec::new();
+    // Clients that each take one 8 MiB buffer and keep it (a reply never
+    // read): together they stop at three quarters of the budget.
+    let mut refused = 0;
+    for _ in 0..8 {
+        let c = e.add_client();
+        match e.try_admit(c, &q, 8 << 20, 0) {
+            Some(t) => held.push(t),
+            None => refused += 1,
+        }
+    }
+    assert_eq!(held.len(), 6, "48 of 64 MiB for large requests");
+    assert_eq!(refused, 2);
+    // A small request of a new client still gets in, although large ones
+    // wait in line before it.
+    let c = e.add_client();
+    let t = e
+        .try_admit(c, &q, 4096, 0)
+        .expect("a 4 KiB request is admitted");
+    e.cancel(t);
+    for t in held {
+        e.cancel(t);
+    }
+}
+
+#[test]
+fn writes_awaiting_their_payload_hold_at_most_half_the_budget() {
+    let e = budgeted(64 << 20);
+    let q = e.queue(0).clone();
+    let mut waiting = Vec::new();
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        let c = e.add_client();
+        match e.try_admit_payload(c, &q, 8 << 20, 0) {
+            Some(t) => got.push(t),
+            None => waiting.push(c),
+        }
+    }
+    assert_eq!(got.len(), 4, "32 of 64 MiB may wait on payloads");
+    // Once a payload is in, its memory no longer counts: another write
+    // may start receiving.
+    e.payload_received(&mut got[0]);
+    let t = e.try_admit_payload(waiting[0], &q, 8 << 20, 0);
+    assert!(t.is_some(), "admitted after a payload arrived");
+    got.extend(t);
+    // One awaited payload always may go, whatever its size.
+    let lone = budgeted(64 << 20);
+    let c = lone.add_client();
+    let t = lone.try_admit_payload(c, lone.queue(0), 40 << 20, 0);
+    assert!(t.is_some(), "a lone large write is admitted");
+    lone.cancel(t.unwrap());
+    for t in got {
+        e.cancel(t);
+    }
 }

@@ -283,7 +283,7 @@ impl Loop {
         // A client that sent its last request (or left) is closed once
         // everything it asked for is answered.
         let s = &slot.s;
-        if s.eof && s.idle(&self.cx) {
+        if s.input.eof && s.idle(&self.cx) {
             if let Some(c) = s.client() {
                 if !self.cx.engine.wake_when_idle(c) {
                     return;
@@ -326,11 +326,22 @@ impl Loop {
                     continue;
                 }
             }
+            if s.payload_stalled_for(now)
+                .is_some_and(|t| t > o.payload_timeout)
+            {
+                self.close(
+                    idx,
+                    "sent part of a write and stopped; dropped after --payload-timeout",
+                );
+                continue;
+            }
             if self.stopping.is_some() {
-                s.eof = true;
+                s.input.eof = true;
             }
             if let Some(idle) = o.idle_timeout {
-                if !s.eof && s.idle(&self.cx) && now.saturating_duration_since(s.last_active) > idle
+                if !s.input.eof
+                    && s.idle(&self.cx)
+                    && now.saturating_duration_since(s.last_active) > idle
                 {
                     self.close(idx, "idle for longer than --idle-timeout");
                     continue;
@@ -342,7 +353,7 @@ impl Loop {
                     continue;
                 }
             }
-            if slot.s.eof {
+            if slot.s.input.eof {
                 self.drive(idx);
             }
         }
@@ -387,7 +398,7 @@ impl Loop {
                 };
                 if let Some(slot) = self.slots[idx].as_mut() {
                     if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                        slot.s.drained = false;
+                        slot.s.input.drained = false;
                     }
                     // Always under the connection's lock, never judged by
                     // the lock-free byte count: a worker may be queueing a

@@ -1,0 +1,63 @@
+//! What a session needs from its server: the per-connection limits and
+//! deadlines ([`NetOptions`]) and the shared context ([`Cx`]).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::{ClientLimits, Engine};
+
+use super::super::export::ExportSet;
+use super::super::tls::TlsMode;
+
+/// Default of [`NetOptions::busy_poll`] (`--poll-us`).
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
+
+/// Default of [`NetOptions::payload_timeout`] (`--payload-timeout`).
+pub const DEFAULT_PAYLOAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Per-connection limits and deadlines of a server.
+#[derive(Debug, Clone)]
+pub struct NetOptions {
+    /// A client that has not finished the handshake by then is dropped.
+    pub handshake_timeout: Duration,
+    /// A client in transmission with nothing in flight and no request for
+    /// this long is dropped (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// A client whose queued replies make no progress for this long (it
+    /// stopped reading) is dropped.
+    pub reply_timeout: Duration,
+    /// A client whose write payload makes no progress for this long is
+    /// dropped (the payload's buffer is charged to the export's budget).
+    pub payload_timeout: Duration,
+    /// Caps on one client's requests and bytes in flight (queued replies
+    /// included).
+    pub client: ClientLimits,
+    pub tls: TlsMode,
+    /// How long an event loop keeps polling without sleeping after its last
+    /// event (zero: sleep at once). See `reactor`'s module doc.
+    pub busy_poll: Duration,
+}
+
+impl Default for NetOptions {
+    fn default() -> Self {
+        NetOptions {
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: None,
+            reply_timeout: Duration::from_secs(30),
+            payload_timeout: DEFAULT_PAYLOAD_TIMEOUT,
+            client: ClientLimits::default(),
+            tls: TlsMode::Off,
+            busy_poll: DEFAULT_BUSY_POLL,
+        }
+    }
+}
+
+/// Everything a session needs from its server.
+pub struct Cx {
+    pub exports: Arc<ExportSet>,
+    pub engine: Arc<Engine>,
+    pub opts: NetOptions,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub shutting_down: AtomicBool,
+}

@@ -1,0 +1,549 @@
+//! Replies and their queue: [`Conn`] is the socket as seen by everyone who
+//! writes to it (the event loop and the engine's workers), and the NBD
+//! encoding of every reply, the engine's extents included.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read};
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::core::{DevResult, Extent};
+use crate::engine::{Buf, Op, Request, Sink, Waker};
+
+use super::super::proto::*;
+use super::super::sock::Sock;
+
+/// A reply (or the rest of one) waiting for room in the socket.
+struct Pending {
+    head: [u8; 32],
+    head_len: u8,
+    body: Vec<u8>,
+    /// The payload buffer (a read's data), kept alive and charged.
+    buf: Buf,
+    data: (usize, usize),
+    /// Bytes of this reply already sent.
+    sent: usize,
+}
+
+impl Pending {
+    fn len(&self) -> usize {
+        self.head_len as usize + self.body.len() + (self.data.1 - self.data.0)
+    }
+
+    /// The unsent parts, as up to three slices.
+    fn parts(&self) -> [&[u8]; 3] {
+        let mut skip = self.sent;
+        let mut out: [&[u8]; 3] = [
+            &self.head[..self.head_len as usize],
+            &self.body,
+            self.buf.get(self.data.0..self.data.1).unwrap_or(&[]),
+        ];
+        for p in out.iter_mut() {
+            let k = skip.min(p.len());
+            *p = &p[k..];
+            skip -= k;
+        }
+        out
+    }
+}
+
+struct Out {
+    queue: VecDeque<Pending>,
+    /// Bytes in `queue` not sent yet.
+    bytes: u64,
+    /// Last progress while the queue was not empty.
+    since: Option<Instant>,
+    tls: Option<Box<rustls::ServerConnection>>,
+    dead: bool,
+}
+
+/// A connection as seen by everyone who writes to it.
+pub struct Conn {
+    pub sock: Sock,
+    out: Mutex<Out>,
+    pub(super) structured: AtomicBool,
+    /// Context id of `base:allocation` (for BLOCK_STATUS replies).
+    pub(super) meta_id: std::sync::atomic::AtomicU32,
+    /// Still negotiating (a candidate for shedding at the connection cap).
+    pub in_handshake: AtomicBool,
+    /// Closed by the server (shed, error); the loop finishes the close.
+    closed: AtomicBool,
+    /// Queued bytes, readable without the lock.
+    queued: AtomicUsize,
+    /// Counted in the server's live connections (cleared by whoever
+    /// uncounts it first).
+    counted: AtomicBool,
+    live: Option<Arc<AtomicUsize>>,
+    /// Ask the owning event loop to look at this connection.
+    notify: OnceLock<Waker>,
+    /// An extent list kept from the last BLOCK_STATUS reply, handed to the
+    /// next one so steady-state BLOCK_STATUS allocates nothing.
+    spare_extents: Mutex<Vec<Extent>>,
+}
+
+impl Conn {
+    /// A connection on a non-blocking socket; `live` counts open
+    /// connections for the cap (decremented once, when it closes).
+    pub fn new(sock: Sock, live: Option<Arc<AtomicUsize>>) -> Conn {
+        Conn {
+            sock,
+            out: Mutex::new(Out {
+                queue: VecDeque::new(),
+                bytes: 0,
+                since: None,
+                tls: None,
+                dead: false,
+            }),
+            structured: AtomicBool::new(false),
+            meta_id: std::sync::atomic::AtomicU32::new(0),
+            in_handshake: AtomicBool::new(true),
+            closed: AtomicBool::new(false),
+            queued: AtomicUsize::new(0),
+            counted: AtomicBool::new(live.is_some()),
+            live,
+            notify: OnceLock::new(),
+            spare_extents: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn out(&self) -> MutexGuard<'_, Out> {
+        self.out.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_notify(&self, w: Waker) {
+        let _ = self.notify.set(w);
+    }
+
+    fn notify(&self) {
+        if let Some(w) = self.notify.get() {
+            w();
+        }
+    }
+
+    /// Take the connection out of the server's count (once).
+    pub fn uncount(&self) {
+        if self.counted.swap(false, Ordering::AcqRel) {
+            if let Some(l) = &self.live {
+                l.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Close from outside the event loop (shedding at the connection
+    /// cap): the socket is shut at once, so the client sees it now and its
+    /// loop, woken by the hang-up, frees the rest.
+    pub fn shed(&self) {
+        self.uncount();
+        self.kill();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Drop the connection: no more replies, queued ones are thrown away
+    /// (their buffers and charges go back), the socket is shut down.
+    pub fn kill(&self) {
+        self.closed.store(true, Ordering::Release);
+        let dropped = {
+            let mut out = self.out();
+            out.dead = true;
+            out.bytes = 0;
+            out.since = None;
+            std::mem::take(&mut out.queue)
+        };
+        self.queued.store(0, Ordering::Relaxed);
+        self.sock.shutdown(Shutdown::Both);
+        drop(dropped);
+        self.notify();
+    }
+
+    /// Bytes of replies waiting for the socket.
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed) as u64
+    }
+
+    /// How long queued replies have made no progress.
+    pub fn stalled_for(&self, now: Instant) -> Option<Duration> {
+        let out = self.out();
+        if out.queue.is_empty() && !out.tls.as_ref().is_some_and(|t| t.wants_write()) {
+            return None;
+        }
+        out.since.map(|s| now.saturating_duration_since(s))
+    }
+
+    /// Send `head`, `body` and the data of `req` (a read's bytes) as one
+    /// message, now if the socket takes it, else queued (taking the
+    /// request's buffer, which stays charged until sent).
+    fn send(&self, head: &[u8], body: &[u8], req: Option<&mut Request>) {
+        let mut out = self.out();
+        if out.dead {
+            return;
+        }
+        let (ds, de) = req
+            .as_deref()
+            .map_or((0, 0), |r| (r.head, r.head + r.data().len()));
+        let total = head.len() + body.len() + (de - ds);
+        let mut sent = 0;
+        if out.tls.is_none() && out.queue.is_empty() {
+            let data: &[u8] = req.as_deref().map_or(&[], |r| r.data());
+            match self.sock.try_writev(&[
+                IoSlice::new(head),
+                IoSlice::new(body),
+                IoSlice::new(data),
+            ]) {
+                Ok(n) if n == total => return,
+                Ok(n) => sent = n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    drop(out);
+                    self.fail(&e);
+                    return;
+                }
+            }
+        }
+        // Queue the rest (the slow path: the client is not reading fast
+        // enough, or TLS, which always goes through the queue).
+        let (h, b) = if head.len() <= 32 {
+            (head, body.to_vec())
+        } else {
+            (&[][..], [head, body].concat())
+        };
+        let mut p = Pending {
+            head: [0; 32],
+            head_len: h.len() as u8,
+            body: b,
+            buf: Buf::empty(),
+            data: (0, 0),
+            sent,
+        };
+        p.head[..h.len()].copy_from_slice(h);
+        if let Some(r) = req {
+            p.buf = std::mem::replace(&mut r.buf, Buf::empty());
+            p.data = (ds, de);
+        }
+        out.bytes += (total - sent) as u64;
+        if out.since.is_none() {
+            out.since = Some(Instant::now());
+        }
+        out.queue.push_back(p);
+        let r = flush_locked(&self.sock, &mut out);
+        self.queued.store(out.bytes as usize, Ordering::Relaxed);
+        drop(out);
+        if let Err(e) = r {
+            self.fail(&e);
+        }
+    }
+
+    /// Send bytes the caller keeps (handshake replies).
+    pub fn send_bytes(&self, b: &[u8]) {
+        if !b.is_empty() {
+            self.send(&[], b, None)
+        }
+    }
+
+    /// Send what is queued, as far as the socket takes it (the event loop
+    /// calls this when the socket is writable). Returns the bytes still
+    /// queued.
+    pub fn flush(&self) -> u64 {
+        let mut out = self.out();
+        if out.dead {
+            return 0;
+        }
+        let r = flush_locked(&self.sock, &mut out);
+        self.queued.store(out.bytes as usize, Ordering::Relaxed);
+        let left = out.bytes;
+        drop(out);
+        if let Err(e) = r {
+            self.fail(&e);
+        }
+        left
+    }
+
+    fn fail(&self, e: &io::Error) {
+        tracing::debug!("reply to {} failed: {e}", self.sock.peer());
+        self.kill();
+    }
+
+    /// Switch the connection to TLS (after the STARTTLS ACK went out).
+    pub(super) fn start_tls(&self, cfg: &Arc<rustls::ServerConfig>) -> io::Result<()> {
+        let mut out = self.out();
+        if !out.queue.is_empty() {
+            return Err(io::Error::other(
+                "client did not read the STARTTLS reply before starting TLS",
+            ));
+        }
+        let s = rustls::ServerConnection::new(cfg.clone())
+            .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
+        out.tls = Some(Box::new(s));
+        Ok(())
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.out().tls.is_some()
+    }
+
+    /// Read client bytes: straight from the socket, or decrypted.
+    /// `WouldBlock` when none are available, `Ok(0)` at the end.
+    pub(super) fn read_input(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut guard = self.out();
+        let out = &mut *guard;
+        if out.tls.is_none() {
+            drop(guard);
+            return self.sock.try_read(buf);
+        }
+        loop {
+            let tls = out.tls.as_mut().expect("TLS session present");
+            match tls.reader().read(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            match tls.read_tls(&mut &self.sock) {
+                Ok(0) => return Ok(0),
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+            let processed = tls.process_new_packets();
+            // Handshake messages and alerts go out now.
+            let r = flush_locked(&self.sock, out);
+            self.queued.store(out.bytes as usize, Ordering::Relaxed);
+            let tls = out.tls.as_mut().expect("TLS session present");
+            if let Err(e) = processed {
+                let _ = tls.write_tls(&mut &self.sock);
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("TLS: {e}"),
+                ));
+            }
+            r?;
+        }
+    }
+
+    pub(super) fn send_ok(&self, cookie: u64) {
+        self.send(&simple_reply(0, cookie), &[], None);
+    }
+
+    /// An error reply; reads with structured replies must get an error
+    /// chunk, everything else may use a simple reply.
+    pub(super) fn send_error(&self, cookie: u64, error: u32, is_read: bool, msg: &str) {
+        if is_read && self.structured.load(Ordering::Relaxed) {
+            let msg = &msg.as_bytes()[..msg.len().min(1024)];
+            let h = chunk_header(
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_ERROR,
+                cookie,
+                6 + msg.len() as u32,
+            );
+            let mut body = Vec::with_capacity(6 + msg.len());
+            body.extend_from_slice(&error.to_be_bytes());
+            body.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+            body.extend_from_slice(msg);
+            self.send(&h, &body, None);
+        } else {
+            self.send(&simple_reply(error, cookie), &[], None);
+        }
+    }
+
+    pub(super) fn send_read(&self, cookie: u64, offset: u64, req: Option<&mut Request>) {
+        let len = req.as_ref().map_or(0, |r| r.data().len());
+        if !self.structured.load(Ordering::Relaxed) {
+            self.send(&simple_reply(0, cookie), &[], req);
+        } else if len == 0 {
+            let h = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, cookie, 0);
+            self.send(&h, &[], None);
+        } else {
+            // One data chunk for the whole read, so DF always holds.
+            let mut h = [0u8; 28];
+            h[..20].copy_from_slice(&chunk_header(
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                cookie,
+                8 + len as u32,
+            ));
+            h[20..].copy_from_slice(&offset.to_be_bytes());
+            self.send(&h, &[], req);
+        }
+    }
+
+    /// An extent list for the next BLOCK_STATUS request (the one kept
+    /// from the last reply, or a new, empty one).
+    pub(super) fn take_extents(&self) -> Vec<Extent> {
+        std::mem::take(&mut *self.spare_extents.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Keep `list` (emptied) for the next BLOCK_STATUS request, if it is
+    /// larger than the one kept but small enough that thousands of idle
+    /// connections do not hold much ([`KEPT_EXTENTS`]).
+    fn keep_extents(&self, mut list: Vec<Extent>) {
+        list.clear();
+        let mut spare = self.spare_extents.lock().unwrap_or_else(|p| p.into_inner());
+        if spare.capacity() < list.capacity() && list.capacity() <= KEPT_EXTENTS {
+            *spare = list;
+        }
+    }
+
+    /// A BLOCK_STATUS reply: one chunk for `base:allocation` carrying the
+    /// extents the engine returned, encoded on the stack (at most
+    /// [`MAX_EXTENTS`] descriptors, 8 KiB).
+    fn send_block_status(&self, req: &Request) {
+        let mut body = [0u8; 8 * MAX_EXTENTS];
+        let n = encode_extents(&req.extents, &mut body);
+        let mut h = [0u8; 24];
+        h[..20].copy_from_slice(&chunk_header(
+            REPLY_FLAG_DONE,
+            REPLY_TYPE_BLOCK_STATUS,
+            req.tag,
+            4 + n as u32,
+        ));
+        h[20..].copy_from_slice(&self.meta_id.load(Ordering::Relaxed).to_be_bytes());
+        self.send(&h, &body[..n], None);
+    }
+}
+
+/// Most extents in one BLOCK_STATUS reply (the spec suggests at most 2^20;
+/// clients ask again from where a reply ends).
+pub(super) const MAX_EXTENTS: usize = 1024;
+
+/// Largest extent list a connection keeps between BLOCK_STATUS requests
+/// (3 KiB); a longer reply's list is freed.
+const KEPT_EXTENTS: usize = 128;
+
+/// NBD `base:allocation` descriptors for `extents`: (length, flags)
+/// pairs of big-endian u32, as many as fit into `out`; returns the bytes
+/// written. The lengths fit: a request's range is at most 4 GiB - 1.
+fn encode_extents(extents: &[Extent], out: &mut [u8]) -> usize {
+    let mut n = 0;
+    for (e, d) in extents.iter().zip(out.chunks_exact_mut(8)) {
+        let flags = (u32::from(e.hole) * STATE_HOLE) | (u32::from(e.zero) * STATE_ZERO);
+        d[..4].copy_from_slice(&(e.len.min(u64::from(u32::MAX)) as u32).to_be_bytes());
+        d[4..].copy_from_slice(&flags.to_be_bytes());
+        n += 8;
+    }
+    n
+}
+
+/// Send queued replies until the socket is full or the queue empty.
+fn flush_locked(sock: &Sock, out: &mut Out) -> io::Result<()> {
+    let before = out.bytes;
+    let r = if out.tls.is_some() {
+        flush_tls(sock, out)
+    } else {
+        flush_plain(sock, out)
+    };
+    if out.bytes != before || out.queue.is_empty() {
+        out.since = (!out.queue.is_empty()).then(Instant::now);
+    }
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+        r => r,
+    }
+}
+
+fn flush_plain(sock: &Sock, out: &mut Out) -> io::Result<()> {
+    while !out.queue.is_empty() {
+        let mut iov: [IoSlice<'_>; 24] = [IoSlice::new(&[]); 24];
+        let mut n = 0;
+        for p in out.queue.iter().take(8) {
+            for part in p.parts() {
+                iov[n] = IoSlice::new(part);
+                n += 1;
+            }
+        }
+        let mut done = sock.try_writev(&iov[..n])?;
+        if done == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "client stopped accepting data",
+            ));
+        }
+        out.bytes -= done as u64;
+        while done > 0 {
+            let p = out
+                .queue
+                .front_mut()
+                .expect("bytes sent belong to a queued reply");
+            let left = p.len() - p.sent;
+            if done >= left {
+                done -= left;
+                out.queue.pop_front();
+            } else {
+                p.sent += done;
+                done = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Under TLS: encrypt queued replies piece by piece (at most 16 KiB of
+/// plaintext ahead of what the socket took), so the TLS buffers stay small
+/// and the payload buffers keep the charge until their bytes are out.
+fn flush_tls(sock: &Sock, out: &mut Out) -> io::Result<()> {
+    const AHEAD: usize = 16 << 10;
+    let tls = out.tls.as_mut().expect("TLS session present");
+    loop {
+        while tls.wants_write() {
+            tls.write_tls(&mut &*sock)?;
+        }
+        let Some(p) = out.queue.front_mut() else {
+            return Ok(());
+        };
+        let mut fed = 0;
+        for part in p.parts() {
+            if fed >= AHEAD {
+                break;
+            }
+            let k = part.len().min(AHEAD - fed);
+            if k == 0 {
+                continue;
+            }
+            let n = std::io::Write::write(&mut tls.writer(), &part[..k])?;
+            fed += n;
+            if n < k {
+                break;
+            }
+        }
+        p.sent += fed;
+        out.bytes -= fed as u64;
+        if p.sent >= p.len() {
+            out.queue.pop_front();
+        }
+        if fed == 0 && !tls.wants_write() {
+            return Ok(());
+        }
+    }
+}
+
+impl Sink for Conn {
+    fn complete(&self, req: &mut Request, result: DevResult<()>) {
+        match result {
+            Ok(()) if req.op == Op::Read => {
+                let (c, o) = (req.tag, req.offset);
+                self.send_read(c, o, Some(req))
+            }
+            Ok(()) if matches!(req.op, Op::Extents { .. }) => {
+                self.send_block_status(req);
+                self.keep_extents(std::mem::take(&mut req.extents));
+            }
+            Ok(()) => self.send_ok(req.tag),
+            Err(e) => {
+                tracing::warn!(
+                    "{:?} of {} bytes at offset {} failed: {e}",
+                    req.op,
+                    req.len,
+                    req.offset
+                );
+                let msg = e.to_string();
+                self.send_error(
+                    req.tag,
+                    e.nbd_errno(req.op.is_write()),
+                    req.op == Op::Read,
+                    &msg,
+                );
+            }
+        }
+    }
+}
