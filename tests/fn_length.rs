@@ -29,8 +29,6 @@ const ALLOWED: &[(&str, &str)] = &[
     // TODO(nbd slice): split.
     ("nbd/handshake.rs", "option"),
     // TODO(nbd slice): split.
-    ("nbd/conn.rs", "drive_tx"),
-    // TODO(nbd slice): split.
     ("nbd/server.rs", "run"),
     // TODO(control slice): split.
     ("control/service.rs", "handle"),
