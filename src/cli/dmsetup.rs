@@ -25,6 +25,8 @@ use crate::control::{default_path, Client, ClientError};
 #[derive(Default, Debug)]
 struct Opts {
     control: Option<PathBuf>,
+    /// `create --allow LIST`: narrows who may use the device over NBD.
+    allow: Option<String>,
     columns: bool,
     options: Option<String>,
     noheadings: bool,
@@ -59,7 +61,7 @@ dmsetup
         [-r|--readonly] [--noflush] [--showkeys] [--target <target_type>]
         [--control <socket>] [--json]
 
-        create <dev_name> [-u|uuid <uuid>] [-n|--notable|--table {<table>|<table_file>}]
+        create <dev_name> [-u|uuid <uuid>] [--allow <list>] [-n|--notable|--table {<table>|<table_file>}]
         load|reload <dev_name> [--table {<table>|<table_file>}]
         suspend [--noflush] <dev_name>...
         resume [--force] <dev_name>...
@@ -91,6 +93,7 @@ $XDG_RUNTIME_DIR/udm/control.
 /// Options taking a value, long and short forms.
 const WITH_VALUE: &[&str] = &[
     "--control",
+    "--allow",
     "--options",
     "-o",
     "--separator",
@@ -168,6 +171,7 @@ fn parse(argv: &[String]) -> Result<Opts, String> {
             };
             match name.as_str() {
                 "--control" => o.control = Some(PathBuf::from(v)),
+                "--allow" => o.allow = Some(v),
                 "--options" | "-o" => o.options = Some(v),
                 "--separator" => o.separator = Some(v),
                 "--table" => o.table = Some(v),
@@ -362,6 +366,7 @@ fn dispatch(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
             let mut r = req("create", &args[..1]);
             r.uuid = o.uuid.clone();
             r.readonly = o.readonly;
+            r.allow = o.allow.clone();
             let table = if o.notable {
                 Zeroizing::new(Vec::new())
             } else {
@@ -747,6 +752,19 @@ fn tree(devs: &[DeviceInfo], options: &str) -> String {
     out
 }
 
+/// The rules of `info` in one line: `10.0.0.0/8` or
+/// `(unix,uid:0) and (uid:0)`.
+fn describe_access(rules: &[String]) -> String {
+    match rules {
+        [one] => one.clone(),
+        many => many
+            .iter()
+            .map(|r| format!("({r})"))
+            .collect::<Vec<_>>()
+            .join(" and "),
+    }
+}
+
 fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
     let mut c = client(o)?;
     let (v, _) = c.call(req("info", args), &[])?;
@@ -789,6 +807,10 @@ fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
             );
         }
         println!("Open count:        {}", d.open_count);
+        // Only with rules: without, dmsetup's output stays as it is.
+        if !d.allow.is_empty() {
+            println!("NBD clients:       {}", describe_access(&d.allow));
+        }
         println!("Event number:      {}", d.event_nr);
         println!("Major, minor:      {MAJOR}, {}", d.minor);
         println!("Number of targets: {}", d.target_count);
@@ -1080,6 +1102,7 @@ mod tests {
             major: 0,
             minor,
             read_only: false,
+            allow: Vec::new(),
             suspended: false,
             live_table: true,
             inactive_table: false,

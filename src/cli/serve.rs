@@ -15,7 +15,7 @@ use zeroize::Zeroizing;
 use crate::control::{self, ControlServer, Service};
 use crate::engine::Engine;
 use crate::mapper::{BuildOptions, DeviceSpec, Devices};
-use crate::nbd::export::BudgetPolicy;
+use crate::nbd::export::{parse_allow_list, AccessPolicy, BudgetPolicy};
 use crate::nbd::{ExportSet, Listen, ServerConfig};
 use crate::targets::TargetOptions;
 
@@ -119,10 +119,19 @@ pub struct Args {
     #[arg(long)]
     pub tls_verify_peer: bool,
     /// Who may use an export: NAME=ENTRY[,ENTRY...] with entries `unix`,
-    /// `tls`, an IP address or ADDRESS/PREFIX. Exports without a list are
-    /// open to every client that reaches the server.
+    /// `uid:N` (Unix socket clients of that user), `tls`, an IP address or
+    /// ADDRESS/PREFIX. The rule belongs to the name: it also binds a device
+    /// of that name created, renamed or re-created later.
     #[arg(long = "allow", value_name = "NAME=LIST")]
     pub allow: Vec<String>,
+    /// The rule of every name without an --allow of its own (default:
+    /// every client that reaches the server).
+    #[arg(long, value_name = "LIST")]
+    pub allow_default: Option<String>,
+    /// Mode of the --socket file, octal (default 0600: the server's user
+    /// and root only; it never depends on the umask).
+    #[arg(long, value_name = "MODE")]
+    pub socket_mode: Option<String>,
     /// The control socket (`udm dmsetup` talks to it). Default:
     /// $UDM_CONTROL, else /run/udm/control as root, else
     /// $XDG_RUNTIME_DIR/udm/control; a default path another server holds
@@ -280,16 +289,12 @@ fn serve(a: Args) -> Result<(), String> {
         (None, Some(h)) => Listen::Tcp(h.clone()),
         (None, None) => unreachable!("clap requires one of --socket/--listen"),
     };
-    let mut allow = Vec::new();
-    for entry in &a.allow {
-        let (name, list) = name_value(entry, "--allow")?;
-        let rules = list
-            .split(',')
-            .map(|x| x.trim().parse::<crate::nbd::Allow>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("--allow {name}: {e}"))?;
-        allow.push((name, rules));
-    }
+    let policy = access_policy(&a, read_only_exports)?;
+    let socket_mode = a
+        .socket_mode
+        .as_deref()
+        .map(parse_socket_mode)
+        .transpose()?;
     let tls_mode: crate::nbd::TlsMode = a.tls.parse()?;
     let max_bytes = crate::mem::parse_size(&a.max_inflight_bytes)
         .map_err(|e| format!("--max-inflight-bytes: {e}"))?;
@@ -317,8 +322,8 @@ fn serve(a: Args) -> Result<(), String> {
             threads: a.threads,
             crypt_threads: a.crypt_threads,
             memory_budget: budget,
-            read_only_exports,
-            allow,
+            policy,
+            socket_mode,
             max_connections: a.max_connections,
             net_threads: a.net_threads,
             net,
@@ -342,6 +347,35 @@ fn serve(a: Args) -> Result<(), String> {
     )
 }
 
+/// The access rules of `--allow`, `--allow-default` and `ro:NAME`.
+fn access_policy(a: &Args, read_only: Vec<String>) -> Result<AccessPolicy, String> {
+    let mut names = Vec::new();
+    for entry in &a.allow {
+        let (name, list) = name_value(entry, "--allow")?;
+        let rules = parse_allow_list(&list).map_err(|e| format!("--allow {name}: {e}"))?;
+        names.push((name, rules));
+    }
+    let default = match &a.allow_default {
+        Some(l) => parse_allow_list(l).map_err(|e| format!("--allow-default: {e}"))?,
+        None => Vec::new(),
+    };
+    Ok(AccessPolicy {
+        names,
+        read_only,
+        default,
+    })
+}
+
+/// An octal file mode for `--socket-mode` (`0600`, `660`).
+fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| {
+            format!("--socket-mode expects an octal mode such as 0600 or 0660, got '{s}'")
+        })
+}
+
 /// Where the control socket goes.
 #[derive(Debug, Clone, Default)]
 pub enum ControlPath {
@@ -362,10 +396,10 @@ pub struct Settings {
     pub threads: usize,
     pub crypt_threads: usize,
     pub memory_budget: Option<u64>,
-    /// Exports served read-only (`ro:NAME=...`).
-    pub read_only_exports: Vec<String>,
-    /// Per-export allow-lists.
-    pub allow: Vec<(String, Vec<crate::nbd::Allow>)>,
+    /// Access rules by name (`--allow`, `--allow-default`, `ro:NAME`).
+    pub policy: AccessPolicy,
+    /// `--socket-mode`.
+    pub socket_mode: Option<u32>,
     pub max_connections: Option<usize>,
     pub net_threads: usize,
     pub net: crate::nbd::NetOptions,
@@ -389,8 +423,8 @@ impl Default for Settings {
             metrics: None,
             histograms: true,
             flatten: true,
-            read_only_exports: Vec::new(),
-            allow: Vec::new(),
+            policy: AccessPolicy::default(),
+            socket_mode: None,
             max_connections: None,
             net_threads: 0,
             net: crate::nbd::NetOptions::default(),
@@ -463,6 +497,9 @@ pub fn serve_specs(
             exports: specs.len().max(1),
         },
     ));
+    // Before any device exists: every export, from the command line or
+    // created later, gets the rules of its name.
+    exports.set_policy(st.policy.clone());
     let service = Arc::new(Service::new(devices.clone(), exports.clone(), st.read_only));
     // Command-line devices may name each other in any order: build what
     // can be built, repeat while that makes progress.
@@ -503,7 +540,7 @@ pub fn serve_specs(
             name: e.export.name.clone(),
             description: e.export.description.clone(),
             device: e.export.device.clone(),
-            read_only: e.export.read_only || st.read_only_exports.contains(&e.export.name),
+            read_only: e.export.read_only,
         };
         // The old export (and with it its engine queue) goes before the
         // new one is added: a device with a queue depth (RBD, a remote NBD
@@ -554,9 +591,16 @@ pub fn serve_specs(
         }
         None => None,
     };
-    for (name, _) in &st.allow {
-        if !exports.list().iter().any(|e| &e.export.name == name) {
-            return Err(format!("--allow {name}: no device of that name"));
+    if control.is_none() {
+        // Without a control socket no device can appear later: a rule for
+        // a name nothing serves is a typo.
+        for (name, _) in &st.policy.names {
+            if !exports.list().iter().any(|e| &e.export.name == name) {
+                return Err(format!(
+                    "--allow {name}: no device of that name (and no control socket to \
+                     create it through)"
+                ));
+            }
         }
     }
     let r = crate::nbd::server::serve_with(
@@ -571,7 +615,7 @@ pub fn serve_specs(
             net_threads: st.net_threads,
             net: st.net.clone(),
             tls: st.tls.clone(),
-            allow: st.allow.clone(),
+            socket_mode: st.socket_mode,
             exports: Some(exports),
             ..Default::default()
         },

@@ -29,7 +29,8 @@ use super::proto::{Code, OpError, Request};
 use crate::core::BlockDevice;
 use crate::mapper::compile::Dep;
 use crate::mapper::{DevInfo, Devices};
-use crate::nbd::{Export, ExportSet, Exported};
+use crate::nbd::export::{describe_rule, parse_allow_list};
+use crate::nbd::{Allow, Export, ExportSet, Exported};
 
 type OpResult = Result<(Value, Zeroizing<Vec<u8>>), OpError>;
 
@@ -63,6 +64,10 @@ pub struct Service {
     read_only: bool,
     op: Mutex<()>,
     stopping: AtomicBool,
+    /// `create --allow` rules by device name: they narrow the name's
+    /// rule for as long as the device exists (also across the export a
+    /// later resume adds).
+    narrow: Mutex<std::collections::HashMap<String, Vec<Allow>>>,
 }
 
 impl Service {
@@ -73,6 +78,7 @@ impl Service {
             read_only,
             op: Mutex::new(()),
             stopping: AtomicBool::new(false),
+            narrow: Mutex::default(),
         }
     }
 
@@ -100,14 +106,38 @@ impl Service {
         self.export_of(name).map_or(0, |e| e.connections() as u32)
     }
 
+    /// Who may use `name` over NBD and whether it is read-only there: its
+    /// export's rules, or (no export yet) those it will get.
+    fn access(&self, name: &str) -> (Vec<String>, bool) {
+        if let Some(e) = self.export_of(name) {
+            let rules = e.rules().iter().map(|r| describe_rule(r)).collect();
+            return (rules, e.export.read_only);
+        }
+        let policy = self.exports.policy();
+        let narrow = self.narrowing(name);
+        let rules = [policy.rule(name), &narrow[..]]
+            .iter()
+            .filter(|r| !r.is_empty())
+            .map(|r| describe_rule(r))
+            .collect();
+        (rules, policy.is_read_only(name))
+    }
+
+    fn narrowing(&self, name: &str) -> Vec<Allow> {
+        let map = self.narrow.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(name).cloned().unwrap_or_default()
+    }
+
     fn device_info(&self, d: &DevInfo) -> DeviceInfo {
         let all = self.devices.list();
+        let (allow, export_ro) = self.access(&d.name);
         DeviceInfo {
+            allow,
             name: d.name.clone(),
             uuid: d.uuid.clone(),
             major: MAJOR,
             minor: d.minor,
-            read_only: d.read_only || self.read_only,
+            read_only: d.read_only || self.read_only || export_ro,
             suspended: d.suspended,
             live_table: d.live_table,
             inactive_table: d.inactive_table,
@@ -185,7 +215,18 @@ impl Service {
             "create" => {
                 let name = Self::one_name(req)?;
                 let t = if req.has_table { Some(table()?) } else { None };
-                self.create(name, req.uuid.as_deref().unwrap_or(""), req.readonly, t)
+                let allow = match &req.allow {
+                    Some(l) => parse_allow_list(l)
+                        .map_err(|e| err(Code::Einval, format!("create --allow: {e}")))?,
+                    None => Vec::new(),
+                };
+                self.create(
+                    name,
+                    req.uuid.as_deref().unwrap_or(""),
+                    req.readonly,
+                    allow,
+                    t,
+                )
             }
             "load" | "reload" => {
                 let name = Self::one_name(req)?;
@@ -218,6 +259,12 @@ impl Service {
                     .ok_or_else(|| err(Code::Einval, "rename: give the new name"))?;
                 let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
                 self.devices.rename(name, new).map_err(classify)?;
+                {
+                    let mut map = self.narrow.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(r) = map.remove(name) {
+                        map.insert(new.to_string(), r);
+                    }
+                }
                 if self.export_of(name).is_some() {
                     self.exports
                         .rename(name, new)
@@ -431,13 +478,17 @@ impl Service {
         if !d.live_table {
             return Ok(());
         }
+        // The name's rules (and `ro:`) come from the set's policy.
         self.exports
-            .add(Export {
-                name: name.to_string(),
-                description: format!("udm mapped device {name}"),
-                device: d.device.clone(),
-                read_only: self.read_only || d.read_only,
-            })
+            .add_narrowed(
+                Export {
+                    name: name.to_string(),
+                    description: format!("udm mapped device {name}"),
+                    device: d.device.clone(),
+                    read_only: self.read_only || d.read_only,
+                },
+                self.narrowing(name),
+            )
             .map_err(|e| err(Code::Eexist, e))?;
         Ok(())
     }
@@ -447,12 +498,20 @@ impl Service {
         name: &str,
         uuid: &str,
         read_only: bool,
+        allow: Vec<Allow>,
         table: Option<Zeroizing<String>>,
     ) -> OpResult {
         let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
         self.devices
             .create(name, uuid, read_only)
             .map_err(classify)?;
+        let mut map = self.narrow.lock().unwrap_or_else(|p| p.into_inner());
+        if allow.is_empty() {
+            map.remove(name);
+        } else {
+            map.insert(name.to_string(), allow);
+        }
+        drop(map);
         if let Some(t) = table {
             let r = self
                 .devices
@@ -462,12 +521,12 @@ impl Service {
                 Ok(plan) => {
                     self.devices.commit(plan);
                     if let Err(e) = self.ensure_export(name) {
-                        let _ = self.devices.remove(name);
+                        self.forget(name);
                         return Err(e);
                     }
                 }
                 Err(e) => {
-                    let _ = self.devices.remove(name);
+                    self.forget(name);
                     return Err(classify(e));
                 }
             }
@@ -643,7 +702,20 @@ impl Service {
             e.close_connections();
         }
         self.devices.remove(name).map_err(classify)?;
+        self.narrow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
         Ok(())
+    }
+
+    /// Undo a create that failed half-way.
+    fn forget(&self, name: &str) {
+        let _ = self.devices.remove(name);
+        self.narrow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
     }
 
     fn remove_all(&self, force: bool, deferred: bool) -> OpResult {
@@ -692,7 +764,7 @@ impl Service {
         table: Zeroizing<String>,
         read_only: bool,
     ) -> Result<(), String> {
-        self.create(name, "", read_only, Some(table))
+        self.create(name, "", read_only, Vec::new(), Some(table))
             .map(|_| ())
             .map_err(|e| e.msg)
     }

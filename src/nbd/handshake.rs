@@ -126,12 +126,7 @@ pub enum Step {
     Close,
 }
 
-/// Who asks, for per-export access rules.
-#[derive(Debug, Clone, Default)]
-pub struct Peer {
-    /// The client's IP address (TCP), `None` on a Unix socket.
-    pub ip: Option<std::net::IpAddr>,
-}
+pub use super::export::Peer;
 
 /// The environment of one handshake.
 pub struct Ctx<'a> {
@@ -166,7 +161,7 @@ impl Negotiation {
     fn find(&self, cx: &Ctx<'_>, name: &[u8]) -> Option<Arc<Exported>> {
         cx.exports
             .find(name)
-            .filter(|e| e.allows(cx.peer.ip, self.tls_active))
+            .filter(|e| e.allows(cx.peer, self.tls_active))
     }
 
     /// Handle one option (`opt`, its payload `data`, at most
@@ -255,7 +250,7 @@ impl Negotiation {
                     return Ok(Step::Continue);
                 }
                 for e in cx.exports.list() {
-                    if !e.allows(cx.peer.ip, self.tls_active) {
+                    if !e.allows(cx.peer, self.tls_active) {
                         continue;
                     }
                     let ex = &e.export;

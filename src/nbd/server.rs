@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use crate::engine::Engine;
 
 use super::conn::{Conn, Cx, NetOptions};
-use super::export::{BudgetPolicy, Export, ExportSet};
+use super::export::{AccessPolicy, BudgetPolicy, Export, ExportSet};
 use super::reactor::Net;
 use super::sock::Sock;
 use super::tls::{self, TlsOptions};
@@ -52,6 +52,11 @@ pub struct ServerConfig {
     pub threads: usize,
 }
 
+/// Default mode of the NBD Unix socket, as root or not: only the server's
+/// own user (and root) may connect; `--socket-mode 0660` shares it with
+/// the socket's group. It never depends on the umask.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
+
 /// Default `--max-connections` (lowered to what the descriptor limit
 /// allows).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
@@ -73,8 +78,12 @@ pub struct ServeOptions {
     /// caps (the TLS mode inside is set from `tls`).
     pub net: NetOptions,
     pub tls: TlsOptions,
-    /// Per-export allow-lists (export name, entries).
-    pub allow: Vec<(String, Vec<super::export::Allow>)>,
+    /// Access rules by export name, also for exports added later
+    /// (`None`: keep the set's policy; a new set has none, i.e. every
+    /// export open to every client that reaches the server).
+    pub policy: Option<AccessPolicy>,
+    /// Mode of the Unix socket (`None`: [`DEFAULT_SOCKET_MODE`]).
+    pub socket_mode: Option<u32>,
     /// Serve this export set, owned by the caller (who adds and removes
     /// exports while the server runs: the control socket). The exports of
     /// the [`ServerConfig`] are added to it, and it may start empty.
@@ -104,7 +113,7 @@ enum Listener {
 }
 
 impl Listener {
-    fn bind(l: &Listen) -> io::Result<Listener> {
+    fn bind(l: &Listen, socket_mode: u32) -> io::Result<Listener> {
         match l {
             Listen::Unix(p) => {
                 if let Ok(m) = std::fs::symlink_metadata(p) {
@@ -113,7 +122,7 @@ impl Listener {
                         let _ = std::fs::remove_file(p);
                     }
                 }
-                let u = UnixListener::bind(p).map_err(|e| {
+                let u = bind_unix(p, socket_mode).map_err(|e| {
                     io::Error::new(
                         e.kind(),
                         format!(
@@ -193,6 +202,23 @@ impl Listener {
                 .map_or_else(|_| "tcp".to_string(), |a| format!("nbd://{a}")),
         }
     }
+}
+
+/// Bind a Unix socket with exactly `mode`. The umask is narrowed around
+/// bind(2) so the socket is never reachable with a wider mode, not even
+/// for the instant before the chmod (which makes the mode exact whatever
+/// the umask was).
+fn bind_unix(p: &std::path::Path, mode: u32) -> io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = mode & 0o777;
+    // SAFETY: umask(2) only swaps the process's file mode mask.
+    let old = unsafe { libc::umask(0o777 & !mode as libc::mode_t) };
+    let r = UnixListener::bind(p);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let u = r?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
+    Ok(u)
 }
 
 impl Drop for Listener {
@@ -347,34 +373,32 @@ fn run(
         None => DEFAULT_MAX_CONNECTIONS.min(fd_cap),
     };
     let exports = match &opts.exports {
-        Some(set) => {
-            for e in cfg.exports {
-                set.add(e)
-                    .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
-            }
-            set.clone()
-        }
+        Some(set) => set.clone(),
         None if cfg.exports.is_empty() => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "no exports configured: give at least one device to serve",
             ))
         }
-        None => Arc::new(export_set(cfg.exports, cfg.threads, opts.memory_budget)?),
+        None => Arc::new(ExportSet::new(
+            Arc::new(Engine::start(cfg.threads)?),
+            BudgetPolicy {
+                total: opts.memory_budget,
+                exports: cfg.exports.len(),
+            },
+        )),
     };
-    for (name, rules) in &opts.allow {
-        match exports.find(name.as_bytes()).filter(|_| !name.is_empty()) {
-            Some(e) => e.set_allow(rules.clone()),
-            None => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("allow-list for '{name}': no export of that name"),
-                ))
-            }
-        }
+    // The policy first: the exports added next get their names' rules.
+    if let Some(p) = &opts.policy {
+        exports.set_policy(p.clone());
+    }
+    for e in cfg.exports {
+        exports
+            .add(e)
+            .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
     }
     let engine = exports.engine().clone();
-    let listener = Listener::bind(&cfg.listen)?;
+    let listener = Listener::bind(&cfg.listen, opts.socket_mode.unwrap_or(DEFAULT_SOCKET_MODE))?;
     listener.set_nonblocking()?;
     let mut net_opts = opts.net.clone();
     net_opts.tls = opts.tls.mode;

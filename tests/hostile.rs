@@ -1,0 +1,249 @@
+//! Attacks on a running `udm serve` through the real binary (issue 32):
+//! access rules that must survive devices coming and going, the NBD Unix
+//! socket's mode and peer-credential rule, the metrics endpoint under
+//! idle connections, `--showkeys` over the control socket. Each test is
+//! bounded (a few seconds); only loopback addresses are used, and
+//! 10.0.0.0/8 appears only as a rule that must refuse 127.0.0.1.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `udm serve --listen 127.0.0.1:PORT --control DIR/control ARGS`, killed
+/// on drop.
+struct TcpServe {
+    child: Child,
+    port: u16,
+    ctl: PathBuf,
+}
+
+impl Drop for TcpServe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve_tcp(dir: &Path, args: &[String]) -> TcpServe {
+    let port = free_port();
+    let ctl = dir.join("control");
+    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    let child = udm()
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--control")
+        .arg(&ctl)
+        .args(args)
+        .env("UDM_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut s = TcpServe { child, port, ctl };
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() || !s.ctl.exists() {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+            panic!("udm serve exited ({st}): {log}");
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "udm serve did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s
+}
+
+impl TcpServe {
+    fn dmsetup(&self, args: &[&str]) -> std::process::Output {
+        udm()
+            .arg("dmsetup")
+            .arg("--control")
+            .arg(&self.ctl)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn dm_ok(&self, args: &[&str]) -> String {
+        let o = self.dmsetup(args);
+        assert!(o.status.success(), "dmsetup {args:?}: {}", show(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd://127.0.0.1:{}/{export}", self.port)
+    }
+}
+
+fn nbdinfo(uri: &str) -> std::process::Output {
+    Command::new(need("nbdinfo")).arg(uri).output().unwrap()
+}
+
+/// Issue 32.1: `--allow NAME=` and `ro:NAME` belong to the name, so a
+/// device removed and created again under it (or created later) is bound
+/// by them; `--allow-default` binds names without a rule of their own;
+/// `dmsetup create --allow` narrows. On the starting code the re-created
+/// device was open to every client and writable.
+#[test]
+fn rules_belong_to_names_not_devices() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "d.img", 1 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("ro:d={}", img.display()),
+            "--allow".into(),
+            "d=10.0.0.0/8".into(),
+            "--allow-default".into(),
+            "127.0.0.0/8".into(),
+        ],
+    );
+    let table = format!("0 2048 linear {} 0", img.display());
+    assert!(
+        !nbdinfo(&srv.uri("d")).status.success(),
+        "d reached from 127.0.0.1"
+    );
+    srv.dm_ok(&["remove", "d"]);
+    srv.dm_ok(&["create", "d", "--table", &table]);
+    let o = nbdinfo(&srv.uri("d"));
+    assert!(
+        !o.status.success(),
+        "the re-created d was reached from 127.0.0.1: {}",
+        show(&o)
+    );
+    let info = srv.dm_ok(&["info", "d"]);
+    assert!(info.contains("(READ-ONLY)"), "{info}");
+    assert!(info.contains("NBD clients:       10.0.0.0/8"), "{info}");
+
+    // A name without a rule of its own takes the default (which admits
+    // loopback), narrowed by create --allow to what refuses it.
+    srv.dm_ok(&["create", "n", "--table", &table]);
+    let o = nbdinfo(&srv.uri("n"));
+    assert!(o.status.success(), "{}", show(&o));
+    srv.dm_ok(&["create", "x", "--allow", "10.0.0.0/8", "--table", &table]);
+    assert!(
+        !nbdinfo(&srv.uri("x")).status.success(),
+        "create --allow did not narrow"
+    );
+    let info = srv.dm_ok(&["info", "x"]);
+    assert!(
+        info.contains("NBD clients:       (127.0.0.0/8) and (10.0.0.0/8)"),
+        "{info}"
+    );
+    // A rename keeps what the device had.
+    srv.dm_ok(&["rename", "x", "y"]);
+    assert!(!nbdinfo(&srv.uri("y")).status.success(), "rename widened y");
+}
+
+/// Issue 32.1: `ro:NAME` holds for a device re-created under the name.
+#[test]
+fn read_only_names_stay_read_only() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "d.img", 1 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &["--file".into(), format!("ro:d={}", img.display())],
+    );
+    srv.dm_ok(&["remove", "d"]);
+    srv.dm_ok(&[
+        "create",
+        "d",
+        "--table",
+        &format!("0 2048 linear {} 0", img.display()),
+    ]);
+    let info = run_text(Command::new(need("nbdinfo")).arg(srv.uri("d")));
+    assert!(info.contains("is_read_only: true"), "{info}");
+}
+
+/// `udm serve --socket S ARGS` started under umask 000, so a mode that
+/// came from the umask would show.
+fn serve_unix_umask0(dir: &Path, args: &[&str]) -> (Child, PathBuf) {
+    let sock = dir.join("nbd.sock");
+    let exe = env!("CARGO_BIN_EXE_udm");
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg("umask 000; exec \"$0\" \"$@\"")
+        .arg(exe)
+        .arg("serve")
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--no-control")
+        .args(args)
+        .env("UDM_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the NBD socket", Duration::from_secs(30), || {
+        std::os::unix::net::UnixStream::connect(&sock).is_ok()
+    });
+    (child, sock)
+}
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+/// Issue 32.9: the NBD Unix socket's mode is explicit (0600 by default,
+/// `--socket-mode` otherwise), not the umask's.
+#[test]
+fn unix_socket_mode_is_explicit() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "d.img", 1 << 20);
+    let file = format!("d={}", img.display());
+    let (mut c, sock) = serve_unix_umask0(d.path(), &["--file", &file]);
+    assert_eq!(mode_of(&sock), 0o600, "default socket mode");
+    let _ = c.kill();
+    let _ = c.wait();
+    let _ = std::fs::remove_file(&sock);
+    let (mut c, sock) = serve_unix_umask0(d.path(), &["--file", &file, "--socket-mode", "0660"]);
+    assert_eq!(mode_of(&sock), 0o660, "--socket-mode 0660");
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// Issue 32.9: `--allow NAME=uid:N` admits Unix clients of that user
+/// only (SO_PEERCRED).
+#[test]
+fn uid_rule_checks_the_peer_credentials() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "d.img", 1 << 20);
+    // SAFETY: getuid(2) cannot fail.
+    let me = unsafe { libc::getuid() };
+    let other = if me == 12345 { 12346 } else { 12345 };
+    let srv = UdmServe::start(
+        &d.path().join("nbd.sock"),
+        &[
+            "--no-control".to_string(),
+            "--file".to_string(),
+            format!("mine={}", img.display()),
+            "--file".to_string(),
+            format!("theirs={}", img.display()),
+            "--allow".to_string(),
+            format!("mine=uid:{me}"),
+            "--allow".to_string(),
+            format!("theirs=uid:{other}"),
+        ],
+    );
+    let o = nbdinfo(&srv.uri("mine"));
+    assert!(o.status.success(), "{}", show(&o));
+    let o = nbdinfo(&srv.uri("theirs"));
+    assert!(
+        !o.status.success(),
+        "a client of uid {me} reached uid:{other}'s export"
+    );
+}
