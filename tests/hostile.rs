@@ -247,3 +247,171 @@ fn uid_rule_checks_the_peer_credentials() {
         "a client of uid {me} reached uid:{other}'s export"
     );
 }
+
+/// A listener on `sock` run as `nobody`: it accepts `conns` connections,
+/// reads each to its end and writes how many bytes it received in all to
+/// `report` (the key a client sent it would be among them).
+fn nobody_listener(sock: &Path, report: &Path, conns: u32) -> Child {
+    let script = r#"
+import socket, sys
+path, report, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+s.listen(8)
+s.settimeout(20)
+got = 0
+try:
+    for _ in range(n):
+        c, _ = s.accept()
+        c.settimeout(5)
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            got += len(b)
+        c.close()
+finally:
+    open(report, "w").write(str(got))
+"#;
+    let c = Command::new(need("setpriv"))
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", script])
+        .arg(sock)
+        .arg(report)
+        .arg(conns.to_string())
+        .spawn()
+        .unwrap();
+    wait_for("nobody's listener", Duration::from_secs(10), || {
+        sock.exists()
+    });
+    c
+}
+
+/// Issue 32.2: `udm dmsetup create` and `udm cryptsetup open` refuse a
+/// control socket served by another user before sending it anything (on
+/// the starting code the listener received the crypt table with the
+/// volume key). Also: a socket in a directory anyone may write to is
+/// refused before connecting.
+#[test]
+fn control_clients_refuse_a_stranger_s_socket() {
+    let d = scratch("udm-hostile-");
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let public = d.path().join("tmp");
+    std::fs::create_dir(&public).unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let sock = public.join("control");
+    let report = public.join("received");
+    let kf = write_file(d.path(), "k", b"secret passphrase");
+    let img = sparse(d.path(), "v.img", 32 << 20);
+    common::luks::cs_format(&img, &common::luks::FAST_PBKDF, &kf);
+    let mut l = nobody_listener(&sock, &report, 2);
+
+    let o = udm()
+        .args(["dmsetup", "create", "x", "--table", "0 8 zero", "--control"])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}", show(&o));
+    assert!(
+        err.contains(&sock.display().to_string()) && err.contains("uid 65534"),
+        "{}",
+        show(&o)
+    );
+    let o = udm()
+        .args(["cryptsetup", "open", "--key-file"])
+        .arg(&kf)
+        .arg("--control")
+        .arg(&sock)
+        .arg(&img)
+        .arg("vol")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("uid 65534"),
+        "{}",
+        show(&o)
+    );
+    assert!(l.wait().unwrap().success(), "the listener failed");
+    assert_eq!(
+        std::fs::read_to_string(&report).unwrap(),
+        "0",
+        "a client sent bytes to a stranger's socket"
+    );
+
+    let open = d.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let o = udm()
+        .args(["dmsetup", "ls", "--control"])
+        .arg(open.join("control"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("which others may write to"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// `udm serve ARGS` that must refuse to start: its exit code and stderr
+/// (killed after 10 s, which fails the test, if it serves instead).
+fn serve_refused(dir: &Path, args: &[&str]) -> String {
+    let img = sparse(dir, "r.img", 1 << 20);
+    let mut c = udm()
+        .arg("serve")
+        .arg("--socket")
+        .arg(dir.join("r.sock"))
+        .arg("--no-control")
+        .arg("--file")
+        .arg(format!("d={}", img.display()))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("udm serve {args:?} started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = c.wait_with_output().unwrap();
+    assert!(!o.status.success(), "{}", show(&o));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Issue 32.5: TLS options that cannot take effect stop the server (on
+/// the starting code `--tls-verify-peer` without `--tls` served plain
+/// clients), and `--tls=on --tls-verify-peer` without a `tls` rule is
+/// refused (plain clients would skip the certificate check).
+#[test]
+fn tls_options_that_cannot_work_are_errors() {
+    let d = scratch("udm-hostile-");
+    let certs = d.path().display().to_string();
+    let e = serve_refused(d.path(), &["--tls-verify-peer"]);
+    assert!(
+        e.contains("--tls-verify-peer") && e.contains("--tls=require"),
+        "{e}"
+    );
+    let e = serve_refused(d.path(), &["--tls-certificates", &certs]);
+    assert!(
+        e.contains("--tls-certificates has no effect without --tls"),
+        "{e}"
+    );
+    let e = serve_refused(
+        d.path(),
+        &[
+            "--tls=on",
+            "--tls-verify-peer",
+            "--tls-certificates",
+            &certs,
+        ],
+    );
+    assert!(e.contains("skip the certificate check"), "{e}");
+}

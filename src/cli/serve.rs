@@ -290,12 +290,17 @@ fn serve(a: Args) -> Result<(), String> {
         (None, None) => unreachable!("clap requires one of --socket/--listen"),
     };
     let policy = access_policy(&a, read_only_exports)?;
+    let tls = crate::nbd::TlsOptions {
+        mode: a.tls.parse()?,
+        certificates: a.tls_certificates.clone(),
+        verify_peer: a.tls_verify_peer,
+    };
+    check_tls(&tls, &policy)?;
     let socket_mode = a
         .socket_mode
         .as_deref()
         .map(parse_socket_mode)
         .transpose()?;
-    let tls_mode: crate::nbd::TlsMode = a.tls.parse()?;
     let max_bytes = crate::mem::parse_size(&a.max_inflight_bytes)
         .map_err(|e| format!("--max-inflight-bytes: {e}"))?;
     let net = crate::nbd::NetOptions {
@@ -309,7 +314,7 @@ fn serve(a: Args) -> Result<(), String> {
             max_requests: a.max_inflight_requests.max(1),
             max_bytes: max_bytes.max(1),
         },
-        tls: tls_mode,
+        tls: tls.mode,
         busy_poll: std::time::Duration::from_micros(a.poll_us.min(1_000_000)),
     };
     serve_specs(
@@ -327,11 +332,7 @@ fn serve(a: Args) -> Result<(), String> {
             max_connections: a.max_connections,
             net_threads: a.net_threads,
             net,
-            tls: crate::nbd::TlsOptions {
-                mode: tls_mode,
-                certificates: a.tls_certificates.clone(),
-                verify_peer: a.tls_verify_peer,
-            },
+            tls,
             control: if a.no_control {
                 ControlPath::Off
             } else {
@@ -364,6 +365,31 @@ fn access_policy(a: &Args, read_only: Vec<String>) -> Result<AccessPolicy, Strin
         read_only,
         default,
     })
+}
+
+/// TLS options that cannot do what they say are refused before any
+/// device is opened. `--tls=on` with `--tls-verify-peer` lets a plain
+/// client past the certificate check altogether, so it is refused unless
+/// some rule names `tls` (`--allow NAME=tls`, `--allow-default tls`): the
+/// legitimate mix where some exports need a verified certificate and the
+/// others are open in plain text.
+fn check_tls(tls: &crate::nbd::TlsOptions, policy: &AccessPolicy) -> Result<(), String> {
+    crate::nbd::tls::check_options(tls)?;
+    let names_tls = policy
+        .names
+        .iter()
+        .map(|(_, r)| r)
+        .chain(std::iter::once(&policy.default))
+        .any(|r| r.contains(&crate::nbd::Allow::Tls));
+    if tls.mode == crate::nbd::TlsMode::On && tls.verify_peer && !names_tls {
+        return Err(
+            "--tls=on with --tls-verify-peer: clients that stay in plain text skip the \
+                    certificate check; use --tls=require, or name the exports that need a \
+                    certificate with --allow NAME=tls (or --allow-default tls)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// An octal file mode for `--socket-mode` (`0600`, `660`).
