@@ -361,27 +361,46 @@ impl Service {
         }
     }
 
+    /// The tables of the selected devices, one line per segment, in one
+    /// buffer sized before anything is written into it: with `--showkeys`
+    /// the lines carry keys, and a buffer that grew would leave copies of
+    /// them behind in the memory it gave back.
     fn table(&self, req: &Request) -> OpResult {
         let devs = self.selected(&req.names)?;
-        let mut text = Zeroizing::new(String::new());
-        let mut out = Vec::new();
+        let mut all = Vec::with_capacity(devs.len());
         for d in devs {
             let segs = self
                 .devices
                 .segments(&d.name, req.inactive, req.showkeys)
                 .map_err(classify)?
                 .unwrap_or_default();
-            for s in &segs {
-                text.push_str(&format!("{} {} {} ", s.start, s.len, s.target));
+            all.push((d.name.clone(), segs));
+        }
+        // Two u64 in decimal, three spaces and a newline around each
+        // segment's target type and parameters.
+        let size: usize = all
+            .iter()
+            .flat_map(|(_, segs)| segs.iter())
+            .map(|s| 2 * 20 + 4 + s.target.len() + s.params.len())
+            .sum();
+        let mut text = Zeroizing::new(String::with_capacity(size));
+        let cap = text.capacity();
+        let mut out = Vec::with_capacity(all.len());
+        for (name, segs) in &all {
+            for s in segs {
+                use std::fmt::Write;
+                let _ = write!(text, "{} {} {} ", s.start, s.len, s.target);
                 text.push_str(&s.params);
                 text.push('\n');
             }
             out.push(TableDevice {
-                name: d.name.clone(),
+                name: name.clone(),
                 lines: segs.len(),
             });
         }
-        let bytes = Zeroizing::new(text.as_bytes().to_vec());
+        debug_assert_eq!(text.capacity(), cap, "the table buffer grew");
+        // The String's buffer becomes the payload: moved, not copied.
+        let bytes = Zeroizing::new(std::mem::take(&mut *text).into_bytes());
         Ok((json!({ "devices": out }), bytes))
     }
 
