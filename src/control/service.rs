@@ -213,20 +213,8 @@ impl Service {
                     .collect::<Vec<_>>()
             })),
             "create" => {
-                let name = Self::one_name(req)?;
                 let t = if req.has_table { Some(table()?) } else { None };
-                let allow = match &req.allow {
-                    Some(l) => parse_allow_list(l)
-                        .map_err(|e| err(Code::Einval, format!("create --allow: {e}")))?,
-                    None => Vec::new(),
-                };
-                self.create(
-                    name,
-                    req.uuid.as_deref().unwrap_or(""),
-                    req.readonly,
-                    allow,
-                    t,
-                )
+                self.create_op(req, t)
             }
             "load" | "reload" => {
                 let name = Self::one_name(req)?;
@@ -251,27 +239,7 @@ impl Service {
                 ok(json!({}))
             }
             "remove_all" => self.remove_all(req.force, req.deferred),
-            "rename" => {
-                let name = Self::one_name(req)?;
-                let new = req
-                    .new_name
-                    .as_deref()
-                    .ok_or_else(|| err(Code::Einval, "rename: give the new name"))?;
-                let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
-                self.devices.rename(name, new).map_err(classify)?;
-                {
-                    let mut map = self.narrow.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some(r) = map.remove(name) {
-                        map.insert(new.to_string(), r);
-                    }
-                }
-                if self.export_of(name).is_some() {
-                    self.exports
-                        .rename(name, new)
-                        .map_err(|e| err(Code::Eexist, e))?;
-                }
-                ok(json!({}))
-            }
+            "rename" => self.rename(req),
             "clear" => {
                 let name = Self::one_name(req)?;
                 self.devices.clear(name).map_err(classify)?;
@@ -284,66 +252,9 @@ impl Service {
                 )
             }
             "table" => self.table(req),
-            "status" => {
-                let devs = self.selected(&req.names)?;
-                let mut out = Vec::new();
-                for d in devs {
-                    let segs = self
-                        .devices
-                        .segments(&d.name, false, false)
-                        .map_err(classify)?
-                        .unwrap_or_default();
-                    out.push(DeviceStatus {
-                        name: d.name.clone(),
-                        major: MAJOR,
-                        minor: d.minor,
-                        suspended: d.suspended,
-                        size_sectors: d.size / 512,
-                        open_count: self.open_count(&d.name),
-                        event_nr: d.event_nr,
-                        targets: segs
-                            .into_iter()
-                            .map(|s| TargetStatus {
-                                start: s.start,
-                                length: s.len,
-                                target_type: s.target,
-                                status: s.status,
-                            })
-                            .collect(),
-                        stats: d.device.stats().snapshot(),
-                    });
-                }
-                ok(json!({ "devices": out }))
-            }
-            "message" => {
-                let name = Self::one_name(req)?;
-                // A message may carry a key (`key set`): clients send it in
-                // the payload, read into a buffer wiped on drop.
-                let words = if req.message.is_empty() {
-                    let text = std::str::from_utf8(&payload)
-                        .map_err(|_| err(Code::Einval, "the message is not UTF-8 text"))?;
-                    Zeroizing::new(text.split_whitespace().map(str::to_string).collect())
-                } else {
-                    Zeroizing::new(req.message.clone())
-                };
-                self.message(name, req.sector, &words)
-            }
-            "wait" => {
-                let name = Self::one_name(req)?;
-                let ev = self.devices.events(name).map_err(classify)?;
-                loop {
-                    let n = ev.wait_past(req.event_nr, Duration::from_millis(250));
-                    if n > req.event_nr {
-                        return ok(json!({ "event_nr": n }));
-                    }
-                    if self.devices.info(name).is_err() {
-                        return Err(err(Code::Enxio, format!("device '{name}' was removed")));
-                    }
-                    if !alive() || self.stopping.load(Ordering::SeqCst) {
-                        return Err(err(Code::Eagain, "wait abandoned"));
-                    }
-                }
-            }
+            "status" => self.status(req),
+            "message" => self.message_op(req, &payload),
+            "wait" => self.wait(req, alive),
             "stats_clear" => {
                 for d in self.selected(&req.names)? {
                     d.device.stats().clear();
@@ -359,6 +270,112 @@ impl Service {
                 ),
             )),
         }
+    }
+
+    /// The device, its export and its `create --allow` rule take the new
+    /// name (the export also gains the rules of the new name).
+    fn rename(&self, req: &Request) -> OpResult {
+        let name = Self::one_name(req)?;
+        let new = req
+            .new_name
+            .as_deref()
+            .ok_or_else(|| err(Code::Einval, "rename: give the new name"))?;
+        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        self.devices.rename(name, new).map_err(classify)?;
+        {
+            let mut map = self.narrow.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(r) = map.remove(name) {
+                map.insert(new.to_string(), r);
+            }
+        }
+        if self.export_of(name).is_some() {
+            self.exports
+                .rename(name, new)
+                .map_err(|e| err(Code::Eexist, e))?;
+        }
+        ok(json!({}))
+    }
+
+    fn status(&self, req: &Request) -> OpResult {
+        let devs = self.selected(&req.names)?;
+        let mut out = Vec::new();
+        for d in devs {
+            let segs = self
+                .devices
+                .segments(&d.name, false, false)
+                .map_err(classify)?
+                .unwrap_or_default();
+            out.push(DeviceStatus {
+                name: d.name.clone(),
+                major: MAJOR,
+                minor: d.minor,
+                suspended: d.suspended,
+                size_sectors: d.size / 512,
+                open_count: self.open_count(&d.name),
+                event_nr: d.event_nr,
+                targets: segs
+                    .into_iter()
+                    .map(|s| TargetStatus {
+                        start: s.start,
+                        length: s.len,
+                        target_type: s.target,
+                        status: s.status,
+                    })
+                    .collect(),
+                stats: d.device.stats().snapshot(),
+            });
+        }
+        ok(json!({ "devices": out }))
+    }
+
+    /// Block until the event counter passes `req.event_nr`, the device
+    /// goes, the client leaves or the server stops.
+    fn wait(&self, req: &Request, alive: &dyn Fn() -> bool) -> OpResult {
+        let name = Self::one_name(req)?;
+        let ev = self.devices.events(name).map_err(classify)?;
+        loop {
+            let n = ev.wait_past(req.event_nr, Duration::from_millis(250));
+            if n > req.event_nr {
+                return ok(json!({ "event_nr": n }));
+            }
+            if self.devices.info(name).is_err() {
+                return Err(err(Code::Enxio, format!("device '{name}' was removed")));
+            }
+            if !alive() || self.stopping.load(Ordering::SeqCst) {
+                return Err(err(Code::Eagain, "wait abandoned"));
+            }
+        }
+    }
+
+    fn create_op(&self, req: &Request, t: Option<Zeroizing<String>>) -> OpResult {
+        let name = Self::one_name(req)?;
+        let allow = match &req.allow {
+            Some(l) => parse_allow_list(l)
+                .map_err(|e| err(Code::Einval, format!("create --allow: {e}")))?,
+            None => Vec::new(),
+        };
+        self.create(
+            name,
+            req.uuid.as_deref().unwrap_or(""),
+            req.readonly,
+            allow,
+            t,
+        )
+    }
+
+    /// A message may carry a key (`key set`): clients send it in the
+    /// payload, read into a buffer wiped on drop, and split into words
+    /// that are wiped too.
+    fn message_op(&self, req: &Request, payload: &[u8]) -> OpResult {
+        let name = Self::one_name(req)?;
+        let words = if req.message.is_empty() {
+            let text = std::str::from_utf8(payload)
+                .map_err(|_| err(Code::Einval, "the message is not UTF-8 text"))?;
+            Zeroizing::new(text.split_whitespace().map(str::to_string).collect())
+        } else {
+            Zeroizing::new(req.message.clone())
+        };
+        self.message(name, req.sector, &words)
     }
 
     /// The tables of the selected devices, one line per segment, in one
