@@ -199,7 +199,80 @@ pub fn run(a: Args) -> i32 {
     }
 }
 
+/// Position on the command line, name and spec of each device
+/// (`--table`, `--file`, `--luks`, `--crypttab`), and the names given
+/// `ro:`.
+type Specs = (Vec<(usize, String, DeviceSpec)>, Vec<String>);
+
 fn serve(a: Args) -> Result<(), String> {
+    let (mut specs, mut read_only_exports) = table_and_file_specs(&a)?;
+    crypttab_specs(&a, &mut specs, &mut read_only_exports)?;
+    if specs.is_empty() && a.no_control {
+        return Err(
+            "nothing to serve: give at least one --table, --file, --luks or --crypttab, or a control \
+             socket to create devices through"
+                .into(),
+        );
+    }
+    specs.sort_by_key(|(p, _, _)| *p);
+
+    let budget = match &a.memory_budget {
+        Some(s) => {
+            Some(crate::core::units::parse_size(s).map_err(|e| format!("--memory-budget: {e}"))?)
+        }
+        None => None,
+    };
+    let listen = match (&a.socket, &a.listen) {
+        (Some(p), _) => Listen::Unix(p.clone()),
+        // The server adds the default port to an address without one.
+        (None, Some(h)) => Listen::Tcp(h.clone()),
+        (None, None) => unreachable!("clap requires one of --socket/--listen"),
+    };
+    let policy = access_policy(&a, read_only_exports)?;
+    let tls = crate::nbd::TlsOptions {
+        mode: a.tls.parse()?,
+        certificates: a.tls_certificates.clone(),
+        verify_peer: a.tls_verify_peer,
+    };
+    check_tls(&tls, &policy)?;
+    let socket_mode = a
+        .socket_mode
+        .as_deref()
+        .map(parse_socket_mode)
+        .transpose()?;
+    let net = net_options(&a, tls.mode)?;
+    serve_specs(
+        specs.into_iter().map(|(_, n, s)| (n, s)).collect(),
+        listen,
+        &Settings {
+            read_only: a.read_only,
+            direct: a.direct,
+            no_mmap: a.no_mmap,
+            threads: a.threads,
+            crypt_threads: a.crypt_threads,
+            memory_budget: budget,
+            policy,
+            socket_mode,
+            max_connections: a.max_connections,
+            net_threads: a.net_threads,
+            net,
+            tls,
+            control: if a.no_control {
+                ControlPath::Off
+            } else {
+                match a.control {
+                    Some(p) => ControlPath::Given(p),
+                    None => ControlPath::Default,
+                }
+            },
+            metrics: a.metrics,
+            histograms: !a.no_histograms,
+            flatten: !a.no_flatten,
+        },
+    )
+}
+
+fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
     let mut specs: Vec<(usize, String, DeviceSpec)> = Vec::new();
     let mut read_only_exports = Vec::new();
     for t in &a.tables {
@@ -246,6 +319,14 @@ fn serve(a: Args) -> Result<(), String> {
             },
         ));
     }
+    Ok((specs, read_only_exports))
+}
+
+fn crypttab_specs(
+    a: &Args,
+    specs: &mut Vec<(usize, String, DeviceSpec)>,
+    read_only_exports: &mut Vec<String>,
+) -> Result<(), String> {
     if let Some(ct) = &a.crypttab {
         let text = std::fs::read_to_string(ct)
             .map_err(|e| format!("--crypttab: cannot read {}: {e}", ct.display()))?;
@@ -268,42 +349,14 @@ fn serve(a: Args) -> Result<(), String> {
             ));
         }
     }
-    if specs.is_empty() && a.no_control {
-        return Err(
-            "nothing to serve: give at least one --table, --file, --luks or --crypttab, or a control \
-             socket to create devices through"
-                .into(),
-        );
-    }
-    specs.sort_by_key(|(p, _, _)| *p);
+    Ok(())
+}
 
-    let budget = match &a.memory_budget {
-        Some(s) => {
-            Some(crate::core::units::parse_size(s).map_err(|e| format!("--memory-budget: {e}"))?)
-        }
-        None => None,
-    };
-    let listen = match (&a.socket, &a.listen) {
-        (Some(p), _) => Listen::Unix(p.clone()),
-        // The server adds the default port to an address without one.
-        (None, Some(h)) => Listen::Tcp(h.clone()),
-        (None, None) => unreachable!("clap requires one of --socket/--listen"),
-    };
-    let policy = access_policy(&a, read_only_exports)?;
-    let tls = crate::nbd::TlsOptions {
-        mode: a.tls.parse()?,
-        certificates: a.tls_certificates.clone(),
-        verify_peer: a.tls_verify_peer,
-    };
-    check_tls(&tls, &policy)?;
-    let socket_mode = a
-        .socket_mode
-        .as_deref()
-        .map(parse_socket_mode)
-        .transpose()?;
+/// The event loops' deadlines and per-connection caps.
+fn net_options(a: &Args, tls: crate::nbd::TlsMode) -> Result<crate::nbd::NetOptions, String> {
     let max_bytes = crate::mem::parse_size(&a.max_inflight_bytes)
         .map_err(|e| format!("--max-inflight-bytes: {e}"))?;
-    let net = crate::nbd::NetOptions {
+    Ok(crate::nbd::NetOptions {
         handshake_timeout: seconds(a.handshake_timeout, "--handshake-timeout")?,
         idle_timeout: a
             .idle_timeout
@@ -314,38 +367,9 @@ fn serve(a: Args) -> Result<(), String> {
             max_requests: a.max_inflight_requests.max(1),
             max_bytes: max_bytes.max(1),
         },
-        tls: tls.mode,
+        tls,
         busy_poll: std::time::Duration::from_micros(a.poll_us.min(1_000_000)),
-    };
-    serve_specs(
-        specs.into_iter().map(|(_, n, s)| (n, s)).collect(),
-        listen,
-        &Settings {
-            read_only: a.read_only,
-            direct: a.direct,
-            no_mmap: a.no_mmap,
-            threads: a.threads,
-            crypt_threads: a.crypt_threads,
-            memory_budget: budget,
-            policy,
-            socket_mode,
-            max_connections: a.max_connections,
-            net_threads: a.net_threads,
-            net,
-            tls,
-            control: if a.no_control {
-                ControlPath::Off
-            } else {
-                match a.control {
-                    Some(p) => ControlPath::Given(p),
-                    None => ControlPath::Default,
-                }
-            },
-            metrics: a.metrics,
-            histograms: !a.no_histograms,
-            flatten: !a.no_flatten,
-        },
-    )
+    })
 }
 
 /// The access rules of `--allow`, `--allow-default` and `ro:NAME`.
@@ -496,39 +520,14 @@ fn spec_table(spec: DeviceSpec, st: &Settings) -> Result<(Zeroizing<String>, Str
     }
 }
 
-/// Build the devices and serve them until a signal arrives.
-pub fn serve_specs(
+/// Create, load and resume the command line's devices; returns their
+/// names in command-line order. They may name each other in any order:
+/// build what can be built, repeat while that makes progress.
+fn build_devices(
+    service: &Service,
     specs: Vec<(String, DeviceSpec)>,
-    listen: Listen,
     st: &Settings,
-) -> Result<(), String> {
-    let devices = Arc::new(Devices::new(
-        BuildOptions {
-            read_only: st.read_only,
-            direct: st.direct,
-            no_mmap: st.no_mmap,
-            target: TargetOptions {
-                crypt_threads: st.crypt_threads,
-                ..Default::default()
-            },
-        },
-        st.flatten,
-        st.histograms,
-    ));
-    let engine = Arc::new(Engine::start(st.threads).map_err(|e| e.to_string())?);
-    let exports = Arc::new(ExportSet::new(
-        engine,
-        BudgetPolicy {
-            total: st.memory_budget,
-            exports: specs.len().max(1),
-        },
-    ));
-    // Before any device exists: every export, from the command line or
-    // created later, gets the rules of its name.
-    exports.set_policy(st.policy.clone());
-    let service = Arc::new(Service::new(devices.clone(), exports.clone(), st.read_only));
-    // Command-line devices may name each other in any order: build what
-    // can be built, repeat while that makes progress.
+) -> Result<Vec<String>, String> {
     let order: Vec<String> = specs.iter().map(|(n, _)| n.clone()).collect();
     let mut pending: Vec<(String, Zeroizing<String>, String)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -555,7 +554,12 @@ pub fn serve_specs(
             return Err(errors.swap_remove(0));
         }
     }
-    // The first device of the command line is the default export.
+    Ok(order)
+}
+
+/// Add the exports again in command-line order: the first device of the
+/// command line is the default export.
+fn reorder_exports(exports: &ExportSet, devices: &Devices, order: &[String]) -> Result<(), String> {
     let mut ordered = exports.list();
     ordered.sort_by_key(|e| order.iter().position(|n| *n == e.export.name));
     for e in &ordered {
@@ -589,7 +593,13 @@ pub fn serve_specs(
         }
         exports.add(ex).map_err(|e| e.to_string())?;
     }
-    let control = match &st.control {
+    Ok(())
+}
+
+/// The control socket, if any (a default path in use is skipped with a
+/// warning; a given one that cannot be bound is an error).
+fn start_control(st: &Settings, service: &Arc<Service>) -> Result<Option<ControlServer>, String> {
+    Ok(match &st.control {
         ControlPath::Off => None,
         ControlPath::Given(p) => {
             Some(ControlServer::start(p, service.clone()).map_err(|e| e.to_string())?)
@@ -610,7 +620,57 @@ pub fn serve_specs(
                 }
             },
         },
-    };
+    })
+}
+
+/// Without a control socket no device can appear later: a rule for a
+/// name nothing serves is a typo.
+fn check_rule_names(st: &Settings, exports: &ExportSet) -> Result<(), String> {
+    for (name, _) in &st.policy.names {
+        if !exports.list().iter().any(|e| &e.export.name == name) {
+            return Err(format!(
+                "--allow {name}: no device of that name (and no control socket to \
+                 create it through)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Build the devices and serve them until a signal arrives.
+pub fn serve_specs(
+    specs: Vec<(String, DeviceSpec)>,
+    listen: Listen,
+    st: &Settings,
+) -> Result<(), String> {
+    let devices = Arc::new(Devices::new(
+        BuildOptions {
+            read_only: st.read_only,
+            direct: st.direct,
+            no_mmap: st.no_mmap,
+            target: TargetOptions {
+                crypt_threads: st.crypt_threads,
+                ..Default::default()
+            },
+        },
+        st.flatten,
+        st.histograms,
+    ));
+    let engine = Arc::new(Engine::start(st.threads).map_err(|e| e.to_string())?);
+    let exports = Arc::new(ExportSet::new(
+        engine,
+        BudgetPolicy {
+            total: st.memory_budget,
+            exports: specs.len().max(1),
+        },
+    ));
+    // Before any device exists: every export, from the command line or
+    // created later, gets the rules of its name.
+    exports.set_policy(st.policy.clone());
+    let service = Arc::new(Service::new(devices.clone(), exports.clone(), st.read_only));
+    let order = build_devices(&service, specs, st)?;
+    reorder_exports(&exports, &devices, &order)?;
+    let control = start_control(st, &service)?;
     let metrics = match &st.metrics {
         Some(a) => {
             Some(control::metrics::Metrics::start(a, service.clone()).map_err(|e| e.to_string())?)
@@ -618,16 +678,7 @@ pub fn serve_specs(
         None => None,
     };
     if control.is_none() {
-        // Without a control socket no device can appear later: a rule for
-        // a name nothing serves is a typo.
-        for (name, _) in &st.policy.names {
-            if !exports.list().iter().any(|e| &e.export.name == name) {
-                return Err(format!(
-                    "--allow {name}: no device of that name (and no control socket to \
-                     create it through)"
-                ));
-            }
-        }
+        check_rule_names(st, &exports)?;
     }
     let r = crate::nbd::server::serve_with(
         ServerConfig {
