@@ -467,3 +467,43 @@ fn metrics_answer_while_idle_connections_hold_sockets() {
     drop(idle);
     drop(srv);
 }
+
+/// Issue 32.1: `udm cryptsetup open --allow` narrows who may use the
+/// opened volume, on a server whose default admits loopback; the rule
+/// shows in `dmsetup info` and survives nothing wider.
+#[test]
+fn cryptsetup_open_allow_narrows() {
+    let d = scratch("udm-hostile-");
+    let kf = write_file(d.path(), "k", b"secret passphrase");
+    let img = sparse(d.path(), "v.img", 32 << 20);
+    common::luks::cs_format(&img, &common::luks::FAST_PBKDF, &kf);
+    let srv = serve_tcp(d.path(), &["--allow-default".into(), "127.0.0.1".into()]);
+    let open = |name: &str, extra: &[&str]| {
+        let o = udm()
+            .args(["cryptsetup", "open", "--key-file"])
+            .arg(&kf)
+            .arg("--control")
+            .arg(&srv.ctl)
+            .args(extra)
+            .arg(&img)
+            .arg(name)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", show(&o));
+    };
+    open("wide", &[]);
+    let o = nbdinfo(&srv.uri("wide"));
+    assert!(o.status.success(), "{}", show(&o));
+    open("narrow", &["--allow", "10.0.0.0/8"]);
+    let o = nbdinfo(&srv.uri("narrow"));
+    assert!(
+        !o.status.success(),
+        "open --allow did not narrow: {}",
+        show(&o)
+    );
+    let info = srv.dm_ok(&["info", "narrow"]);
+    assert!(
+        info.contains("NBD clients:       (127.0.0.1/32) and (10.0.0.0/8)"),
+        "{info}"
+    );
+}
