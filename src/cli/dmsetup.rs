@@ -361,44 +361,8 @@ fn print_json(v: &Value) {
 
 fn dispatch(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
     match verb {
-        "create" => {
-            need_args(
-                args,
-                1,
-                2,
-                "create <dev_name> [--table <table> | <table_file>]",
-            )?;
-            let mut r = req("create", &args[..1]);
-            r.uuid = o.uuid.clone();
-            r.readonly = o.readonly;
-            r.allow = o.allow.clone();
-            let table = if o.notable {
-                Zeroizing::new(Vec::new())
-            } else {
-                r.has_table = true;
-                read_table(o, args.get(1))?
-            };
-            if r.has_table && table.iter().all(|b| b.is_ascii_whitespace()) {
-                // dmsetup creates the device without a table then.
-                r.has_table = false;
-            }
-            client(o)?.call(r, &table)?;
-            Ok(())
-        }
-        "load" | "reload" => {
-            need_args(
-                args,
-                1,
-                2,
-                "load <dev_name> [--table <table> | <table_file>]",
-            )?;
-            let mut r = req("load", &args[..1]);
-            r.force = o.force;
-            r.has_table = true;
-            let table = read_table(o, args.get(1))?;
-            client(o)?.call(r, &table)?;
-            Ok(())
-        }
+        "create" => create_cmd(o, args),
+        "load" | "reload" => load_cmd(o, args),
         "suspend" | "resume" => {
             need_args(args, 1, usize::MAX, &format!("{verb} <dev_name>..."))?;
             let mut c = client(o)?;
@@ -410,22 +374,7 @@ fn dispatch(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
             }
             Ok(())
         }
-        "remove" => {
-            need_args(
-                args,
-                1,
-                usize::MAX,
-                "remove [-f|--force] [--deferred] <dev_name>...",
-            )?;
-            let mut c = client(o)?;
-            for n in args {
-                let mut r = req("remove", std::slice::from_ref(n));
-                r.force = o.force;
-                r.deferred = o.deferred;
-                c.call(r, &[])?;
-            }
-            Ok(())
-        }
+        "remove" => remove_cmd(o, args),
         "remove_all" => {
             need_args(args, 0, 0, "remove_all [-f|--force] [--deferred]")?;
             let mut r = req("remove_all", &[]);
@@ -434,143 +383,23 @@ fn dispatch(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
             client(o)?.call(r, &[])?;
             Ok(())
         }
-        "rename" => {
-            if o.setuuid {
-                return Err(Failure::Usage(
-                    "--setuuid is not supported: give the uuid at create (-u)".into(),
-                ));
-            }
-            need_args(args, 2, 2, "rename <dev_name> <new_name>")?;
-            let mut r = req("rename", &args[..1]);
-            r.new_name = Some(args[1].clone());
-            client(o)?.call(r, &[])?;
-            Ok(())
-        }
+        "rename" => rename_cmd(o, args),
         "clear" => {
             need_args(args, 1, 1, "clear <dev_name>")?;
             client(o)?.call(req("clear", args), &[])?;
             Ok(())
         }
-        "wipe_table" => {
-            need_args(args, 1, usize::MAX, "wipe_table <dev_name>...")?;
-            let mut c = client(o)?;
-            for n in args {
-                let (v, _) = c.call(req("info", std::slice::from_ref(n)), &[])?;
-                let d: Vec<DeviceInfo> = devices_of(&v)?;
-                let size = d.first().map_or(0, |d| d.size_sectors);
-                let mut r = req("load", std::slice::from_ref(n));
-                r.has_table = true;
-                r.force = true;
-                c.call(r, format!("0 {size} error\n").as_bytes())?;
-                let mut r = req("resume", std::slice::from_ref(n));
-                r.force = true;
-                c.call(r, &[])?;
-            }
-            Ok(())
-        }
+        "wipe_table" => wipe_table_cmd(o, args),
         "ls" => ls(o, args),
         "info" => info(o, args),
         "deps" => deps(o, args),
         "table" => table(o, args),
         "status" => status(o, args),
-        "message" => {
-            if args.len() < 3 {
-                return Err(Failure::Usage(
-                    "usage: dmsetup message <dev_name> <sector> <message>".into(),
-                ));
-            }
-            let sector: u64 = args[1]
-                .parse()
-                .map_err(|_| Failure::Usage("Invalid sector.".into()))?;
-            let mut r = req("message", &args[..1]);
-            r.sector = sector;
-            // In the payload, never the JSON: `key set` carries a key.
-            let text = zeroize::Zeroizing::new(args[2..].join(" "));
-            let (v, _) = client(o)?.call(r, text.as_bytes())?;
-            if let Some(s) = v.get("response").and_then(Value::as_str) {
-                if s.is_empty() || s.ends_with('\n') {
-                    print!("{s}");
-                } else {
-                    println!("{s}");
-                }
-            }
-            Ok(())
-        }
-        "wait" => {
-            need_args(args, 1, 2, "wait <dev_name> [<event_nr>]")?;
-            let mut r = req("wait", &args[..1]);
-            if let Some(n) = args.get(1) {
-                r.event_nr = n
-                    .parse()
-                    .map_err(|_| Failure::Usage(format!("invalid event number '{n}'")))?;
-            }
-            let (v, _) = client(o)?.call(r, &[])?;
-            if o.verbose > 0 {
-                info(o, &args[..1])?;
-            }
-            if o.json {
-                print_json(&v);
-            }
-            Ok(())
-        }
-        "targets" => {
-            let (v, _) = client(o)?.call(req("targets", &[]), &[])?;
-            if o.json {
-                print_json(&v);
-                return Ok(());
-            }
-            let t: Vec<TargetVersion> =
-                serde_json::from_value(v.get("targets").cloned().unwrap_or(Value::Null))
-                    .unwrap_or_default();
-            for t in t {
-                println!(
-                    "{:<16} v{}.{}.{}",
-                    t.name, t.version[0], t.version[1], t.version[2]
-                );
-            }
-            Ok(())
-        }
-        "version" => {
-            println!(
-                "Library version:   {} (udm dmsetup)",
-                env!("CARGO_PKG_VERSION")
-            );
-            let (v, _) = client(o)?.call(req("version", &[]), &[])?;
-            println!(
-                "Driver version:    {} (udm serve, control protocol {})",
-                v.get("version").and_then(Value::as_str).unwrap_or("?"),
-                v.get("protocol").and_then(Value::as_u64).unwrap_or(0)
-            );
-            Ok(())
-        }
-        "stats" => {
-            let Some(sub) = args.first() else {
-                return Err(Failure::Usage(
-                    "usage: dmsetup stats clear|print [<dev_name>...]".into(),
-                ));
-            };
-            match sub.as_str() {
-                "clear" => {
-                    client(o)?.call(req("stats_clear", &args[1..]), &[])?;
-                    Ok(())
-                }
-                "print" | "report" | "list" => {
-                    let (v, _) = client(o)?.call(req("status", &args[1..]), &[])?;
-                    let devs: Vec<DeviceStatus> = devices_of(&v)?;
-                    if o.json {
-                        print_json(&v);
-                    } else {
-                        for d in &devs {
-                            print_stats(d);
-                        }
-                    }
-                    Ok(())
-                }
-                other => Err(Failure::Usage(format!(
-                    "stats {other}: udm supports 'stats clear' and 'stats print'"
-                ))),
-            }
-        }
+        "message" => message_cmd(o, args),
+        "wait" => wait_cmd(o, args),
+        "targets" => targets_cmd(o),
+        "version" => version_cmd(o),
+        "stats" => stats_cmd(o, args),
         "mknodes" | "udevcomplete_all" | "udevcookie" | "udevflags" | "udevcomplete"
         | "udevreleasecookie" | "udevcreatecookie" => {
             // No device nodes, no udev: nothing to do, as on a system
@@ -581,6 +410,197 @@ fn dispatch(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
             "unknown command '{other}' (see dmsetup help)"
         ))),
     }
+}
+
+fn create_cmd(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    need_args(
+        args,
+        1,
+        2,
+        "create <dev_name> [--table <table> | <table_file>]",
+    )?;
+    let mut r = req("create", &args[..1]);
+    r.uuid = o.uuid.clone();
+    r.readonly = o.readonly;
+    r.allow = o.allow.clone();
+    let table = if o.notable {
+        Zeroizing::new(Vec::new())
+    } else {
+        r.has_table = true;
+        read_table(o, args.get(1))?
+    };
+    if r.has_table && table.iter().all(|b| b.is_ascii_whitespace()) {
+        // dmsetup creates the device without a table then.
+        r.has_table = false;
+    }
+    client(o)?.call(r, &table)?;
+    Ok(())
+}
+
+fn load_cmd(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    need_args(
+        args,
+        1,
+        2,
+        "load <dev_name> [--table <table> | <table_file>]",
+    )?;
+    let mut r = req("load", &args[..1]);
+    r.force = o.force;
+    r.has_table = true;
+    let table = read_table(o, args.get(1))?;
+    client(o)?.call(r, &table)?;
+    Ok(())
+}
+
+fn wipe_table_cmd(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    need_args(args, 1, usize::MAX, "wipe_table <dev_name>...")?;
+    let mut c = client(o)?;
+    for n in args {
+        let (v, _) = c.call(req("info", std::slice::from_ref(n)), &[])?;
+        let d: Vec<DeviceInfo> = devices_of(&v)?;
+        let size = d.first().map_or(0, |d| d.size_sectors);
+        let mut r = req("load", std::slice::from_ref(n));
+        r.has_table = true;
+        r.force = true;
+        c.call(r, format!("0 {size} error\n").as_bytes())?;
+        let mut r = req("resume", std::slice::from_ref(n));
+        r.force = true;
+        c.call(r, &[])?;
+    }
+    Ok(())
+}
+
+fn message_cmd(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    if args.len() < 3 {
+        return Err(Failure::Usage(
+            "usage: dmsetup message <dev_name> <sector> <message>".into(),
+        ));
+    }
+    let sector: u64 = args[1]
+        .parse()
+        .map_err(|_| Failure::Usage("Invalid sector.".into()))?;
+    let mut r = req("message", &args[..1]);
+    r.sector = sector;
+    // In the payload, never the JSON: `key set` carries a key.
+    let text = zeroize::Zeroizing::new(args[2..].join(" "));
+    let (v, _) = client(o)?.call(r, text.as_bytes())?;
+    if let Some(s) = v.get("response").and_then(Value::as_str) {
+        if s.is_empty() || s.ends_with('\n') {
+            print!("{s}");
+        } else {
+            println!("{s}");
+        }
+    }
+    Ok(())
+}
+
+fn wait_cmd(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    need_args(args, 1, 2, "wait <dev_name> [<event_nr>]")?;
+    let mut r = req("wait", &args[..1]);
+    if let Some(n) = args.get(1) {
+        r.event_nr = n
+            .parse()
+            .map_err(|_| Failure::Usage(format!("invalid event number '{n}'")))?;
+    }
+    let (v, _) = client(o)?.call(r, &[])?;
+    if o.verbose > 0 {
+        info(o, &args[..1])?;
+    }
+    if o.json {
+        print_json(&v);
+    }
+    Ok(())
+}
+
+fn targets_cmd(o: &Opts) -> Result<(), Failure> {
+    let (v, _) = client(o)?.call(req("targets", &[]), &[])?;
+    if o.json {
+        print_json(&v);
+        return Ok(());
+    }
+    let t: Vec<TargetVersion> =
+        serde_json::from_value(v.get("targets").cloned().unwrap_or(Value::Null))
+            .unwrap_or_default();
+    for t in t {
+        println!(
+            "{:<16} v{}.{}.{}",
+            t.name, t.version[0], t.version[1], t.version[2]
+        );
+    }
+    Ok(())
+}
+
+fn version_cmd(o: &Opts) -> Result<(), Failure> {
+    println!(
+        "Library version:   {} (udm dmsetup)",
+        env!("CARGO_PKG_VERSION")
+    );
+    let (v, _) = client(o)?.call(req("version", &[]), &[])?;
+    println!(
+        "Driver version:    {} (udm serve, control protocol {})",
+        v.get("version").and_then(Value::as_str).unwrap_or("?"),
+        v.get("protocol").and_then(Value::as_u64).unwrap_or(0)
+    );
+    Ok(())
+}
+
+fn stats_cmd(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    let Some(sub) = args.first() else {
+        return Err(Failure::Usage(
+            "usage: dmsetup stats clear|print [<dev_name>...]".into(),
+        ));
+    };
+    match sub.as_str() {
+        "clear" => {
+            client(o)?.call(req("stats_clear", &args[1..]), &[])?;
+            Ok(())
+        }
+        "print" | "report" | "list" => {
+            let (v, _) = client(o)?.call(req("status", &args[1..]), &[])?;
+            let devs: Vec<DeviceStatus> = devices_of(&v)?;
+            if o.json {
+                print_json(&v);
+            } else {
+                for d in &devs {
+                    print_stats(d);
+                }
+            }
+            Ok(())
+        }
+        other => Err(Failure::Usage(format!(
+            "stats {other}: udm supports 'stats clear' and 'stats print'"
+        ))),
+    }
+}
+
+fn rename_cmd(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    if o.setuuid {
+        return Err(Failure::Usage(
+            "--setuuid is not supported: give the uuid at create (-u)".into(),
+        ));
+    }
+    need_args(args, 2, 2, "rename <dev_name> <new_name>")?;
+    let mut r = req("rename", &args[..1]);
+    r.new_name = Some(args[1].clone());
+    client(o)?.call(r, &[])?;
+    Ok(())
+}
+
+fn remove_cmd(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    need_args(
+        args,
+        1,
+        usize::MAX,
+        "remove [-f|--force] [--deferred] <dev_name>...",
+    )?;
+    let mut c = client(o)?;
+    for n in args {
+        let mut r = req("remove", std::slice::from_ref(n));
+        r.force = o.force;
+        r.deferred = o.deferred;
+        c.call(r, &[])?;
+    }
+    Ok(())
 }
 
 /// udm's counters, one line per operation.
