@@ -26,14 +26,6 @@ const ALLOWED: &[(&str, &str)] = &[
     ("luks/reencrypt/engine.rs", "new"),
     // TODO(luks slice): split.
     ("luks/reencrypt/engine.rs", "new_unshift"),
-    // TODO(nbd slice): split.
-    ("nbd/handshake.rs", "option"),
-    // TODO(nbd slice): split.
-    ("nbd/server.rs", "run"),
-    // TODO(control slice): split.
-    ("control/service.rs", "handle"),
-    // TODO(serve slice): split.
-    ("cli/serve.rs", "serve"),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -28,6 +28,8 @@ use crate::core::table::TableLine;
 #[derive(Default, Debug)]
 struct Opts {
     control: Option<PathBuf>,
+    /// `create --allow LIST`: narrows who may use the device over NBD.
+    allow: Option<String>,
     columns: bool,
     options: Option<String>,
     noheadings: bool,
@@ -62,7 +64,7 @@ dmsetup
         [-r|--readonly] [--noflush] [--showkeys] [--target <target_type>]
         [--control <socket>] [--json]
 
-        create <dev_name> [-u|uuid <uuid>] [-n|--notable|--table {<table>|<table_file>}]
+        create <dev_name> [-u|uuid <uuid>] [--allow <list>] [-n|--notable|--table {<table>|<table_file>}]
         load|reload <dev_name> [--table {<table>|<table_file>}]
         suspend [--noflush] <dev_name>...
         resume [--force] <dev_name>...
@@ -94,6 +96,7 @@ $XDG_RUNTIME_DIR/udm/control.
 /// Options taking a value, long and short forms.
 const WITH_VALUE: &[&str] = &[
     "--control",
+    "--allow",
     "--options",
     "-o",
     "--separator",
@@ -171,6 +174,7 @@ fn parse(argv: &[String]) -> Result<Opts, String> {
             };
             match name.as_str() {
                 "--control" => o.control = Some(PathBuf::from(v)),
+                "--allow" => o.allow = Some(v),
                 "--options" | "-o" => o.options = Some(v),
                 "--separator" => o.separator = Some(v),
                 "--table" => o.table = Some(v),
@@ -280,6 +284,11 @@ fn run(o: &Opts, verb: &str, args: &[String]) -> i32 {
 enum Failure {
     Usage(String),
     Server(ClientError),
+}
+
+/// A failure on this side, reported as the server's are.
+fn failed(msg: String) -> Failure {
+    Failure::Server(ClientError { code: None, msg })
 }
 
 impl From<ClientError> for Failure {
@@ -400,6 +409,7 @@ fn create(o: &Opts, args: &[String]) -> Result<(), Failure> {
     let mut r = req("create", &args[..1]);
     r.uuid = o.uuid.clone();
     r.readonly = o.readonly;
+    r.allow = o.allow.clone();
     let table = if o.notable {
         Zeroizing::new(Vec::new())
     } else {
@@ -793,6 +803,19 @@ fn tree(devs: &[DeviceInfo], options: &str) -> String {
     out
 }
 
+/// The rules of `info` in one line: `10.0.0.0/8` or
+/// `(unix,uid:0) and (uid:0)`.
+fn describe_access(rules: &[String]) -> String {
+    match rules {
+        [one] => one.clone(),
+        many => many
+            .iter()
+            .map(|r| format!("({r})"))
+            .collect::<Vec<_>>()
+            .join(" and "),
+    }
+}
+
 fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
     let mut c = client(o)?;
     let (v, _) = c.call(req("info", args), &[])?;
@@ -835,6 +858,10 @@ fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
             );
         }
         println!("Open count:        {}", d.open_count);
+        // Only with rules: without, dmsetup's output stays as it is.
+        if !d.allow.is_empty() {
+            println!("NBD clients:       {}", describe_access(&d.allow));
+        }
         println!("Event number:      {}", d.event_nr);
         println!("Major, minor:      {MAJOR}, {}", d.minor);
         println!("Number of targets: {}", d.target_count);
@@ -1026,30 +1053,30 @@ fn table(o: &Opts, args: &[String]) -> Result<(), Failure> {
     r.inactive = o.inactive;
     let (v, payload) = c.call(r, &[])?;
     let devs: Vec<TableDevice> = devices_of(&v)?;
-    let text = Zeroizing::new(String::from_utf8_lossy(&payload).into_owned());
+    // Read in place: the payload is the only copy of the keys, and it is
+    // wiped on drop.
+    let text = std::str::from_utf8(&payload)
+        .map_err(|_| failed("the server sent a table that is not UTF-8 text".to_string()))?;
     let mut lines = text.lines();
     if devs.is_empty() {
         println!("No devices found");
         return Ok(());
     }
     let multiple = args.len() != 1;
-    let mut out = Zeroizing::new(String::new());
-    let mut json_devs = Vec::new();
+    if o.json {
+        return table_json(o, &devs, &mut lines);
+    }
+    // Sized before writing, so it never grows (a grown buffer leaves a
+    // copy of the keys in the memory it gave back): the lines, plus a
+    // "NAME: " per line or per empty device.
+    let prefixes: usize = devs
+        .iter()
+        .map(|d| if multiple { (d.name.len() + 2) * d.lines.max(1) } else { 0 } + 1)
+        .sum();
+    let mut out = Zeroizing::new(String::with_capacity(text.len() + prefixes));
+    let cap = out.capacity();
     for d in &devs {
-        let mine: Vec<&str> = (0..d.lines).filter_map(|_| lines.next()).collect();
-        let shown: Vec<&str> = mine
-            .iter()
-            .copied()
-            .filter(|l| {
-                o.target
-                    .as_ref()
-                    .is_none_or(|t| l.split(' ').nth(2) == Some(t.as_str()))
-            })
-            .collect();
-        if o.json {
-            json_devs.push(serde_json::json!({ "name": d.name, "table": shown }));
-            continue;
-        }
+        let shown = device_lines(o, d, &mut lines);
         if shown.is_empty() && o.target.is_none() {
             if multiple {
                 out.push_str(&format!("{}: ", d.name));
@@ -1064,15 +1091,67 @@ fn table(o: &Opts, args: &[String]) -> Result<(), Failure> {
             out.push('\n');
         }
     }
-    if o.json {
-        let v = Zeroizing::new(
-            serde_json::to_string_pretty(&serde_json::json!({ "devices": json_devs }))
-                .unwrap_or_default(),
-        );
-        println!("{}", v.as_str());
-    } else {
-        print!("{}", out.as_str());
+    debug_assert_eq!(out.capacity(), cap, "the table buffer grew");
+    print!("{}", out.as_str());
+    Ok(())
+}
+
+/// The lines of the next device (`d.lines` of them) that `--target`
+/// selects.
+fn device_lines<'a>(o: &Opts, d: &TableDevice, lines: &mut std::str::Lines<'a>) -> Vec<&'a str> {
+    (0..d.lines)
+        .filter_map(|_| lines.next())
+        .filter(|l| {
+            o.target
+                .as_ref()
+                .is_none_or(|t| l.split(' ').nth(2) == Some(t.as_str()))
+        })
+        .collect()
+}
+
+/// `table --json`: serialised straight from the payload's lines into a
+/// buffer sized for the worst escaping (6 bytes per input byte) plus the
+/// structure, so no copy of a key is left in a grown or intermediate
+/// buffer.
+fn table_json(
+    o: &Opts,
+    devs: &[TableDevice],
+    lines: &mut std::str::Lines<'_>,
+) -> Result<(), Failure> {
+    #[derive(serde::Serialize)]
+    struct Dev<'a> {
+        name: &'a str,
+        table: Vec<&'a str>,
     }
+    #[derive(serde::Serialize)]
+    struct All<'a> {
+        devices: Vec<Dev<'a>>,
+    }
+    let all = All {
+        devices: devs
+            .iter()
+            .map(|d| Dev {
+                name: &d.name,
+                table: device_lines(o, d, lines),
+            })
+            .collect(),
+    };
+    let size: usize = all
+        .devices
+        .iter()
+        .map(|d| 64 + 6 * d.name.len() + d.table.iter().map(|l| 16 + 6 * l.len()).sum::<usize>())
+        .sum::<usize>()
+        + 64;
+    let mut buf = Zeroizing::new(Vec::with_capacity(size));
+    let cap = buf.capacity();
+    serde_json::to_writer_pretty(&mut *buf, &all)
+        .map_err(|e| failed(format!("cannot write the table as JSON: {e}")))?;
+    buf.push(b'\n');
+    debug_assert_eq!(buf.capacity(), cap, "the JSON buffer grew");
+    use std::io::Write;
+    std::io::stdout()
+        .write_all(&buf)
+        .map_err(|e| failed(format!("cannot write the table: {e}")))?;
     Ok(())
 }
 
@@ -1126,6 +1205,7 @@ mod tests {
             major: 0,
             minor,
             read_only: false,
+            allow: Vec::new(),
             suspended: false,
             live_table: true,
             inactive_table: false,

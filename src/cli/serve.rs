@@ -15,7 +15,7 @@ use zeroize::Zeroizing;
 use crate::control::{self, ControlServer, Service};
 use crate::engine::Engine;
 use crate::mapper::{BuildOptions, DeviceSpec, Devices};
-use crate::nbd::export::BudgetPolicy;
+use crate::nbd::export::{parse_allow_list, AccessPolicy, BudgetPolicy};
 use crate::nbd::{ExportSet, Listen, ServerConfig};
 use crate::targets::TargetOptions;
 
@@ -123,10 +123,19 @@ pub struct Args {
     #[arg(long)]
     pub tls_verify_peer: bool,
     /// Who may use an export: NAME=ENTRY[,ENTRY...] with entries `unix`,
-    /// `tls`, an IP address or ADDRESS/PREFIX. Exports without a list are
-    /// open to every client that reaches the server.
+    /// `uid:N` (Unix socket clients of that user), `tls`, an IP address or
+    /// ADDRESS/PREFIX. The rule belongs to the name: it also binds a device
+    /// of that name created, renamed or re-created later.
     #[arg(long = "allow", value_name = "NAME=LIST")]
     pub allow: Vec<String>,
+    /// The rule of every name without an --allow of its own (default:
+    /// every client that reaches the server).
+    #[arg(long, value_name = "LIST")]
+    pub allow_default: Option<String>,
+    /// Mode of the --socket file, octal (default 0600: the server's user
+    /// and root only; it never depends on the umask).
+    #[arg(long, value_name = "MODE")]
+    pub socket_mode: Option<String>,
     /// The control socket (`udm dmsetup` talks to it). Default:
     /// $UDM_CONTROL, else /run/udm/control as root, else
     /// $XDG_RUNTIME_DIR/udm/control; a default path another server holds
@@ -194,7 +203,80 @@ pub fn run(a: Args) -> i32 {
     }
 }
 
+/// Position on the command line, name and spec of each device
+/// (`--table`, `--file`, `--luks`, `--crypttab`), and the names given
+/// `ro:`.
+type Specs = (Vec<(usize, String, DeviceSpec)>, Vec<String>);
+
 fn serve(a: Args) -> Result<(), String> {
+    let (mut specs, mut read_only_exports) = table_and_file_specs(&a)?;
+    crypttab_specs(&a, &mut specs, &mut read_only_exports)?;
+    if specs.is_empty() && a.no_control {
+        return Err(
+            "nothing to serve: give at least one --table, --file, --luks or --crypttab, or a control \
+             socket to create devices through"
+                .into(),
+        );
+    }
+    specs.sort_by_key(|(p, _, _)| *p);
+
+    let budget = match &a.memory_budget {
+        Some(s) => {
+            Some(crate::core::units::parse_size(s).map_err(|e| format!("--memory-budget: {e}"))?)
+        }
+        None => None,
+    };
+    let listen = match (&a.socket, &a.listen) {
+        (Some(p), _) => Listen::Unix(p.clone()),
+        // The server adds the default port to an address without one.
+        (None, Some(h)) => Listen::Tcp(h.clone()),
+        (None, None) => unreachable!("clap requires one of --socket/--listen"),
+    };
+    let policy = access_policy(&a, read_only_exports)?;
+    let tls = crate::nbd::TlsOptions {
+        mode: a.tls.parse()?,
+        certificates: a.tls_certificates.clone(),
+        verify_peer: a.tls_verify_peer,
+    };
+    check_tls(&tls, &policy)?;
+    let socket_mode = a
+        .socket_mode
+        .as_deref()
+        .map(parse_socket_mode)
+        .transpose()?;
+    let net = net_options(&a, tls.mode)?;
+    serve_specs(
+        specs.into_iter().map(|(_, n, s)| (n, s)).collect(),
+        listen,
+        &Settings {
+            read_only: a.read_only,
+            direct: a.direct,
+            no_mmap: a.no_mmap,
+            threads: a.threads,
+            crypt_threads: a.crypt_threads,
+            memory_budget: budget,
+            policy,
+            socket_mode,
+            max_connections: a.max_connections,
+            net_threads: a.net_threads,
+            net,
+            tls,
+            control: if a.no_control {
+                ControlPath::Off
+            } else {
+                match a.control {
+                    Some(p) => ControlPath::Given(p),
+                    None => ControlPath::Default,
+                }
+            },
+            metrics: a.metrics,
+            histograms: !a.no_histograms,
+            flatten: !a.no_flatten,
+        },
+    )
+}
+
+fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
     let mut specs: Vec<(usize, String, DeviceSpec)> = Vec::new();
     let mut read_only_exports = Vec::new();
     for t in &a.tables {
@@ -241,6 +323,14 @@ fn serve(a: Args) -> Result<(), String> {
             },
         ));
     }
+    Ok((specs, read_only_exports))
+}
+
+fn crypttab_specs(
+    a: &Args,
+    specs: &mut Vec<(usize, String, DeviceSpec)>,
+    read_only_exports: &mut Vec<String>,
+) -> Result<(), String> {
     if let Some(ct) = &a.crypttab {
         let text = std::fs::read_to_string(ct)
             .map_err(|e| format!("--crypttab: cannot read {}: {e}", ct.display()))?;
@@ -263,41 +353,14 @@ fn serve(a: Args) -> Result<(), String> {
             ));
         }
     }
-    if specs.is_empty() && a.no_control {
-        return Err(
-            "nothing to serve: give at least one --table, --file, --luks or --crypttab, or a control \
-             socket to create devices through"
-                .into(),
-        );
-    }
-    specs.sort_by_key(|(p, _, _)| *p);
+    Ok(())
+}
 
-    let budget = match &a.memory_budget {
-        Some(s) => {
-            Some(crate::core::units::parse_size(s).map_err(|e| format!("--memory-budget: {e}"))?)
-        }
-        None => None,
-    };
-    let listen = match (&a.socket, &a.listen) {
-        (Some(p), _) => Listen::Unix(p.clone()),
-        // The server adds the default port to an address without one.
-        (None, Some(h)) => Listen::Tcp(h.clone()),
-        (None, None) => unreachable!("clap requires one of --socket/--listen"),
-    };
-    let mut allow = Vec::new();
-    for entry in &a.allow {
-        let (name, list) = name_value(entry, "--allow")?;
-        let rules = list
-            .split(',')
-            .map(|x| x.trim().parse::<crate::nbd::Allow>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("--allow {name}: {e}"))?;
-        allow.push((name, rules));
-    }
-    let tls_mode: crate::nbd::TlsMode = a.tls.parse()?;
+/// The event loops' deadlines and per-connection caps.
+fn net_options(a: &Args, tls: crate::nbd::TlsMode) -> Result<crate::nbd::NetOptions, String> {
     let max_bytes = crate::mem::parse_size(&a.max_inflight_bytes)
         .map_err(|e| format!("--max-inflight-bytes: {e}"))?;
-    let net = crate::nbd::NetOptions {
+    Ok(crate::nbd::NetOptions {
         handshake_timeout: seconds(a.handshake_timeout, "--handshake-timeout")?,
         idle_timeout: a
             .idle_timeout
@@ -309,42 +372,63 @@ fn serve(a: Args) -> Result<(), String> {
             max_requests: a.max_inflight_requests.max(1),
             max_bytes: max_bytes.max(1),
         },
-        tls: tls_mode,
+        tls,
         busy_poll: std::time::Duration::from_micros(a.poll_us.min(1_000_000)),
+    })
+}
+
+/// The access rules of `--allow`, `--allow-default` and `ro:NAME`.
+fn access_policy(a: &Args, read_only: Vec<String>) -> Result<AccessPolicy, String> {
+    let mut names = Vec::new();
+    for entry in &a.allow {
+        let (name, list) = name_value(entry, "--allow")?;
+        let rules = parse_allow_list(&list).map_err(|e| format!("--allow {name}: {e}"))?;
+        names.push((name, rules));
+    }
+    let default = match &a.allow_default {
+        Some(l) => parse_allow_list(l).map_err(|e| format!("--allow-default: {e}"))?,
+        None => Vec::new(),
     };
-    serve_specs(
-        specs.into_iter().map(|(_, n, s)| (n, s)).collect(),
-        listen,
-        &Settings {
-            read_only: a.read_only,
-            direct: a.direct,
-            no_mmap: a.no_mmap,
-            threads: a.threads,
-            crypt_threads: a.crypt_threads,
-            memory_budget: budget,
-            read_only_exports,
-            allow,
-            max_connections: a.max_connections,
-            net_threads: a.net_threads,
-            net,
-            tls: crate::nbd::TlsOptions {
-                mode: tls_mode,
-                certificates: a.tls_certificates.clone(),
-                verify_peer: a.tls_verify_peer,
-            },
-            control: if a.no_control {
-                ControlPath::Off
-            } else {
-                match a.control {
-                    Some(p) => ControlPath::Given(p),
-                    None => ControlPath::Default,
-                }
-            },
-            metrics: a.metrics,
-            histograms: !a.no_histograms,
-            flatten: !a.no_flatten,
-        },
-    )
+    Ok(AccessPolicy {
+        names,
+        read_only,
+        default,
+    })
+}
+
+/// TLS options that cannot do what they say are refused before any
+/// device is opened. `--tls=on` with `--tls-verify-peer` lets a plain
+/// client past the certificate check altogether, so it is refused unless
+/// some rule names `tls` (`--allow NAME=tls`, `--allow-default tls`): the
+/// legitimate mix where some exports need a verified certificate and the
+/// others are open in plain text.
+fn check_tls(tls: &crate::nbd::TlsOptions, policy: &AccessPolicy) -> Result<(), String> {
+    crate::nbd::tls::check_options(tls)?;
+    let names_tls = policy
+        .names
+        .iter()
+        .map(|(_, r)| r)
+        .chain(std::iter::once(&policy.default))
+        .any(|r| r.contains(&crate::nbd::Allow::Tls));
+    if tls.mode == crate::nbd::TlsMode::On && tls.verify_peer && !names_tls {
+        return Err(
+            "--tls=on with --tls-verify-peer: clients that stay in plain text skip the \
+                    certificate check; use --tls=require, or name the exports that need a \
+                    certificate with --allow NAME=tls (or --allow-default tls)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// An octal file mode for `--socket-mode` (`0600`, `660`).
+fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| {
+            format!("--socket-mode expects an octal mode such as 0600 or 0660, got '{s}'")
+        })
 }
 
 /// Where the control socket goes.
@@ -367,10 +451,10 @@ pub struct Settings {
     pub threads: usize,
     pub crypt_threads: usize,
     pub memory_budget: Option<u64>,
-    /// Exports served read-only (`ro:NAME=...`).
-    pub read_only_exports: Vec<String>,
-    /// Per-export allow-lists.
-    pub allow: Vec<(String, Vec<crate::nbd::Allow>)>,
+    /// Access rules by name (`--allow`, `--allow-default`, `ro:NAME`).
+    pub policy: AccessPolicy,
+    /// `--socket-mode`.
+    pub socket_mode: Option<u32>,
     pub max_connections: Option<usize>,
     pub net_threads: usize,
     pub net: crate::nbd::NetOptions,
@@ -394,8 +478,8 @@ impl Default for Settings {
             metrics: None,
             histograms: true,
             flatten: true,
-            read_only_exports: Vec::new(),
-            allow: Vec::new(),
+            policy: AccessPolicy::default(),
+            socket_mode: None,
             max_connections: None,
             net_threads: 0,
             net: crate::nbd::NetOptions::default(),
@@ -441,6 +525,123 @@ fn spec_table(spec: DeviceSpec, st: &Settings) -> Result<(Zeroizing<String>, Str
     }
 }
 
+/// Create, load and resume the command line's devices; returns their
+/// names in command-line order. They may name each other in any order:
+/// build what can be built, repeat while that makes progress.
+fn build_devices(
+    service: &Service,
+    specs: Vec<(String, DeviceSpec)>,
+    st: &Settings,
+) -> Result<Vec<String>, String> {
+    let order: Vec<String> = specs.iter().map(|(n, _)| n.clone()).collect();
+    let mut pending: Vec<(String, Zeroizing<String>, String)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (name, spec) in specs {
+        if !seen.insert(name.clone()) {
+            return Err(format!("device name '{name}' is used twice"));
+        }
+        let (text, source) = spec_table(spec, st).map_err(|e| format!("device '{name}': {e}"))?;
+        pending.push((name, text, source));
+    }
+    while !pending.is_empty() {
+        let before = pending.len();
+        let mut errors = Vec::new();
+        pending.retain(
+            |(name, text, source)| match service.activate(name, text.clone(), false) {
+                Ok(()) => false,
+                Err(e) => {
+                    errors.push(format!("device '{name}' ({source}): {e}"));
+                    true
+                }
+            },
+        );
+        if pending.len() == before {
+            return Err(errors.swap_remove(0));
+        }
+    }
+    Ok(order)
+}
+
+/// Add the exports again in command-line order: the first device of the
+/// command line is the default export.
+fn reorder_exports(exports: &ExportSet, devices: &Devices, order: &[String]) -> Result<(), String> {
+    let mut ordered = exports.list();
+    ordered.sort_by_key(|e| order.iter().position(|n| *n == e.export.name));
+    for e in &ordered {
+        exports.remove(&e.export.name);
+    }
+    for e in ordered {
+        let ex = crate::nbd::Export {
+            name: e.export.name.clone(),
+            description: e.export.description.clone(),
+            device: e.export.device.clone(),
+            read_only: e.export.read_only,
+        };
+        // The old export (and with it its engine queue) goes before the
+        // new one is added: a device with a queue depth (RBD, a remote NBD
+        // export) reserves that many engine workers per queue, and workers
+        // never stop, so holding both queues at once would start that many
+        // idle threads twice, for good.
+        drop(e);
+        if let Ok(segs) = devices.segments(&ex.name, false, false) {
+            let table: String = segs
+                .unwrap_or_default()
+                .iter()
+                .map(|s| format!("{} {} {} {}\n", s.start, s.len, s.target, s.params.as_str()))
+                .collect();
+            tracing::info!(
+                "device {}: {} bytes, table:\n{}",
+                ex.name,
+                ex.device.size(),
+                table.trim_end()
+            );
+        }
+        exports.add(ex).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The control socket, if any (a default path in use is skipped with a
+/// warning; a given one that cannot be bound is an error).
+fn start_control(st: &Settings, service: &Arc<Service>) -> Result<Option<ControlServer>, String> {
+    Ok(match &st.control {
+        ControlPath::Off => None,
+        ControlPath::Given(p) => {
+            Some(ControlServer::start(p, service.clone()).map_err(|e| e.to_string())?)
+        }
+        ControlPath::Default => match control::default_path() {
+            None => {
+                tracing::warn!(
+                    "no control socket: neither $UDM_CONTROL nor $XDG_RUNTIME_DIR is set \
+                     (give --control PATH)"
+                );
+                None
+            }
+            Some(p) => match ControlServer::start(&p, service.clone()) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!("running without a control socket: {e}");
+                    None
+                }
+            },
+        },
+    })
+}
+
+/// Without a control socket no device can appear later: a rule for a
+/// name nothing serves is a typo.
+fn check_rule_names(st: &Settings, exports: &ExportSet) -> Result<(), String> {
+    for (name, _) in &st.policy.names {
+        if !exports.list().iter().any(|e| &e.export.name == name) {
+            return Err(format!(
+                "--allow {name}: no device of that name (and no control socket to \
+                 create it through)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Build the devices and serve them until a signal arrives.
 pub fn serve_specs(
     specs: Vec<(String, DeviceSpec)>,
@@ -468,101 +669,21 @@ pub fn serve_specs(
             exports: specs.len().max(1),
         },
     ));
+    // Before any device exists: every export, from the command line or
+    // created later, gets the rules of its name.
+    exports.set_policy(st.policy.clone());
     let service = Arc::new(Service::new(devices.clone(), exports.clone(), st.read_only));
-    // Command-line devices may name each other in any order: build what
-    // can be built, repeat while that makes progress.
-    let order: Vec<String> = specs.iter().map(|(n, _)| n.clone()).collect();
-    let mut pending: Vec<(String, Zeroizing<String>, String)> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for (name, spec) in specs {
-        if !seen.insert(name.clone()) {
-            return Err(format!("device name '{name}' is used twice"));
-        }
-        let (text, source) = spec_table(spec, st).map_err(|e| format!("device '{name}': {e}"))?;
-        pending.push((name, text, source));
-    }
-    while !pending.is_empty() {
-        let before = pending.len();
-        let mut errors = Vec::new();
-        pending.retain(
-            |(name, text, source)| match service.activate(name, text.clone(), false) {
-                Ok(()) => false,
-                Err(e) => {
-                    errors.push(format!("device '{name}' ({source}): {e}"));
-                    true
-                }
-            },
-        );
-        if pending.len() == before {
-            return Err(errors.swap_remove(0));
-        }
-    }
-    // The first device of the command line is the default export.
-    let mut ordered = exports.list();
-    ordered.sort_by_key(|e| order.iter().position(|n| *n == e.export.name));
-    for e in &ordered {
-        exports.remove(&e.export.name);
-    }
-    for e in ordered {
-        let ex = crate::nbd::Export {
-            name: e.export.name.clone(),
-            description: e.export.description.clone(),
-            device: e.export.device.clone(),
-            read_only: e.export.read_only || st.read_only_exports.contains(&e.export.name),
-        };
-        // The old export (and with it its engine queue) goes before the
-        // new one is added: a device with a queue depth (RBD, a remote NBD
-        // export) reserves that many engine workers per queue, and workers
-        // never stop, so holding both queues at once would start that many
-        // idle threads twice, for good.
-        drop(e);
-        if let Ok(segs) = devices.segments(&ex.name, false, false) {
-            let table: String = segs
-                .unwrap_or_default()
-                .iter()
-                .map(|s| format!("{} {} {} {}\n", s.start, s.len, s.target, s.params.as_str()))
-                .collect();
-            tracing::info!(
-                "device {}: {} bytes, table:\n{}",
-                ex.name,
-                ex.device.size(),
-                table.trim_end()
-            );
-        }
-        exports.add(ex).map_err(|e| e.to_string())?;
-    }
-    let control = match &st.control {
-        ControlPath::Off => None,
-        ControlPath::Given(p) => {
-            Some(ControlServer::start(p, service.clone()).map_err(|e| e.to_string())?)
-        }
-        ControlPath::Default => match control::default_path() {
-            None => {
-                tracing::warn!(
-                    "no control socket: neither $UDM_CONTROL nor $XDG_RUNTIME_DIR is set \
-                     (give --control PATH)"
-                );
-                None
-            }
-            Some(p) => match ControlServer::start(&p, service.clone()) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    tracing::warn!("running without a control socket: {e}");
-                    None
-                }
-            },
-        },
-    };
+    let order = build_devices(&service, specs, st)?;
+    reorder_exports(&exports, &devices, &order)?;
+    let control = start_control(st, &service)?;
     let metrics = match &st.metrics {
         Some(a) => {
             Some(control::metrics::Metrics::start(a, service.clone()).map_err(|e| e.to_string())?)
         }
         None => None,
     };
-    for (name, _) in &st.allow {
-        if !exports.list().iter().any(|e| &e.export.name == name) {
-            return Err(format!("--allow {name}: no device of that name"));
-        }
+    if control.is_none() {
+        check_rule_names(st, &exports)?;
     }
     let r = crate::nbd::server::serve_with(
         ServerConfig {
@@ -576,7 +697,7 @@ pub fn serve_specs(
             net_threads: st.net_threads,
             net: st.net.clone(),
             tls: st.tls.clone(),
-            allow: st.allow.clone(),
+            socket_mode: st.socket_mode,
             exports: Some(exports),
             ..Default::default()
         },

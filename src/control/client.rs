@@ -30,8 +30,13 @@ impl std::fmt::Display for ClientError {
 }
 
 impl Client {
-    /// Connect to the socket at `path`.
+    /// Connect to the socket at `path`, and make sure it is served by
+    /// root or by our own user before anything is sent: requests carry
+    /// volume keys (`cryptsetup open`, `luksResume`), and a socket path
+    /// another user could bind first (a server unlinks its socket on exit)
+    /// must not receive them.
     pub fn connect(path: &Path) -> Result<Client, ClientError> {
+        check_parent(path)?;
         let s = UnixStream::connect(path).map_err(|e| ClientError {
             code: None,
             msg: format!(
@@ -40,6 +45,7 @@ impl Client {
                 path.display()
             ),
         })?;
+        check_server(&s, path)?;
         let _ = s.set_write_timeout(Some(Duration::from_secs(30)));
         Ok(Client {
             s,
@@ -98,4 +104,74 @@ impl Client {
         }
         Ok((reply.result, msg.payload))
     }
+}
+
+fn refused(msg: String) -> ClientError {
+    ClientError {
+        code: Some(Code::Eperm),
+        msg,
+    }
+}
+
+fn my_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// The server at the other end must run as root or as us (SO_PEERCRED
+/// gives the uid that created the listening socket; no peer can forge it).
+fn check_server(s: &UnixStream, path: &Path) -> Result<(), ClientError> {
+    let me = my_uid();
+    let uid = super::server::peer_uid(s).map_err(|e| {
+        refused(format!(
+            "cannot tell who serves the control socket {} ({e}): refusing to send it anything",
+            path.display()
+        ))
+    })?;
+    if uid == 0 || uid == me {
+        return Ok(());
+    }
+    Err(refused(format!(
+        "the control socket {} is served by uid {uid}, neither root nor you (uid {me}): \
+         refusing to send it anything (it could be another user's listener waiting for keys); \
+         point --control or $UDM_CONTROL at your udm serve's socket",
+        path.display()
+    )))
+}
+
+/// A directory anyone may write to (without the sticky bit) lets anyone
+/// swap the socket; one owned by a third user is theirs to swap. Both are
+/// refused before connecting, so nothing depends on winning a race.
+fn check_parent(path: &Path) -> Result<(), ClientError> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(m) = std::fs::metadata(dir) else {
+        // Connecting reports a missing directory better.
+        return Ok(());
+    };
+    let me = my_uid();
+    if m.uid() != 0 && m.uid() != me {
+        return Err(refused(format!(
+            "the control socket {} is in {}, owned by uid {}, neither root nor you (uid {me}): \
+             its owner could replace the socket; use a socket in a directory of yours or root's",
+            path.display(),
+            dir.display(),
+            m.uid()
+        )));
+    }
+    let writable_by_others = m.mode() & 0o022 != 0;
+    let sticky = m.mode() & 0o1000 != 0;
+    if writable_by_others && !sticky {
+        return Err(refused(format!(
+            "the control socket {} is in {}, which others may write to (mode {:o}): anyone \
+             could replace the socket; use a directory only you or root may write to",
+            path.display(),
+            dir.display(),
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(())
 }

@@ -43,6 +43,11 @@ pub struct DeviceInfo {
     pub target_types: Vec<String>,
     pub size_sectors: u64,
     pub deps: Vec<DepInfo>,
+    /// Who may use the device over NBD: a client must pass every rule,
+    /// each a comma-separated list of entries any of which admits (as
+    /// `udm serve --allow`). Empty: every client that reaches the server.
+    #[serde(default)]
+    pub allow: Vec<String>,
 }
 
 /// One segment's status line.

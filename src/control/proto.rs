@@ -51,6 +51,11 @@ pub struct Request {
     /// `create` with a table in the payload; `load`: the payload is the
     /// table.
     pub has_table: bool,
+    /// `create`: a rule (`ENTRY[,ENTRY...]`, as `udm serve --allow`)
+    /// NBD clients must pass in addition to the rule of the name: it can
+    /// only narrow who may use the device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow: Option<String>,
 }
 
 /// Error kinds a reply may carry, named after the errno dm's ioctls use.

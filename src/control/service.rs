@@ -29,7 +29,8 @@ use super::proto::{Code, OpError, Request};
 use crate::core::BlockDevice;
 use crate::mapper::compile::Dep;
 use crate::mapper::{DevInfo, Devices};
-use crate::nbd::{Export, ExportSet, Exported};
+use crate::nbd::export::{describe_rule, parse_allow_list};
+use crate::nbd::{Allow, Export, ExportSet, Exported};
 
 type OpResult = Result<(Value, Zeroizing<Vec<u8>>), OpError>;
 
@@ -63,6 +64,10 @@ pub struct Service {
     read_only: bool,
     op: Mutex<()>,
     stopping: AtomicBool,
+    /// `create --allow` rules by device name: they narrow the name's
+    /// rule for as long as the device exists (also across the export a
+    /// later resume adds).
+    narrow: Mutex<std::collections::HashMap<String, Vec<Allow>>>,
 }
 
 impl Service {
@@ -73,6 +78,7 @@ impl Service {
             read_only,
             op: Mutex::new(()),
             stopping: AtomicBool::new(false),
+            narrow: Mutex::default(),
         }
     }
 
@@ -100,14 +106,38 @@ impl Service {
         self.export_of(name).map_or(0, |e| e.connections() as u32)
     }
 
+    /// Who may use `name` over NBD and whether it is read-only there: its
+    /// export's rules, or (no export yet) those it will get.
+    fn access(&self, name: &str) -> (Vec<String>, bool) {
+        if let Some(e) = self.export_of(name) {
+            let rules = e.rules().iter().map(|r| describe_rule(r)).collect();
+            return (rules, e.export.read_only);
+        }
+        let policy = self.exports.policy();
+        let narrow = self.narrowing(name);
+        let rules = [policy.rule(name), &narrow[..]]
+            .iter()
+            .filter(|r| !r.is_empty())
+            .map(|r| describe_rule(r))
+            .collect();
+        (rules, policy.is_read_only(name))
+    }
+
+    fn narrowing(&self, name: &str) -> Vec<Allow> {
+        let map = self.narrow.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(name).cloned().unwrap_or_default()
+    }
+
     fn device_info(&self, d: &DevInfo) -> DeviceInfo {
         let all = self.devices.list();
+        let (allow, export_ro) = self.access(&d.name);
         DeviceInfo {
+            allow,
             name: d.name.clone(),
             uuid: d.uuid.clone(),
             major: MAJOR,
             minor: d.minor,
-            read_only: d.read_only || self.read_only,
+            read_only: d.read_only || self.read_only || export_ro,
             suspended: d.suspended,
             live_table: d.live_table,
             inactive_table: d.inactive_table,
@@ -183,9 +213,8 @@ impl Service {
                     .collect::<Vec<_>>()
             })),
             "create" => {
-                let name = Self::one_name(req)?;
                 let t = if req.has_table { Some(table()?) } else { None };
-                self.create(name, req.uuid.as_deref().unwrap_or(""), req.readonly, t)
+                self.create_op(req, t)
             }
             "load" | "reload" => {
                 let name = Self::one_name(req)?;
@@ -210,21 +239,7 @@ impl Service {
                 ok(json!({}))
             }
             "remove_all" => self.remove_all(req.force, req.deferred),
-            "rename" => {
-                let name = Self::one_name(req)?;
-                let new = req
-                    .new_name
-                    .as_deref()
-                    .ok_or_else(|| err(Code::Einval, "rename: give the new name"))?;
-                let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
-                self.devices.rename(name, new).map_err(classify)?;
-                if self.export_of(name).is_some() {
-                    self.exports
-                        .rename(name, new)
-                        .map_err(|e| err(Code::Eexist, e))?;
-                }
-                ok(json!({}))
-            }
+            "rename" => self.rename(req),
             "clear" => {
                 let name = Self::one_name(req)?;
                 self.devices.clear(name).map_err(classify)?;
@@ -237,66 +252,9 @@ impl Service {
                 )
             }
             "table" => self.table(req),
-            "status" => {
-                let devs = self.selected(&req.names)?;
-                let mut out = Vec::new();
-                for d in devs {
-                    let segs = self
-                        .devices
-                        .segments(&d.name, false, false)
-                        .map_err(classify)?
-                        .unwrap_or_default();
-                    out.push(DeviceStatus {
-                        name: d.name.clone(),
-                        major: MAJOR,
-                        minor: d.minor,
-                        suspended: d.suspended,
-                        size_sectors: d.size / 512,
-                        open_count: self.open_count(&d.name),
-                        event_nr: d.event_nr,
-                        targets: segs
-                            .into_iter()
-                            .map(|s| TargetStatus {
-                                start: s.start,
-                                length: s.len,
-                                target_type: s.target,
-                                status: s.status,
-                            })
-                            .collect(),
-                        stats: d.device.stats().snapshot(),
-                    });
-                }
-                ok(json!({ "devices": out }))
-            }
-            "message" => {
-                let name = Self::one_name(req)?;
-                // A message may carry a key (`key set`): clients send it in
-                // the payload, read into a buffer wiped on drop.
-                let words = if req.message.is_empty() {
-                    let text = std::str::from_utf8(&payload)
-                        .map_err(|_| err(Code::Einval, "the message is not UTF-8 text"))?;
-                    Zeroizing::new(text.split_whitespace().map(str::to_string).collect())
-                } else {
-                    Zeroizing::new(req.message.clone())
-                };
-                self.message(name, req.sector, &words)
-            }
-            "wait" => {
-                let name = Self::one_name(req)?;
-                let ev = self.devices.events(name).map_err(classify)?;
-                loop {
-                    let n = ev.wait_past(req.event_nr, Duration::from_millis(250));
-                    if n > req.event_nr {
-                        return ok(json!({ "event_nr": n }));
-                    }
-                    if self.devices.info(name).is_err() {
-                        return Err(err(Code::Enxio, format!("device '{name}' was removed")));
-                    }
-                    if !alive() || self.stopping.load(Ordering::SeqCst) {
-                        return Err(err(Code::Eagain, "wait abandoned"));
-                    }
-                }
-            }
+            "status" => self.status(req),
+            "message" => self.message_op(req, &payload),
+            "wait" => self.wait(req, alive),
             "stats_clear" => {
                 for d in self.selected(&req.names)? {
                     d.device.stats().clear();
@@ -314,27 +272,152 @@ impl Service {
         }
     }
 
+    /// The device, its export and its `create --allow` rule take the new
+    /// name (the export also gains the rules of the new name).
+    fn rename(&self, req: &Request) -> OpResult {
+        let name = Self::one_name(req)?;
+        let new = req
+            .new_name
+            .as_deref()
+            .ok_or_else(|| err(Code::Einval, "rename: give the new name"))?;
+        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        self.devices.rename(name, new).map_err(classify)?;
+        {
+            let mut map = self.narrow.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(r) = map.remove(name) {
+                map.insert(new.to_string(), r);
+            }
+        }
+        if self.export_of(name).is_some() {
+            self.exports
+                .rename(name, new)
+                .map_err(|e| err(Code::Eexist, e))?;
+        }
+        ok(json!({}))
+    }
+
+    fn status(&self, req: &Request) -> OpResult {
+        let devs = self.selected(&req.names)?;
+        let mut out = Vec::new();
+        for d in devs {
+            let segs = self
+                .devices
+                .segments(&d.name, false, false)
+                .map_err(classify)?
+                .unwrap_or_default();
+            out.push(DeviceStatus {
+                name: d.name.clone(),
+                major: MAJOR,
+                minor: d.minor,
+                suspended: d.suspended,
+                size_sectors: d.size / 512,
+                open_count: self.open_count(&d.name),
+                event_nr: d.event_nr,
+                targets: segs
+                    .into_iter()
+                    .map(|s| TargetStatus {
+                        start: s.start,
+                        length: s.len,
+                        target_type: s.target,
+                        status: s.status,
+                    })
+                    .collect(),
+                stats: d.device.stats().snapshot(),
+            });
+        }
+        ok(json!({ "devices": out }))
+    }
+
+    /// Block until the event counter passes `req.event_nr`, the device
+    /// goes, the client leaves or the server stops.
+    fn wait(&self, req: &Request, alive: &dyn Fn() -> bool) -> OpResult {
+        let name = Self::one_name(req)?;
+        let ev = self.devices.events(name).map_err(classify)?;
+        loop {
+            let n = ev.wait_past(req.event_nr, Duration::from_millis(250));
+            if n > req.event_nr {
+                return ok(json!({ "event_nr": n }));
+            }
+            if self.devices.info(name).is_err() {
+                return Err(err(Code::Enxio, format!("device '{name}' was removed")));
+            }
+            if !alive() || self.stopping.load(Ordering::SeqCst) {
+                return Err(err(Code::Eagain, "wait abandoned"));
+            }
+        }
+    }
+
+    fn create_op(&self, req: &Request, t: Option<Zeroizing<String>>) -> OpResult {
+        let name = Self::one_name(req)?;
+        let allow = match &req.allow {
+            Some(l) => parse_allow_list(l)
+                .map_err(|e| err(Code::Einval, format!("create --allow: {e}")))?,
+            None => Vec::new(),
+        };
+        self.create(
+            name,
+            req.uuid.as_deref().unwrap_or(""),
+            req.readonly,
+            allow,
+            t,
+        )
+    }
+
+    /// A message may carry a key (`key set`): clients send it in the
+    /// payload, read into a buffer wiped on drop, and split into words
+    /// that are wiped too.
+    fn message_op(&self, req: &Request, payload: &[u8]) -> OpResult {
+        let name = Self::one_name(req)?;
+        let words = if req.message.is_empty() {
+            let text = std::str::from_utf8(payload)
+                .map_err(|_| err(Code::Einval, "the message is not UTF-8 text"))?;
+            Zeroizing::new(text.split_whitespace().map(str::to_string).collect())
+        } else {
+            Zeroizing::new(req.message.clone())
+        };
+        self.message(name, req.sector, &words)
+    }
+
+    /// The tables of the selected devices, one line per segment, in one
+    /// buffer sized before anything is written into it: with `--showkeys`
+    /// the lines carry keys, and a buffer that grew would leave copies of
+    /// them behind in the memory it gave back.
     fn table(&self, req: &Request) -> OpResult {
         let devs = self.selected(&req.names)?;
-        let mut text = Zeroizing::new(String::new());
-        let mut out = Vec::new();
+        let mut all = Vec::with_capacity(devs.len());
         for d in devs {
             let segs = self
                 .devices
                 .segments(&d.name, req.inactive, req.showkeys)
                 .map_err(classify)?
                 .unwrap_or_default();
-            for s in &segs {
-                text.push_str(&format!("{} {} {} ", s.start, s.len, s.target));
+            all.push((d.name.clone(), segs));
+        }
+        // Two u64 in decimal, three spaces and a newline around each
+        // segment's target type and parameters.
+        let size: usize = all
+            .iter()
+            .flat_map(|(_, segs)| segs.iter())
+            .map(|s| 2 * 20 + 4 + s.target.len() + s.params.len())
+            .sum();
+        let mut text = Zeroizing::new(String::with_capacity(size));
+        let cap = text.capacity();
+        let mut out = Vec::with_capacity(all.len());
+        for (name, segs) in &all {
+            for s in segs {
+                use std::fmt::Write;
+                let _ = write!(text, "{} {} {} ", s.start, s.len, s.target);
                 text.push_str(&s.params);
                 text.push('\n');
             }
             out.push(TableDevice {
-                name: d.name.clone(),
+                name: name.clone(),
                 lines: segs.len(),
             });
         }
-        let bytes = Zeroizing::new(text.as_bytes().to_vec());
+        debug_assert_eq!(text.capacity(), cap, "the table buffer grew");
+        // The String's buffer becomes the payload: moved, not copied.
+        let bytes = Zeroizing::new(std::mem::take(&mut *text).into_bytes());
         Ok((json!({ "devices": out }), bytes))
     }
 
@@ -431,13 +514,17 @@ impl Service {
         if !d.live_table {
             return Ok(());
         }
+        // The name's rules (and `ro:`) come from the set's policy.
         self.exports
-            .add(Export {
-                name: name.to_string(),
-                description: format!("udm mapped device {name}"),
-                device: d.device.clone(),
-                read_only: self.read_only || d.read_only,
-            })
+            .add_narrowed(
+                Export {
+                    name: name.to_string(),
+                    description: format!("udm mapped device {name}"),
+                    device: d.device.clone(),
+                    read_only: self.read_only || d.read_only,
+                },
+                self.narrowing(name),
+            )
             .map_err(|e| err(Code::Eexist, e))?;
         Ok(())
     }
@@ -447,12 +534,20 @@ impl Service {
         name: &str,
         uuid: &str,
         read_only: bool,
+        allow: Vec<Allow>,
         table: Option<Zeroizing<String>>,
     ) -> OpResult {
         let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
         self.devices
             .create(name, uuid, read_only)
             .map_err(classify)?;
+        let mut map = self.narrow.lock().unwrap_or_else(|p| p.into_inner());
+        if allow.is_empty() {
+            map.remove(name);
+        } else {
+            map.insert(name.to_string(), allow);
+        }
+        drop(map);
         if let Some(t) = table {
             let r = self
                 .devices
@@ -462,12 +557,12 @@ impl Service {
                 Ok(plan) => {
                     self.devices.commit(plan);
                     if let Err(e) = self.ensure_export(name) {
-                        let _ = self.devices.remove(name);
+                        self.forget(name);
                         return Err(e);
                     }
                 }
                 Err(e) => {
-                    let _ = self.devices.remove(name);
+                    self.forget(name);
                     return Err(classify(e));
                 }
             }
@@ -643,7 +738,20 @@ impl Service {
             e.close_connections();
         }
         self.devices.remove(name).map_err(classify)?;
+        self.narrow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
         Ok(())
+    }
+
+    /// Undo a create that failed half-way.
+    fn forget(&self, name: &str) {
+        let _ = self.devices.remove(name);
+        self.narrow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
     }
 
     fn remove_all(&self, force: bool, deferred: bool) -> OpResult {
@@ -692,7 +800,7 @@ impl Service {
         table: Zeroizing<String>,
         read_only: bool,
     ) -> Result<(), String> {
-        self.create(name, "", read_only, Some(table))
+        self.create(name, "", read_only, Vec::new(), Some(table))
             .map(|_| ())
             .map_err(|e| e.msg)
     }

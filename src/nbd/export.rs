@@ -28,6 +28,8 @@ impl Export {
     }
 }
 
+pub use super::sock::Peer;
+
 /// Who may use an export (an allow-list entry). An export with no entries
 /// is open to every client that reaches the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +38,9 @@ pub enum Allow {
     Net(std::net::IpAddr, u8),
     /// Clients on the server's Unix socket.
     Unix,
+    /// Clients on the server's Unix socket running as this user (the
+    /// kernel's SO_PEERCRED, which the client cannot forge).
+    Uid(u32),
     /// Clients that upgraded to TLS (with `--tls-verify-peer`, that means a
     /// certificate signed by the server's CA).
     Tls,
@@ -43,20 +48,26 @@ pub enum Allow {
 
 impl std::str::FromStr for Allow {
     type Err = String;
-    /// `unix`, `tls`, an address (`192.0.2.7`, `::1`) or a network
-    /// (`10.0.0.0/8`).
+    /// `unix`, `uid:N`, `tls`, an address (`192.0.2.7`, `::1`) or a
+    /// network (`10.0.0.0/8`).
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "unix" => return Ok(Allow::Unix),
             "tls" => return Ok(Allow::Tls),
             _ => {}
         }
+        if let Some(n) = s.strip_prefix("uid:") {
+            return n
+                .parse::<u32>()
+                .map(Allow::Uid)
+                .map_err(|_| format!("'{s}': uid: takes a numeric user id, e.g. uid:1000"));
+        }
         let (a, p) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
         let ip: std::net::IpAddr = a.parse().map_err(|_| {
-            format!("'{s}' is not an allow-list entry (unix, tls, an IP address or ADDRESS/PREFIX)")
+            format!("'{s}' is not an allow-list entry (unix, uid:N, tls, an IP address or ADDRESS/PREFIX)")
         })?;
         let max = if ip.is_ipv4() { 32 } else { 128 };
         let prefix = match p {
@@ -71,10 +82,36 @@ impl std::str::FromStr for Allow {
     }
 }
 
+impl std::fmt::Display for Allow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Allow::Net(ip, p) => write!(f, "{ip}/{p}"),
+            Allow::Unix => f.write_str("unix"),
+            Allow::Uid(u) => write!(f, "uid:{u}"),
+            Allow::Tls => f.write_str("tls"),
+        }
+    }
+}
+
+/// Parse `ENTRY[,ENTRY...]` (the value of `--allow NAME=` and
+/// `--allow-default`).
+pub fn parse_allow_list(s: &str) -> Result<Vec<Allow>, String> {
+    s.split(',').map(|x| x.trim().parse::<Allow>()).collect()
+}
+
+/// A rule (all its entries) as the user wrote it: `unix,10.0.0.0/8`.
+pub fn describe_rule(rule: &[Allow]) -> String {
+    rule.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 impl Allow {
-    fn admits(&self, ip: Option<std::net::IpAddr>, tls: bool) -> bool {
-        match (self, ip) {
+    fn admits(&self, peer: &Peer, tls: bool) -> bool {
+        match (self, peer.ip) {
             (Allow::Unix, None) => true,
+            (Allow::Uid(u), None) => peer.uid == Some(*u),
             (Allow::Tls, _) => tls,
             (Allow::Net(net, prefix), Some(ip)) => {
                 let (n, a, bits) = match (net, ip) {
@@ -102,6 +139,11 @@ pub struct Exported {
     /// Shared by the copies a rename makes, so the count and the closers
     /// follow the device, not the name.
     attached: Arc<Attached>,
+    /// Who may use the export: a client must pass every rule (each a
+    /// list of entries, any of which admits). Several rules come from
+    /// narrowing (`dmsetup create --allow`) and renames, which may only
+    /// ever add rules, so nothing widens what a name's rule allowed.
+    rules: RwLock<Vec<Vec<Allow>>>,
 }
 
 /// A hook that ends one client's connection (shuts its socket), given by
@@ -117,29 +159,30 @@ struct Attached {
     /// (a handshake that found the export just before it was removed) are
     /// closed at once.
     closed: AtomicBool,
-    /// Who may use the export (empty: everyone).
-    allow: RwLock<Vec<Allow>>,
 }
 
 impl Exported {
-    /// Whether a client from `ip` (`None`: Unix socket), over TLS or not,
-    /// may see and use this export.
-    pub fn allows(&self, ip: Option<std::net::IpAddr>, tls: bool) -> bool {
-        let list = self
-            .attached
-            .allow
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
-        list.is_empty() || list.iter().any(|a| a.admits(ip, tls))
+    /// Whether `peer`, over TLS or not, may see and use this export.
+    pub fn allows(&self, peer: &Peer, tls: bool) -> bool {
+        let rules = self.rules.read().unwrap_or_else(|p| p.into_inner());
+        rules.iter().all(|r| r.iter().any(|a| a.admits(peer, tls)))
     }
 
-    /// Replace the allow-list (empty: everyone).
-    pub fn set_allow(&self, list: Vec<Allow>) {
-        *self
-            .attached
-            .allow
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = list;
+    /// The rules a client must pass (none: everyone may use it).
+    pub fn rules(&self) -> Vec<Vec<Allow>> {
+        self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Add a rule a client must pass from now on (it narrows, never
+    /// widens; an empty rule is no rule). Clients already attached keep
+    /// their connection.
+    pub fn narrow(&self, rule: Vec<Allow>) {
+        if !rule.is_empty() {
+            self.rules
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(rule);
+        }
     }
 
     /// Clients currently in transmission on this export.
@@ -217,11 +260,41 @@ pub struct BudgetPolicy {
     pub exports: usize,
 }
 
+/// Access rules that belong to names, not to devices: they apply to
+/// whatever device is exported under the name, also one created, renamed
+/// or re-created while the server runs.
+#[derive(Debug, Clone, Default)]
+pub struct AccessPolicy {
+    /// `--allow NAME=LIST`: replaces the default for that name.
+    pub names: Vec<(String, Vec<Allow>)>,
+    /// `ro:NAME=...`: names always exported read-only.
+    pub read_only: Vec<String>,
+    /// `--allow-default LIST`: the rule of every other name (empty:
+    /// every client that reaches the server).
+    pub default: Vec<Allow>,
+}
+
+impl AccessPolicy {
+    /// The rule of `name` (empty: none).
+    pub fn rule(&self, name: &str) -> &[Allow] {
+        self.names
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map_or(&self.default[..], |(_, r)| &r[..])
+    }
+
+    pub fn is_read_only(&self, name: &str) -> bool {
+        self.read_only.iter().any(|n| n == name)
+    }
+}
+
 /// The exports of one server, changeable while it runs.
 pub struct ExportSet {
     engine: Arc<Engine>,
     list: RwLock<Vec<Arc<Exported>>>,
     share: u64,
+    policy: RwLock<AccessPolicy>,
 }
 
 impl ExportSet {
@@ -235,26 +308,65 @@ impl ExportSet {
             engine,
             list: RwLock::new(Vec::new()),
             share,
+            policy: RwLock::new(AccessPolicy::default()),
         }
+    }
+
+    /// Replace the access policy. Exports already offered get the new
+    /// rule of their name added (so a policy set after them still binds
+    /// them; it never widens what they had).
+    pub fn set_policy(&self, p: AccessPolicy) {
+        let list = self.list.read().unwrap_or_else(|e| e.into_inner());
+        for e in list.iter() {
+            e.narrow(p.rule(&e.export.name).to_vec());
+        }
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = p;
+    }
+
+    pub fn policy(&self) -> AccessPolicy {
+        self.policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
 
-    /// Start exporting `ex`. The first export added is also the default
-    /// export `""`. Names are unique.
+    /// Start exporting `ex` under the rules of its name. The first export
+    /// added is also the default export `""`. Names are unique.
     pub fn add(&self, ex: Export) -> Result<Arc<Exported>, String> {
+        self.add_narrowed(ex, Vec::new())
+    }
+
+    /// [`ExportSet::add`], with one more rule a client must pass
+    /// (`dmsetup create --allow`): it narrows the name's rule, never
+    /// widens it.
+    pub fn add_narrowed(
+        &self,
+        mut ex: Export,
+        narrow: Vec<Allow>,
+    ) -> Result<Arc<Exported>, String> {
         let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
         if list.iter().any(|e| e.export.name == ex.name) {
             return Err(format!("an export named '{}' exists already", ex.name));
         }
+        let rules = {
+            let policy = self.policy.read().unwrap_or_else(|p| p.into_inner());
+            ex.read_only |= policy.is_read_only(&ex.name);
+            [policy.rule(&ex.name).to_vec(), narrow]
+                .into_iter()
+                .filter(|r| !r.is_empty())
+                .collect()
+        };
         let pool = BufPool::new(Budget::new(self.share));
         let queue = self.engine.add_queue(ex.device.clone(), pool);
         let e = Arc::new(Exported {
             export: ex,
             queue,
             attached: Arc::default(),
+            rules: RwLock::new(rules),
         });
         list.push(e.clone());
         Ok(e)
@@ -264,7 +376,8 @@ impl ExportSet {
     /// rename). Clients attached under the old name stay attached: the new
     /// entry shares the queue, so requests of old and new clients are
     /// still ordered against each other, and it shares the connection
-    /// count and closers.
+    /// count and closers. It keeps the rules it had and gains those of
+    /// its new name (and is read-only if either name says so).
     pub fn rename(&self, old: &str, new: &str) -> Result<Arc<Exported>, String> {
         let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
         if list.iter().any(|e| e.export.name == new) {
@@ -275,15 +388,21 @@ impl ExportSet {
             .position(|e| e.export.name == old)
             .ok_or_else(|| format!("no export named '{old}'"))?;
         let cur = &list[i];
+        let policy = self.policy.read().unwrap_or_else(|p| p.into_inner());
+        let mut rules = cur.rules();
+        if !policy.rule(new).is_empty() {
+            rules.push(policy.rule(new).to_vec());
+        }
         let e = Arc::new(Exported {
             export: Export {
                 name: new.to_string(),
                 description: cur.export.description.replace(old, new),
                 device: cur.export.device.clone(),
-                read_only: cur.export.read_only,
+                read_only: cur.export.read_only || policy.is_read_only(new),
             },
             queue: cur.queue.clone(),
             attached: cur.attached.clone(),
+            rules: RwLock::new(rules),
         });
         list[i] = e.clone();
         Ok(e)
@@ -319,5 +438,99 @@ impl ExportSet {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+
+    fn set(policy: AccessPolicy) -> ExportSet {
+        let s = ExportSet::new(
+            Arc::new(Engine::start(1).unwrap()),
+            BudgetPolicy {
+                total: Some(16 << 20),
+                exports: 1,
+            },
+        );
+        s.set_policy(policy);
+        s
+    }
+
+    fn export(name: &str) -> Export {
+        Export {
+            name: name.into(),
+            description: String::new(),
+            device: Arc::new(MemStore::new(1 << 20)),
+            read_only: false,
+        }
+    }
+
+    fn tcp(ip: &str) -> Peer {
+        Peer {
+            ip: Some(ip.parse().unwrap()),
+            uid: None,
+        }
+    }
+
+    fn unix(uid: u32) -> Peer {
+        Peer {
+            ip: None,
+            uid: Some(uid),
+        }
+    }
+
+    #[test]
+    fn a_names_rule_binds_every_device_added_under_it() {
+        let s = set(AccessPolicy {
+            names: vec![("d".into(), parse_allow_list("127.0.0.2").unwrap())],
+            read_only: vec!["d".into()],
+            default: parse_allow_list("unix").unwrap(),
+        });
+        for _ in 0..2 {
+            let e = s.add(export("d")).unwrap();
+            assert!(e.export.read_only);
+            assert!(!e.allows(&tcp("127.0.0.1"), false));
+            assert!(e.allows(&tcp("127.0.0.2"), false));
+            assert!(
+                !e.allows(&unix(0), false),
+                "the name's rule replaces the default"
+            );
+            s.remove("d");
+        }
+        let other = s.add(export("o")).unwrap();
+        assert!(!other.export.read_only);
+        assert!(other.allows(&unix(0), false));
+        assert!(!other.allows(&tcp("127.0.0.1"), false));
+    }
+
+    #[test]
+    fn narrowing_and_renames_never_widen() {
+        let s = set(AccessPolicy {
+            names: vec![("b".into(), parse_allow_list("uid:7").unwrap())],
+            read_only: vec!["b".into()],
+            default: Vec::new(),
+        });
+        let e = s
+            .add_narrowed(export("a"), parse_allow_list("unix").unwrap())
+            .unwrap();
+        assert!(!e.allows(&tcp("127.0.0.1"), false));
+        assert!(e.allows(&unix(1), false));
+        let r = s.rename("a", "b").unwrap();
+        assert!(r.export.read_only);
+        assert!(!r.allows(&unix(1), false));
+        assert!(r.allows(&unix(7), false));
+        assert_eq!(describe_rule(&r.rules()[1]), "uid:7");
+    }
+
+    #[test]
+    fn allow_entries_parse_and_print_back() {
+        let l = parse_allow_list("unix, uid:0,tls,10.0.0.0/8,::1").unwrap();
+        assert_eq!(describe_rule(&l), "unix,uid:0,tls,10.0.0.0/8,::1/128");
+        let e = parse_allow_list("uid:me").unwrap_err();
+        assert!(e.contains("numeric user id"), "{e}");
+        // A uid rule never admits a TCP client.
+        assert!(!Allow::Uid(0).admits(&tcp("127.0.0.1"), false));
     }
 }

@@ -126,12 +126,7 @@ pub enum Step {
     Close,
 }
 
-/// Who asks, for per-export access rules.
-#[derive(Debug, Clone, Default)]
-pub struct Peer {
-    /// The client's IP address (TCP), `None` on a Unix socket.
-    pub ip: Option<std::net::IpAddr>,
-}
+pub use super::export::Peer;
 
 /// The environment of one handshake.
 pub struct Ctx<'a> {
@@ -166,7 +161,7 @@ impl Negotiation {
     fn find(&self, cx: &Ctx<'_>, name: &[u8]) -> Option<Arc<Exported>> {
         cx.exports
             .find(name)
-            .filter(|e| e.allows(cx.peer.ip, self.tls_active))
+            .filter(|e| e.allows(cx.peer, self.tls_active))
     }
 
     /// Handle one option (`opt`, its payload `data`, at most
@@ -206,142 +201,15 @@ impl Negotiation {
         }
 
         match opt {
-            OPT_EXPORT_NAME => {
-                let Some(found) = self.find(cx, data) else {
-                    // This option cannot carry an error: end the session.
-                    return Err(invalid("client asked for an unknown export"));
-                };
-                let ex = &found.export;
-                let mut info = [0u8; 10 + 124];
-                info[0..8].copy_from_slice(&ex.device.size().to_be_bytes());
-                info[8..10].copy_from_slice(&transmission_flags(ex, self.structured).to_be_bytes());
-                let n = if self.no_zeroes { 10 } else { info.len() };
-                out.extend_from_slice(&info[..n]);
-                Ok(Step::Done(Negotiated {
-                    export: found,
-                    structured: self.structured,
-                    meta_base_allocation: None,
-                }))
-            }
+            OPT_EXPORT_NAME => self.export_name(cx, data, out),
             OPT_ABORT => {
                 // The client may already have closed; either way we end.
                 reply(out, opt, REP_ACK, &[]);
                 Ok(Step::Close)
             }
-            OPT_STARTTLS => {
-                if cx.tls == TlsMode::Off {
-                    reply_err(
-                        out,
-                        opt,
-                        REP_ERR_UNSUP,
-                        "TLS is not enabled on this server (udm serve --tls=on)",
-                    );
-                } else if len != 0 {
-                    reply_err(out, opt, REP_ERR_INVALID, "STARTTLS takes no data");
-                } else if self.tls_active {
-                    reply_err(out, opt, REP_ERR_INVALID, "TLS is already active");
-                } else {
-                    reply(out, opt, REP_ACK, &[]);
-                    // Everything negotiated in plain text is forgotten.
-                    self.structured = false;
-                    self.meta = None;
-                    return Ok(Step::StartTls);
-                }
-                Ok(Step::Continue)
-            }
-            OPT_LIST => {
-                if len != 0 {
-                    reply_err(out, opt, REP_ERR_INVALID, "LIST takes no data");
-                    return Ok(Step::Continue);
-                }
-                for e in cx.exports.list() {
-                    if !e.allows(cx.peer.ip, self.tls_active) {
-                        continue;
-                    }
-                    let ex = &e.export;
-                    let n = (ex.name.len() as u32).to_be_bytes();
-                    reply(
-                        out,
-                        opt,
-                        REP_SERVER,
-                        &[&n, ex.name.as_bytes(), ex.description.as_bytes()],
-                    );
-                }
-                reply(out, opt, REP_ACK, &[]);
-                Ok(Step::Continue)
-            }
-            OPT_INFO | OPT_GO => {
-                let mut c = Cursor::new(data);
-                let parsed = (|| {
-                    let name = name_prefix(&mut c)?;
-                    let n = c.u16()? as usize;
-                    let mut wanted = [false; 4];
-                    for _ in 0..n {
-                        let t = c.u16()?;
-                        if let Some(w) = wanted.get_mut(t as usize) {
-                            *w = true;
-                        }
-                    }
-                    (c.remaining() == 0).then_some((name, wanted))
-                })();
-                let Some((name, wanted)) = parsed else {
-                    reply_err(out, opt, REP_ERR_INVALID, "malformed INFO/GO request");
-                    return Ok(Step::Continue);
-                };
-                let Some(found) = self.find(cx, name) else {
-                    reply_err(out, opt, REP_ERR_UNKNOWN, "no such export");
-                    return Ok(Step::Continue);
-                };
-                let ex = &found.export;
-                let mut info = [0u8; 12];
-                info[0..2].copy_from_slice(&INFO_EXPORT.to_be_bytes());
-                info[2..10].copy_from_slice(&ex.device.size().to_be_bytes());
-                info[10..12]
-                    .copy_from_slice(&transmission_flags(ex, self.structured).to_be_bytes());
-                reply(out, opt, REP_INFO, &[&info]);
-                if wanted[INFO_NAME as usize] {
-                    reply(
-                        out,
-                        opt,
-                        REP_INFO,
-                        &[&INFO_NAME.to_be_bytes(), ex.name.as_bytes()],
-                    );
-                }
-                if wanted[INFO_DESCRIPTION as usize] && !ex.description.is_empty() {
-                    reply(
-                        out,
-                        opt,
-                        REP_INFO,
-                        &[&INFO_DESCRIPTION.to_be_bytes(), ex.description.as_bytes()],
-                    );
-                }
-                // Block sizes are always sent: a client that did not ask
-                // may ignore them, and we cope with any alignment anyway.
-                let (min, pref, max) = block_sizes(&found);
-                let mut bs = [0u8; 14];
-                bs[0..2].copy_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-                bs[2..6].copy_from_slice(&min.to_be_bytes());
-                bs[6..10].copy_from_slice(&pref.to_be_bytes());
-                bs[10..14].copy_from_slice(&max.to_be_bytes());
-                reply(out, opt, REP_INFO, &[&bs]);
-                reply(out, opt, REP_ACK, &[]);
-                if opt == OPT_GO {
-                    let selected = match &self.meta {
-                        Some((n, true))
-                            if cx.exports.find(n).is_some_and(|e| Arc::ptr_eq(&e, &found)) =>
-                        {
-                            Some(BASE_ALLOCATION_ID)
-                        }
-                        _ => None,
-                    };
-                    return Ok(Step::Done(Negotiated {
-                        export: found,
-                        structured: self.structured,
-                        meta_base_allocation: selected,
-                    }));
-                }
-                Ok(Step::Continue)
-            }
+            OPT_STARTTLS => self.starttls(cx, len, out),
+            OPT_LIST => self.list(cx, len, out),
+            OPT_INFO | OPT_GO => self.info_go(cx, opt, data, out),
             OPT_STRUCTURED_REPLY => {
                 if len != 0 {
                     reply_err(out, opt, REP_ERR_INVALID, "STRUCTURED_REPLY takes no data");
@@ -351,66 +219,210 @@ impl Negotiation {
                 reply(out, opt, REP_ACK, &[]);
                 Ok(Step::Continue)
             }
-            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                let set = opt == OPT_SET_META_CONTEXT;
-                if set {
-                    self.meta = None;
-                }
-                if !self.structured {
-                    reply_err(
-                        out,
-                        opt,
-                        REP_ERR_INVALID,
-                        "negotiate structured replies first",
-                    );
-                    return Ok(Step::Continue);
-                }
-                let mut c = Cursor::new(data);
-                let parsed = (|| {
-                    let name = name_prefix(&mut c)?;
-                    let n = c.u32()?;
-                    let mut all = n == 0;
-                    let mut base = false;
-                    for _ in 0..n {
-                        let q = name_prefix(&mut c)?;
-                        if q == META_BASE_ALLOCATION.as_bytes() {
-                            base = true;
-                        } else if q == b"base:" {
-                            all = true;
-                        }
-                    }
-                    (c.remaining() == 0).then_some((name, all, base))
-                })();
-                let Some((name, all, base)) = parsed else {
-                    reply_err(out, opt, REP_ERR_INVALID, "malformed meta context request");
-                    return Ok(Step::Continue);
-                };
-                if self.find(cx, name).is_none() {
-                    reply_err(out, opt, REP_ERR_UNKNOWN, "no such export");
-                    return Ok(Step::Continue);
-                }
-                // SET ignores the bare namespace; LIST treats it (and no
-                // query at all) as "everything".
-                let chosen = base || (!set && all);
-                if chosen {
-                    let id = if set { BASE_ALLOCATION_ID } else { 0 };
-                    reply(
-                        out,
-                        opt,
-                        REP_META_CONTEXT,
-                        &[&id.to_be_bytes(), META_BASE_ALLOCATION.as_bytes()],
-                    );
-                }
-                if set {
-                    self.meta = Some((name.to_vec(), chosen));
-                }
-                reply(out, opt, REP_ACK, &[]);
-                Ok(Step::Continue)
-            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.meta_context(cx, opt, data, out),
             _ => {
                 reply_err(out, opt, REP_ERR_UNSUP, "option not supported by udm");
                 Ok(Step::Continue)
             }
         }
+    }
+
+    /// The old way in: no error can be sent, the answer is the export.
+    fn export_name(&mut self, cx: &Ctx<'_>, data: &[u8], out: &mut Vec<u8>) -> io::Result<Step> {
+        let Some(found) = self.find(cx, data) else {
+            // This option cannot carry an error: end the session.
+            return Err(invalid("client asked for an unknown export"));
+        };
+        let ex = &found.export;
+        let mut info = [0u8; 10 + 124];
+        info[0..8].copy_from_slice(&ex.device.size().to_be_bytes());
+        info[8..10].copy_from_slice(&transmission_flags(ex, self.structured).to_be_bytes());
+        let n = if self.no_zeroes { 10 } else { info.len() };
+        out.extend_from_slice(&info[..n]);
+        Ok(Step::Done(Negotiated {
+            export: found,
+            structured: self.structured,
+            meta_base_allocation: None,
+        }))
+    }
+
+    fn starttls(&mut self, cx: &Ctx<'_>, len: usize, out: &mut Vec<u8>) -> io::Result<Step> {
+        let opt = OPT_STARTTLS;
+        if cx.tls == TlsMode::Off {
+            reply_err(
+                out,
+                opt,
+                REP_ERR_UNSUP,
+                "TLS is not enabled on this server (udm serve --tls=on)",
+            );
+        } else if len != 0 {
+            reply_err(out, opt, REP_ERR_INVALID, "STARTTLS takes no data");
+        } else if self.tls_active {
+            reply_err(out, opt, REP_ERR_INVALID, "TLS is already active");
+        } else {
+            reply(out, opt, REP_ACK, &[]);
+            // Everything negotiated in plain text is forgotten.
+            self.structured = false;
+            self.meta = None;
+            return Ok(Step::StartTls);
+        }
+        Ok(Step::Continue)
+    }
+
+    /// Only the exports this client may use are listed.
+    fn list(&self, cx: &Ctx<'_>, len: usize, out: &mut Vec<u8>) -> io::Result<Step> {
+        let opt = OPT_LIST;
+        if len != 0 {
+            reply_err(out, opt, REP_ERR_INVALID, "LIST takes no data");
+            return Ok(Step::Continue);
+        }
+        for e in cx.exports.list() {
+            if !e.allows(cx.peer, self.tls_active) {
+                continue;
+            }
+            let ex = &e.export;
+            let n = (ex.name.len() as u32).to_be_bytes();
+            reply(
+                out,
+                opt,
+                REP_SERVER,
+                &[&n, ex.name.as_bytes(), ex.description.as_bytes()],
+            );
+        }
+        reply(out, opt, REP_ACK, &[]);
+        Ok(Step::Continue)
+    }
+
+    fn info_go(&self, cx: &Ctx<'_>, opt: u32, data: &[u8], out: &mut Vec<u8>) -> io::Result<Step> {
+        let mut c = Cursor::new(data);
+        let parsed = (|| {
+            let name = name_prefix(&mut c)?;
+            let n = c.u16()? as usize;
+            let mut wanted = [false; 4];
+            for _ in 0..n {
+                let t = c.u16()?;
+                if let Some(w) = wanted.get_mut(t as usize) {
+                    *w = true;
+                }
+            }
+            (c.remaining() == 0).then_some((name, wanted))
+        })();
+        let Some((name, wanted)) = parsed else {
+            reply_err(out, opt, REP_ERR_INVALID, "malformed INFO/GO request");
+            return Ok(Step::Continue);
+        };
+        let Some(found) = self.find(cx, name) else {
+            reply_err(out, opt, REP_ERR_UNKNOWN, "no such export");
+            return Ok(Step::Continue);
+        };
+        let ex = &found.export;
+        let mut info = [0u8; 12];
+        info[0..2].copy_from_slice(&INFO_EXPORT.to_be_bytes());
+        info[2..10].copy_from_slice(&ex.device.size().to_be_bytes());
+        info[10..12].copy_from_slice(&transmission_flags(ex, self.structured).to_be_bytes());
+        reply(out, opt, REP_INFO, &[&info]);
+        if wanted[INFO_NAME as usize] {
+            reply(
+                out,
+                opt,
+                REP_INFO,
+                &[&INFO_NAME.to_be_bytes(), ex.name.as_bytes()],
+            );
+        }
+        if wanted[INFO_DESCRIPTION as usize] && !ex.description.is_empty() {
+            reply(
+                out,
+                opt,
+                REP_INFO,
+                &[&INFO_DESCRIPTION.to_be_bytes(), ex.description.as_bytes()],
+            );
+        }
+        // Block sizes are always sent: a client that did not ask
+        // may ignore them, and we cope with any alignment anyway.
+        let (min, pref, max) = block_sizes(&found);
+        let mut bs = [0u8; 14];
+        bs[0..2].copy_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+        bs[2..6].copy_from_slice(&min.to_be_bytes());
+        bs[6..10].copy_from_slice(&pref.to_be_bytes());
+        bs[10..14].copy_from_slice(&max.to_be_bytes());
+        reply(out, opt, REP_INFO, &[&bs]);
+        reply(out, opt, REP_ACK, &[]);
+        if opt == OPT_GO {
+            let selected = match &self.meta {
+                Some((n, true)) if cx.exports.find(n).is_some_and(|e| Arc::ptr_eq(&e, &found)) => {
+                    Some(BASE_ALLOCATION_ID)
+                }
+                _ => None,
+            };
+            return Ok(Step::Done(Negotiated {
+                export: found,
+                structured: self.structured,
+                meta_base_allocation: selected,
+            }));
+        }
+        Ok(Step::Continue)
+    }
+
+    fn meta_context(
+        &mut self,
+        cx: &Ctx<'_>,
+        opt: u32,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> io::Result<Step> {
+        let set = opt == OPT_SET_META_CONTEXT;
+        if set {
+            self.meta = None;
+        }
+        if !self.structured {
+            reply_err(
+                out,
+                opt,
+                REP_ERR_INVALID,
+                "negotiate structured replies first",
+            );
+            return Ok(Step::Continue);
+        }
+        let mut c = Cursor::new(data);
+        let parsed = (|| {
+            let name = name_prefix(&mut c)?;
+            let n = c.u32()?;
+            let mut all = n == 0;
+            let mut base = false;
+            for _ in 0..n {
+                let q = name_prefix(&mut c)?;
+                if q == META_BASE_ALLOCATION.as_bytes() {
+                    base = true;
+                } else if q == b"base:" {
+                    all = true;
+                }
+            }
+            (c.remaining() == 0).then_some((name, all, base))
+        })();
+        let Some((name, all, base)) = parsed else {
+            reply_err(out, opt, REP_ERR_INVALID, "malformed meta context request");
+            return Ok(Step::Continue);
+        };
+        if self.find(cx, name).is_none() {
+            reply_err(out, opt, REP_ERR_UNKNOWN, "no such export");
+            return Ok(Step::Continue);
+        }
+        // SET ignores the bare namespace; LIST treats it (and no
+        // query at all) as "everything".
+        let chosen = base || (!set && all);
+        if chosen {
+            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+            reply(
+                out,
+                opt,
+                REP_META_CONTEXT,
+                &[&id.to_be_bytes(), META_BASE_ALLOCATION.as_bytes()],
+            );
+        }
+        if set {
+            self.meta = Some((name.to_vec(), chosen));
+        }
+        reply(out, opt, REP_ACK, &[]);
+        Ok(Step::Continue)
     }
 }

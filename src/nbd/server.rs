@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use crate::engine::Engine;
 
 use super::conn::{Conn, Cx, NetOptions};
-use super::export::{BudgetPolicy, Export, ExportSet};
+use super::export::{AccessPolicy, BudgetPolicy, Export, ExportSet};
 use super::reactor::Net;
 use super::sock::Sock;
 use super::tls::{self, TlsOptions};
@@ -52,6 +52,11 @@ pub struct ServerConfig {
     pub threads: usize,
 }
 
+/// Default mode of the NBD Unix socket, as root or not: only the server's
+/// own user (and root) may connect; `--socket-mode 0660` shares it with
+/// the socket's group. It never depends on the umask.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
+
 /// Default `--max-connections` (lowered to what the descriptor limit
 /// allows).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
@@ -73,8 +78,12 @@ pub struct ServeOptions {
     /// caps (the TLS mode inside is set from `tls`).
     pub net: NetOptions,
     pub tls: TlsOptions,
-    /// Per-export allow-lists (export name, entries).
-    pub allow: Vec<(String, Vec<super::export::Allow>)>,
+    /// Access rules by export name, also for exports added later
+    /// (`None`: keep the set's policy; a new set has none, i.e. every
+    /// export open to every client that reaches the server).
+    pub policy: Option<AccessPolicy>,
+    /// Mode of the Unix socket (`None`: [`DEFAULT_SOCKET_MODE`]).
+    pub socket_mode: Option<u32>,
     /// Serve this export set, owned by the caller (who adds and removes
     /// exports while the server runs: the control socket). The exports of
     /// the [`ServerConfig`] are added to it, and it may start empty.
@@ -104,7 +113,7 @@ enum Listener {
 }
 
 impl Listener {
-    fn bind(l: &Listen) -> io::Result<Listener> {
+    fn bind(l: &Listen, socket_mode: u32) -> io::Result<Listener> {
         match l {
             Listen::Unix(p) => {
                 if let Ok(m) = std::fs::symlink_metadata(p) {
@@ -113,7 +122,7 @@ impl Listener {
                         let _ = std::fs::remove_file(p);
                     }
                 }
-                let u = UnixListener::bind(p).map_err(|e| {
+                let u = bind_unix(p, socket_mode).map_err(|e| {
                     io::Error::new(
                         e.kind(),
                         format!(
@@ -193,6 +202,23 @@ impl Listener {
                 .map_or_else(|_| "tcp".to_string(), |a| format!("nbd://{a}")),
         }
     }
+}
+
+/// Bind a Unix socket with exactly `mode`. The umask is narrowed around
+/// bind(2) so the socket is never reachable with a wider mode, not even
+/// for the instant before the chmod (which makes the mode exact whatever
+/// the umask was).
+fn bind_unix(p: &std::path::Path, mode: u32) -> io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = mode & 0o777;
+    // SAFETY: umask(2) only swaps the process's file mode mask.
+    let old = unsafe { libc::umask(0o777 & !mode as libc::mode_t) };
+    let r = UnixListener::bind(p);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let u = r?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
+    Ok(u)
 }
 
 impl Drop for Listener {
@@ -307,50 +333,10 @@ fn run(
 ) -> io::Result<()> {
     let tls_config = tls::server_config(&opts.tls)
         .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
-    let nofile = raise_nofile_limit();
-    let fd_cap = (nofile as usize).saturating_sub(FD_RESERVE).max(1);
-    let max_conns = match opts.max_connections {
-        Some(n) => {
-            if n > fd_cap {
-                tracing::warn!(
-                    "--max-connections {n} is above what the descriptor limit ({nofile}) \
-                     allows; connections past {fd_cap} will be refused by the system \
-                     (raise `ulimit -n`)"
-                );
-            }
-            n.max(1)
-        }
-        None => DEFAULT_MAX_CONNECTIONS.min(fd_cap),
-    };
-    let exports = match &opts.exports {
-        Some(set) => {
-            for e in cfg.exports {
-                set.add(e)
-                    .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
-            }
-            set.clone()
-        }
-        None if cfg.exports.is_empty() => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "no exports configured: give at least one device to serve",
-            ))
-        }
-        None => Arc::new(export_set(cfg.exports, cfg.threads, opts.memory_budget)?),
-    };
-    for (name, rules) in &opts.allow {
-        match exports.find(name.as_bytes()).filter(|_| !name.is_empty()) {
-            Some(e) => e.set_allow(rules.clone()),
-            None => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("allow-list for '{name}': no export of that name"),
-                ))
-            }
-        }
-    }
+    let max_conns = connection_cap(opts.max_connections);
+    let exports = exports_of(cfg.exports, cfg.threads, opts)?;
     let engine = exports.engine().clone();
-    let listener = Listener::bind(&cfg.listen)?;
+    let listener = Listener::bind(&cfg.listen, opts.socket_mode.unwrap_or(DEFAULT_SOCKET_MODE))?;
     listener.set_nonblocking()?;
     let mut net_opts = opts.net.clone();
     net_opts.tls = opts.tls.mode;
@@ -362,10 +348,12 @@ fn run(
         shutting_down: AtomicBool::new(false),
     });
     let mut net = Net::start(cx.clone(), opts.net_threads)?;
-    let live = Arc::new(AtomicUsize::new(0));
-    // Connections in accept order, for shedding the oldest handshake.
-    let mut handshaking: VecDeque<Weak<Conn>> = VecDeque::new();
-    let mut last_refusal_log: Option<Instant> = None;
+    let mut admit = Admission {
+        live: Arc::new(AtomicUsize::new(0)),
+        max_conns,
+        handshaking: VecDeque::new(),
+        last_refusal_log: None,
+    };
     tracing::info!(
         "serving {} export(s) on {} (at most {max_conns} connections)",
         exports.list().len(),
@@ -404,51 +392,20 @@ fn run(
                     break;
                 }
             };
-            while handshaking.front().is_some_and(|w| {
-                w.upgrade()
-                    .is_none_or(|c| !c.in_handshake.load(Ordering::Acquire) || c.is_closed())
-            }) {
-                handshaking.pop_front();
+            if let Some(conn) = admit.admit(sock) {
+                net.add(conn);
             }
-            if live.load(Ordering::Acquire) >= max_conns {
-                // Make room: the oldest connection still negotiating goes.
-                let mut shed = false;
-                while let Some(w) = handshaking.pop_front() {
-                    if let Some(c) = w.upgrade() {
-                        if c.in_handshake.load(Ordering::Acquire) && !c.is_closed() {
-                            tracing::debug!(
-                                "at the connection cap: shedding the oldest unfinished handshake"
-                            );
-                            c.shed();
-                            shed = true;
-                            break;
-                        }
-                    }
-                }
-                if !shed {
-                    let now = Instant::now();
-                    if last_refusal_log
-                        .is_none_or(|t| now.duration_since(t) > Duration::from_secs(5))
-                    {
-                        last_refusal_log = Some(now);
-                        tracing::warn!(
-                            "refusing a client: {max_conns} connections are open and all are \
-                             past their handshake (raise --max-connections)"
-                        );
-                    }
-                    drop(sock);
-                    continue;
-                }
-            }
-            live.fetch_add(1, Ordering::AcqRel);
-            let conn = Arc::new(Conn::new(sock, Some(live.clone())));
-            handshaking.push_back(Arc::downgrade(&conn));
-            net.add(conn);
         }
     }
 
     tracing::info!("shutting down: finishing in-flight requests");
     drop(listener);
+    shut_down(&engine, cx, net)
+}
+
+/// Let every admitted request finish and be answered, then flush every
+/// export.
+fn shut_down(engine: &Engine, cx: Arc<Cx>, net: Net) -> io::Result<()> {
     // Requests waiting behind a suspended device must run before the
     // connections can finish.
     engine.release_all();
@@ -460,6 +417,126 @@ fn run(
     flushed.map_err(|e| io::Error::other(format!("final flush failed: {e}")))?;
     tracing::info!("all exports flushed; bye");
     Ok(())
+}
+
+/// `--max-connections`, or what the descriptor limit (raised to its hard
+/// limit) allows.
+fn connection_cap(asked: Option<usize>) -> usize {
+    let nofile = raise_nofile_limit();
+    let fd_cap = (nofile as usize).saturating_sub(FD_RESERVE).max(1);
+    match asked {
+        Some(n) => {
+            if n > fd_cap {
+                tracing::warn!(
+                    "--max-connections {n} is above what the descriptor limit ({nofile}) \
+                     allows; connections past {fd_cap} will be refused by the system \
+                     (raise `ulimit -n`)"
+                );
+            }
+            n.max(1)
+        }
+        None => DEFAULT_MAX_CONNECTIONS.min(fd_cap),
+    }
+}
+
+/// The caller's export set or a new one, with the access policy set
+/// before the configured exports are added (so they get their names'
+/// rules).
+fn exports_of(
+    configured: Vec<Export>,
+    threads: usize,
+    opts: &ServeOptions,
+) -> io::Result<Arc<ExportSet>> {
+    let exports = match &opts.exports {
+        Some(set) => set.clone(),
+        None if configured.is_empty() => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no exports configured: give at least one device to serve",
+            ))
+        }
+        None => Arc::new(ExportSet::new(
+            Arc::new(Engine::start(threads)?),
+            BudgetPolicy {
+                total: opts.memory_budget,
+                exports: configured.len(),
+            },
+        )),
+    };
+    if let Some(p) = &opts.policy {
+        exports.set_policy(p.clone());
+    }
+    for e in configured {
+        exports
+            .add(e)
+            .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+    }
+    Ok(exports)
+}
+
+/// The connection cap: who gets in, and who makes room.
+struct Admission {
+    live: Arc<AtomicUsize>,
+    max_conns: usize,
+    /// Connections in accept order, for shedding the oldest handshake.
+    handshaking: VecDeque<Weak<Conn>>,
+    last_refusal_log: Option<Instant>,
+}
+
+impl Admission {
+    /// The connection for `sock`, or `None` if it is refused (at the cap
+    /// with every connection past its handshake).
+    fn admit(&mut self, sock: Sock) -> Option<Arc<Conn>> {
+        let still_negotiating =
+            |c: &Arc<Conn>| c.in_handshake.load(Ordering::Acquire) && !c.is_closed();
+        while self
+            .handshaking
+            .front()
+            .is_some_and(|w| w.upgrade().is_none_or(|c| !still_negotiating(&c)))
+        {
+            self.handshaking.pop_front();
+        }
+        if self.live.load(Ordering::Acquire) >= self.max_conns && !self.shed_oldest() {
+            self.log_refusal();
+            drop(sock);
+            return None;
+        }
+        self.live.fetch_add(1, Ordering::AcqRel);
+        let conn = Arc::new(Conn::new(sock, Some(self.live.clone())));
+        self.handshaking.push_back(Arc::downgrade(&conn));
+        Some(conn)
+    }
+
+    /// Make room: the oldest connection still negotiating goes.
+    fn shed_oldest(&mut self) -> bool {
+        while let Some(w) = self.handshaking.pop_front() {
+            if let Some(c) = w.upgrade() {
+                if c.in_handshake.load(Ordering::Acquire) && !c.is_closed() {
+                    tracing::debug!(
+                        "at the connection cap: shedding the oldest unfinished handshake"
+                    );
+                    c.shed();
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    fn log_refusal(&mut self) {
+        let now = Instant::now();
+        if self
+            .last_refusal_log
+            .is_none_or(|t| now.duration_since(t) > Duration::from_secs(5))
+        {
+            self.last_refusal_log = Some(now);
+            tracing::warn!(
+                "refusing a client: {} connections are open and all are past their handshake \
+                 (raise --max-connections)",
+                self.max_conns
+            );
+        }
+    }
 }
 
 /// An engine with `threads` workers and a set holding `exports`, with the

@@ -55,6 +55,21 @@ impl Sock {
         }
     }
 
+    /// Who is at the other end, for the exports' access rules: the IP
+    /// address of a TCP client, the user id (SO_PEERCRED) of a Unix one.
+    pub fn peer_info(&self) -> Peer {
+        match self {
+            Sock::Unix(s) => Peer {
+                ip: None,
+                uid: unix_peer_uid(s),
+            },
+            Sock::Tcp(_) => Peer {
+                ip: self.peer_ip(),
+                uid: None,
+            },
+        }
+    }
+
     /// One `read`; `WouldBlock` on a non-blocking socket with no data,
     /// `Ok(0)` at end of stream. Retries on EINTR.
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
@@ -196,4 +211,37 @@ impl Read for &Sock {
             Sock::Tcp(s) => (&*s).read(buf),
         }
     }
+}
+
+/// The user id of the process at the other end of a Unix socket, as the
+/// kernel recorded it at connect time (`None` if the call fails, which
+/// then matches no `uid:` rule).
+fn unix_peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
+    use std::os::unix::io::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the live `cred`.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+/// Who asks for an export, for its access rules.
+#[derive(Debug, Clone, Default)]
+pub struct Peer {
+    /// The client's IP address (TCP), `None` on a Unix socket.
+    pub ip: Option<std::net::IpAddr>,
+    /// The client's user id (Unix socket, from SO_PEERCRED).
+    pub uid: Option<u32>,
 }

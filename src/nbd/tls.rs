@@ -51,8 +51,34 @@ pub struct TlsOptions {
     pub verify_peer: bool,
 }
 
+/// Refuse options that cannot take effect: an administrator who gave
+/// `--tls-verify-peer` believes clients need a certificate, and a server
+/// that silently serves plain clients then is worse than one that does
+/// not start.
+pub fn check_options(opts: &TlsOptions) -> Result<(), String> {
+    if opts.mode != TlsMode::Off {
+        return Ok(());
+    }
+    if opts.verify_peer {
+        return Err(
+            "--tls-verify-peer has no effect without --tls: add --tls=require \
+                    (every client then needs a certificate signed by ca-cert.pem)"
+                .into(),
+        );
+    }
+    if opts.certificates.is_some() {
+        return Err(
+            "--tls-certificates has no effect without --tls: add --tls=require \
+                    (or --tls=on), or drop --tls-certificates"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// The rustls server configuration for `opts`, or `None` with TLS off.
 pub fn server_config(opts: &TlsOptions) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
+    check_options(opts)?;
     if opts.mode == TlsMode::Off {
         return Ok(None);
     }
@@ -105,4 +131,32 @@ fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
         return Err(format!("{}: no certificate in the file", path.display()));
     }
     Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_options_without_tls_are_refused() {
+        let o = TlsOptions {
+            mode: TlsMode::Off,
+            certificates: None,
+            verify_peer: true,
+        };
+        let e = check_options(&o).unwrap_err();
+        assert!(
+            e.contains("--tls-verify-peer") && e.contains("--tls=require"),
+            "{e}"
+        );
+        let o = TlsOptions {
+            mode: TlsMode::Off,
+            certificates: Some("/nonexistent".into()),
+            verify_peer: false,
+        };
+        assert!(check_options(&o)
+            .unwrap_err()
+            .contains("--tls-certificates"));
+        assert!(check_options(&TlsOptions::default()).is_ok());
+    }
 }

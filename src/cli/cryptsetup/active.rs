@@ -201,6 +201,7 @@ pub(super) fn open(c: &Ctx) -> Outcome {
     r.has_table = true;
     r.readonly = c.a.has("readonly");
     r.uuid = Some(uuid);
+    r.allow = c.a.str("allow").map(str::to_string);
     call(c, &name, r, table.as_bytes())?;
     Ok(())
 }
@@ -223,6 +224,7 @@ pub(super) fn create_luks2(
     let mut r = req("create", name);
     r.has_table = true;
     r.uuid = Some(format!("CRYPT-LUKS2-{}-{name}", uuid.replace('-', "")));
+    r.allow = c.a.str("allow").map(str::to_string);
     call(c, name, r, table.as_bytes())?;
     Ok(())
 }

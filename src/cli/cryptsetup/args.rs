@@ -191,6 +191,8 @@ pub static SPECS: &[Spec] = &[
     spec!("write-log", None, Flag),
     spec!("no-kdf-limit", None, Flag),
     spec!("control", None, Str),
+    // udm's: narrows who may use the opened device over NBD.
+    spec!("allow", None, Str, [OPEN]),
     spec!("help", Some('?'), Flag),
     spec!("usage", None, Flag),
     spec!("version", Some('V'), Flag),

@@ -54,9 +54,7 @@ impl Session {
     pub fn new(conn: Arc<Conn>) -> Session {
         let now = Instant::now();
         conn.send_bytes(&handshake::greeting());
-        let peer = Peer {
-            ip: conn.sock.peer_ip(),
-        };
+        let peer = conn.sock.peer_info();
         Session {
             conn,
             phase: Phase::Hs(Box::new(Hs {

@@ -331,25 +331,33 @@ impl Target for Crypt {
 
     /// dm-crypt's STATUSTYPE_TABLE order: cipher, key, iv_offset, device,
     /// offset, then the feature args in the kernel's canonical order.
+    ///
+    /// With `show_keys` the key is written straight into a string sized
+    /// beforehand (the caller wipes it): a temporary hex copy, or a string
+    /// that grew, would free key bytes unwiped.
     fn table_params(&self, show_keys: bool) -> String {
+        use std::fmt::Write;
         let keyed = self.keyed.load();
-        // A wiped key prints as zeros, as the kernel's zeroed key does.
-        let key = match keyed.as_deref() {
-            _ if self.key_len == 0 => "-".to_string(),
-            Some(k) if show_keys => hex::encode(&k.key[..]),
-            _ => params::zeros(self.key_len * 2),
-        };
-        let mut s = format!(
-            "{} {} {} {} {}",
-            crate::core::table::escape_arg(&self.cipher),
-            key,
-            self.iv_offset,
-            self.area.table_name(),
-            self.area.table_offset()
+        let cipher = crate::core::table::escape_arg(&self.cipher);
+        let name = self.area.table_name();
+        let mut s = String::with_capacity(
+            cipher.len() + 2 * self.key_len.max(1) + name.len() + 3 * 20 + 8 + 200,
         );
+        let _ = write!(s, "{cipher} ");
+        // A wiped key prints as zeros, as the kernel's zeroed key does.
+        match keyed.as_deref() {
+            _ if self.key_len == 0 => s.push('-'),
+            Some(k) if show_keys => {
+                for b in k.key.iter() {
+                    let _ = write!(s, "{b:02x}");
+                }
+            }
+            _ => s.extend(std::iter::repeat_n('0', self.key_len * 2)),
+        }
+        let _ = write!(s, " {} {name} {}", self.iv_offset, self.area.table_offset());
         let feats = self.opts.words();
         if !feats.is_empty() {
-            s.push_str(&format!(" {} {}", feats.len(), feats.join(" ")));
+            let _ = write!(s, " {} {}", feats.len(), feats.join(" "));
         }
         s
     }

@@ -1,0 +1,509 @@
+//! Attacks on a running `udm serve` through the real binary (issue 32):
+//! access rules that must survive devices coming and going, the NBD Unix
+//! socket's mode and peer-credential rule, the metrics endpoint under
+//! idle connections, `--showkeys` over the control socket. Each test is
+//! bounded (a few seconds); only loopback addresses are used, and
+//! 10.0.0.0/8 appears only as a rule that must refuse 127.0.0.1.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `udm serve --listen 127.0.0.1:PORT --control DIR/control ARGS`, killed
+/// on drop.
+struct TcpServe {
+    child: Child,
+    port: u16,
+    ctl: PathBuf,
+}
+
+impl Drop for TcpServe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve_tcp(dir: &Path, args: &[String]) -> TcpServe {
+    let port = free_port();
+    let ctl = dir.join("control");
+    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    let child = udm()
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--control")
+        .arg(&ctl)
+        .args(args)
+        .env("UDM_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut s = TcpServe { child, port, ctl };
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() || !s.ctl.exists() {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+            panic!("udm serve exited ({st}): {log}");
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "udm serve did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s
+}
+
+impl TcpServe {
+    fn dmsetup(&self, args: &[&str]) -> std::process::Output {
+        udm()
+            .arg("dmsetup")
+            .arg("--control")
+            .arg(&self.ctl)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn dm_ok(&self, args: &[&str]) -> String {
+        let o = self.dmsetup(args);
+        assert!(o.status.success(), "dmsetup {args:?}: {}", show(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd://127.0.0.1:{}/{export}", self.port)
+    }
+}
+
+fn nbdinfo(uri: &str) -> std::process::Output {
+    Command::new(need("nbdinfo")).arg(uri).output().unwrap()
+}
+
+/// Issue 32.1: `--allow NAME=` and `ro:NAME` belong to the name, so a
+/// device removed and created again under it (or created later) is bound
+/// by them; `--allow-default` binds names without a rule of their own;
+/// `dmsetup create --allow` narrows. On the starting code the re-created
+/// device was open to every client and writable.
+#[test]
+fn rules_belong_to_names_not_devices() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "d.img", 1 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("ro:d={}", img.display()),
+            "--allow".into(),
+            "d=10.0.0.0/8".into(),
+            "--allow-default".into(),
+            "127.0.0.0/8".into(),
+        ],
+    );
+    let table = format!("0 2048 linear {} 0", img.display());
+    assert!(
+        !nbdinfo(&srv.uri("d")).status.success(),
+        "d reached from 127.0.0.1"
+    );
+    srv.dm_ok(&["remove", "d"]);
+    srv.dm_ok(&["create", "d", "--table", &table]);
+    let o = nbdinfo(&srv.uri("d"));
+    assert!(
+        !o.status.success(),
+        "the re-created d was reached from 127.0.0.1: {}",
+        show(&o)
+    );
+    let info = srv.dm_ok(&["info", "d"]);
+    assert!(info.contains("(READ-ONLY)"), "{info}");
+    assert!(info.contains("NBD clients:       10.0.0.0/8"), "{info}");
+
+    // A name without a rule of its own takes the default (which admits
+    // loopback), narrowed by create --allow to what refuses it.
+    srv.dm_ok(&["create", "n", "--table", &table]);
+    let o = nbdinfo(&srv.uri("n"));
+    assert!(o.status.success(), "{}", show(&o));
+    srv.dm_ok(&["create", "x", "--allow", "10.0.0.0/8", "--table", &table]);
+    assert!(
+        !nbdinfo(&srv.uri("x")).status.success(),
+        "create --allow did not narrow"
+    );
+    let info = srv.dm_ok(&["info", "x"]);
+    assert!(
+        info.contains("NBD clients:       (127.0.0.0/8) and (10.0.0.0/8)"),
+        "{info}"
+    );
+    // A rename keeps what the device had.
+    srv.dm_ok(&["rename", "x", "y"]);
+    assert!(!nbdinfo(&srv.uri("y")).status.success(), "rename widened y");
+}
+
+/// Issue 32.1: `ro:NAME` holds for a device re-created under the name.
+#[test]
+fn read_only_names_stay_read_only() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "d.img", 1 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &["--file".into(), format!("ro:d={}", img.display())],
+    );
+    srv.dm_ok(&["remove", "d"]);
+    srv.dm_ok(&[
+        "create",
+        "d",
+        "--table",
+        &format!("0 2048 linear {} 0", img.display()),
+    ]);
+    let info = run_text(Command::new(need("nbdinfo")).arg(srv.uri("d")));
+    assert!(info.contains("is_read_only: true"), "{info}");
+}
+
+/// `udm serve --socket S ARGS` started under umask 000, so a mode that
+/// came from the umask would show.
+fn serve_unix_umask0(dir: &Path, args: &[&str]) -> (Child, PathBuf) {
+    let sock = dir.join("nbd.sock");
+    let exe = env!("CARGO_BIN_EXE_udm");
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg("umask 000; exec \"$0\" \"$@\"")
+        .arg(exe)
+        .arg("serve")
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--no-control")
+        .args(args)
+        .env("UDM_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the NBD socket", Duration::from_secs(30), || {
+        std::os::unix::net::UnixStream::connect(&sock).is_ok()
+    });
+    (child, sock)
+}
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+/// Issue 32.9: the NBD Unix socket's mode is explicit (0600 by default,
+/// `--socket-mode` otherwise), not the umask's.
+#[test]
+fn unix_socket_mode_is_explicit() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "d.img", 1 << 20);
+    let file = format!("d={}", img.display());
+    let (mut c, sock) = serve_unix_umask0(d.path(), &["--file", &file]);
+    assert_eq!(mode_of(&sock), 0o600, "default socket mode");
+    let _ = c.kill();
+    let _ = c.wait();
+    let _ = std::fs::remove_file(&sock);
+    let (mut c, sock) = serve_unix_umask0(d.path(), &["--file", &file, "--socket-mode", "0660"]);
+    assert_eq!(mode_of(&sock), 0o660, "--socket-mode 0660");
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// Issue 32.9: `--allow NAME=uid:N` admits Unix clients of that user
+/// only (SO_PEERCRED).
+#[test]
+fn uid_rule_checks_the_peer_credentials() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "d.img", 1 << 20);
+    // SAFETY: getuid(2) cannot fail.
+    let me = unsafe { libc::getuid() };
+    let other = if me == 12345 { 12346 } else { 12345 };
+    let srv = UdmServe::start(
+        &d.path().join("nbd.sock"),
+        &[
+            "--no-control".to_string(),
+            "--file".to_string(),
+            format!("mine={}", img.display()),
+            "--file".to_string(),
+            format!("theirs={}", img.display()),
+            "--allow".to_string(),
+            format!("mine=uid:{me}"),
+            "--allow".to_string(),
+            format!("theirs=uid:{other}"),
+        ],
+    );
+    let o = nbdinfo(&srv.uri("mine"));
+    assert!(o.status.success(), "{}", show(&o));
+    let o = nbdinfo(&srv.uri("theirs"));
+    assert!(
+        !o.status.success(),
+        "a client of uid {me} reached uid:{other}'s export"
+    );
+}
+
+/// A listener on `sock` run as `nobody`: it accepts `conns` connections,
+/// reads each to its end and writes how many bytes it received in all to
+/// `report` (the key a client sent it would be among them).
+fn nobody_listener(sock: &Path, report: &Path, conns: u32) -> Child {
+    let script = r#"
+import socket, sys
+path, report, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+s.listen(8)
+s.settimeout(20)
+got = 0
+try:
+    for _ in range(n):
+        c, _ = s.accept()
+        c.settimeout(5)
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            got += len(b)
+        c.close()
+finally:
+    open(report, "w").write(str(got))
+"#;
+    let c = Command::new(need("setpriv"))
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", script])
+        .arg(sock)
+        .arg(report)
+        .arg(conns.to_string())
+        .spawn()
+        .unwrap();
+    wait_for("nobody's listener", Duration::from_secs(10), || {
+        sock.exists()
+    });
+    c
+}
+
+/// Issue 32.2: `udm dmsetup create` and `udm cryptsetup open` refuse a
+/// control socket served by another user before sending it anything (on
+/// the starting code the listener received the crypt table with the
+/// volume key). Also: a socket in a directory anyone may write to is
+/// refused before connecting.
+#[test]
+fn control_clients_refuse_a_stranger_s_socket() {
+    let d = scratch("udm-hostile-");
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let public = d.path().join("tmp");
+    std::fs::create_dir(&public).unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let sock = public.join("control");
+    let report = public.join("received");
+    let kf = write_file(d.path(), "k", b"secret passphrase");
+    let img = sparse(d.path(), "v.img", 32 << 20);
+    common::luks::cs_format(&img, &common::luks::FAST_PBKDF, &kf);
+    let mut l = nobody_listener(&sock, &report, 2);
+
+    let o = udm()
+        .args(["dmsetup", "create", "x", "--table", "0 8 zero", "--control"])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}", show(&o));
+    assert!(
+        err.contains(&sock.display().to_string()) && err.contains("uid 65534"),
+        "{}",
+        show(&o)
+    );
+    let o = udm()
+        .args(["cryptsetup", "open", "--key-file"])
+        .arg(&kf)
+        .arg("--control")
+        .arg(&sock)
+        .arg(&img)
+        .arg("vol")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("uid 65534"),
+        "{}",
+        show(&o)
+    );
+    assert!(l.wait().unwrap().success(), "the listener failed");
+    assert_eq!(
+        std::fs::read_to_string(&report).unwrap(),
+        "0",
+        "a client sent bytes to a stranger's socket"
+    );
+
+    let open = d.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let o = udm()
+        .args(["dmsetup", "ls", "--control"])
+        .arg(open.join("control"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("which others may write to"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// `udm serve ARGS` that must refuse to start: its exit code and stderr
+/// (killed after 10 s, which fails the test, if it serves instead).
+fn serve_refused(dir: &Path, args: &[&str]) -> String {
+    let img = sparse(dir, "r.img", 1 << 20);
+    let mut c = udm()
+        .arg("serve")
+        .arg("--socket")
+        .arg(dir.join("r.sock"))
+        .arg("--no-control")
+        .arg("--file")
+        .arg(format!("d={}", img.display()))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("udm serve {args:?} started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = c.wait_with_output().unwrap();
+    assert!(!o.status.success(), "{}", show(&o));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Issue 32.5: TLS options that cannot take effect stop the server (on
+/// the starting code `--tls-verify-peer` without `--tls` served plain
+/// clients), and `--tls=on --tls-verify-peer` without a `tls` rule is
+/// refused (plain clients would skip the certificate check).
+#[test]
+fn tls_options_that_cannot_work_are_errors() {
+    let d = scratch("udm-hostile-");
+    let certs = d.path().display().to_string();
+    let e = serve_refused(d.path(), &["--tls-verify-peer"]);
+    assert!(
+        e.contains("--tls-verify-peer") && e.contains("--tls=require"),
+        "{e}"
+    );
+    let e = serve_refused(d.path(), &["--tls-certificates", &certs]);
+    assert!(
+        e.contains("--tls-certificates has no effect without --tls"),
+        "{e}"
+    );
+    let e = serve_refused(
+        d.path(),
+        &[
+            "--tls=on",
+            "--tls-verify-peer",
+            "--tls-certificates",
+            &certs,
+        ],
+    );
+    assert!(e.contains("skip the certificate check"), "{e}");
+}
+
+/// One scrape of `addr`: the time it took and what came back.
+fn scrape(addr: &str, request: &[u8]) -> (Duration, String) {
+    use std::io::{Read, Write};
+    let t = Instant::now();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(request).unwrap();
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    (t.elapsed(), body)
+}
+
+/// Issue 32.6: idle connections (more than the endpoint's cap, too) do
+/// not hold the metrics endpoint: a scrape answers in under a second. On
+/// the starting code each idle connection held the one serving thread for
+/// 2 s. A request with more than 1 KiB of headers is answered, not reset.
+#[test]
+fn metrics_answer_while_idle_connections_hold_sockets() {
+    let d = scratch("udm-hostile-");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let srv = UdmServe::start(
+        &d.path().join("nbd.sock"),
+        &[
+            "--control".to_string(),
+            d.path().join("control").display().to_string(),
+            "--metrics".to_string(),
+            addr.clone(),
+        ],
+    );
+    let get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    let (_, body) = scrape(&addr, get);
+    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    let idle: Vec<_> = (0..300)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    // Let the server take them all before the scrape.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let (took, body) = scrape(&addr, get);
+        assert!(body.contains("# TYPE udm_requests_total counter"), "{body}");
+        assert!(took < Duration::from_secs(1), "a scrape took {took:?}");
+    }
+    let mut big = b"GET /metrics HTTP/1.1\r\nX-Pad: ".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 4000));
+    big.extend_from_slice(b"\r\n\r\n");
+    let (_, body) = scrape(&addr, &big);
+    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    drop(idle);
+    drop(srv);
+}
+
+/// Issue 32.1: `udm cryptsetup open --allow` narrows who may use the
+/// opened volume, on a server whose default admits loopback; the rule
+/// shows in `dmsetup info` and survives nothing wider.
+#[test]
+fn cryptsetup_open_allow_narrows() {
+    let d = scratch("udm-hostile-");
+    let kf = write_file(d.path(), "k", b"secret passphrase");
+    let img = sparse(d.path(), "v.img", 32 << 20);
+    common::luks::cs_format(&img, &common::luks::FAST_PBKDF, &kf);
+    let srv = serve_tcp(d.path(), &["--allow-default".into(), "127.0.0.1".into()]);
+    let open = |name: &str, extra: &[&str]| {
+        let o = udm()
+            .args(["cryptsetup", "open", "--key-file"])
+            .arg(&kf)
+            .arg("--control")
+            .arg(&srv.ctl)
+            .args(extra)
+            .arg(&img)
+            .arg(name)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", show(&o));
+    };
+    open("wide", &[]);
+    let o = nbdinfo(&srv.uri("wide"));
+    assert!(o.status.success(), "{}", show(&o));
+    open("narrow", &["--allow", "10.0.0.0/8"]);
+    let o = nbdinfo(&srv.uri("narrow"));
+    assert!(
+        !o.status.success(),
+        "open --allow did not narrow: {}",
+        show(&o)
+    );
+    let info = srv.dm_ok(&["info", "narrow"]);
+    assert!(
+        info.contains("NBD clients:       (127.0.0.1/32) and (10.0.0.0/8)"),
+        "{info}"
+    );
+}
