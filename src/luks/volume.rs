@@ -4,7 +4,7 @@
 //! previously valid passphrases working: new key material is written before a
 //! header references it, and old material is wiped only after no header does.
 
-use super::cost::CostLimit;
+use super::cost::{CostLimit, SlotCost};
 use super::disk::Disk;
 use super::error::LuksError;
 use super::hash::HashAlg;
@@ -342,6 +342,23 @@ impl Volume {
         }
     }
 
+    /// The PBKDF2 digest a key from keyslot `slot` is checked against when
+    /// unlocking for `usable` (the volume key's digest, or the keyslot's
+    /// own), as a [`Kdf`] for [`CostLimit::check`].
+    fn digest_kdf(&self, slot: u32, usable: SlotUse) -> Option<Kdf> {
+        let (hash, iterations) = match &self.header {
+            Header::Luks1(h) => (h.hash, h.mk_digest_iter),
+            Header::Luks2(h) => {
+                let d = match usable {
+                    SlotUse::Segment => h.meta.segment_digest(),
+                    SlotUse::Any => h.meta.digest_of(slot),
+                };
+                d.map(|(_, d)| (d.hash, d.iterations))?
+            }
+        };
+        Some(Kdf::Pbkdf2 { hash, iterations })
+    }
+
     /// Keyslot `slot`'s priority: 0 ignore, 1 normal, 2 preferred.
     pub fn slot_priority(&self, slot: u32) -> u32 {
         match &self.header {
@@ -369,10 +386,16 @@ impl Volume {
         }
         let serves = |s: u32| usable == SlotUse::Any || !self.slot_is_unbound(s);
         if let Some(limit) = &self.cost_limit {
-            let costs: Vec<(u32, Kdf)> = order
+            let costs: Vec<SlotCost> = order
                 .iter()
                 .filter(|&&s| serves(s))
-                .filter_map(|&s| self.slot_kdf(s).map(|k| (s, k)))
+                .filter_map(|&s| {
+                    self.slot_kdf(s).map(|kdf| SlotCost {
+                        slot: s,
+                        kdf,
+                        digest: self.digest_kdf(s, usable),
+                    })
+                })
                 .collect();
             limit.check(&costs)?;
         }

@@ -2,7 +2,9 @@
 //! verified by its own digest, and one passphrase may open a keyslot of
 //! either. Keys live in `Zeroizing` buffers and are wiped on drop.
 
+use crate::luks::cost::SlotCost;
 use crate::luks::error::LuksError;
+use crate::luks::kdf::Kdf;
 use crate::luks::keyslot::{self, SlotParams};
 use crate::luks::volume::{Header, Volume};
 use zeroize::Zeroizing;
@@ -46,7 +48,18 @@ pub fn unlock_digest(
         .collect();
     slots.sort_by_key(|s| (std::cmp::Reverse(h.meta.keyslots[s].priority), *s));
     if let Some(limit) = &vol.cost_limit {
-        let costs: Vec<_> = slots.iter().map(|s| (*s, h.meta.keyslots[s].kdf)).collect();
+        let digest_kdf = Kdf::Pbkdf2 {
+            hash: d.hash,
+            iterations: d.iterations,
+        };
+        let costs: Vec<_> = slots
+            .iter()
+            .map(|s| SlotCost {
+                slot: *s,
+                kdf: h.meta.keyslots[s].kdf,
+                digest: Some(digest_kdf),
+            })
+            .collect();
         limit.check(&costs)?;
     }
     for s in slots {
