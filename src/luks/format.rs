@@ -326,7 +326,7 @@ pub fn format(
         let h = luks1::Header::parse(&h.to_bytes(), meta_len)?;
         meta.write_at(0, &h.to_bytes())?;
         meta.sync()?;
-        Header::Luks1(Box::new(h))
+        Header::from(h)
     } else {
         // As cryptsetup 2.6 (sector_size_autodetect): a requested offset
         // falls back to 512 unless its count of 512-byte sectors is a
@@ -403,7 +403,7 @@ pub fn format(
             warnings: Vec::new(),
         };
         h.write(&mut meta)?;
-        Header::Luks2(Box::new(h))
+        Header::from(h)
     };
     let mut vol = Volume {
         meta,

@@ -9,7 +9,7 @@
 use super::disk::Disk;
 use super::error::LuksError;
 use super::luks1::{self, HEADER_LEN, SLOT_DISABLED, SLOT_ENABLED};
-use super::volume::{Header, Volume};
+use super::volume::Volume;
 use std::path::Path;
 
 fn be32(b: &[u8], o: usize) -> u32 {
@@ -117,7 +117,7 @@ pub fn repair(image: &Path, header: Option<&Path>) -> Result<Vec<String>, LuksEr
     if warnings.is_empty() {
         return Ok(vec!["No known problems detected for LUKS header.".into()]);
     }
-    if let Header::Luks2(h) = &mut v.header {
+    if let Some(h) = v.header.luks2_mut() {
         // Both copies from the valid one (the bad copy's salt is renewed).
         h.salts[1 - h.used_copy] = {
             let mut s = [0u8; 64];

@@ -29,7 +29,7 @@ use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::luks2::Luks2;
-use crate::luks::volume::{Header, Volume};
+use crate::luks::volume::Volume;
 
 /// The largest hotzone udm moves in one step (its buffer). cryptsetup
 /// allows up to 1 GiB; smaller steps only mean more header writes.
@@ -118,10 +118,8 @@ fn crypt(p: &SegParams, key: Option<&Key>) -> Result<Option<SectorCrypt>, LuksEr
 }
 
 fn luks2(vol: &mut Volume) -> Result<&mut Luks2, LuksError> {
-    match &mut vol.header {
-        Header::Luks2(h) => Ok(h),
-        Header::Luks1(_) => Err(LuksError::NotLuks2(vol.data_path.display().to_string())),
-    }
+    let path = vol.data_path.display().to_string();
+    vol.header.luks2_mut().ok_or(LuksError::NotLuks2(path))
 }
 
 /// Called around each hotzone when the volume is also served (online
@@ -718,9 +716,9 @@ impl<'a> Job<'a> {
 
     fn commit(&mut self) -> Result<(), LuksError> {
         let Volume { header, meta, .. } = &mut *self.vol;
-        match header {
-            Header::Luks2(h) => h.write(meta),
-            Header::Luks1(_) => Err(LuksError::Usage("not LUKS2".into())),
+        match header.luks2_mut() {
+            Some(h) => h.write(meta),
+            None => Err(LuksError::Usage("not LUKS2".into())),
         }
     }
 

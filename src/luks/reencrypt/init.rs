@@ -17,7 +17,7 @@ use crate::luks::hash::HashAlg;
 use crate::luks::json::{b64_encode, parse_u64str, Metadata, MAX_KEYSLOTS};
 use crate::luks::keyslot::{self, SlotParams};
 use crate::luks::luks2::Luks2;
-use crate::luks::volume::{Header, Volume};
+use crate::luks::volume::Volume;
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -65,12 +65,11 @@ pub struct InitParams {
 const MOVED_DEFAULT: u64 = 20 << 20;
 
 fn h2(vol: &mut Volume) -> Result<&mut Luks2, LuksError> {
-    match &mut vol.header {
-        Header::Luks2(h) => Ok(h),
-        Header::Luks1(_) => Err(LuksError::Usage(
+    vol.header.luks2_mut().ok_or_else(|| {
+        LuksError::Usage(
             "Reencryption of LUKS1 devices is not supported by udm; convert to LUKS2 first.".into(),
-        )),
-    }
+        )
+    })
 }
 
 fn areas(top: &Value) -> Vec<(u64, u64)> {
@@ -586,7 +585,7 @@ pub fn init(
     let Volume {
         header, meta: disk, ..
     } = vol;
-    if let Header::Luks2(h) = header {
+    if let Some(h) = header.luks2_mut() {
         h.meta = meta;
         h.write(disk)?;
     }

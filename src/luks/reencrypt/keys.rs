@@ -6,7 +6,7 @@ use crate::luks::cost::SlotCost;
 use crate::luks::error::LuksError;
 use crate::luks::kdf::Kdf;
 use crate::luks::keyslot::{self, SlotParams};
-use crate::luks::volume::{Header, Volume};
+use crate::luks::volume::Volume;
 use zeroize::Zeroizing;
 
 /// A volume key, wiped on drop.
@@ -14,7 +14,7 @@ pub type Key = Zeroizing<Vec<u8>>;
 
 /// True if `key` matches digest `digest` of the header.
 pub fn matches(vol: &Volume, digest: u32, key: &[u8]) -> bool {
-    let Header::Luks2(h) = &vol.header else {
+    let Some(h) = vol.header.luks2() else {
         return false;
     };
     h.meta
@@ -31,7 +31,7 @@ pub fn unlock_digest(
     passphrase: &[u8],
     only: Option<u32>,
 ) -> Result<(u32, Key), LuksError> {
-    let Header::Luks2(h) = &vol.header else {
+    let Some(h) = vol.header.luks2() else {
         return Err(LuksError::NotLuks2(vol.data_path.display().to_string()));
     };
     let d = h
