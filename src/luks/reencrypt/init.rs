@@ -357,7 +357,7 @@ impl Draft<'_> {
             .ok_or_else(|| LuksError::Usage("Not enough free keyslots for reencryption.".into()))?;
         let area_size = (knew.len() as u64 * 4000).div_ceil(4096) * 4096;
         let area_off =
-            first_fit(&v, h.meta.keyslots_size, self.at.start, area_size).ok_or_else(|| {
+            first_fit(v, h.meta.keyslots_size, self.at.start, area_size).ok_or_else(|| {
                 LuksError::Usage("No space for new keyslot in the LUKS2 keyslots area.".into())
             })?;
         let salt = keyslot::random(32)?;
