@@ -205,6 +205,69 @@ pub fn format(
     volume_key: Option<&[u8]>,
     fb: &dyn Feedback,
 ) -> Result<(Zeroizing<Vec<u8>>, u32), LuksError> {
+    let detached = header.is_some();
+    let (data_off, meta_len, ks_size) = check_params(p, detached, volume_key, fb)?;
+    let data_size = data_size_for(image, p, detached, (data_off, meta_len), fb)?;
+    let mut meta = match header {
+        Some(h) => {
+            let d = Disk::create(h)?;
+            d.grow_to(meta_len)?;
+            d
+        }
+        None => Disk::open(image, true)?,
+    };
+    let key = match volume_key {
+        Some(k) => Zeroizing::new(k.to_vec()),
+        None => keyslot::random(p.key_bytes as usize)?,
+    };
+    let uuid = match &p.uuid {
+        Some(u) => u.clone(),
+        None => random_uuid()?,
+    };
+    fb.begin("Wiping header area", meta_len);
+    meta.zero(0, meta_len, &mut |done| fb.advance(done))?;
+    fb.end();
+    let digest_salt = keyslot::random(32)?;
+    let fresh = Fresh {
+        p,
+        key: &key,
+        digest_salt: &digest_salt,
+        uuid,
+        data_off,
+    };
+    let hdr = if p.version == 1 {
+        fresh.luks1(meta_len, &mut meta)?
+    } else {
+        let sector = sector_size(p, data_size, data_off)?;
+        fresh.luks2(ks_size, sector, &mut meta)?
+    };
+    let mut vol = Volume {
+        meta,
+        data_path: image.to_path_buf(),
+        data_size,
+        detached,
+        header: hdr,
+        cost_limit: None,
+    };
+    let slot = vol.add_key(
+        &key,
+        passphrase,
+        Some(p.key_slot.unwrap_or(0)),
+        p.kdf,
+        p.hash,
+    )?;
+    Ok((key, slot))
+}
+
+/// The parameters checked, in libcryptsetup's order (with its notes on
+/// the keyslots area), and the layout: (data offset, metadata length,
+/// keyslots area size) in bytes.
+fn check_params(
+    p: &FormatParams,
+    detached: bool,
+    volume_key: Option<&[u8]>,
+    fb: &dyn Feedback,
+) -> Result<(u64, u64, u64), LuksError> {
     if p.key_bytes == 0 || p.key_bytes > luks1::MAX_KEY_BYTES {
         return Err(LuksError::Usage(format!(
             "Invalid key size {} bits.",
@@ -220,7 +283,6 @@ pub fn format(
         ));
     }
     p.kdf.check("--pbkdf")?;
-    let detached = header.is_some();
     let (data_off, meta_len, ks_size) = layout(p, detached)?;
     if p.version == 2 {
         // libcryptsetup's two notes, in its order.
@@ -250,6 +312,19 @@ pub fn format(
             )));
         }
     }
+    Ok((data_off, meta_len, ks_size))
+}
+
+/// The data device's size. A regular file too small for any data is
+/// grown to hold the metadata (with cryptsetup's warning); a block
+/// device too small for the metadata is refused.
+fn data_size_for(
+    image: &Path,
+    p: &FormatParams,
+    detached: bool,
+    (data_off, meta_len): (u64, u64),
+    fb: &dyn Feedback,
+) -> Result<u64, LuksError> {
     let regular = std::fs::metadata(image)
         .map(|m| m.is_file())
         .unwrap_or(false);
@@ -271,27 +346,56 @@ pub fn format(
             data_size = data_size.max(data_off.max(meta_len));
         }
     }
-    let mut meta = match header {
-        Some(h) => {
-            let d = Disk::create(h)?;
-            d.grow_to(meta_len)?;
-            d
+    Ok(data_size)
+}
+
+/// The LUKS2 encryption sector size: the one asked for (checked against
+/// the data), else as cryptsetup 2.6 picks it.
+fn sector_size(p: &FormatParams, data_size: u64, data_off: u64) -> Result<u32, LuksError> {
+    let offset_wants_512 = p
+        .data_offset
+        .is_some_and(|o| o != 0 && (o / 512) % 4096 != 0);
+    let sector = match p.sector_size {
+        Some(s) => {
+            if !(512..=4096).contains(&s) || !s.is_power_of_two() {
+                return Err(LuksError::Usage(format!(
+                    "Unsupported encryption sector size {s}."
+                )));
+            }
+            if data_size > data_off && (data_size - data_off) % u64::from(s) != 0 {
+                return Err(LuksError::Usage(format!(
+                    "Device size is not aligned to requested sector size {s}."
+                )));
+            }
+            s
         }
-        None => Disk::open(image, true)?,
+        None if offset_wants_512 => 512,
+        None if data_size > data_off && (data_size - data_off) % 4096 == 0 => 4096,
+        None if data_size <= data_off => 4096,
+        None => 512,
     };
-    let key = match volume_key {
-        Some(k) => Zeroizing::new(k.to_vec()),
-        None => keyslot::random(p.key_bytes as usize)?,
-    };
-    let uuid = match &p.uuid {
-        Some(u) => u.clone(),
-        None => random_uuid()?,
-    };
-    fb.begin("Wiping header area", meta_len);
-    meta.zero(0, meta_len, &mut |done| fb.advance(done))?;
-    fb.end();
-    let digest_salt = keyslot::random(32)?;
-    let hdr = if p.version == 1 {
+    Ok(sector)
+}
+
+/// What a new header of either version is made of.
+struct Fresh<'a> {
+    p: &'a FormatParams,
+    key: &'a [u8],
+    digest_salt: &'a [u8],
+    uuid: String,
+    data_off: u64,
+}
+
+impl Fresh<'_> {
+    /// A LUKS1 header (PBKDF2 only; cipher given as name-mode), written.
+    fn luks1(&self, meta_len: u64, meta: &mut Disk) -> Result<Header, LuksError> {
+        let Fresh {
+            p,
+            key,
+            digest_salt,
+            ref uuid,
+            data_off,
+        } = *self;
         let Kdf::Pbkdf2 { .. } = p.kdf else {
             return Err(LuksError::Usage(
                 "LUKS1 supports only the pbkdf2 PBKDF.".into(),
@@ -326,34 +430,18 @@ pub fn format(
         let h = luks1::Header::parse(&h.to_bytes(), meta_len)?;
         meta.write_at(0, &h.to_bytes())?;
         meta.sync()?;
-        Header::from(h)
-    } else {
-        // As cryptsetup 2.6 (sector_size_autodetect): a requested offset
-        // falls back to 512 unless its count of 512-byte sectors is a
-        // multiple of 4096 (libcryptsetup tests the sector count, not the
-        // bytes, against the sector size); headers stay equal.
-        let offset_wants_512 = p
-            .data_offset
-            .is_some_and(|o| o != 0 && (o / 512) % 4096 != 0);
-        let sector = match p.sector_size {
-            Some(s) => {
-                if !(512..=4096).contains(&s) || !s.is_power_of_two() {
-                    return Err(LuksError::Usage(format!(
-                        "Unsupported encryption sector size {s}."
-                    )));
-                }
-                if data_size > data_off && (data_size - data_off) % u64::from(s) != 0 {
-                    return Err(LuksError::Usage(format!(
-                        "Device size is not aligned to requested sector size {s}."
-                    )));
-                }
-                s
-            }
-            None if offset_wants_512 => 512,
-            None if data_size > data_off && (data_size - data_off) % 4096 == 0 => 4096,
-            None if data_size <= data_off => 4096,
-            None => 512,
-        };
+        Ok(Header::from(h))
+    }
+
+    /// A LUKS2 header with one dynamic segment and its digest, written.
+    fn luks2(&self, ks_size: u64, sector: u32, meta: &mut Disk) -> Result<Header, LuksError> {
+        let Fresh {
+            p,
+            key,
+            digest_salt,
+            ref uuid,
+            data_off,
+        } = *self;
         let d = keyslot::key_digest(
             p.hash,
             &key,
@@ -394,7 +482,7 @@ pub fn format(
                 seqid: 1,
                 label: p.label.clone(),
                 checksum_alg: HashAlg::Sha256,
-                uuid,
+                uuid: uuid.clone(),
                 subsystem: p.subsystem.clone(),
             },
             meta: meta_json,
@@ -402,23 +490,7 @@ pub fn format(
             used_copy: 0,
             warnings: Vec::new(),
         };
-        h.write(&mut meta)?;
-        Header::from(h)
-    };
-    let mut vol = Volume {
-        meta,
-        data_path: image.to_path_buf(),
-        data_size,
-        detached,
-        header: hdr,
-        cost_limit: None,
-    };
-    let slot = vol.add_key(
-        &key,
-        passphrase,
-        Some(p.key_slot.unwrap_or(0)),
-        p.kdf,
-        p.hash,
-    )?;
-    Ok((key, slot))
+        h.write(meta)?;
+        Ok(Header::from(h))
+    }
 }
