@@ -411,11 +411,11 @@ impl Fresh<'_> {
                     p.cipher
                 ))
             })?;
-        let d = keyslot::key_digest(p.hash, &key, &digest_salt, p.digest_iterations, 20);
+        let d = keyslot::key_digest(p.hash, key, digest_salt, p.digest_iterations, 20);
         let mut dig = [0u8; 20];
         dig.copy_from_slice(&d);
         let mut salt = [0u8; 32];
-        salt.copy_from_slice(&digest_salt);
+        salt.copy_from_slice(digest_salt);
         let h = luks1::Header::new(
             name,
             mode,
@@ -425,7 +425,7 @@ impl Fresh<'_> {
             dig,
             salt,
             p.digest_iterations,
-            &uuid,
+            uuid,
         );
         let h = luks1::Header::parse(&h.to_bytes(), meta_len)?;
         meta.write_at(0, &h.to_bytes())?;
@@ -444,8 +444,8 @@ impl Fresh<'_> {
         } = *self;
         let d = keyslot::key_digest(
             p.hash,
-            &key,
-            &digest_salt,
+            key,
+            digest_salt,
             p.digest_iterations,
             p.hash.digest_len(),
         );
@@ -466,7 +466,7 @@ impl Fresh<'_> {
                 "segments": ["0"],
                 "hash": p.hash.name(),
                 "iterations": p.digest_iterations,
-                "salt": b64_encode(&digest_salt),
+                "salt": b64_encode(digest_salt),
                 "digest": b64_encode(&d),
             }},
             "config": {"json_size": (p.metadata_size - 4096).to_string(), "keyslots_size": ks_size.to_string()},
