@@ -77,30 +77,17 @@ impl Default for FormatParams {
 
 /// A random (version 4) UUID in text form.
 pub fn random_uuid() -> Result<String, LuksError> {
-    let mut b = keyslot::random(16)?;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(&*b);
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&keyslot::random(16)?);
+    let u = uuid::Builder::from_random_bytes(b).into_uuid();
+    b.fill(0);
+    Ok(u.hyphenated().to_string())
 }
 
+/// A UUID as libuuid's `uuid_parse` takes it (and so cryptsetup): the
+/// 36-character hyphenated form only, any case; kept as given.
 pub fn check_uuid(u: &str) -> Result<(), LuksError> {
-    let ok = u.len() == 36
-        && u.char_indices().all(|(i, c)| {
-            if [8, 13, 18, 23].contains(&i) {
-                c == '-'
-            } else {
-                c.is_ascii_hexdigit()
-            }
-        });
-    if ok {
+    if u.len() == 36 && uuid::Uuid::try_parse(u).is_ok() {
         Ok(())
     } else {
         Err(LuksError::Usage(format!(
@@ -492,5 +479,36 @@ impl Fresh<'_> {
         };
         h.write(meta)?;
         Ok(Header::from(h))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Version 4, RFC 4122 variant, lower-case hyphenated; only the
+    /// hyphenated form passes the check (not the simple, braced or URN
+    /// forms the crate also parses).
+    #[test]
+    fn uuids_as_cryptsetup_writes_and_takes_them() {
+        let u = random_uuid().unwrap();
+        assert_eq!(u.len(), 36, "{u}");
+        assert_eq!(&u[14..15], "4", "{u}");
+        assert!("89ab".contains(&u[19..20]), "{u}");
+        assert_eq!(u, u.to_lowercase());
+        assert_ne!(u, random_uuid().unwrap());
+        check_uuid(&u).unwrap();
+        check_uuid("12345678-1234-4234-8234-123456789ABC").unwrap();
+        for bad in [
+            "not-a-uuid",
+            "12345678123442348234123456789abc",
+            "{12345678-1234-4234-8234-123456789abc}",
+            "urn:uuid:12345678-1234-4234-8234-123456789abc",
+            "12345678-1234-4234-8234-123456789abg",
+            "1234567-81234-4234-8234-123456789abc",
+        ] {
+            let e = check_uuid(bad).unwrap_err().to_string();
+            assert!(e.contains("Wrong LUKS UUID format provided"), "{bad}: {e}");
+        }
     }
 }
