@@ -502,6 +502,63 @@ fn keyring_tokens_unlock_as_cryptsetup() {
     assert!(cs_test(&ud, None, &k.join("k2")));
 }
 
+/// `token export --json-file` over an existing, longer file replaces it
+/// (it used to overwrite the start and leave the old tail, so the file was
+/// no longer the token's JSON). cryptsetup 2.6 leaves the tail too; udm
+/// deliberately differs, so the file is compared with the token as
+/// exported to stdout.
+#[test]
+fn token_export_replaces_a_longer_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let k = keys(d);
+    let img = formatted(d, "exp.img", &format!("--type luks2 {FAST}"), 20 << 20);
+    let tok = d.join("tok.json");
+    std::fs::write(&tok, br#"{"type":"t","keyslots":[]}"#).unwrap();
+    let import = |prog: &Path| {
+        let o = run_step(
+            prog,
+            &step(
+                "token import --json-file @D/tok.json --token-id 1 @IMG",
+                0,
+                Out::Code,
+            ),
+            &img,
+            d,
+            &k,
+        );
+        assert!(o.status.success(), "{}", show(&o));
+    };
+    std::fs::create_dir(d.join("bin")).unwrap();
+    let link = udm_as_cryptsetup(&d.join("bin"));
+    import(&link);
+    let export = |prog: &Path, out: &str| {
+        let path = d.join(out);
+        std::fs::write(&path, vec![b'x'; 4096]).unwrap();
+        let cmd = format!("token export --token-id 1 --json-file @D/{out} @IMG");
+        let o = run_step(prog, &step(&cmd, 0, Out::Code), &img, d, &k);
+        assert!(o.status.success(), "{}", show(&o));
+        std::fs::read(&path).unwrap()
+    };
+    let ours = export(&link, "ud.json");
+    let v: Value = serde_json::from_slice(&ours)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&ours)));
+    assert_eq!(v["type"], "t", "{v}");
+    assert!(!ours.contains(&b'x'), "{}", String::from_utf8_lossy(&ours));
+    let o = run_step(
+        &link,
+        &step("token export --token-id 1 @IMG", 0, Out::Code),
+        &img,
+        d,
+        &k,
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&ours).trim_end(),
+        String::from_utf8_lossy(&o.stdout).trim_end()
+    );
+}
+
 #[test]
 fn unbound_keys_match_cryptsetup_step_by_step() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@ mod common;
 use common::luks::*;
 use common::*;
 use std::path::Path;
+use std::process::Output;
 use udm::luks::{luks1, luks2, LuksError};
 
 fn luks2_image(d: &Path, name: &str, kf: &Path) -> std::path::PathBuf {
@@ -356,6 +357,85 @@ fn costly_headers_are_refused_before_any_kdf_runs() {
     assert!(o.status.success(), "{}", show(&o));
     // cryptsetup opens it too (slot 0 is tried first).
     assert_eq!(cs_test_code(&mixed, None, &kf), Some(0));
+}
+
+/// Run `cmd` for at most `limit`; None (after killing it) if it is still
+/// running then, so a regression fails the test instead of hanging it.
+fn run_bounded(cmd: &mut std::process::Command, limit: std::time::Duration) -> Option<Output> {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    None
+}
+
+/// The digest's PBKDF2 runs once for every keyslot tried, after the
+/// keyslot's own KDF, so a header can hide its cost there: a cheap LUKS1
+/// keyslot behind 2^30 digest iterations (header bytes 164..168, no
+/// checksum to fix) or a LUKS2 digest object asking the same took minutes
+/// per open. Both are now refused within 1 s, with the right passphrase and
+/// with a wrong one, naming the digest and its cost; `--no-kdf-limit`
+/// still lets the user try (it is then busy deriving, not refusing).
+#[test]
+fn costly_digests_are_refused_before_any_kdf_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"digest");
+    let wrong = write_file(d, "w", b"wrong");
+    let l1 = sparse(d, "l1.img", 4 << 20);
+    cs_format(&l1, &["--type=luks1", "--pbkdf-force-iterations=1000"], &kf);
+    pwrite(&l1, 164, &(1u32 << 30).to_be_bytes());
+    let l2 = luks2_image(d, "l2.img", &kf);
+    rewrite_json(&l2, &|v| {
+        v["digests"]["0"]["iterations"] = (1u64 << 30).into()
+    });
+    let limit = std::time::Duration::from_secs(1);
+    for (img, hash) in [(&l1, "sha256"), (&l2, "sha256")] {
+        for key in [&kf, &wrong] {
+            let t = std::time::Instant::now();
+            let o = run_bounded(
+                udm()
+                    .args(["cryptsetup", "open", "--test-passphrase", "--key-file"])
+                    .arg(key)
+                    .arg(img),
+                limit,
+            );
+            let o = o.unwrap_or_else(|| panic!("{img:?} with {key:?}: still running after 1 s"));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{img:?}: {}", show(&o));
+            let want = format!("the digest of keyslot 0 demands 1073741824 PBKDF2-{hash}");
+            assert!(
+                err.contains(&want) && err.contains("--no-kdf-limit"),
+                "{img:?}: {err}"
+            );
+            assert!(t.elapsed() < limit, "{img:?}: {:?}", t.elapsed());
+        }
+        let busy = run_bounded(
+            udm()
+                .args(["cryptsetup", "open", "--test-passphrase", "--no-kdf-limit"])
+                .arg("--key-file")
+                .arg(&kf)
+                .arg(img),
+            std::time::Duration::from_millis(1500),
+        );
+        assert!(
+            busy.is_none(),
+            "{img:?}: --no-kdf-limit did not try the slot: {}",
+            busy.as_ref().map(show).unwrap_or_default()
+        );
+    }
 }
 
 /// The smaller protections: a data segment at offset 0 behind an embedded

@@ -5,7 +5,7 @@
 
 use super::error::LuksError;
 use super::format::check_uuid;
-use super::volume::{Header, Volume};
+use super::volume::Volume;
 use serde_json::{Map, Value};
 
 impl Volume {
@@ -16,26 +16,19 @@ impl Volume {
         what: &str,
         f: impl FnOnce(&mut Map<String, Value>),
     ) -> Result<(), LuksError> {
-        match &mut self.header {
-            Header::Luks1(_) => {
-                return Err(LuksError::Usage(format!(
-                    "{what} is supported only for LUKS2 devices."
-                )))
-            }
-            Header::Luks2(h) => {
-                h.meta = h.meta.edit(h.bin.hdr_size, f)?;
-            }
-        }
+        let Some(h) = self.header.luks2_mut() else {
+            return Err(LuksError::Usage(format!(
+                "{what} is supported only for LUKS2 devices."
+            )));
+        };
+        h.meta = h.meta.edit(h.bin.hdr_size, f)?;
         self.write_header()
     }
 
     /// Set the UUID (`luksUUID --uuid`).
     pub fn set_uuid(&mut self, uuid: &str) -> Result<(), LuksError> {
         check_uuid(uuid)?;
-        match &mut self.header {
-            Header::Luks1(h) => h.uuid = uuid.to_string(),
-            Header::Luks2(h) => h.bin.uuid = uuid.to_string(),
-        }
+        self.header.set_uuid(uuid);
         self.write_header()
     }
 
@@ -53,20 +46,16 @@ impl Volume {
                 )));
             }
         }
-        match &mut self.header {
-            Header::Luks1(_) => {
-                return Err(LuksError::Usage(
-                    "Label is supported only for LUKS2 devices.".into(),
-                ))
-            }
-            Header::Luks2(h) => {
-                if let Some(l) = label {
-                    h.bin.label = l.to_string();
-                }
-                if let Some(s) = subsystem {
-                    h.bin.subsystem = s.to_string();
-                }
-            }
+        let Some(h) = self.header.luks2_mut() else {
+            return Err(LuksError::Usage(
+                "Label is supported only for LUKS2 devices.".into(),
+            ));
+        };
+        if let Some(l) = label {
+            h.bin.label = l.to_string();
+        }
+        if let Some(s) = subsystem {
+            h.bin.subsystem = s.to_string();
         }
         self.write_header()
     }
@@ -74,12 +63,7 @@ impl Volume {
     /// Set a LUKS2 keyslot's priority: 0 ignore, 1 normal, 2 prefer.
     /// cryptsetup stores normal by removing the member.
     pub fn set_priority(&mut self, slot: u32, priority: u32) -> Result<(), LuksError> {
-        let known = match &self.header {
-            Header::Luks2(h) => {
-                h.meta.keyslots.contains_key(&slot) || h.meta.other_keyslots.contains_key(&slot)
-            }
-            Header::Luks1(_) => false,
-        };
+        let known = self.header.luks2().is_some() && self.header.slot_taken(slot);
         if !known {
             return Err(LuksError::Usage(format!("Keyslot {slot} is not active.")));
         }
@@ -101,7 +85,7 @@ impl Volume {
     /// Give keyslot `to` every token assignment keyslot `from` has (before
     /// a swap, so tokens follow a changed passphrase). Writes nothing.
     pub(crate) fn copy_token_assignment(&mut self, from: u32, to: u32) -> Result<(), LuksError> {
-        let Header::Luks2(h) = &mut self.header else {
+        let Some(h) = self.header.luks2_mut() else {
             return Ok(());
         };
         let (f, t) = (
@@ -128,7 +112,7 @@ impl Volume {
     /// both end up last in the object, in cryptsetup's order. Writes
     /// nothing: the caller's next header write carries it.
     pub(crate) fn swap_luks2_slots(&mut self, a: u32, b: u32) -> Result<(), LuksError> {
-        let Header::Luks2(h) = &mut self.header else {
+        let Some(h) = self.header.luks2_mut() else {
             return Ok(());
         };
         let (sa, sb) = (a.to_string(), b.to_string());

@@ -23,7 +23,7 @@ use super::hash::HashAlg;
 use super::json::{b64_encode, Metadata};
 use super::luks1;
 use super::luks2::{BinHeader, Luks2};
-use super::volume::{Header, Volume};
+use super::volume::Volume;
 use serde_json::{json, Map, Value};
 
 /// Header copy size a conversion uses (cryptsetup: 16 KiB).
@@ -49,11 +49,11 @@ impl Volume {
     /// that version or the header cannot be expressed in it.
     pub fn convert(&mut self, to: u8) -> Result<(), LuksError> {
         self.check_requirements()?;
-        match (&self.header, to) {
-            (Header::Luks1(_), 1) => Err(usage("Device is already LUKS1 type.")),
-            (Header::Luks2(_), 2) => Err(usage("Device is already LUKS2 type.")),
-            (Header::Luks1(_), 2) => self.convert_to_luks2(),
-            (Header::Luks2(_), 1) => self.convert_to_luks1(),
+        match (self.version(), to) {
+            (1, 1) => Err(usage("Device is already LUKS1 type.")),
+            (2, 2) => Err(usage("Device is already LUKS2 type.")),
+            (1, 2) => self.convert_to_luks2(),
+            (2, 1) => self.convert_to_luks1(),
             _ => Err(usage(
                 "Invalid LUKS type, only luks1 and luks2 are supported.",
             )),
@@ -61,7 +61,7 @@ impl Volume {
     }
 
     fn convert_to_luks2(&mut self) -> Result<(), LuksError> {
-        let Header::Luks1(h) = &self.header else {
+        let Some(h) = self.header.luks1() else {
             return Ok(());
         };
         if h.slots.iter().map(|s| s.key_offset).min() != Some(8) {
@@ -170,12 +170,12 @@ impl Volume {
         // The LUKS2 header overwrites the LUKS1 one (and the old material
         // below 32 KiB, which the new header no longer points to).
         new.write(&mut self.meta)?;
-        self.header = Header::Luks2(Box::new(new));
+        self.header = new.into();
         Ok(())
     }
 
     fn convert_to_luks1(&mut self) -> Result<(), LuksError> {
-        let Header::Luks2(h) = &self.header else {
+        let Some(h) = self.header.luks2() else {
             return Ok(());
         };
         let m = &h.meta;
@@ -310,7 +310,7 @@ impl Volume {
         self.meta.write_at(0, &[0u8; 4096])?;
         self.meta.write_at(0, &l1.to_bytes())?;
         self.meta.sync()?;
-        self.header = Header::Luks1(Box::new(l1));
+        self.header = l1.into();
         Ok(())
     }
 }

@@ -43,55 +43,68 @@ impl Default for CostLimit {
     }
 }
 
+/// One keyslot to try: its KDF, and the PBKDF2 digest (always a
+/// `Kdf::Pbkdf2`) the derived key is checked against. The digest runs
+/// once per slot tried, so a header can hide its cost there as well as in
+/// the keyslot (LUKS1 stores up to 2^32 digest iterations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotCost {
+    pub slot: u32,
+    pub kdf: Kdf,
+    pub digest: Option<Kdf>,
+}
+
+/// The costliest PBKDF2 run seen so far, to name in the error: slot,
+/// iterations, hash and whether it is the slot's digest.
+type WorstPbkdf2 = Option<(u32, u32, &'static str, bool)>;
+
 impl CostLimit {
-    /// Refuse before deriving anything if trying `slots` (number, KDF) in
-    /// order would exceed a limit; the error names the slot that crosses it
-    /// and its cost.
-    pub fn check(&self, slots: &[(u32, Kdf)]) -> Result<(), LuksError> {
-        let mut pbkdf2 = 0u64;
+    /// Refuse before deriving anything if trying `slots` in order would
+    /// exceed a limit; the error names the slot (or its digest) that
+    /// weighs most and its cost.
+    pub fn check(&self, slots: &[SlotCost]) -> Result<(), LuksError> {
+        // PBKDF2 iterations of the keyslots and of their digests.
+        let mut pbkdf2 = [0u64; 2];
         let mut work = 0u64;
-        // (slot, iterations) of the costliest PBKDF2 slot, and the same for
-        // Argon2 work, to name in the error.
-        let mut worst_pbkdf2: Option<(u32, u32, &'static str)> = None;
+        let mut worst_pbkdf2: WorstPbkdf2 = None;
+        // (slot, time, memory, type) of the costliest Argon2 slot.
         let mut worst_argon2: Option<(u32, u32, u32, &'static str)> = None;
-        for (n, kdf) in slots {
-            match *kdf {
-                Kdf::Pbkdf2 { hash, iterations } => {
-                    pbkdf2 += u64::from(iterations);
-                    if worst_pbkdf2.is_none_or(|(_, i, _)| iterations > i) {
-                        worst_pbkdf2 = Some((*n, iterations, hash.name()));
+        for c in slots {
+            let runs = std::iter::once((c.kdf, false)).chain(c.digest.map(|d| (d, true)));
+            for (kdf, is_digest) in runs {
+                match kdf {
+                    Kdf::Pbkdf2 { hash, iterations } => {
+                        pbkdf2[usize::from(is_digest)] += u64::from(iterations);
+                        if worst_pbkdf2.is_none_or(|(_, i, _, _)| iterations > i) {
+                            worst_pbkdf2 = Some((c.slot, iterations, hash.name(), is_digest));
+                        }
                     }
-                }
-                Kdf::Argon2 {
-                    time, memory_kib, ..
-                } => {
-                    let bytes = u64::from(memory_kib) * 1024;
-                    if bytes > self.argon2_memory {
-                        return Err(LuksError::Cost {
-                            what: format!(
-                                "keyslot {n} demands {} MiB of {} memory, above udm's limit of \
-                                 {} MiB (below physical RAM)",
-                                bytes >> 20,
-                                kdf.type_name(),
-                                self.argon2_memory >> 20
-                            ),
-                            memory: true,
-                        });
-                    }
-                    work += u64::from(time) * u64::from(memory_kib);
-                    let w = u64::from(time) * u64::from(memory_kib);
-                    if worst_argon2.is_none_or(|(_, t, m, _)| w > u64::from(t) * u64::from(m)) {
-                        worst_argon2 = Some((*n, time, memory_kib, kdf.type_name()));
+                    Kdf::Argon2 {
+                        time, memory_kib, ..
+                    } => {
+                        self.check_argon2_memory(c.slot, &kdf, memory_kib)?;
+                        let w = u64::from(time) * u64::from(memory_kib);
+                        work += w;
+                        if worst_argon2.is_none_or(|(_, t, m, _)| w > u64::from(t) * u64::from(m)) {
+                            worst_argon2 = Some((c.slot, time, memory_kib, kdf.type_name()));
+                        }
                     }
                 }
             }
         }
-        if pbkdf2 > self.pbkdf2_total {
-            let (n, it, h) = worst_pbkdf2.unwrap_or((0, 0, ""));
+        let [slot_its, digest_its] = pbkdf2;
+        if slot_its + digest_its > self.pbkdf2_total {
+            let (n, it, h, is_digest) = worst_pbkdf2.unwrap_or((0, 0, "", false));
+            let who = if is_digest {
+                format!("the digest of keyslot {n}")
+            } else {
+                format!("keyslot {n}")
+            };
             return Err(LuksError::Cost {
                 what: format!(
-                    "keyslot {n} demands {it} PBKDF2-{h} iterations; the {} keyslot(s) to try \
-                     demand {pbkdf2} in all, above udm's limit of {}",
+                    "{who} demands {it} PBKDF2-{h} iterations; the {} keyslot(s) to try \
+                     demand {slot_its} in all and their digests {digest_its} more, above \
+                     udm's limit of {}",
                     slots.len(),
                     self.pbkdf2_total
                 ),
@@ -112,6 +125,24 @@ impl CostLimit {
         }
         Ok(())
     }
+
+    /// One Argon2 run must fit in memory on its own, whatever the sum.
+    fn check_argon2_memory(&self, n: u32, kdf: &Kdf, memory_kib: u32) -> Result<(), LuksError> {
+        let bytes = u64::from(memory_kib) * 1024;
+        if bytes > self.argon2_memory {
+            return Err(LuksError::Cost {
+                what: format!(
+                    "keyslot {n} demands {} MiB of {} memory, above udm's limit of {} MiB \
+                     (below physical RAM)",
+                    bytes >> 20,
+                    kdf.type_name(),
+                    self.argon2_memory >> 20
+                ),
+                memory: true,
+            });
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -127,7 +158,7 @@ mod tests {
             hash: HashAlg::Sha256,
             iterations: 1 << 30,
         };
-        let slots: Vec<(u32, Kdf)> = (0..32).map(|n| (n, slow)).collect();
+        let slots: Vec<SlotCost> = (0..32).map(|n| cost(n, slow, None)).collect();
         let e = l.check(&slots).unwrap_err().to_string();
         assert!(e.contains("keyslot 0") && e.contains("1073741824"), "{e}");
         let big = Kdf::Argon2 {
@@ -136,7 +167,7 @@ mod tests {
             memory_kib: 4 << 20,
             cpus: 4,
         };
-        let e = l.check(&[(3, big)]).unwrap_err();
+        let e = l.check(&[cost(3, big, None)]).unwrap_err();
         assert_eq!(e.exit_code(), 3);
         assert!(e.to_string().contains("keyslot 3 demands 4096 MiB"), "{e}");
         let normal = Kdf::Argon2 {
@@ -149,9 +180,52 @@ mod tests {
             hash: HashAlg::Sha256,
             iterations: 4_000_000,
         };
-        let ok: Vec<(u32, Kdf)> = (0..32)
-            .map(|n| (n, if n % 2 == 0 { normal } else { fast }))
+        let digest = Kdf::Pbkdf2 {
+            hash: HashAlg::Sha256,
+            iterations: 200_000,
+        };
+        let ok: Vec<SlotCost> = (0..32)
+            .map(|n| cost(n, if n % 2 == 0 { normal } else { fast }, Some(digest)))
             .collect();
         l.check(&ok).unwrap();
+    }
+
+    fn cost(slot: u32, kdf: Kdf, digest: Option<Kdf>) -> SlotCost {
+        SlotCost { slot, kdf, digest }
+    }
+
+    /// The digest's PBKDF2 runs for every keyslot tried, so a cheap
+    /// keyslot behind a 2^30-iteration digest is refused, naming the
+    /// digest; a normal digest passes.
+    #[test]
+    fn digest_iterations_count_towards_the_limit() {
+        let l = CostLimit::default();
+        let cheap = Kdf::Pbkdf2 {
+            hash: HashAlg::Sha1,
+            iterations: 1000,
+        };
+        let slow_digest = Kdf::Pbkdf2 {
+            hash: HashAlg::Sha1,
+            iterations: 1 << 30,
+        };
+        let e = l
+            .check(&[cost(0, cheap, Some(slow_digest))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the digest of keyslot 0 demands 1073741824 PBKDF2-sha1 iterations")
+                && e.contains("demand 1000 in all and their digests 1073741824 more"),
+            "{e}"
+        );
+        // Eight slots behind a digest just under the limit / 8 each pass
+        // alone, but not all together.
+        let digest = Kdf::Pbkdf2 {
+            hash: HashAlg::Sha1,
+            iterations: 1 << 26,
+        };
+        let eight: Vec<SlotCost> = (0..8).map(|n| cost(n, cheap, Some(digest))).collect();
+        assert!(l.check(&eight[..1]).is_ok());
+        let e = l.check(&eight).unwrap_err().to_string();
+        assert!(e.contains("the digest of keyslot 0"), "{e}");
     }
 }

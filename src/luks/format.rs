@@ -77,30 +77,17 @@ impl Default for FormatParams {
 
 /// A random (version 4) UUID in text form.
 pub fn random_uuid() -> Result<String, LuksError> {
-    let mut b = keyslot::random(16)?;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(&*b);
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&keyslot::random(16)?);
+    let u = uuid::Builder::from_random_bytes(b).into_uuid();
+    b.fill(0);
+    Ok(u.hyphenated().to_string())
 }
 
+/// A UUID as libuuid's `uuid_parse` takes it (and so cryptsetup): the
+/// 36-character hyphenated form only, any case; kept as given.
 pub fn check_uuid(u: &str) -> Result<(), LuksError> {
-    let ok = u.len() == 36
-        && u.char_indices().all(|(i, c)| {
-            if [8, 13, 18, 23].contains(&i) {
-                c == '-'
-            } else {
-                c.is_ascii_hexdigit()
-            }
-        });
-    if ok {
+    if u.len() == 36 && uuid::Uuid::try_parse(u).is_ok() {
         Ok(())
     } else {
         Err(LuksError::Usage(format!(
@@ -205,6 +192,69 @@ pub fn format(
     volume_key: Option<&[u8]>,
     fb: &dyn Feedback,
 ) -> Result<(Zeroizing<Vec<u8>>, u32), LuksError> {
+    let detached = header.is_some();
+    let (data_off, meta_len, ks_size) = check_params(p, detached, volume_key, fb)?;
+    let data_size = data_size_for(image, p, detached, (data_off, meta_len), fb)?;
+    let mut meta = match header {
+        Some(h) => {
+            let d = Disk::create(h)?;
+            d.grow_to(meta_len)?;
+            d
+        }
+        None => Disk::open(image, true)?,
+    };
+    let key = match volume_key {
+        Some(k) => Zeroizing::new(k.to_vec()),
+        None => keyslot::random(p.key_bytes as usize)?,
+    };
+    let uuid = match &p.uuid {
+        Some(u) => u.clone(),
+        None => random_uuid()?,
+    };
+    fb.begin("Wiping header area", meta_len);
+    meta.zero(0, meta_len, &mut |done| fb.advance(done))?;
+    fb.end();
+    let digest_salt = keyslot::random(32)?;
+    let fresh = Fresh {
+        p,
+        key: &key,
+        digest_salt: &digest_salt,
+        uuid,
+        data_off,
+    };
+    let hdr = if p.version == 1 {
+        fresh.luks1(meta_len, &mut meta)?
+    } else {
+        let sector = sector_size(p, data_size, data_off)?;
+        fresh.luks2(ks_size, sector, &mut meta)?
+    };
+    let mut vol = Volume {
+        meta,
+        data_path: image.to_path_buf(),
+        data_size,
+        detached,
+        header: hdr,
+        cost_limit: None,
+    };
+    let slot = vol.add_key(
+        &key,
+        passphrase,
+        Some(p.key_slot.unwrap_or(0)),
+        p.kdf,
+        p.hash,
+    )?;
+    Ok((key, slot))
+}
+
+/// The parameters checked, in libcryptsetup's order (with its notes on
+/// the keyslots area), and the layout: (data offset, metadata length,
+/// keyslots area size) in bytes.
+fn check_params(
+    p: &FormatParams,
+    detached: bool,
+    volume_key: Option<&[u8]>,
+    fb: &dyn Feedback,
+) -> Result<(u64, u64, u64), LuksError> {
     if p.key_bytes == 0 || p.key_bytes > luks1::MAX_KEY_BYTES {
         return Err(LuksError::Usage(format!(
             "Invalid key size {} bits.",
@@ -220,7 +270,6 @@ pub fn format(
         ));
     }
     p.kdf.check("--pbkdf")?;
-    let detached = header.is_some();
     let (data_off, meta_len, ks_size) = layout(p, detached)?;
     if p.version == 2 {
         // libcryptsetup's two notes, in its order.
@@ -250,6 +299,19 @@ pub fn format(
             )));
         }
     }
+    Ok((data_off, meta_len, ks_size))
+}
+
+/// The data device's size. A regular file too small for any data is
+/// grown to hold the metadata (with cryptsetup's warning); a block
+/// device too small for the metadata is refused.
+fn data_size_for(
+    image: &Path,
+    p: &FormatParams,
+    detached: bool,
+    (data_off, meta_len): (u64, u64),
+    fb: &dyn Feedback,
+) -> Result<u64, LuksError> {
     let regular = std::fs::metadata(image)
         .map(|m| m.is_file())
         .unwrap_or(false);
@@ -271,27 +333,56 @@ pub fn format(
             data_size = data_size.max(data_off.max(meta_len));
         }
     }
-    let mut meta = match header {
-        Some(h) => {
-            let d = Disk::create(h)?;
-            d.grow_to(meta_len)?;
-            d
+    Ok(data_size)
+}
+
+/// The LUKS2 encryption sector size: the one asked for (checked against
+/// the data), else as cryptsetup 2.6 picks it.
+fn sector_size(p: &FormatParams, data_size: u64, data_off: u64) -> Result<u32, LuksError> {
+    let offset_wants_512 = p
+        .data_offset
+        .is_some_and(|o| o != 0 && (o / 512) % 4096 != 0);
+    let sector = match p.sector_size {
+        Some(s) => {
+            if !(512..=4096).contains(&s) || !s.is_power_of_two() {
+                return Err(LuksError::Usage(format!(
+                    "Unsupported encryption sector size {s}."
+                )));
+            }
+            if data_size > data_off && (data_size - data_off) % u64::from(s) != 0 {
+                return Err(LuksError::Usage(format!(
+                    "Device size is not aligned to requested sector size {s}."
+                )));
+            }
+            s
         }
-        None => Disk::open(image, true)?,
+        None if offset_wants_512 => 512,
+        None if data_size > data_off && (data_size - data_off) % 4096 == 0 => 4096,
+        None if data_size <= data_off => 4096,
+        None => 512,
     };
-    let key = match volume_key {
-        Some(k) => Zeroizing::new(k.to_vec()),
-        None => keyslot::random(p.key_bytes as usize)?,
-    };
-    let uuid = match &p.uuid {
-        Some(u) => u.clone(),
-        None => random_uuid()?,
-    };
-    fb.begin("Wiping header area", meta_len);
-    meta.zero(0, meta_len, &mut |done| fb.advance(done))?;
-    fb.end();
-    let digest_salt = keyslot::random(32)?;
-    let hdr = if p.version == 1 {
+    Ok(sector)
+}
+
+/// What a new header of either version is made of.
+struct Fresh<'a> {
+    p: &'a FormatParams,
+    key: &'a [u8],
+    digest_salt: &'a [u8],
+    uuid: String,
+    data_off: u64,
+}
+
+impl Fresh<'_> {
+    /// A LUKS1 header (PBKDF2 only; cipher given as name-mode), written.
+    fn luks1(&self, meta_len: u64, meta: &mut Disk) -> Result<Header, LuksError> {
+        let Fresh {
+            p,
+            key,
+            digest_salt,
+            ref uuid,
+            data_off,
+        } = *self;
         let Kdf::Pbkdf2 { .. } = p.kdf else {
             return Err(LuksError::Usage(
                 "LUKS1 supports only the pbkdf2 PBKDF.".into(),
@@ -307,11 +398,11 @@ pub fn format(
                     p.cipher
                 ))
             })?;
-        let d = keyslot::key_digest(p.hash, &key, &digest_salt, p.digest_iterations, 20);
+        let d = keyslot::key_digest(p.hash, key, digest_salt, p.digest_iterations, 20);
         let mut dig = [0u8; 20];
         dig.copy_from_slice(&d);
         let mut salt = [0u8; 32];
-        salt.copy_from_slice(&digest_salt);
+        salt.copy_from_slice(digest_salt);
         let h = luks1::Header::new(
             name,
             mode,
@@ -321,43 +412,27 @@ pub fn format(
             dig,
             salt,
             p.digest_iterations,
-            &uuid,
+            uuid,
         );
         let h = luks1::Header::parse(&h.to_bytes(), meta_len)?;
         meta.write_at(0, &h.to_bytes())?;
         meta.sync()?;
-        Header::Luks1(Box::new(h))
-    } else {
-        // As cryptsetup 2.6 (sector_size_autodetect): a requested offset
-        // falls back to 512 unless its count of 512-byte sectors is a
-        // multiple of 4096 (libcryptsetup tests the sector count, not the
-        // bytes, against the sector size); headers stay equal.
-        let offset_wants_512 = p
-            .data_offset
-            .is_some_and(|o| o != 0 && (o / 512) % 4096 != 0);
-        let sector = match p.sector_size {
-            Some(s) => {
-                if !(512..=4096).contains(&s) || !s.is_power_of_two() {
-                    return Err(LuksError::Usage(format!(
-                        "Unsupported encryption sector size {s}."
-                    )));
-                }
-                if data_size > data_off && (data_size - data_off) % u64::from(s) != 0 {
-                    return Err(LuksError::Usage(format!(
-                        "Device size is not aligned to requested sector size {s}."
-                    )));
-                }
-                s
-            }
-            None if offset_wants_512 => 512,
-            None if data_size > data_off && (data_size - data_off) % 4096 == 0 => 4096,
-            None if data_size <= data_off => 4096,
-            None => 512,
-        };
+        Ok(Header::from(h))
+    }
+
+    /// A LUKS2 header with one dynamic segment and its digest, written.
+    fn luks2(&self, ks_size: u64, sector: u32, meta: &mut Disk) -> Result<Header, LuksError> {
+        let Fresh {
+            p,
+            key,
+            digest_salt,
+            ref uuid,
+            data_off,
+        } = *self;
         let d = keyslot::key_digest(
             p.hash,
-            &key,
-            &digest_salt,
+            key,
+            digest_salt,
             p.digest_iterations,
             p.hash.digest_len(),
         );
@@ -378,7 +453,7 @@ pub fn format(
                 "segments": ["0"],
                 "hash": p.hash.name(),
                 "iterations": p.digest_iterations,
-                "salt": b64_encode(&digest_salt),
+                "salt": b64_encode(digest_salt),
                 "digest": b64_encode(&d),
             }},
             "config": {"json_size": (p.metadata_size - 4096).to_string(), "keyslots_size": ks_size.to_string()},
@@ -394,7 +469,7 @@ pub fn format(
                 seqid: 1,
                 label: p.label.clone(),
                 checksum_alg: HashAlg::Sha256,
-                uuid,
+                uuid: uuid.clone(),
                 subsystem: p.subsystem.clone(),
             },
             meta: meta_json,
@@ -402,23 +477,38 @@ pub fn format(
             used_copy: 0,
             warnings: Vec::new(),
         };
-        h.write(&mut meta)?;
-        Header::Luks2(Box::new(h))
-    };
-    let mut vol = Volume {
-        meta,
-        data_path: image.to_path_buf(),
-        data_size,
-        detached,
-        header: hdr,
-        cost_limit: None,
-    };
-    let slot = vol.add_key(
-        &key,
-        passphrase,
-        Some(p.key_slot.unwrap_or(0)),
-        p.kdf,
-        p.hash,
-    )?;
-    Ok((key, slot))
+        h.write(meta)?;
+        Ok(Header::from(h))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Version 4, RFC 4122 variant, lower-case hyphenated; only the
+    /// hyphenated form passes the check (not the simple, braced or URN
+    /// forms the crate also parses).
+    #[test]
+    fn uuids_as_cryptsetup_writes_and_takes_them() {
+        let u = random_uuid().unwrap();
+        assert_eq!(u.len(), 36, "{u}");
+        assert_eq!(&u[14..15], "4", "{u}");
+        assert!("89ab".contains(&u[19..20]), "{u}");
+        assert_eq!(u, u.to_lowercase());
+        assert_ne!(u, random_uuid().unwrap());
+        check_uuid(&u).unwrap();
+        check_uuid("12345678-1234-4234-8234-123456789ABC").unwrap();
+        for bad in [
+            "not-a-uuid",
+            "12345678123442348234123456789abc",
+            "{12345678-1234-4234-8234-123456789abc}",
+            "urn:uuid:12345678-1234-4234-8234-123456789abc",
+            "12345678-1234-4234-8234-123456789abg",
+            "1234567-81234-4234-8234-123456789abc",
+        ] {
+            let e = check_uuid(bad).unwrap_err().to_string();
+            assert!(e.contains("Wrong LUKS UUID format provided"), "{bad}: {e}");
+        }
+    }
 }

@@ -4,52 +4,39 @@
 //! the user keyring). The key's bytes are the passphrase of the keyslots
 //! the token names.
 
-use std::ffi::CString;
+use linux_keyutils::{KeyRing, KeyRingIdentifier};
 use std::io;
 use zeroize::Zeroizing;
 
 /// Largest payload a `user` key may hold (the kernel's limit).
 const MAX_USER_KEY: usize = 32767;
-const KEYCTL_READ: libc::c_long = 11;
 
-/// The payload of the `user` key described by `description`.
+/// The payload of the `user` key described by `description`, looked up
+/// as request_key(2) without a callout looks: the thread, process and
+/// session keyrings in turn, each searched recursively (the session
+/// keyring links the user keyring). Nothing is linked anywhere.
 pub fn user_key(description: &str) -> io::Result<Zeroizing<Vec<u8>>> {
-    let ty = CString::new("user").map_err(io::Error::other)?;
-    let desc = CString::new(description)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "key description holds a NUL"))?;
-    // SAFETY: request_key(2) reads two NUL-terminated strings that live
-    // across the call; a null callout and keyring 0 (the default) are
-    // valid arguments.
-    let id = unsafe {
-        libc::syscall(
-            libc::SYS_request_key,
-            ty.as_ptr(),
-            desc.as_ptr(),
-            std::ptr::null::<libc::c_char>(),
-            0 as libc::c_int,
-        )
-    };
-    if id < 0 {
-        return Err(io::Error::last_os_error());
+    if description.contains('\0') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "key description holds a NUL",
+        ));
     }
+    let rings = [
+        KeyRingIdentifier::Thread,
+        KeyRingIdentifier::Process,
+        KeyRingIdentifier::Session,
+    ];
+    let key = rings
+        .into_iter()
+        .filter_map(|r| KeyRing::from_special_id(r, false).ok())
+        .find_map(|ring| ring.search(description).ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such user key"))?;
     let mut buf = Zeroizing::new(vec![0u8; MAX_USER_KEY]);
-    // SAFETY: KEYCTL_READ writes at most `buf.len()` bytes into `buf`,
-    // which is valid and exclusively borrowed for the call.
-    let n = unsafe {
-        libc::syscall(
-            libc::SYS_keyctl,
-            KEYCTL_READ,
-            id as libc::c_int,
-            buf.as_mut_ptr(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = key.read(&mut &mut buf[..]).map_err(io::Error::other)?;
     // The result is the payload's full length, which the buffer holds by
     // the kernel's own limit.
-    let n = (n as usize).min(buf.len());
+    let n = n.min(buf.len());
     let mut out = Zeroizing::new(Vec::with_capacity(n));
     out.extend_from_slice(&buf[..n]);
     Ok(out)

@@ -18,6 +18,7 @@ pub mod error;
 pub mod feedback;
 pub mod format;
 pub mod hash;
+pub mod header;
 pub mod json;
 pub mod kdf;
 pub mod keyring;

@@ -14,11 +14,14 @@
 
 use super::error::LuksError;
 use super::secret::SecretBuf;
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::termios::{OptionalActions, Termios};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use zeroize::Zeroize;
 
 /// cryptsetup's default key file size limit (8 MiB).
 pub const MAX_KEYFILE: u64 = 8 * 1024 * 1024;
@@ -107,10 +110,9 @@ trait TerminalFd {
     fn is_terminal_fd(&self) -> bool;
 }
 
-impl<T: AsRawFd> TerminalFd for T {
+impl<T: AsFd> TerminalFd for T {
     fn is_terminal_fd(&self) -> bool {
-        // SAFETY: isatty only inspects the descriptor number.
-        unsafe { libc::isatty(self.as_raw_fd()) == 1 }
+        rustix::termios::isatty(self)
     }
 }
 
@@ -231,90 +233,86 @@ pub fn warn_if_readable_by_others(p: &Path) {
 }
 
 /// Restores terminal attributes on drop (also on error paths).
-struct EchoGuard {
-    fd: i32,
-    saved: libc::termios,
+struct EchoGuard<'a> {
+    fd: BorrowedFd<'a>,
+    saved: Termios,
 }
 
-impl Drop for EchoGuard {
+impl Drop for EchoGuard<'_> {
     fn drop(&mut self) {
-        // SAFETY: fd is an open terminal and `saved` came from tcgetattr on it.
-        unsafe {
-            libc::tcsetattr(self.fd, libc::TCSAFLUSH, &self.saved);
-        }
+        let _ = rustix::termios::tcsetattr(self.fd, OptionalActions::Flush, &self.saved);
     }
+}
+
+/// Switch echo off on terminal `fd` (canonical mode on, so the line
+/// arrives whole); the guard puts the old settings back.
+fn echo_off(fd: BorrowedFd<'_>) -> Result<EchoGuard<'_>, LuksError> {
+    let saved = rustix::termios::tcgetattr(fd)
+        .map_err(|e| LuksError::io("cannot read terminal settings", e.into()))?;
+    let mut quiet = saved.clone();
+    quiet.local_modes -= rustix::termios::LocalModes::ECHO | rustix::termios::LocalModes::ECHONL;
+    quiet.local_modes |= rustix::termios::LocalModes::ICANON;
+    let guard = EchoGuard { fd, saved };
+    rustix::termios::tcsetattr(fd, OptionalActions::Flush, &quiet)
+        .map_err(|e| LuksError::io("cannot switch off terminal echo", e.into()))?;
+    Ok(guard)
+}
+
+/// False if nothing arrives on `fd` within `timeout` (capped at
+/// i32::MAX milliseconds, poll(2)'s limit); a poll error lets the read
+/// report it.
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    let t = timeout.min(Duration::from_millis(i32::MAX as u64));
+    let Ok(ts) = Timespec::try_from(t) else {
+        return true;
+    };
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    !matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(0))
 }
 
 /// One line from terminal `fd` with echo off, into a buffer of
 /// [`MAX_PASSPHRASE`] + 1 bytes; `timeout` bounds the wait for each byte.
 fn read_tty_line(
-    fd: i32,
+    fd: BorrowedFd<'_>,
     out: &mut dyn Write,
     prompt: &str,
     timeout: Option<Duration>,
 ) -> Result<SecretBuf, LuksError> {
-    // SAFETY: termios is plain data; tcgetattr fills it for the open fd.
-    let mut t: libc::termios = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is an open descriptor; `t` is a valid out pointer.
-    if unsafe { libc::tcgetattr(fd, &mut t) } != 0 {
-        return Err(LuksError::io(
-            "cannot read terminal settings",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    let guard = EchoGuard { fd, saved: t };
-    let mut quiet = t;
-    quiet.c_lflag &= !(libc::ECHO | libc::ECHONL);
-    quiet.c_lflag |= libc::ICANON;
-    // SAFETY: fd is valid; `quiet` is a fully initialised termios.
-    if unsafe { libc::tcsetattr(fd, libc::TCSAFLUSH, &quiet) } != 0 {
-        return Err(LuksError::io(
-            "cannot switch off terminal echo",
-            std::io::Error::last_os_error(),
-        ));
-    }
+    let guard = echo_off(fd)?;
     let _ = out.write_all(prompt.as_bytes());
     let _ = out.flush();
     let mut line = SecretBuf::with_capacity(MAX_PASSPHRASE + 1);
-    loop {
-        if let Some(t) = timeout {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = t.as_millis().min(i32::MAX as u128) as i32;
-            // SAFETY: `p` is one valid pollfd.
-            let r = unsafe { libc::poll(&mut p, 1, ms) };
-            if r == 0 {
-                drop(guard);
-                let _ = out.write_all(b"\n");
-                return Err(LuksError::Usage(
-                    "Timeout reached while waiting for the passphrase.".into(),
-                ));
-            }
+    let mut byte = [0u8; 1];
+    let result = loop {
+        if timeout.is_some_and(|t| !wait_readable(fd, t)) {
+            drop(guard);
+            let _ = out.write_all(b"\n");
+            return Err(LuksError::Usage(
+                "Timeout reached while waiting for the passphrase.".into(),
+            ));
         }
-        let mut byte = [0u8; 1];
-        // SAFETY: reading one byte into a valid one-byte buffer.
-        let n = unsafe { libc::read(fd, byte.as_mut_ptr() as *mut libc::c_void, 1) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
+        let n = match rustix::io::read(fd, &mut byte) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => {
+                break Err(LuksError::io(
+                    "Error reading passphrase from terminal",
+                    e.into(),
+                ))
             }
-            return Err(LuksError::io("Error reading passphrase from terminal", e));
-        }
+        };
         if n == 0 || byte[0] == b'\n' {
-            break;
+            break Ok(());
         }
         if line.push(byte[0]).is_err() || line.len() > MAX_PASSPHRASE {
-            drop(guard);
-            return Err(LuksError::Usage(format!(
+            break Err(LuksError::Usage(format!(
                 "passphrase longer than {MAX_PASSPHRASE} characters"
             )));
         }
-    }
+    };
+    byte.zeroize();
     drop(guard);
+    result?;
     let _ = out.write_all(b"\n");
     Ok(line)
 }
@@ -324,7 +322,8 @@ fn prompt_stdin_tty(
     verify: bool,
     timeout: Option<Duration>,
 ) -> Result<SecretBuf, LuksError> {
-    let fd = std::io::stdin().as_raw_fd();
+    let stdin = std::io::stdin();
+    let fd = stdin.as_fd();
     let mut err = std::io::stderr();
     let p = read_tty_line(fd, &mut err, prompt, timeout)?;
     if verify {
@@ -353,8 +352,12 @@ pub fn prompt_tty(prompt: &str) -> Result<SecretBuf, LuksError> {
                 "no terminal to ask for a passphrase; use --key-file FILE (or - for stdin)".into(),
             )
         })?;
-    let fd = tty.as_raw_fd();
-    read_tty_line(fd, &mut tty, prompt, None)
+    // A second descriptor of the same terminal to read from while the
+    // first one takes the prompt.
+    let input = tty
+        .try_clone()
+        .map_err(|e| LuksError::io("cannot open /dev/tty", e))?;
+    read_tty_line(input.as_fd(), &mut tty, prompt, None)
 }
 
 /// Ask a yes/no question on the terminal; true only for "YES" (cryptsetup's rule).

@@ -9,7 +9,7 @@
 use super::disk::Disk;
 use super::error::LuksError;
 use super::luks1::{self, be32, HEADER_LEN, SLOT_DISABLED, SLOT_ENABLED};
-use super::volume::{Header, Volume};
+use super::volume::Volume;
 use std::path::Path;
 
 /// Repair a LUKS1 header in place (`raw` is its 1024 bytes); returns the
@@ -113,7 +113,7 @@ pub fn repair(image: &Path, header: Option<&Path>) -> Result<Vec<String>, LuksEr
     if warnings.is_empty() {
         return Ok(vec!["No known problems detected for LUKS header.".into()]);
     }
-    if let Header::Luks2(h) = &mut v.header {
+    if let Some(h) = v.header.luks2_mut() {
         // Both copies from the valid one (the bad copy's salt is renewed).
         h.salts[1 - h.used_copy] = {
             let mut s = [0u8; 64];

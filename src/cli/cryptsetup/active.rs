@@ -137,17 +137,11 @@ fn open_table(c: &Ctx, name: &str) -> Result<(Zeroizing<String>, String), LuksEr
     v.check_requirements()?;
     let (slot, key) = match c.a.str("volume-key-file") {
         Some(f) => {
-            let len = match &v.header {
-                crate::luks::volume::Header::Luks1(h) => h.key_bytes as usize,
-                crate::luks::volume::Header::Luks2(h) => h
-                    .meta
-                    .keyslots
-                    .values()
-                    .next()
-                    .map(|k| k.key_size as usize)
-                    .or(c.a.u32("key-size").map(|b| (b / 8) as usize))
-                    .unwrap_or(64),
-            };
+            let len = v
+                .header
+                .key_size()
+                .or(c.a.u32("key-size").map(|b| (b / 8) as usize))
+                .unwrap_or(64);
             let k = ops::read_volume_key_file(std::path::Path::new(f), len)?;
             if !v.check_key(&k) {
                 return Err(LuksError::Usage(

@@ -370,7 +370,9 @@ pub(super) fn token(c: &Ctx) -> Outcome {
                     std::fs::OpenOptions::new()
                         .write(true)
                         .create(true)
-                        .truncate(false)
+                        // As cryptsetup: a shorter token over a longer
+                        // file must not leave the old tail behind.
+                        .truncate(true)
                         .mode(0o600)
                         .open(f)
                         .and_then(|mut o| o.write_all(json.as_bytes()))

@@ -469,7 +469,7 @@ fn new_kdf(
 /// refuses with its message (exit 1); else the data is reencrypted under
 /// the same volume key with the new cipher or sector size.
 fn keep_key(c: &Ctx, vol: &Volume) -> Outcome {
-    let crate::luks::volume::Header::Luks2(h) = &vol.header else {
+    let Some(h) = vol.header.luks2() else {
         return Ok(());
     };
     let Some(seg) = h.meta.segments.values().find(|s| !s.is_backup()) else {
@@ -515,14 +515,14 @@ fn rekey_passphrases(
     ),
     LuksError,
 > {
-    let (bound, unbound): (Vec<u32>, Vec<u32>) = match &vol.header {
-        crate::luks::volume::Header::Luks2(h) => {
+    let (bound, unbound): (Vec<u32>, Vec<u32>) = match vol.header.luks2() {
+        Some(h) => {
             let seg = h.meta.segment_digest().map(|(n, _)| n);
             vol.active_slots()
                 .into_iter()
                 .partition(|s| h.meta.digest_of(*s).map(|(n, _)| n) == seg)
         }
-        crate::luks::volume::Header::Luks1(_) => (vol.active_slots(), Vec::new()),
+        None => (vol.active_slots(), Vec::new()),
     };
     let max = crate::luks::json::MAX_KEYSLOTS as usize;
     let new_vk = usize::from(!keep);

@@ -9,7 +9,7 @@ use super::{confirm_or, Device};
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
-use crate::luks::volume::{Header, Volume};
+use crate::luks::volume::Volume;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -61,7 +61,7 @@ pub fn restore(dev: &Device, file: &Path, fb: &dyn Feedback) -> Result<(), LuksE
             "Backup file does not contain valid LUKS header ({e})."
         ))
     })?;
-    if let Header::Luks2(h) = &backup.header {
+    if let Some(h) = backup.header.luks2() {
         if h.meta
             .requirements
             .iter()

@@ -6,7 +6,7 @@ use crate::luks::dump;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::secret::SecretText;
-use crate::luks::volume::Header;
+
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
@@ -154,7 +154,7 @@ pub fn config(dev: &Device, o: &ConfigOpts, fb: &dyn Feedback) -> Result<(), Luk
         ));
     }
     let mut v = dev.load(true, fb)?;
-    if !matches!(v.header, Header::Luks2(_)) {
+    if v.header.luks2().is_none() {
         return Err(LuksError::NotLuks2(dev.meta_path().display().to_string()));
     }
     if let Some((slot, p)) = o.priority {

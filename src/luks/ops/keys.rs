@@ -7,7 +7,7 @@ use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::passphrase::KeySource;
 use crate::luks::pbkdf::PbkdfChoice;
-use crate::luks::volume::{Binding, Header, Volume};
+use crate::luks::volume::{Binding, Volume};
 use std::path::PathBuf;
 use zeroize::Zeroizing;
 
@@ -35,16 +35,7 @@ fn existing_key(
 ) -> Result<VolumeKey, LuksError> {
     match vk_file {
         Some(p) => {
-            let len = match &v.header {
-                Header::Luks1(h) => h.key_bytes as usize,
-                Header::Luks2(h) => h
-                    .meta
-                    .keyslots
-                    .values()
-                    .next()
-                    .map(|k| k.key_size as usize)
-                    .unwrap_or(64),
-            };
+            let len = v.header.key_size().unwrap_or(64);
             let k = read_volume_key_file(p, len)?;
             if !v.check_key(&k) {
                 return Err(LuksError::Usage(
@@ -60,7 +51,7 @@ fn existing_key(
 /// The KDF hash a new keyslot uses: LUKS1 slots always use the header's.
 fn slot_pbkdf(v: &Volume, p: &PbkdfChoice) -> PbkdfChoice {
     let mut p = p.clone();
-    if let Header::Luks1(h) = &v.header {
+    if let Some(h) = v.header.luks1() {
         p.hash = Some(h.hash.name().to_string());
     }
     p
@@ -171,8 +162,7 @@ pub fn kill_slot(
     if slot >= max {
         return Err(LuksError::Usage(format!("Key slot {slot} is invalid.")));
     }
-    let other = matches!(&v.header, Header::Luks2(h) if h.meta.other_keyslots.contains_key(&slot));
-    if !v.active_slots().contains(&slot) && !other {
+    if !v.header.slot_taken(slot) {
         return Err(LuksError::Usage(format!("Keyslot {slot} is not active.")));
     }
     if let Some(u) = proof {
@@ -253,13 +243,11 @@ fn rewrite_slot(
     let hash = p.hash()?;
     // The new keyslot keeps the old one's digest (an unbound key stays
     // unbound).
-    let binding = match &v.header {
-        Header::Luks2(h) => h
-            .meta
-            .digest_of(old)
-            .map_or(Binding::Volume, |(d, _)| Binding::Digest(d)),
-        Header::Luks1(_) => Binding::Volume,
-    };
+    let binding = v
+        .header
+        .luks2()
+        .and_then(|h| h.meta.digest_of(old))
+        .map_or(Binding::Volume, |(d, _)| Binding::Digest(d));
     match v.free_slot() {
         Some(new) => {
             v.add_key_to(key, pass, Some(new), kdf, hash, binding)?;

@@ -10,36 +10,31 @@ use super::VolumeKey;
 use crate::luks::error::LuksError;
 use crate::luks::feedback::Feedback;
 use crate::luks::json::MAX_TOKENS;
-use crate::luks::volume::{Header, SlotUse, Volume};
+use crate::luks::volume::{SlotUse, Volume};
 use serde_json::{Map, Value};
 
 fn luks2(v: &Volume, dev: &Device) -> Result<(), LuksError> {
-    match v.header {
-        Header::Luks2(_) => Ok(()),
-        Header::Luks1(_) => Err(LuksError::NotLuks2(dev.meta_path().display().to_string())),
+    match v.header.luks2() {
+        Some(_) => Ok(()),
+        None => Err(LuksError::NotLuks2(dev.meta_path().display().to_string())),
     }
 }
 
 fn tokens(v: &Volume) -> Map<String, Value> {
-    match &v.header {
-        Header::Luks2(h) => h.meta.value["tokens"]
-            .as_object()
-            .cloned()
-            .unwrap_or_default(),
-        Header::Luks1(_) => Map::new(),
-    }
+    v.header
+        .luks2()
+        .and_then(|h| h.meta.value["tokens"].as_object().cloned())
+        .unwrap_or_default()
 }
 
 fn keyslot_ids(v: &Volume) -> Vec<u32> {
-    match &v.header {
-        Header::Luks2(h) => {
-            let mut k: Vec<u32> = h.meta.keyslots.keys().copied().collect();
-            k.extend(h.meta.other_keyslots.keys());
-            k.sort_unstable();
-            k
-        }
-        Header::Luks1(_) => Vec::new(),
-    }
+    let Some(h) = v.header.luks2() else {
+        return Vec::new();
+    };
+    let mut k: Vec<u32> = h.meta.keyslots.keys().copied().collect();
+    k.extend(h.meta.other_keyslots.keys());
+    k.sort_unstable();
+    k
 }
 
 /// Where a new token goes: `id`, or the first free number. A used id needs

@@ -2,9 +2,11 @@
 //! verified by its own digest, and one passphrase may open a keyslot of
 //! either. Keys live in `Zeroizing` buffers and are wiped on drop.
 
+use crate::luks::cost::SlotCost;
 use crate::luks::error::LuksError;
+use crate::luks::kdf::Kdf;
 use crate::luks::keyslot::{self, SlotParams};
-use crate::luks::volume::{Header, Volume};
+use crate::luks::volume::Volume;
 use zeroize::Zeroizing;
 
 /// A volume key, wiped on drop.
@@ -12,7 +14,7 @@ pub type Key = Zeroizing<Vec<u8>>;
 
 /// True if `key` matches digest `digest` of the header.
 pub fn matches(vol: &Volume, digest: u32, key: &[u8]) -> bool {
-    let Header::Luks2(h) = &vol.header else {
+    let Some(h) = vol.header.luks2() else {
         return false;
     };
     h.meta
@@ -29,7 +31,7 @@ pub fn unlock_digest(
     passphrase: &[u8],
     only: Option<u32>,
 ) -> Result<(u32, Key), LuksError> {
-    let Header::Luks2(h) = &vol.header else {
+    let Some(h) = vol.header.luks2() else {
         return Err(LuksError::NotLuks2(vol.data_path.display().to_string()));
     };
     let d = h
@@ -46,7 +48,18 @@ pub fn unlock_digest(
         .collect();
     slots.sort_by_key(|s| (std::cmp::Reverse(h.meta.keyslots[s].priority), *s));
     if let Some(limit) = &vol.cost_limit {
-        let costs: Vec<_> = slots.iter().map(|s| (*s, h.meta.keyslots[s].kdf)).collect();
+        let digest_kdf = Kdf::Pbkdf2 {
+            hash: d.hash,
+            iterations: d.iterations,
+        };
+        let costs: Vec<_> = slots
+            .iter()
+            .map(|s| SlotCost {
+                slot: *s,
+                kdf: h.meta.keyslots[s].kdf,
+                digest: Some(digest_kdf),
+            })
+            .collect();
         limit.check(&costs)?;
     }
     for s in slots {

@@ -40,15 +40,15 @@ use std::sync::atomic::AtomicBool;
 
 use super::error::LuksError;
 use super::feedback::Feedback;
-use super::volume::{Header, Volume};
+use super::volume::Volume;
 use super::{Activation, MappedSegment};
 
 /// The reencryption state of `vol`'s header (None: not in reencryption,
 /// or LUKS1).
 pub fn status(vol: &Volume) -> Result<Option<State>, LuksError> {
-    match &vol.header {
-        Header::Luks2(h) => State::read(&h.meta),
-        Header::Luks1(_) => Ok(None),
+    match vol.header.luks2() {
+        Some(h) => State::read(&h.meta),
+        None => Ok(None),
     }
 }
 
@@ -59,7 +59,7 @@ fn unlock_checked(
     passphrase: &[u8],
 ) -> Result<(Option<Key>, Option<Key>), LuksError> {
     let (old, new) = keys::unlock_both(vol, st.digest_old, st.digest_new, passphrase)?;
-    if let Header::Luks2(h) = &vol.header {
+    if let Some(h) = vol.header.luks2() {
         let knew = match (&new, st.digest_new) {
             (Some(k), Some(d)) if Some(d) != st.digest_old => Some(k.as_slice()),
             _ => None,
@@ -199,7 +199,7 @@ fn assemble(
     old: Option<Key>,
     new: Option<Key>,
 ) -> Result<Activation, LuksError> {
-    let Header::Luks2(h) = &vol.header else {
+    let Some(h) = vol.header.luks2() else {
         return Err(LuksError::NotLuks2(vol.data_path.display().to_string()));
     };
     let mut keys: Vec<(Option<u32>, Key)> = Vec::new();

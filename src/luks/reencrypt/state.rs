@@ -212,160 +212,12 @@ impl State {
             return Ok(None);
         };
         let version = version?;
-        let slot = meta
-            .other_keyslots
-            .iter()
-            .find(|(_, t)| t.as_str() == "reencrypt")
-            .map(|(n, _)| *n)
-            .ok_or_else(|| {
-                LuksError::field(
-                    "keyslots",
-                    "(none)",
-                    "reencryption without a reencrypt keyslot",
-                )
-            })?;
-        let ks = meta.value["keyslots"][slot.to_string()]
-            .as_object()
-            .ok_or_else(|| LuksError::field(format!("keyslots.{slot}"), "", "not an object"))?;
-        let s = |k: &str| ks.get(k).and_then(Value::as_str).unwrap_or("");
-        let mode = match s("mode") {
-            "reencrypt" => Mode::Reencrypt,
-            "encrypt" => Mode::Encrypt,
-            "decrypt" => Mode::Decrypt,
-            m => {
-                return Err(LuksError::field(
-                    format!("keyslots.{slot}.mode"),
-                    m,
-                    "unknown",
-                ))
-            }
-        };
-        let direction = match s("direction") {
-            "forward" => Direction::Forward,
-            "backward" => Direction::Backward,
-            d => {
-                return Err(LuksError::field(
-                    format!("keyslots.{slot}.direction"),
-                    d,
-                    "unknown",
-                ))
-            }
-        };
-        let area = ks
-            .get("area")
-            .and_then(Value::as_object)
-            .ok_or_else(|| LuksError::field(format!("keyslots.{slot}.area"), "", "missing"))?;
-        let area_offset = area_u64(area, "offset")?;
-        let area_size = area_u64(area, "size")?;
-        let areas_start = 2 * (meta.json_size + 4096);
-        if area_offset < areas_start
-            || area_offset
-                .checked_add(area_size)
-                .is_none_or(|e| e > areas_start + meta.keyslots_size)
-        {
-            return Err(LuksError::field(
-                format!("keyslots.{slot}.area.offset"),
-                area_offset,
-                "outside the keyslots area",
-            ));
-        }
-        let atype = area.get("type").and_then(Value::as_str).unwrap_or("");
-        let checksum = || -> Result<(HashAlg, u32), LuksError> {
-            let hname = area.get("hash").and_then(Value::as_str).unwrap_or("");
-            let hash = HashAlg::from_name(hname).ok_or_else(|| {
-                LuksError::field(format!("keyslots.{slot}.area.hash"), hname, "unknown hash")
-            })?;
-            let block = area
-                .get("sector_size")
-                .and_then(Value::as_u64)
-                .filter(|b| (512..=1 << 16).contains(b) && b.is_power_of_two())
-                .ok_or_else(|| {
-                    LuksError::field(
-                        format!("keyslots.{slot}.area.sector_size"),
-                        area.get("sector_size")
-                            .map(|v| v.to_string())
-                            .unwrap_or_default(),
-                        "must be a power of two from 512 to 65536",
-                    )
-                })? as u32;
-            Ok((hash, block))
-        };
-        let resilience = match atype {
-            "checksum" => {
-                let (hash, block) = checksum()?;
-                Resilience::Checksum { hash, block }
-            }
-            "journal" => Resilience::Journal,
-            "none" => Resilience::None,
-            "datashift" | "datashift-checksum" | "datashift-journal" => {
-                let moved = match atype {
-                    "datashift-checksum" => {
-                        let (hash, block) = checksum()?;
-                        Some(Moved::Checksum { hash, block })
-                    }
-                    "datashift-journal" => Some(Moved::Journal),
-                    _ => None,
-                };
-                Resilience::Datashift {
-                    shift: area_u64(area, "shift_size")?,
-                    moved,
-                }
-            }
-            t => {
-                return Err(LuksError::field(
-                    format!("keyslots.{slot}.area.type"),
-                    t,
-                    "unknown resilience",
-                ))
-            }
-        };
-        let prev = segment_by_flag(meta, "backup-previous")
-            .ok_or_else(|| LuksError::field("segments", "", "no backup-previous segment"))?;
-        let fin = segment_by_flag(meta, "backup-final")
-            .ok_or_else(|| LuksError::field("segments", "", "no backup-final segment"))?;
-        let old = seg_params(meta, prev)?;
-        let new = seg_params(meta, fin)?;
-        let digest_old = digest_of_segment(meta, prev);
-        let digest_new = digest_of_segment(meta, fin);
-        if old.cipher.is_some() != digest_old.is_some()
-            || new.cipher.is_some() != digest_new.is_some()
-        {
-            return Err(LuksError::field(
-                "digests",
-                "",
-                "a crypt backup segment has no digest (or a linear one has)",
-            ));
-        }
-        let expect = match (old.cipher.is_some(), new.cipher.is_some()) {
-            (true, true) => Mode::Reencrypt,
-            (false, true) => Mode::Encrypt,
-            (true, false) => Mode::Decrypt,
-            (false, false) => {
-                return Err(LuksError::field(
-                    "segments",
-                    "",
-                    "both backup segments are linear",
-                ))
-            }
-        };
-        if expect != mode {
-            return Err(LuksError::field(
-                format!("keyslots.{slot}.mode"),
-                mode.name(),
-                "does not match the backup segments",
-            ));
-        }
-        let hot = segment_by_flag(meta, "in-reencryption");
-        if let Some(h) = hot {
-            let len = meta.segments[&h].size.unwrap_or(u64::MAX);
-            if len > MAX_HOTZONE {
-                return Err(LuksError::field(
-                    format!("segments.{h}.size"),
-                    len,
-                    "hotzone larger than 1 GiB",
-                ));
-            }
-        }
+        let (slot, ks) = reencrypt_keyslot(meta)?;
+        let (mode, direction) = mode_and_direction(ks, slot)?;
+        let (area, area_offset, area_size) = keyslot_area(meta, ks, slot)?;
+        let resilience = resilience(area, slot)?;
+        let (old, new, digest_old, digest_new) = backup_segments(meta, mode, slot)?;
+        let hot = hot_segment(meta)?;
         Ok(Some(State {
             version,
             slot,
@@ -381,4 +233,201 @@ impl State {
             hot,
         }))
     }
+}
+
+/// The `reencrypt` keyslot: its number and JSON object.
+fn reencrypt_keyslot(meta: &Metadata) -> Result<(u32, &Map<String, Value>), LuksError> {
+    let slot = meta
+        .other_keyslots
+        .iter()
+        .find(|(_, t)| t.as_str() == "reencrypt")
+        .map(|(n, _)| *n)
+        .ok_or_else(|| {
+            LuksError::field(
+                "keyslots",
+                "(none)",
+                "reencryption without a reencrypt keyslot",
+            )
+        })?;
+    let ks = meta.value["keyslots"][slot.to_string()]
+        .as_object()
+        .ok_or_else(|| LuksError::field(format!("keyslots.{slot}"), "", "not an object"))?;
+    Ok((slot, ks))
+}
+
+/// The reencrypt keyslot's mode and direction.
+fn mode_and_direction(ks: &Map<String, Value>, slot: u32) -> Result<(Mode, Direction), LuksError> {
+    let s = |k: &str| ks.get(k).and_then(Value::as_str).unwrap_or("");
+    let mode = match s("mode") {
+        "reencrypt" => Mode::Reencrypt,
+        "encrypt" => Mode::Encrypt,
+        "decrypt" => Mode::Decrypt,
+        m => {
+            return Err(LuksError::field(
+                format!("keyslots.{slot}.mode"),
+                m,
+                "unknown",
+            ))
+        }
+    };
+    let direction = match s("direction") {
+        "forward" => Direction::Forward,
+        "backward" => Direction::Backward,
+        d => {
+            return Err(LuksError::field(
+                format!("keyslots.{slot}.direction"),
+                d,
+                "unknown",
+            ))
+        }
+    };
+    Ok((mode, direction))
+}
+
+/// The reencrypt keyslot's area: its object, offset and size, inside the
+/// keyslots area.
+fn keyslot_area<'a>(
+    meta: &Metadata,
+    ks: &'a Map<String, Value>,
+    slot: u32,
+) -> Result<(&'a Map<String, Value>, u64, u64), LuksError> {
+    let area = ks
+        .get("area")
+        .and_then(Value::as_object)
+        .ok_or_else(|| LuksError::field(format!("keyslots.{slot}.area"), "", "missing"))?;
+    let area_offset = area_u64(area, "offset")?;
+    let area_size = area_u64(area, "size")?;
+    let areas_start = 2 * (meta.json_size + 4096);
+    if area_offset < areas_start
+        || area_offset
+            .checked_add(area_size)
+            .is_none_or(|e| e > areas_start + meta.keyslots_size)
+    {
+        return Err(LuksError::field(
+            format!("keyslots.{slot}.area.offset"),
+            area_offset,
+            "outside the keyslots area",
+        ));
+    }
+    Ok((area, area_offset, area_size))
+}
+
+/// The hash and block size of a checksum resilience.
+fn checksum_params(area: &Map<String, Value>, slot: u32) -> Result<(HashAlg, u32), LuksError> {
+    let hname = area.get("hash").and_then(Value::as_str).unwrap_or("");
+    let hash = HashAlg::from_name(hname).ok_or_else(|| {
+        LuksError::field(format!("keyslots.{slot}.area.hash"), hname, "unknown hash")
+    })?;
+    let block = area
+        .get("sector_size")
+        .and_then(Value::as_u64)
+        .filter(|b| (512..=1 << 16).contains(b) && b.is_power_of_two())
+        .ok_or_else(|| {
+            LuksError::field(
+                format!("keyslots.{slot}.area.sector_size"),
+                area.get("sector_size")
+                    .map(|v| v.to_string())
+                    .unwrap_or_default(),
+                "must be a power of two from 512 to 65536",
+            )
+        })? as u32;
+    Ok((hash, block))
+}
+
+/// The resilience the area's type names.
+fn resilience(area: &Map<String, Value>, slot: u32) -> Result<Resilience, LuksError> {
+    let atype = area.get("type").and_then(Value::as_str).unwrap_or("");
+    let checksum = || checksum_params(area, slot);
+    let resilience = match atype {
+        "checksum" => {
+            let (hash, block) = checksum()?;
+            Resilience::Checksum { hash, block }
+        }
+        "journal" => Resilience::Journal,
+        "none" => Resilience::None,
+        "datashift" | "datashift-checksum" | "datashift-journal" => {
+            let moved = match atype {
+                "datashift-checksum" => {
+                    let (hash, block) = checksum()?;
+                    Some(Moved::Checksum { hash, block })
+                }
+                "datashift-journal" => Some(Moved::Journal),
+                _ => None,
+            };
+            Resilience::Datashift {
+                shift: area_u64(area, "shift_size")?,
+                moved,
+            }
+        }
+        t => {
+            return Err(LuksError::field(
+                format!("keyslots.{slot}.area.type"),
+                t,
+                "unknown resilience",
+            ))
+        }
+    };
+    Ok(resilience)
+}
+
+/// The old and new segment parameters (from the backup segments) and
+/// their digests, which must agree with each other and with `mode`.
+#[allow(clippy::type_complexity)]
+fn backup_segments(
+    meta: &Metadata,
+    mode: Mode,
+    slot: u32,
+) -> Result<(SegParams, SegParams, Option<u32>, Option<u32>), LuksError> {
+    let prev = segment_by_flag(meta, "backup-previous")
+        .ok_or_else(|| LuksError::field("segments", "", "no backup-previous segment"))?;
+    let fin = segment_by_flag(meta, "backup-final")
+        .ok_or_else(|| LuksError::field("segments", "", "no backup-final segment"))?;
+    let old = seg_params(meta, prev)?;
+    let new = seg_params(meta, fin)?;
+    let digest_old = digest_of_segment(meta, prev);
+    let digest_new = digest_of_segment(meta, fin);
+    if old.cipher.is_some() != digest_old.is_some() || new.cipher.is_some() != digest_new.is_some()
+    {
+        return Err(LuksError::field(
+            "digests",
+            "",
+            "a crypt backup segment has no digest (or a linear one has)",
+        ));
+    }
+    let expect = match (old.cipher.is_some(), new.cipher.is_some()) {
+        (true, true) => Mode::Reencrypt,
+        (false, true) => Mode::Encrypt,
+        (true, false) => Mode::Decrypt,
+        (false, false) => {
+            return Err(LuksError::field(
+                "segments",
+                "",
+                "both backup segments are linear",
+            ))
+        }
+    };
+    if expect != mode {
+        return Err(LuksError::field(
+            format!("keyslots.{slot}.mode"),
+            mode.name(),
+            "does not match the backup segments",
+        ));
+    }
+    Ok((old, new, digest_old, digest_new))
+}
+
+/// The hotzone segment of an interrupted step, at most 1 GiB.
+fn hot_segment(meta: &Metadata) -> Result<Option<u32>, LuksError> {
+    let hot = segment_by_flag(meta, "in-reencryption");
+    if let Some(h) = hot {
+        let len = meta.segments[&h].size.unwrap_or(u64::MAX);
+        if len > MAX_HOTZONE {
+            return Err(LuksError::field(
+                format!("segments.{h}.size"),
+                len,
+                "hotzone larger than 1 GiB",
+            ));
+        }
+    }
+    Ok(hot)
 }
