@@ -3,24 +3,17 @@
 //! long does several jobs, and a reader cannot hold it in mind. Reads the
 //! sources as text; braces inside strings, chars and comments do not count.
 
-use std::path::{Path, PathBuf};
+#[path = "common/src_tree.rs"]
+mod src_tree;
+use src_tree::rust_files;
+
+use std::path::Path;
 
 const MAX_LINES: usize = 150;
 
 /// Functions allowed over the limit, as (file under `src/`, name): data
 /// tables only, and there are none today.
 const ALLOWED: &[(&str, &str)] = &[];
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).expect("read src/") {
-        let p = e.expect("dir entry").path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
 
 /// The source with comments, string and char literals blanked (newlines
 /// kept, so line numbers stay), as chars.

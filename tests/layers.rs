@@ -8,7 +8,11 @@
 //! circle between two files anywhere, fails the test suite.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+#[path = "common/src_tree.rs"]
+mod src_tree;
+use src_tree::rust_files;
+
+use std::path::Path;
 
 /// The layers, bottom first. A module may use modules of lower layers only
 /// (not of its own layer, so that a layer's modules stay independent).
@@ -33,17 +37,6 @@ type Node = Vec<String>;
 
 fn show(n: &[String]) -> String {
     n.join("::")
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).expect("read src/") {
-        let p = e.expect("dir entry").path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
 }
 
 /// `cli/cryptsetup/active.rs` -> `[cli, cryptsetup, active]`; a `mod.rs`

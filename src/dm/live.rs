@@ -188,7 +188,6 @@ impl BlockDevice for LiveDevice {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::mpsc;
 
     use super::*;
     use crate::dm::route::Route;
@@ -231,21 +230,7 @@ mod tests {
     }
 
     fn submit(d: &LiveDevice, write: bool, buf: &mut [u8]) -> Option<DevResult<()>> {
-        let (tx, rx) = mpsc::channel();
-        let io = AsyncIo {
-            write,
-            fua: false,
-            offset: 0,
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            done: Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        };
-        // SAFETY: `buf` outlives the call, and the completion has run when
-        // `recv` returns (the test device completes before returning).
-        unsafe { d.submit(io) };
-        rx.recv().unwrap()
+        crate::dm::submit_and_wait(d, write, 0, buf)
     }
 
     /// A read-only export over a device that takes submissions sends its

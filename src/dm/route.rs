@@ -325,7 +325,6 @@ impl BlockDevice for Routes {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc;
     use std::sync::Mutex;
 
     use super::*;
@@ -433,21 +432,7 @@ mod tests {
     }
 
     fn submit(r: &Routes, offset: u64, buf: &mut [u8]) -> Option<DevResult<()>> {
-        let (tx, rx) = mpsc::channel();
-        let io = AsyncIo {
-            write: false,
-            fua: false,
-            offset,
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            done: Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        };
-        // SAFETY: `buf` outlives the call, and the completion has run when
-        // `recv` returns (the test device completes before returning).
-        unsafe { r.submit(io) };
-        rx.recv().unwrap()
+        crate::dm::submit_and_wait(r, false, offset, buf)
     }
 
     /// A request that is one piece is submitted; one that would be cut is
