@@ -156,9 +156,33 @@ impl SlotTable {
     /// Sleeps until slot `i` has an outcome, frees it, and returns the
     /// outcome with the connection's death reason, if any.
     pub fn wait(&self, i: usize) -> (Outcome, Option<String>) {
+        self.wait_until(i, None)
+            .unwrap_or((Outcome::Lost, Some("no outcome".into())))
+    }
+
+    /// As `wait`, but gives up at `deadline` (if any) and returns `None`,
+    /// leaving the slot taken: the reader may still be writing into its
+    /// buffer, so the caller must end the connection and then `wait`.
+    pub fn wait_until(
+        &self,
+        i: usize,
+        deadline: Option<std::time::Instant>,
+    ) -> Option<(Outcome, Option<String>)> {
         let mut t = lock(&self.table);
         while t.slots[i].outcome == Outcome::Pending {
-            t = self.wake[i].wait(t).unwrap_or_else(|p| p.into_inner());
+            match deadline {
+                None => t = self.wake[i].wait(t).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    t = self.wake[i]
+                        .wait_timeout(t, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
         }
         let out = t.slots[i].outcome;
         t.slots[i] = IDLE;
@@ -166,7 +190,7 @@ impl SlotTable {
         let why = t.dead.clone();
         drop(t);
         self.free_cv.notify_one();
-        (out, why)
+        Some((out, why))
     }
 
     /// Fails every request still waiting as lost, once the connection is
