@@ -172,6 +172,38 @@ fn protect(p: *mut u8, len: usize) -> bool {
     lock == 0
 }
 
+/// Makes the process non-dumpable and gives it no core file size, for
+/// the processes that hold volume keys (`udm serve`, the cryptsetup and
+/// LUKS verbs). Locked pages are already `MADV_DONTDUMP`, but keys also
+/// pass through ordinary heap and thread stacks (parsed table words, hash
+/// states, hex text) where a crash's core dump or a same-uid `ptrace`
+/// would find them. Non-dumpable also makes `/proc/PID/mem` readable only
+/// with `CAP_SYS_PTRACE`. Call it early, before any key is read.
+pub fn forbid_core_dumps() -> std::io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes plain integers and touches no memory
+    // of ours.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let none = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `none` is a valid, initialised rlimit that outlives the call.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// [`forbid_core_dumps`] for a command's start: a failure is logged, not
+/// fatal (the keys are still locked and wiped).
+pub fn forbid_core_dumps_or_warn() {
+    if let Err(e) = forbid_core_dumps() {
+        tracing::warn!("cannot keep keys out of core dumps (prctl/setrlimit): {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +253,49 @@ mod tests {
         assert!(!format!("{s:?}").contains("ab"));
         assert!(SecretBytes::new(&[0; SECRET_MAX + 1]).is_none());
         assert_eq!(SecretBytes::new(&[]).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn forbid_core_dumps_makes_the_process_non_dumpable_with_no_core_limit() {
+        // SAFETY: the child only makes system calls (no allocation on the
+        // success path) and leaves with `_exit`, so forking a threaded
+        // test process is sound; the parent waits for it.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: PR_GET_DUMPABLE takes no pointer.
+            let before = unsafe { libc::prctl(libc::PR_GET_DUMPABLE) };
+            let ok = forbid_core_dumps().is_ok();
+            // SAFETY: PR_GET_DUMPABLE takes no pointer.
+            let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE) };
+            let mut lim = libc::rlimit {
+                rlim_cur: 1,
+                rlim_max: 1,
+            };
+            // SAFETY: `lim` is a valid out-pointer for the call.
+            let r = unsafe { libc::getrlimit(libc::RLIMIT_CORE, &mut lim) };
+            let code = if !ok || before != 1 {
+                2
+            } else if dumpable != 0 {
+                3
+            } else if r != 0 || lim.rlim_cur != 0 || lim.rlim_max != 0 {
+                4
+            } else {
+                0
+            };
+            // SAFETY: ends the forked child without running the parent's
+            // destructors or atexit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: `pid` is our child; `status` a valid out-pointer.
+        let w = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(w, pid);
+        assert!(libc::WIFEXITED(status), "child status {status:#x}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "2 = call failed or already non-dumpable, 3 = still dumpable, 4 = core limit not 0"
+        );
     }
 }
