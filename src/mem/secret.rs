@@ -150,6 +150,92 @@ impl std::fmt::Debug for SecretBytes {
     }
 }
 
+/// Text that may hold keys (a loaded table line with a crypt key in hex),
+/// of any length, on locked pages of its own that are left out of core
+/// dumps and wiped on drop: the mapper keeps a table's text for as long as
+/// the table is loaded, to re-compile it when a device under it changes.
+pub struct SecretText {
+    ptr: NonNull<u8>,
+    len: usize,
+    locked: bool,
+}
+
+// SAFETY: SecretText uniquely owns its pages, like Box<str>.
+unsafe impl Send for SecretText {}
+// SAFETY: `&SecretText` only gives `&str`.
+unsafe impl Sync for SecretText {}
+
+impl SecretText {
+    pub fn new(text: &str) -> SecretText {
+        let layout = Self::layout(text.len());
+        // SAFETY: the layout's size is at least one page (never zero).
+        let raw = unsafe { alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            handle_alloc_error(layout)
+        };
+        // SAFETY: `ptr` has room for at least `text.len()` bytes and does
+        // not overlap `text`.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), ptr.as_ptr(), text.len()) };
+        let locked = protect(ptr.as_ptr(), layout.size());
+        SecretText {
+            ptr,
+            len: text.len(),
+            locked,
+        }
+    }
+
+    fn layout(len: usize) -> Layout {
+        let page = page_size();
+        let size = len.max(1).next_multiple_of(page);
+        match Layout::from_size_align(size, page) {
+            Ok(l) => l,
+            // Only for texts near usize::MAX bytes, which no table is.
+            Err(_) => panic!("a locked text of {size} bytes overflows a layout"),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // SAFETY: the first `len` bytes were copied from a `&str` and are
+        // never changed until drop, so they are valid UTF-8.
+        unsafe {
+            std::str::from_utf8_unchecked(std::slice::from_raw_parts(self.ptr.as_ptr(), self.len))
+        }
+    }
+
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+}
+
+impl Clone for SecretText {
+    fn clone(&self) -> SecretText {
+        SecretText::new(self.as_str())
+    }
+}
+
+impl Drop for SecretText {
+    fn drop(&mut self) {
+        let layout = Self::layout(self.len);
+        let bytes = self.ptr.as_ptr();
+        // SAFETY: the pages are ours, allocated with this layout; they are
+        // wiped (volatile writes through zeroize), unlocked if locked, and
+        // freed once.
+        unsafe {
+            std::slice::from_raw_parts_mut(bytes, layout.size()).zeroize();
+            if self.locked {
+                libc::munlock(bytes as *const libc::c_void, layout.size());
+            }
+            dealloc(bytes, layout);
+        }
+    }
+}
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SecretText({} bytes, hidden)", self.len)
+    }
+}
+
 /// Lock `len` bytes at page-aligned `p` and keep them out of core dumps.
 /// Returns whether the lock held; a refusal is reported once.
 fn protect(p: *mut u8, len: usize) -> bool {
@@ -297,5 +383,16 @@ mod tests {
             0,
             "2 = call failed or already non-dumpable, 3 = still dumpable, 4 = core limit not 0"
         );
+    }
+
+    #[test]
+    fn secret_text_of_any_length_reads_back_and_clones() {
+        let long = "0 8 crypt aes-xts-plain64 ".repeat(400);
+        for t in ["", "x", long.as_str()] {
+            let s = SecretText::new(t);
+            assert_eq!(s.as_str(), t);
+            assert_eq!(s.clone().as_str(), t);
+            assert!(!format!("{s:?}").contains("crypt"));
+        }
     }
 }
