@@ -4,6 +4,8 @@
 //! never answers. Each must give the caller a clean error in bounded time,
 //! never stale bytes as data and never a hang.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread;
@@ -160,4 +162,33 @@ fn a_silent_server_gives_eio_after_the_request_timeout() {
     let e = store.flush().unwrap_err().to_string();
     assert!(e.contains("no reply within"), "{e}");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+/// `udm serve` over a silent upstream still exits on SIGTERM: its final
+/// flush of that export fails after the request timeout (30 s) instead
+/// of waiting for ever.
+#[test]
+fn serve_exits_on_sigterm_with_a_silent_upstream() {
+    let dir = common::scratch("udm-hostile-serve");
+    let sock = dir.path().join("s.sock");
+    let up = hostile(Mode::Silent);
+    let serve = common::UdmServe::start(&sock, &["--file".to_string(), format!("h={up}")]);
+    // SAFETY: kill(2) with the pid of a child we own and a valid signal.
+    unsafe { libc::kill(serve.pid() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let gone = || {
+        // A reaped-or-zombie check without taking the child from `serve`.
+        let st = std::fs::read_to_string(format!("/proc/{}/stat", serve.pid()));
+        st.map_or(true, |s| s.split(' ').nth(2) == Some("Z"))
+    };
+    while !gone() {
+        assert!(
+            t.elapsed() < Duration::from_secs(75),
+            "udm serve still running {:?} after SIGTERM with a silent upstream",
+            t.elapsed()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let log = std::fs::read_to_string(sock.with_extension("log")).unwrap_or_default();
+    assert!(log.contains("no reply within"), "udm log:\n{log}");
 }
