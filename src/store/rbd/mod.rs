@@ -625,4 +625,28 @@ mod tests {
         assert!(zero_copy_writes(false, Some("0")));
         assert!(zero_copy_writes(false, Some("0.000000")));
     }
+
+    /// Without `conf=`, `$CEPH_CONF` (and librados' search with it, which
+    /// also covers `./ceph.conf`) is not consulted.
+    #[test]
+    fn the_default_config_ignores_ceph_conf_and_the_working_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let planted = dir.path().join("ceph.conf");
+        std::fs::write(&planted, "[global]\nmon_host = 192.0.2.77\n").unwrap();
+        std::env::set_var("CEPH_CONF", &planted);
+        let mut p = Partial {
+            cluster: std::ptr::null_mut(),
+            ioctx: std::ptr::null_mut(),
+        };
+        // SAFETY: valid out-pointer; NULL id = client.admin.
+        let r = unsafe { ffi::rados_create(&mut p.cluster, std::ptr::null()) };
+        assert_eq!(r, 0, "rados_create");
+        read_default_conf(&p).unwrap();
+        let mon = p.conf_get(c"mon_host").unwrap_or_default();
+        std::env::remove_var("CEPH_CONF");
+        assert!(
+            !mon.contains("192.0.2.77"),
+            "planted config was read: {mon}"
+        );
+    }
 }
