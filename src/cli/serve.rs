@@ -194,6 +194,7 @@ fn position(value: &str) -> usize {
 
 pub fn run(a: Args) -> i32 {
     crate::cli::init_logging();
+    crate::mem::secret::forbid_core_dumps_or_warn();
     match serve(a) {
         Ok(()) => 0,
         Err(e) => {

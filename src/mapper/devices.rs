@@ -19,6 +19,7 @@ use super::build::BuildOptions;
 use super::compile::{self, Compiled, Dep, Files, Lookup};
 use crate::dm::live::LiveDevice;
 use crate::dm::route::Routes;
+use crate::mem::SecretText;
 use crate::store::OpenFlags;
 use crate::targets::{EventHook, Target, TargetOptions};
 
@@ -54,10 +55,17 @@ impl Events {
     }
 }
 
-/// A table as loaded: its text (for re-compiling; it may hold a key, so
-/// it is wiped when dropped) and its compiled form.
+/// A table as loaded: its text (for re-compiling when a device under it
+/// changes) and its compiled form. The text may hold a crypt key in hex,
+/// so it lives on locked, non-dumpable pages, and it is dropped (wiped)
+/// when a `key wipe` message wipes the live target's key: a suspended
+/// volume's key must not survive in the table text (`luksSuspend`).
+/// `None` = wiped; a re-compile then needs the key set again.
 pub struct Table {
-    text: Zeroizing<String>,
+    text: Option<SecretText>,
+    /// Targets whose key is wiped; the text is re-rendered (with the keys
+    /// set since) only when none is left, never with a zero key.
+    wiped: Vec<Arc<dyn Target>>,
     pub compiled: Compiled,
 }
 
@@ -350,7 +358,7 @@ impl Devices {
         inner: &mut Inner,
         planned: &[(String, Table)],
         name: &str,
-        text: Zeroizing<String>,
+        text: SecretText,
     ) -> Result<Table, String> {
         let Inner { devs, files } = inner;
         let d = find(devs, name)?;
@@ -365,8 +373,19 @@ impl Devices {
             planned,
             me: name,
         };
-        let compiled = compile::compile(&text, &mut lookup, files, flags, &options, self.flatten)?;
-        Ok(Table { text, compiled })
+        let compiled = compile::compile(
+            text.as_str(),
+            &mut lookup,
+            files,
+            flags,
+            &options,
+            self.flatten,
+        )?;
+        Ok(Table {
+            text: Some(text),
+            wiped: Vec::new(),
+            compiled,
+        })
     }
 
     /// A new device without a table (`dmsetup create --notable`).
@@ -411,7 +430,8 @@ impl Devices {
     /// table is built and checked now; it becomes live at resume.
     pub fn load(&self, name: &str, text: Zeroizing<String>) -> Result<(), String> {
         let mut inner = self.lock();
-        let t = self.compile_for(&mut inner, &[], name, text)?;
+        let t = self.compile_for(&mut inner, &[], name, SecretText::new(&text))?;
+        drop(text);
         let d = find_mut(&mut inner.devs, name)?;
         d.inactive = Some(t);
         Ok(())
@@ -438,19 +458,27 @@ impl Devices {
                 name: name.to_string(),
             });
         };
-        let text = inactive.text.clone();
+        let Some(text) = inactive.text.clone() else {
+            return Err(format!("the inactive table of '{name}' has no text left"));
+        };
         let mut planned = Vec::new();
         let t = self.compile_for(&mut inner, &planned, name, text)?;
         planned.push((name.to_string(), t));
         for up in uppers(&inner.devs, name) {
-            let Some(text) = inner
+            let Some(live) = inner
                 .devs
                 .iter()
                 .find(|d| d.name == up)
                 .and_then(|d| d.live.as_ref())
-                .map(|t| t.text.clone())
             else {
                 continue;
+            };
+            let Some(text) = live.text.clone() else {
+                return Err(format!(
+                    "device '{up}' stacked on '{name}' has had its key wiped (key wipe or \
+                     luksSuspend); set its key again (luksResume, or message \"key set\") \
+                     before reloading '{name}'"
+                ));
             };
             let t = self
                 .compile_for(&mut inner, &planned, &up, text)
@@ -704,7 +732,41 @@ impl Devices {
                 .map(|s| s.target.clone())
                 .ok_or_else(|| format!("sector {sector} is beyond the end of '{name}'"))?
         };
-        target.message(argv)
+        let reply = target.message(argv)?;
+        self.follow_key_message(name, &target, argv);
+        Ok(reply)
+    }
+
+    /// After a crypt key message succeeded on `target` of `name`'s live
+    /// table: `key wipe` drops the table text (its hex key would outlive
+    /// the wiped key otherwise); once `key set` has given every wiped
+    /// target its key back, the text is re-rendered with the keys, so the
+    /// table can be re-compiled again.
+    fn follow_key_message(&self, name: &str, target: &Arc<dyn Target>, argv: &[String]) {
+        let is = |i: usize, w: &str| argv.get(i).is_some_and(|a| a.eq_ignore_ascii_case(w));
+        if !is(0, "key") {
+            return;
+        }
+        let mut inner = self.lock();
+        let Ok(d) = find_mut(&mut inner.devs, name) else {
+            return;
+        };
+        let Some(t) = d.live.as_mut() else { return };
+        // The table may have been swapped while the message ran unlocked.
+        if !targets_of(t).iter().any(|x| Arc::ptr_eq(x, target)) {
+            return;
+        }
+        if is(1, "wipe") {
+            t.text = None;
+            if !t.wiped.iter().any(|x| Arc::ptr_eq(x, target)) {
+                t.wiped.push(target.clone());
+            }
+        } else if is(1, "set") {
+            t.wiped.retain(|x| !Arc::ptr_eq(x, target));
+            if t.text.is_none() && t.wiped.is_empty() {
+                t.text = Some(SecretText::new(&t.text(true)));
+            }
+        }
     }
 }
 
@@ -829,5 +891,48 @@ mod tests {
         // The ciphertext is on both legs.
         let on = |p: &str| std::fs::read(p).unwrap()[..8192].iter().any(|&x| x != 0);
         assert!(on(&a) && on(&b));
+    }
+
+    /// The hex key must not outlive `key wipe` (luksSuspend) in the table
+    /// text kept for re-compiling; `key set` brings the text back.
+    #[test]
+    fn key_wipe_drops_the_table_text_and_key_set_restores_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a");
+        std::fs::File::create(&p).unwrap().set_len(1 << 20).unwrap();
+        let d = Devices::new(BuildOptions::default(), true, false);
+        up(&d, "s", &format!("0 256 linear {} 0\n", p.display()));
+        let key = "c0ffee42".repeat(16);
+        up(
+            &d,
+            "c",
+            &format!("0 256 crypt aes-xts-plain64 {key} 0 @s 0\n"),
+        );
+        let held = |d: &Devices| {
+            let inner = d.lock();
+            let c = inner.devs.iter().find(|x| x.name == "c").unwrap();
+            c.live
+                .as_ref()
+                .unwrap()
+                .text
+                .as_ref()
+                .map(|t| t.as_str().to_string())
+        };
+        assert!(held(&d).unwrap().contains(&key));
+        for t in d.live_targets("c").unwrap() {
+            t.postsuspend();
+        }
+        d.set_suspended("c", true).unwrap();
+        let words = |w: &[&str]| w.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        d.message("c", 0, &words(&["key", "wipe"])).unwrap();
+        assert_eq!(held(&d), None, "the text with the key is gone");
+        // A reload under it cannot re-compile 'c' without its key.
+        d.load("s", z(&format!("0 256 linear {} 0\n", p.display())))
+            .unwrap();
+        let e = d.prepare_resume("s").err().unwrap();
+        assert!(e.contains("key wiped") && !e.contains(&key), "{e}");
+        d.message("c", 0, &words(&["key", "set", &key])).unwrap();
+        assert!(held(&d).unwrap().contains(&key), "re-rendered with the key");
+        assert!(d.prepare_resume("s").is_ok());
     }
 }

@@ -49,4 +49,4 @@ pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
 pub use mempool::{MemPool, PageList, BIO_MAX_VECS};
 pub use percpu::PerCpuCounter;
 pub use raw::{page_size, RawBuf, PAGE_SIZE};
-pub use secret::{Locked, SecretBytes};
+pub use secret::{Locked, SecretBytes, SecretText};

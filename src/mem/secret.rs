@@ -150,6 +150,92 @@ impl std::fmt::Debug for SecretBytes {
     }
 }
 
+/// Text that may hold keys (a loaded table line with a crypt key in hex),
+/// of any length, on locked pages of its own that are left out of core
+/// dumps and wiped on drop: the mapper keeps a table's text for as long as
+/// the table is loaded, to re-compile it when a device under it changes.
+pub struct SecretText {
+    ptr: NonNull<u8>,
+    len: usize,
+    locked: bool,
+}
+
+// SAFETY: SecretText uniquely owns its pages, like Box<str>.
+unsafe impl Send for SecretText {}
+// SAFETY: `&SecretText` only gives `&str`.
+unsafe impl Sync for SecretText {}
+
+impl SecretText {
+    pub fn new(text: &str) -> SecretText {
+        let layout = Self::layout(text.len());
+        // SAFETY: the layout's size is at least one page (never zero).
+        let raw = unsafe { alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            handle_alloc_error(layout)
+        };
+        // SAFETY: `ptr` has room for at least `text.len()` bytes and does
+        // not overlap `text`.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), ptr.as_ptr(), text.len()) };
+        let locked = protect(ptr.as_ptr(), layout.size());
+        SecretText {
+            ptr,
+            len: text.len(),
+            locked,
+        }
+    }
+
+    fn layout(len: usize) -> Layout {
+        let page = page_size();
+        let size = len.max(1).next_multiple_of(page);
+        match Layout::from_size_align(size, page) {
+            Ok(l) => l,
+            // Only for texts near usize::MAX bytes, which no table is.
+            Err(_) => panic!("a locked text of {size} bytes overflows a layout"),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // SAFETY: the first `len` bytes were copied from a `&str` and are
+        // never changed until drop, so they are valid UTF-8.
+        unsafe {
+            std::str::from_utf8_unchecked(std::slice::from_raw_parts(self.ptr.as_ptr(), self.len))
+        }
+    }
+
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+}
+
+impl Clone for SecretText {
+    fn clone(&self) -> SecretText {
+        SecretText::new(self.as_str())
+    }
+}
+
+impl Drop for SecretText {
+    fn drop(&mut self) {
+        let layout = Self::layout(self.len);
+        let bytes = self.ptr.as_ptr();
+        // SAFETY: the pages are ours, allocated with this layout; they are
+        // wiped (volatile writes through zeroize), unlocked if locked, and
+        // freed once.
+        unsafe {
+            std::slice::from_raw_parts_mut(bytes, layout.size()).zeroize();
+            if self.locked {
+                libc::munlock(bytes as *const libc::c_void, layout.size());
+            }
+            dealloc(bytes, layout);
+        }
+    }
+}
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SecretText({} bytes, hidden)", self.len)
+    }
+}
+
 /// Lock `len` bytes at page-aligned `p` and keep them out of core dumps.
 /// Returns whether the lock held; a refusal is reported once.
 fn protect(p: *mut u8, len: usize) -> bool {
@@ -170,6 +256,38 @@ fn protect(p: *mut u8, len: usize) -> bool {
         );
     }
     lock == 0
+}
+
+/// Makes the process non-dumpable and gives it no core file size, for
+/// the processes that hold volume keys (`udm serve`, the cryptsetup and
+/// LUKS verbs). Locked pages are already `MADV_DONTDUMP`, but keys also
+/// pass through ordinary heap and thread stacks (parsed table words, hash
+/// states, hex text) where a crash's core dump or a same-uid `ptrace`
+/// would find them. Non-dumpable also makes `/proc/PID/mem` readable only
+/// with `CAP_SYS_PTRACE`. Call it early, before any key is read.
+pub fn forbid_core_dumps() -> std::io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes plain integers and touches no memory
+    // of ours.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let none = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `none` is a valid, initialised rlimit that outlives the call.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// [`forbid_core_dumps`] for a command's start: a failure is logged, not
+/// fatal (the keys are still locked and wiped).
+pub fn forbid_core_dumps_or_warn() {
+    if let Err(e) = forbid_core_dumps() {
+        tracing::warn!("cannot keep keys out of core dumps (prctl/setrlimit): {e}");
+    }
 }
 
 #[cfg(test)]
@@ -221,5 +339,60 @@ mod tests {
         assert!(!format!("{s:?}").contains("ab"));
         assert!(SecretBytes::new(&[0; SECRET_MAX + 1]).is_none());
         assert_eq!(SecretBytes::new(&[]).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn forbid_core_dumps_makes_the_process_non_dumpable_with_no_core_limit() {
+        // SAFETY: the child only makes system calls (no allocation on the
+        // success path) and leaves with `_exit`, so forking a threaded
+        // test process is sound; the parent waits for it.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: PR_GET_DUMPABLE takes no pointer.
+            let before = unsafe { libc::prctl(libc::PR_GET_DUMPABLE) };
+            let ok = forbid_core_dumps().is_ok();
+            // SAFETY: PR_GET_DUMPABLE takes no pointer.
+            let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE) };
+            let mut lim = libc::rlimit {
+                rlim_cur: 1,
+                rlim_max: 1,
+            };
+            // SAFETY: `lim` is a valid out-pointer for the call.
+            let r = unsafe { libc::getrlimit(libc::RLIMIT_CORE, &mut lim) };
+            let code = if !ok || before != 1 {
+                2
+            } else if dumpable != 0 {
+                3
+            } else if r != 0 || lim.rlim_cur != 0 || lim.rlim_max != 0 {
+                4
+            } else {
+                0
+            };
+            // SAFETY: ends the forked child without running the parent's
+            // destructors or atexit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: `pid` is our child; `status` a valid out-pointer.
+        let w = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(w, pid);
+        assert!(libc::WIFEXITED(status), "child status {status:#x}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "2 = call failed or already non-dumpable, 3 = still dumpable, 4 = core limit not 0"
+        );
+    }
+
+    #[test]
+    fn secret_text_of_any_length_reads_back_and_clones() {
+        let long = "0 8 crypt aes-xts-plain64 ".repeat(400);
+        for t in ["", "x", long.as_str()] {
+            let s = SecretText::new(t);
+            assert_eq!(s.as_str(), t);
+            assert_eq!(s.clone().as_str(), t);
+            assert!(!format!("{s:?}").contains("crypt"));
+        }
     }
 }

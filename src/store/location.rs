@@ -1,6 +1,6 @@
 //! Where a device path points: a local file or block device, an RBD image
 //! (`rbd:POOL/IMAGE[@SNAP][:conf=FILE][:id=CLIENT][:keyring=FILE][:KEY=VALUE…]`,
-//! qemu's spelling), or an NBD export (`nbd://HOST[:PORT]/EXPORT`,
+//! qemu's spelling, `KEY` from the allow-list [`RBD_PATH_OPTIONS`]), or an NBD export (`nbd://HOST[:PORT]/EXPORT`,
 //! `nbd+unix:///EXPORT?socket=PATH`, the NBD URI standard's spelling).
 //!
 //! Every place that takes a path — a table line, `--file`, `--luks`, the
@@ -44,9 +44,14 @@ impl Location {
     /// expected.
     pub fn parse(spec: &str) -> Result<Location, String> {
         if let Some(rest) = spec.strip_prefix("rbd:") {
-            return parse_rbd(rest)
-                .map(Location::Rbd)
-                .map_err(|e| format!("bad RBD path '{spec}': {e}; expected rbd:POOL/IMAGE[@SNAP][:conf=FILE][:id=CLIENT][:keyring=FILE]"));
+            // The path may carry a secret its writer should not have put
+            // there: errors show it with every option value elided.
+            return parse_rbd(rest).map(Location::Rbd).map_err(|e| {
+                format!(
+                    "bad RBD path '{}': {e}; expected rbd:POOL/IMAGE[@SNAP][:conf=FILE][:id=CLIENT][:keyring=FILE]",
+                    redacted_rbd(rest)
+                )
+            });
         }
         if Location::is_remote(spec) {
             return parse_nbd(spec).map(Location::Nbd).map_err(|e| {
@@ -180,13 +185,18 @@ fn parse_rbd(rest: &str) -> Result<RbdSpec, String> {
         queue_depth: None,
     };
     for opt in &parts[1..] {
+        // A word without '=' may be a pasted secret: never echoed.
         let Some((k, v)) = opt.split_once('=') else {
-            return Err(format!("option '{opt}' is not KEY=VALUE"));
+            return Err("an option is not KEY=VALUE".into());
         };
         let (k, v) = (unescape(k), unescape(v));
         if k.is_empty() || v.is_empty() || k.contains('\0') || v.contains('\0') {
-            return Err(format!("option '{opt}' needs a key and a value"));
+            return Err(format!(
+                "option '{}' needs a key and a value",
+                k.escape_debug()
+            ));
         }
+        check_rbd_option(&k)?;
         match k.as_str() {
             "conf" => spec.conf = Some(PathBuf::from(v)),
             "id" => spec.id = Some(v),
@@ -210,6 +220,84 @@ fn parse_rbd(rest: &str) -> Result<RbdSpec, String> {
         return Err("names must not contain NUL bytes".into());
     }
     Ok(spec)
+}
+
+/// librados options a path may set besides `conf`, `id` and
+/// `udm_queue_depth`. A path is written by whoever can write a table (a
+/// control-socket user, a crypttab, a generator that interpolates an image
+/// name), so it must not reach options that make librados write files
+/// (`log_file`, `admin_socket`, …), change where secrets come from beyond
+/// naming a keyring, or undo udm's own settings (`rbd_cache`, zero-copy
+/// writes). Everything else belongs in the Ceph config file.
+pub const RBD_PATH_OPTIONS: &[&str] = &[
+    "keyring",
+    "mon_host",
+    "client_mount_timeout",
+    "rados_osd_op_timeout",
+    "rados_mon_op_timeout",
+    "rbd_concurrent_management_ops",
+    "rbd_readahead_max_bytes",
+    "rbd_readahead_trigger_requests",
+    "rbd_readahead_disable_after_bytes",
+];
+
+/// Refuses a path option outside the allow-list, naming the key (never
+/// its value) and where such settings belong instead.
+fn check_rbd_option(k: &str) -> Result<(), String> {
+    let k_shown = shown_key(k);
+    if matches!(k, "conf" | "id" | "udm_queue_depth") || RBD_PATH_OPTIONS.contains(&k) {
+        return Ok(());
+    }
+    let lower = k.to_ascii_lowercase();
+    if lower == "key" || lower.contains("keyfile") || lower.contains("secret") {
+        return Err(format!(
+            "option '{k_shown}' would put a Ceph secret in the path, where process \
+             lists, logs and tables show it; put the key in a keyring file and \
+             give keyring=FILE"
+        ));
+    }
+    if lower.ends_with("_file") || lower.contains("admin_socket") || lower.ends_with("_dir") {
+        return Err(format!(
+            "option '{k_shown}' would let a path make librados create or write files; \
+             it is refused in paths (set it in the Ceph config file given with conf=)"
+        ));
+    }
+    if lower == "rbd_cache" || lower == "rbd_disable_zero_copy_writes" {
+        return Err(format!(
+            "option '{k_shown}' is udm's own choice (the cache stays off so that FUA \
+             and flush mean what they say); it cannot be set in a path"
+        ));
+    }
+    Err(format!(
+        "option '{k_shown}' cannot be set in a path; allowed: conf, id, \
+         udm_queue_depth, {} (others go in the Ceph config file given with conf=)",
+        RBD_PATH_OPTIONS.join(", ")
+    ))
+}
+
+/// An option's key as errors show it: only if it looks like an option
+/// name (a pasted `SECRET==` splits into a "key" that is the secret).
+fn shown_key(k: &str) -> &str {
+    let plain = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    if !k.is_empty() && k.len() <= 64 && k.chars().all(plain) {
+        k
+    } else {
+        "…"
+    }
+}
+
+/// An `rbd:` path for error messages: the image name as written, every
+/// option's value (and any word that is not `KEY=VALUE`) elided.
+fn redacted_rbd(rest: &str) -> String {
+    let parts = split_escaped(rest, ':');
+    let mut out = format!("rbd:{}", parts[0]);
+    for opt in &parts[1..] {
+        match opt.split_once('=') {
+            Some((k, _)) => out.push_str(&format!(":{}=…", shown_key(k))),
+            None => out.push_str(":…"),
+        }
+    }
+    out
 }
 
 /// Percent-decoding of a URI component (the `percent-encoding` crate).
@@ -300,7 +388,8 @@ mod tests {
         assert_eq!((r.pool.as_str(), r.image.as_str()), ("rbd", "disk1"));
         assert_eq!(r.snap, None);
         let Location::Rbd(r) =
-            Location::parse("rbd:p/i@s1:conf=/tmp/c.conf:id=u:keyring=/k:rbd_cache=false").unwrap()
+            Location::parse("rbd:p/i@s1:conf=/tmp/c.conf:id=u:keyring=/k:rados_osd_op_timeout=5")
+                .unwrap()
         else {
             panic!()
         };
@@ -311,7 +400,7 @@ mod tests {
             r.options,
             vec![
                 ("keyring".to_string(), "/k".to_string()),
-                ("rbd_cache".to_string(), "false".to_string())
+                ("rados_osd_op_timeout".to_string(), "5".to_string())
             ]
         );
         let Location::Rbd(r) = Location::parse(r"rbd:p/a\:b:conf=/x\:y").unwrap() else {
@@ -330,6 +419,42 @@ mod tests {
             let e = Location::parse(bad).unwrap_err();
             assert!(e.contains("rbd:POOL/IMAGE"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn rbd_secrets_are_refused_and_never_echoed() {
+        for bad in [
+            "rbd:p/i:id=app:key=AQBcSECRETcephxKEY==",
+            "rbd:p/i:keyfile=AQBcSECRETcephxKEY==",
+            "rbd:pool:id=app:key=AQBcSECRETcephxKEY==",
+            "rbd:p/i@:key=AQBcSECRETcephxKEY==",
+            "rbd:p/i:AQBcSECRETcephxKEY==",
+        ] {
+            let e = Location::parse(bad).unwrap_err();
+            assert!(!e.contains("SECRET"), "{bad}: {e}");
+            assert!(e.contains("rbd:p") && e.contains("rbd:POOL/IMAGE"), "{e}");
+        }
+        let e = Location::parse("rbd:p/i:key=AQBcSECRET").unwrap_err();
+        assert!(e.contains("keyring=FILE") && e.contains(":key=…"), "{e}");
+    }
+
+    #[test]
+    fn rbd_options_outside_the_allow_list_are_refused() {
+        for (bad, why) in [
+            ("log_file=/etc/cron.d/x", "create or write files"),
+            ("admin_socket=/run/x", "create or write files"),
+            ("run_dir=/tmp", "create or write files"),
+            ("debug_rbd=20", "allowed: conf"),
+            ("rbd_cache=true", "udm's own"),
+            ("rbd_disable_zero_copy_writes=false", "udm's own"),
+        ] {
+            let e = Location::parse(&format!("rbd:p/i:{bad}")).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+            let (k, v) = bad.split_once('=').unwrap();
+            assert!(e.contains(k) && !e.contains(v), "{bad}: {e}");
+        }
+        let ok = "rbd:p/i:mon_host=10.0.0.1:keyring=/k:client_mount_timeout=5:udm_queue_depth=8";
+        assert!(Location::parse(ok).is_ok());
     }
 
     #[test]

@@ -12,13 +12,15 @@ pub struct RbdSpec {
     pub image: String,
     /// Open this snapshot (read-only) instead of the image head.
     pub snap: Option<String>,
-    /// Ceph configuration file (`conf=`); `None` = librados' own search
-    /// (`$CEPH_CONF`, `/etc/ceph/ceph.conf`, …).
+    /// Ceph configuration file (`conf=`); `None` = `/etc/ceph/ceph.conf`
+    /// if it exists (never librados' own search, which reads the working
+    /// directory's `ceph.conf`).
     pub conf: Option<PathBuf>,
     /// Client id without the `client.` prefix (`id=`); `None` = `admin`.
     pub id: Option<String>,
-    /// Any other `key=value` (including `keyring=`), set on the cluster
-    /// handle with `rados_conf_set`, as qemu does.
+    /// Other allowed `key=value`s (`keyring=`, `mon_host=`, timeouts:
+    /// `location::RBD_PATH_OPTIONS`), set on the cluster handle with
+    /// `rados_conf_set`, as qemu does.
     pub options: Vec<(String, String)>,
     /// `udm_queue_depth=N`: requests the engine keeps in flight for the
     /// image (default 64; 0 = run requests like a local file's, for

@@ -235,6 +235,7 @@ const ALIASES: &[(&str, &str, Option<&str>)] = &[
 
 /// Entry point: `argv` without the program name. Returns the exit code.
 pub fn main(argv: Vec<OsString>) -> i32 {
+    crate::mem::secret::forbid_core_dumps_or_warn();
     let a = match args::parse(&argv) {
         Ok(a) => a,
         Err(e) => return usage_error(&e),

@@ -964,6 +964,35 @@ fn resume_only(
     }
 }
 
+/// The re-encryption test hooks: stop after, or simulate a crash inside,
+/// hotzone N.
+#[derive(Clone, Copy)]
+enum Hook {
+    StopAfter,
+    CrashIn,
+}
+
+/// A test hook's value from the environment (`env`), read only in builds
+/// with the `test-hooks` feature, which only the test build enables
+/// (`cargo test --all-features`; tests/cryptsetup_reencrypt.rs requires
+/// it). Why a build-time switch and not a flag: a production binary must
+/// not be breakable mid-hotzone by whoever controls its environment (an
+/// `EnvironmentFile=`, `sudo` keeping variables), and without the
+/// feature it does not even contain the variables' names.
+#[cfg(feature = "test-hooks")]
+fn test_hook(h: Hook, env: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    let name = match h {
+        Hook::StopAfter => "UDM_TEST_REENCRYPT_STOP_AFTER",
+        Hook::CrashIn => "UDM_TEST_REENCRYPT_CRASH_IN",
+    };
+    env(name).and_then(|v| v.parse().ok())
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn test_hook(_: Hook, _: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    None
+}
+
 fn go(c: &Ctx, vol: &mut Volume, pass: &[u8], hotzone: Option<u64>, fb: &Progress) -> Outcome {
     go_online(c, vol, pass, hotzone, fb, c.a.str("active-name"))
 }
@@ -978,9 +1007,8 @@ fn go_online(
     name: Option<&str>,
 ) -> Outcome {
     install_handlers();
-    // Test hooks (the interop tests stop or crash udm at a chosen hotzone).
-    let hook = |n: &str| std::env::var(n).ok().and_then(|v| v.parse::<u64>().ok());
-    fb.stop_after.set(hook("UDM_TEST_REENCRYPT_STOP_AFTER"));
+    let env = |n: &str| std::env::var(n).ok();
+    fb.stop_after.set(test_hook(Hook::StopAfter, env));
     let mut live = match name {
         Some(name) => Some(active(c, name)?),
         None => None,
@@ -997,7 +1025,7 @@ fn go_online(
         },
         &STOP,
         fb,
-        hook("UDM_TEST_REENCRYPT_CRASH_IN"),
+        test_hook(Hook::CrashIn, env),
         live.as_mut().map(|l| l as &mut dyn reencrypt::Live),
     );
     let r = match (r, name) {
@@ -1016,4 +1044,30 @@ fn go_online(
         eprintln!("\nReencryption interrupted.");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod hook_tests {
+    use super::*;
+
+    fn env(n: &str) -> Option<String> {
+        n.starts_with("UDM_TEST_REENCRYPT_")
+            .then(|| "2".to_string())
+    }
+
+    /// A production build ignores the hook variables whatever they say.
+    #[cfg(not(feature = "test-hooks"))]
+    #[test]
+    fn hooks_are_dead_without_the_test_hooks_feature() {
+        assert_eq!(test_hook(Hook::StopAfter, env), None);
+        assert_eq!(test_hook(Hook::CrashIn, env), None);
+    }
+
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn hooks_read_their_variables_in_test_builds() {
+        assert_eq!(test_hook(Hook::StopAfter, env), Some(2));
+        assert_eq!(test_hook(Hook::CrashIn, env), Some(2));
+        assert_eq!(test_hook(Hook::CrashIn, |_| Some("x".into())), None);
+    }
 }

@@ -65,6 +65,7 @@ fn unlock(c: &Common, slot: Option<u32>) -> Unlock {
 
 /// Run a verb; returns the process exit code (cryptsetup's codes).
 pub fn run(c: Cmd) -> i32 {
+    crate::mem::secret::forbid_core_dumps_or_warn();
     let r = match c {
         // The same code as `udm cryptsetup reencrypt`: only the name differs.
         Cmd::Reencrypt { args } => {

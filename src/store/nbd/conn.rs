@@ -5,6 +5,7 @@
 use std::io::{self, IoSlice, Write};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::protocol::nbd::{RequestHeader, CMD_DISC, ESHUTDOWN, REQUEST_MAGIC};
 
@@ -22,6 +23,19 @@ pub struct Cmd<'a> {
     pub len: u32,
     pub payload: &'a [IoSlice<'a>],
     pub read: Option<&'a mut [u8]>,
+    /// When to stop waiting for the reply.
+    pub deadline: Instant,
+}
+
+/// Why a call got no answer.
+#[derive(Debug)]
+pub enum CallError {
+    /// The connection broke; the request may be sent again.
+    Lost(String),
+    /// No reply by the deadline; the connection has been ended (a server
+    /// that holds one request may hold them all) and the request is not
+    /// sent again.
+    TimedOut,
 }
 
 /// A connection of the client store (named apart from the server's
@@ -84,10 +98,13 @@ impl ClientConn {
         self.control.shutdown();
     }
 
-    /// Send one request and wait for its reply. `Err` = the connection
-    /// broke (the caller may resend); `Ok(errno)` = the server's answer.
-    pub fn call(&self, cmd: Cmd<'_>) -> Result<u32, String> {
-        let (i, cookie) = self.slots.take(cmd.offset, cmd.read)?;
+    /// Send one request and wait for its reply until its deadline.
+    /// `Ok(errno)` = the server's answer.
+    pub fn call(&self, cmd: Cmd<'_>) -> Result<u32, CallError> {
+        let (i, cookie) = self
+            .slots
+            .take(cmd.offset, cmd.read)
+            .map_err(CallError::Lost)?;
         let h = RequestHeader {
             magic: REQUEST_MAGIC,
             flags: cmd.flags,
@@ -103,17 +120,25 @@ impl ClientConn {
         if let Err(e) = write_all_vectored(&mut *lock(&self.send), &mut iov) {
             self.kill(format!("send failed: {e}"));
         }
-        // Wait for the outcome even after a failed send: the reader may be
-        // inside this slot's buffer until it has set one.
-        match self.slots.wait(i) {
+        // Wait for the outcome even after a failed send or a timeout: the
+        // reader may be inside this slot's buffer until it has set one
+        // (after `kill` it fails the slot as soon as its read returns).
+        let Some(out) = self.slots.wait_until(i, Some(cmd.deadline)) else {
+            self.kill("a request got no reply in time".into());
+            self.slots.wait(i);
+            return Err(CallError::TimedOut);
+        };
+        match out {
             (Outcome::Done(ESHUTDOWN), _) => {
                 self.kill("server is shutting down (ESHUTDOWN)".into());
-                Err("server is shutting down (ESHUTDOWN)".into())
+                Err(CallError::Lost(
+                    "server is shutting down (ESHUTDOWN)".into(),
+                ))
             }
             (Outcome::Done(e), _) => Ok(e),
-            (Outcome::Lost | Outcome::Pending, why) => {
-                Err(why.unwrap_or_else(|| "connection lost".into()))
-            }
+            (Outcome::Lost | Outcome::Pending, why) => Err(CallError::Lost(
+                why.unwrap_or_else(|| "connection lost".into()),
+            )),
         }
     }
 

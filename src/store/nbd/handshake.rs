@@ -7,7 +7,7 @@
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::protocol::be;
 use crate::protocol::nbd::{
@@ -22,6 +22,15 @@ use super::spec::{NbdAddr, NbdSpec};
 
 /// Deadline for connecting and for each handshake read.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline for the whole negotiation: a server that trickles bytes or
+/// replies (each within the per-read timeout) must not hold a control
+/// thread or `udm serve`'s start-up forever.
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(30);
+/// Replies to one `GO` before we give up: the spec defines four INFO
+/// types, and a server has no reason to repeat them many times.
+const MAX_GO_REPLIES: usize = 32;
+/// Total bytes of those replies' payloads.
+const MAX_GO_BYTES: usize = 256 << 10;
 /// Longest option reply accepted: no option udm sends has a legitimate
 /// reply that long, and a hostile server must not make us allocate more.
 const MAX_OPTION_REPLY: u32 = 64 << 10;
@@ -40,6 +49,47 @@ pub struct Negotiated {
     pub sock: ClientSock,
     pub structured: bool,
     pub info: ExportInfo,
+}
+
+/// The socket during the handshake: every read and write gets only what
+/// is left of the overall deadline, so the negotiation as a whole is
+/// bounded however slowly the server trickles its bytes.
+struct Timed<'a> {
+    sock: &'a mut ClientSock,
+    deadline: Instant,
+}
+
+impl Timed<'_> {
+    fn arm(&self) -> io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "negotiation not finished within {} s",
+                    HANDSHAKE_DEADLINE.as_secs()
+                ),
+            ));
+        }
+        self.sock.set_read_timeout(Some(left.min(CONNECT_TIMEOUT)))
+    }
+}
+
+impl Read for Timed<'_> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.sock.read(b)
+    }
+}
+
+impl Write for Timed<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.sock.write(b)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 fn read_u64(r: &mut impl Read) -> io::Result<u64> {
@@ -128,7 +178,7 @@ fn handshake_io(e: io::Error) -> String {
 
 /// The greeting and flags exchange; returns whether the server omits the
 /// 124 zero bytes after an `EXPORT_NAME` reply.
-fn greet(s: &mut ClientSock) -> Result<bool, String> {
+fn greet(s: &mut Timed<'_>) -> Result<bool, String> {
     if read_u64(s).map_err(handshake_io)? != NBD_MAGIC {
         return Err("not an NBD server (bad greeting)".into());
     }
@@ -156,7 +206,7 @@ fn greet(s: &mut ClientSock) -> Result<bool, String> {
     Ok(no_zeroes)
 }
 
-fn structured_replies(s: &mut ClientSock) -> Result<bool, String> {
+fn structured_replies(s: &mut Timed<'_>) -> Result<bool, String> {
     send_option(s, OPT_STRUCTURED_REPLY, &[]).map_err(handshake_io)?;
     match read_option_reply(s, OPT_STRUCTURED_REPLY)? {
         (REP_ACK, _) => Ok(true),
@@ -191,7 +241,7 @@ fn apply_info(info: &mut ExportInfo, data: &[u8]) -> Result<(), String> {
 /// The old way for a server without GO: no error reply is possible, the
 /// server just closes.
 fn export_name(
-    s: &mut ClientSock,
+    s: &mut Timed<'_>,
     spec: &NbdSpec,
     no_zeroes: bool,
     info: &mut ExportInfo,
@@ -213,7 +263,7 @@ fn export_name(
     Ok(())
 }
 
-fn go(s: &mut ClientSock, spec: &NbdSpec, no_zeroes: bool) -> Result<ExportInfo, String> {
+fn go(s: &mut Timed<'_>, spec: &NbdSpec, no_zeroes: bool) -> Result<ExportInfo, String> {
     let name = spec.export.as_bytes();
     let mut req = Vec::with_capacity(8 + name.len());
     req.extend_from_slice(&(name.len() as u32).to_be_bytes());
@@ -227,8 +277,18 @@ fn go(s: &mut ClientSock, spec: &NbdSpec, no_zeroes: bool) -> Result<ExportInfo,
         min_block: 1,
         max_payload: MAX_PAYLOAD,
     };
+    let (mut replies, mut bytes) = (0, 0);
     loop {
         let (ty, data) = read_option_reply(s, OPT_GO)?;
+        replies += 1;
+        bytes += data.len();
+        if replies > MAX_GO_REPLIES || bytes > MAX_GO_BYTES {
+            return Err(format!(
+                "server sent more than {MAX_GO_REPLIES} replies or {} KiB to GO; \
+                 not an NBD server udm can use",
+                MAX_GO_BYTES >> 10
+            ));
+        }
         match ty {
             REP_ACK => return Ok(info),
             REP_INFO => apply_info(&mut info, &data)?,
@@ -250,9 +310,11 @@ fn go(s: &mut ClientSock, spec: &NbdSpec, no_zeroes: bool) -> Result<ExportInfo,
 
 /// Connect and negotiate.
 pub fn handshake(spec: &NbdSpec) -> Result<Negotiated, String> {
-    let mut s = connect(&spec.addr)?;
-    s.set_read_timeout(Some(CONNECT_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+    let mut sock = connect(&spec.addr)?;
+    let mut s = Timed {
+        sock: &mut sock,
+        deadline: Instant::now() + HANDSHAKE_DEADLINE,
+    };
     let no_zeroes = greet(&mut s)?;
     let structured = structured_replies(&mut s)?;
     let info = go(&mut s, spec, no_zeroes)?;
@@ -265,9 +327,9 @@ pub fn handshake(spec: &NbdSpec) -> Result<Negotiated, String> {
             info.min_block
         ));
     }
-    s.set_read_timeout(None).map_err(|e| e.to_string())?;
+    sock.set_read_timeout(None).map_err(|e| e.to_string())?;
     Ok(Negotiated {
-        sock: s,
+        sock,
         structured,
         info,
     })

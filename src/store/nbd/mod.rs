@@ -26,9 +26,9 @@
 //! What a resend cannot repair: a server that *lost* writes it had
 //! acknowledged but not yet flushed (a crash of a server with a volatile
 //! cache). nbdkit and qemu-nbd over a file keep such writes in the kernel's
-//! page cache, which outlives their process. A server that accepts a
-//! request and never answers is not detected (no per-request timeout): the
-//! same as the kernel's NBD client without `-timeout`.
+//! page cache, which outlives their process. A timed-out write's outcome
+//! is unknown (the server may still apply it): the caller gets EIO, as
+//! from a disk that stopped answering.
 
 mod conn;
 mod handshake;
@@ -52,7 +52,7 @@ use conn::ClientConn;
 use handshake::ExportInfo;
 use reconnect::Reconnector;
 
-pub use reconnect::{MAX_ATTEMPTS, RETRY_WINDOW};
+pub use reconnect::{MAX_ATTEMPTS, REQUEST_TIMEOUT, RETRY_WINDOW};
 pub use spec::{NbdAddr, NbdSpec};
 
 /// Requests this store asks the engine to keep in flight.
@@ -85,6 +85,13 @@ impl NbdStore {
     /// (default [`RETRY_WINDOW`]).
     pub fn with_retry_window(mut self, d: Duration) -> NbdStore {
         self.remote.retry_window = d;
+        self
+    }
+
+    /// How long a request may wait for its reply, resends included
+    /// (default [`REQUEST_TIMEOUT`]).
+    pub fn with_request_timeout(mut self, d: Duration) -> NbdStore {
+        self.remote.request_timeout = d;
         self
     }
 

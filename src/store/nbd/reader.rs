@@ -92,7 +92,7 @@ fn chunk(slots: &SlotTable, c: ChunkHeader, r: &mut impl Read) -> Result<(), Str
         t => return Err(format!("unknown reply chunk type {t} ({plen} bytes)")),
     }
     if c.flags & REPLY_FLAG_DONE != 0 {
-        slots.finish(w.index, 0);
+        slots.finish_chunks(w.index, 0);
     }
     Ok(())
 }
@@ -126,6 +126,7 @@ fn read_chunk(
             ))
         }
     };
+    slots.cover(w.index, at, n)?;
     if ty == REPLY_TYPE_OFFSET_DATA {
         slots.fill(r, w.index, at, n).map_err(recv_error)
     } else {
@@ -182,5 +183,77 @@ mod tests {
         assert_eq!(err, "server closed the connection");
         let err = read_replies(&slots, true, &mut &[1u8, 2, 3, 4][..]).unwrap_err();
         assert!(err.contains("bad reply magic"), "{err}");
+    }
+
+    /// A read's chunks, as (type, offset, data-or-hole length), then DONE
+    /// with no payload: what a hostile upstream sends.
+    fn read_reply(cookie: u64, chunks: &[(u16, u64, usize)]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        for &(ty, off, n) in chunks {
+            if ty == REPLY_TYPE_OFFSET_DATA {
+                wire.extend_from_slice(&chunk_header(0, ty, cookie, 8 + n as u32));
+                wire.extend_from_slice(&off.to_be_bytes());
+                wire.extend(std::iter::repeat_n(7u8, n));
+            } else {
+                wire.extend_from_slice(&chunk_header(0, ty, cookie, 12));
+                wire.extend_from_slice(&off.to_be_bytes());
+                wire.extend_from_slice(&(n as u32).to_be_bytes());
+            }
+        }
+        wire.extend_from_slice(&chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, cookie, 0));
+        wire
+    }
+
+    #[test]
+    fn a_read_whose_chunks_miss_part_of_the_range_fails_with_eio() {
+        let cases: [&[(u16, u64, usize)]; 3] = [
+            &[],
+            &[(REPLY_TYPE_OFFSET_DATA, 100, 4)],
+            &[
+                (REPLY_TYPE_OFFSET_HOLE, 100, 2),
+                (REPLY_TYPE_OFFSET_DATA, 104, 4),
+            ],
+        ];
+        for chunks in cases {
+            let slots = SlotTable::new();
+            let mut buf = [9u8; 8];
+            let (i, read) = slots.take(100, Some(&mut buf)).unwrap();
+            read_replies(&slots, true, &mut read_reply(read, chunks).as_slice()).unwrap();
+            assert_eq!(slots.wait(i).0, Outcome::Done(EIO), "{chunks:?}");
+        }
+        // Covered in full, out of order: success.
+        let slots = SlotTable::new();
+        let mut buf = [9u8; 8];
+        let (i, read) = slots.take(100, Some(&mut buf)).unwrap();
+        let full = [
+            (REPLY_TYPE_OFFSET_DATA, 104, 4),
+            (REPLY_TYPE_OFFSET_HOLE, 100, 4),
+        ];
+        read_replies(&slots, true, &mut read_reply(read, &full).as_slice()).unwrap();
+        assert_eq!(slots.wait(i).0, Outcome::Done(0));
+        assert_eq!(buf, [0, 0, 0, 0, 7, 7, 7, 7]);
+    }
+
+    #[test]
+    fn overlapping_or_empty_read_chunks_end_the_connection() {
+        let bad: [&[(u16, u64, usize)]; 3] = [
+            &[
+                (REPLY_TYPE_OFFSET_DATA, 100, 8),
+                (REPLY_TYPE_OFFSET_HOLE, 104, 4),
+            ],
+            &[
+                (REPLY_TYPE_OFFSET_DATA, 104, 4),
+                (REPLY_TYPE_OFFSET_DATA, 102, 4),
+            ],
+            &[(REPLY_TYPE_OFFSET_HOLE, 100, 0)],
+        ];
+        for chunks in bad {
+            let slots = SlotTable::new();
+            let mut buf = [9u8; 8];
+            let (_, read) = slots.take(100, Some(&mut buf)).unwrap();
+            let err =
+                read_replies(&slots, true, &mut read_reply(read, chunks).as_slice()).unwrap_err();
+            assert!(err.contains("read chunk"), "{chunks:?}: {err}");
+        }
     }
 }

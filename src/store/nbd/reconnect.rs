@@ -11,12 +11,17 @@ use std::time::{Duration, Instant};
 
 use crate::core::{DevError, DevResult};
 
-use super::conn::{ClientConn, Cmd};
+use super::conn::{CallError, ClientConn, Cmd};
 use super::slots::lock;
 use super::spec::NbdSpec;
 
 /// How long requests keep waiting for a broken connection to come back.
 pub const RETRY_WINDOW: Duration = Duration::from_secs(30);
+/// How long one request may go without a reply, across resends, before
+/// it fails with EIO (and its connection is ended and reopened): a server
+/// that accepts requests and never answers must not hang its callers, nor
+/// `udm serve`'s final flush at shutdown.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections one request may see break before it fails.
 pub const MAX_ATTEMPTS: u32 = 8;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -40,6 +45,7 @@ pub struct Reconnector {
     spec: NbdSpec,
     size: u64,
     pub retry_window: Duration,
+    pub request_timeout: Duration,
     link: Mutex<Link>,
     link_cv: Condvar,
 }
@@ -50,6 +56,7 @@ impl Reconnector {
             spec,
             size: conn.info.size,
             retry_window: RETRY_WINDOW,
+            request_timeout: REQUEST_TIMEOUT,
             link: Mutex::new(Link::Up(conn)),
             link_cv: Condvar::new(),
         }
@@ -189,6 +196,7 @@ impl Reconnector {
         mut read: Option<&mut [u8]>,
     ) -> DevResult<()> {
         let mut attempts = 0;
+        let deadline = Instant::now() + self.request_timeout;
         loop {
             let conn = self.conn()?;
             let cmd = Cmd {
@@ -198,13 +206,31 @@ impl Reconnector {
                 len,
                 payload,
                 read: read.as_deref_mut(),
+                deadline,
             };
             match conn.call(cmd) {
                 Ok(0) => return Ok(()),
                 Ok(errno) => {
                     return Err(DevError::Io(io::Error::from_raw_os_error(errno as i32)));
                 }
-                Err(why) => {
+                Err(CallError::TimedOut) => {
+                    tracing::warn!(
+                        "NBD export {}: no reply within {} ms; failing the request and reconnecting",
+                        self.spec,
+                        self.request_timeout.as_millis()
+                    );
+                    return Err(self.eio(&format!(
+                        "no reply within {} ms",
+                        self.request_timeout.as_millis()
+                    )));
+                }
+                Err(CallError::Lost(why)) => {
+                    if Instant::now() >= deadline {
+                        return Err(self.eio(&format!(
+                            "no reply within {} ms: {why}",
+                            self.request_timeout.as_millis()
+                        )));
+                    }
                     attempts += 1;
                     if attempts >= MAX_ATTEMPTS {
                         return Err(self.eio(&format!(

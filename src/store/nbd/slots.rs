@@ -4,6 +4,7 @@
 //! replies to slots by cookie, writes read data straight into the waiting
 //! caller's buffer, and sets the outcome.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -38,6 +39,13 @@ struct ClientSlot {
     buf: *mut u8,
     offset: u64,
     len: usize,
+    /// Read requests: the byte ranges (start -> end, within the buffer)
+    /// that data and hole chunks have covered so far. The NBD spec
+    /// requires a successful structured read to cover the whole request
+    /// exactly once; anything less would hand the caller whatever its
+    /// buffer held before (stale data of another request).
+    covered: BTreeMap<usize, usize>,
+    covered_bytes: usize,
 }
 
 const IDLE: ClientSlot = ClientSlot {
@@ -48,6 +56,8 @@ const IDLE: ClientSlot = ClientSlot {
     buf: std::ptr::null_mut(),
     offset: 0,
     len: 0,
+    covered: BTreeMap::new(),
+    covered_bytes: 0,
 };
 
 // SAFETY: `buf` is only dereferenced by the connection's reader thread
@@ -137,6 +147,8 @@ impl SlotTable {
             buf,
             offset,
             len,
+            covered: BTreeMap::new(),
+            covered_bytes: 0,
         };
         Ok((i, (u64::from(seq) << 16) | i as u64))
     }
@@ -144,9 +156,33 @@ impl SlotTable {
     /// Sleeps until slot `i` has an outcome, frees it, and returns the
     /// outcome with the connection's death reason, if any.
     pub fn wait(&self, i: usize) -> (Outcome, Option<String>) {
+        self.wait_until(i, None)
+            .unwrap_or((Outcome::Lost, Some("no outcome".into())))
+    }
+
+    /// As `wait`, but gives up at `deadline` (if any) and returns `None`,
+    /// leaving the slot taken: the reader may still be writing into its
+    /// buffer, so the caller must end the connection and then `wait`.
+    pub fn wait_until(
+        &self,
+        i: usize,
+        deadline: Option<std::time::Instant>,
+    ) -> Option<(Outcome, Option<String>)> {
         let mut t = lock(&self.table);
         while t.slots[i].outcome == Outcome::Pending {
-            t = self.wake[i].wait(t).unwrap_or_else(|p| p.into_inner());
+            match deadline {
+                None => t = self.wake[i].wait(t).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    t = self.wake[i]
+                        .wait_timeout(t, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
         }
         let out = t.slots[i].outcome;
         t.slots[i] = IDLE;
@@ -154,7 +190,7 @@ impl SlotTable {
         let why = t.dead.clone();
         drop(t);
         self.free_cv.notify_one();
-        (out, why)
+        Some((out, why))
     }
 
     /// Fails every request still waiting as lost, once the connection is
@@ -198,12 +234,51 @@ impl SlotTable {
         }
     }
 
-    /// Sets slot `i`'s outcome (an earlier chunk's error wins) and wakes
-    /// its caller.
-    pub fn finish(&self, i: usize, errno: u32) {
+    /// Records that a read chunk covers `[at, at + n)` of slot `i`'s
+    /// buffer; a chunk that overlaps an earlier one (or is empty) is a
+    /// protocol violation.
+    pub fn cover(&self, i: usize, at: usize, n: usize) -> Result<(), String> {
         let mut t = lock(&self.table);
         let s = &mut t.slots[i];
-        let e = if s.err != 0 { s.err } else { errno };
+        let end = at.checked_add(n).filter(|&e| e <= s.len && n > 0);
+        let Some(end) = end else {
+            return Err(format!("read chunk [{at}, +{n}) is empty or too long"));
+        };
+        let before = s.covered.range(..end).next_back();
+        if before.is_some_and(|(_, &e)| e > at) {
+            return Err(format!("read chunk [{at}, +{n}) overlaps an earlier chunk"));
+        }
+        s.covered.insert(at, end);
+        s.covered_bytes += n;
+        Ok(())
+    }
+
+    /// Sets slot `i`'s outcome (an earlier chunk's error wins) and wakes
+    /// its caller, for a request answered in chunks: a read that ends
+    /// without an error but with part of its range never sent fails with
+    /// EIO rather than passing on stale buffer bytes as data.
+    pub fn finish_chunks(&self, i: usize, errno: u32) {
+        self.finish_as(i, errno, true);
+    }
+
+    /// Sets the outcome of a request answered by a simple reply.
+    pub fn finish(&self, i: usize, errno: u32) {
+        self.finish_as(i, errno, false);
+    }
+
+    fn finish_as(&self, i: usize, errno: u32, chunked: bool) {
+        let mut t = lock(&self.table);
+        let s = &mut t.slots[i];
+        let mut e = if s.err != 0 { s.err } else { errno };
+        let is_read = !s.buf.is_null();
+        if e == 0 && chunked && is_read && s.covered_bytes != s.len {
+            tracing::warn!(
+                "NBD server finished a read of {} bytes having sent {}; failing it",
+                s.len,
+                s.covered_bytes
+            );
+            e = crate::protocol::nbd::EIO;
+        }
         s.outcome = Outcome::Done(e);
         drop(t);
         self.wake[i].notify_one();

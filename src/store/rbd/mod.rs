@@ -41,6 +41,7 @@ mod ffi;
 use std::ffi::{CStr, CString};
 use std::io::IoSlice;
 use std::os::raw::{c_char, c_int, c_void};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Thread;
 
@@ -125,6 +126,8 @@ impl Partial {
         )
     }
 
+    /// Errors name the key only: a value may be a secret or a path the
+    /// log has no business with.
     fn conf_set(&self, key: &str, value: &str) -> Result<(), String> {
         let (k, v) = (cstr("option", key)?, cstr("value", value)?);
         // SAFETY: valid cluster handle (not yet connected) and two
@@ -132,7 +135,7 @@ impl Partial {
         let r = unsafe { ffi::rados_conf_set(self.cluster, k.as_ptr(), v.as_ptr()) };
         if r < 0 {
             return Err(format!(
-                "cannot set Ceph option {key}={value}: {}",
+                "cannot set Ceph option {key} to the value given: {}",
                 errno_text(r)
             ));
         }
@@ -194,12 +197,7 @@ impl RbdStore {
                     ));
                 }
             }
-            None => {
-                // librados' default search ($CEPH_CONF, /etc/ceph/…); a
-                // missing file is fine if the options give a monitor.
-                // SAFETY: valid cluster handle; NULL asks for the search.
-                unsafe { ffi::rados_conf_read_file(p.cluster, std::ptr::null()) };
-            }
+            None => read_default_conf(&p)?,
         }
         let timeout = DEFAULT_OP_TIMEOUT_SECS.to_string();
         for (key, lib_default) in [
@@ -211,10 +209,12 @@ impl RbdStore {
                 p.conf_set(&key.to_string_lossy(), &timeout)?;
             }
         }
-        p.conf_set("rbd_cache", "false")?;
         for (k, v) in &spec.options {
             p.conf_set(k, v)?;
         }
+        // udm's required settings last, so neither the config file nor a
+        // path (which cannot name it anyway) turns the cache on.
+        p.conf_set("rbd_cache", "false")?;
         let cache = p.conf_get(c"rbd_cache").is_some_and(|v| v == "true");
         let timeout = p.conf_get(c"rados_osd_op_timeout");
         let copy = !zero_copy_writes(cache, timeout.as_deref());
@@ -341,6 +341,30 @@ impl RbdStore {
         Ok(())
     }
 }
+
+/// Without `conf=`, only [`DEFAULT_CONF`], named explicitly: librados'
+/// own search (NULL) also reads `$CEPH_CONF`, `~/.ceph/ceph.conf` and
+/// `./ceph.conf` in the working directory, which whoever can write there
+/// (or set the environment) would control, monitors and file paths alike.
+/// A missing default file is fine when the path gives `mon_host=`.
+fn read_default_conf(p: &Partial) -> Result<(), String> {
+    if !Path::new(DEFAULT_CONF).exists() {
+        return Ok(());
+    }
+    let c = cstr("config path", DEFAULT_CONF)?;
+    // SAFETY: valid cluster handle, NUL-terminated path alive for the call.
+    let r = unsafe { ffi::rados_conf_read_file(p.cluster, c.as_ptr()) };
+    if r < 0 {
+        return Err(format!(
+            "cannot read Ceph config {DEFAULT_CONF}: {}",
+            errno_text(r)
+        ));
+    }
+    Ok(())
+}
+
+/// The Ceph config read when a path gives no `conf=`.
+pub const DEFAULT_CONF: &str = "/etc/ceph/ceph.conf";
 
 /// Whether librbd may send udm's write buffers without copying them: only
 /// when nothing can complete an op while librbd still holds the buffer,
@@ -600,5 +624,29 @@ mod tests {
         assert!(!zero_copy_writes(true, Some("0")));
         assert!(zero_copy_writes(false, Some("0")));
         assert!(zero_copy_writes(false, Some("0.000000")));
+    }
+
+    /// Without `conf=`, `$CEPH_CONF` (and librados' search with it, which
+    /// also covers `./ceph.conf`) is not consulted.
+    #[test]
+    fn the_default_config_ignores_ceph_conf_and_the_working_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let planted = dir.path().join("ceph.conf");
+        std::fs::write(&planted, "[global]\nmon_host = 192.0.2.77\n").unwrap();
+        std::env::set_var("CEPH_CONF", &planted);
+        let mut p = Partial {
+            cluster: std::ptr::null_mut(),
+            ioctx: std::ptr::null_mut(),
+        };
+        // SAFETY: valid out-pointer; NULL id = client.admin.
+        let r = unsafe { ffi::rados_create(&mut p.cluster, std::ptr::null()) };
+        assert_eq!(r, 0, "rados_create");
+        read_default_conf(&p).unwrap();
+        let mon = p.conf_get(c"mon_host").unwrap_or_default();
+        std::env::remove_var("CEPH_CONF");
+        assert!(
+            !mon.contains("192.0.2.77"),
+            "planted config was read: {mon}"
+        );
     }
 }
