@@ -416,6 +416,43 @@ fn tls_options_that_cannot_work_are_errors() {
     assert!(e.contains("skip the certificate check"), "{e}");
 }
 
+/// F8: a `tls` allow entry without `--tls-verify-peer` admitted every
+/// anonymous TLS client (the README's own example was open to anyone
+/// who spoke STARTTLS). Now the server refuses to start and names the
+/// option that gives `tls` its meaning.
+#[test]
+fn tls_rule_needs_verified_peers() {
+    let d = scratch("udm-hostile-");
+    let certs = d.path().display().to_string();
+    for rule in ["d=tls,10.0.0.0/8", "d=tls"] {
+        let e = serve_refused(
+            d.path(),
+            &[
+                "--tls=require",
+                "--tls-certificates",
+                &certs,
+                "--allow",
+                rule,
+            ],
+        );
+        assert!(
+            e.contains("--tls-verify-peer") && e.contains("'tls'"),
+            "{e}"
+        );
+    }
+    let e = serve_refused(
+        d.path(),
+        &[
+            "--tls=require",
+            "--tls-certificates",
+            &certs,
+            "--allow-default",
+            "tls",
+        ],
+    );
+    assert!(e.contains("--tls-verify-peer"), "{e}");
+}
+
 /// One scrape of `addr`: the time it took and what came back.
 fn scrape(addr: &str, request: &[u8]) -> (Duration, String) {
     use std::io::{Read, Write};

@@ -410,6 +410,14 @@ fn check_tls(tls: &crate::nbd::TlsOptions, policy: &AccessPolicy) -> Result<(), 
         .map(|(_, r)| r)
         .chain(std::iter::once(&policy.default))
         .any(|r| r.contains(&crate::nbd::Allow::Tls));
+    if names_tls && !tls.verify_peer {
+        return Err(
+            "an allow rule names 'tls', which admits only clients whose certificate the \
+                    server verified: add --tls-verify-peer (with --tls=require and ca-cert.pem \
+                    in --tls-certificates), or drop 'tls' from the rule"
+                .into(),
+        );
+    }
     if tls.mode == crate::nbd::TlsMode::On && tls.verify_peer && !names_tls {
         return Err(
             "--tls=on with --tls-verify-peer: clients that stay in plain text skip the \

@@ -41,8 +41,9 @@ pub enum Allow {
     /// Clients on the server's Unix socket running as this user (the
     /// kernel's SO_PEERCRED, which the client cannot forge).
     Uid(u32),
-    /// Clients that upgraded to TLS (with `--tls-verify-peer`, that means a
-    /// certificate signed by the server's CA).
+    /// Clients that upgraded to TLS and presented a certificate the server
+    /// verified (`--tls-verify-peer`). An anonymous TLS session never
+    /// passes: encryption alone says nothing about who is asking.
     Tls,
 }
 
@@ -108,11 +109,11 @@ pub fn describe_rule(rule: &[Allow]) -> String {
 }
 
 impl Allow {
-    fn admits(&self, peer: &Peer, tls: bool) -> bool {
+    fn admits(&self, peer: &Peer, tls_verified: bool) -> bool {
         match (self, peer.ip) {
             (Allow::Unix, None) => true,
             (Allow::Uid(u), None) => peer.uid == Some(*u),
-            (Allow::Tls, _) => tls,
+            (Allow::Tls, _) => tls_verified,
             (Allow::Net(net, prefix), Some(ip)) => {
                 let (n, a, bits) = match (net, ip) {
                     (std::net::IpAddr::V4(n), std::net::IpAddr::V4(a)) => {
@@ -162,10 +163,13 @@ struct Attached {
 }
 
 impl Exported {
-    /// Whether `peer`, over TLS or not, may see and use this export.
-    pub fn allows(&self, peer: &Peer, tls: bool) -> bool {
+    /// Whether `peer` may see and use this export; `tls_verified` says
+    /// whether it presented a client certificate the server verified.
+    pub fn allows(&self, peer: &Peer, tls_verified: bool) -> bool {
         let rules = self.rules.read().unwrap_or_else(|p| p.into_inner());
-        rules.iter().all(|r| r.iter().any(|a| a.admits(peer, tls)))
+        rules
+            .iter()
+            .all(|r| r.iter().any(|a| a.admits(peer, tls_verified)))
     }
 
     /// The rules a client must pass (none: everyone may use it).

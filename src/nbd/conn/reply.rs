@@ -281,6 +281,16 @@ impl Conn {
         Ok(())
     }
 
+    /// Whether the TLS handshake finished with a client certificate:
+    /// rustls hands one over only after the verifier accepted it, and
+    /// never when the server asks for none.
+    pub(super) fn tls_peer_verified(&self) -> bool {
+        self.out()
+            .tls
+            .as_ref()
+            .is_some_and(|t| !t.is_handshaking() && t.peer_certificates().is_some())
+    }
+
     pub fn is_tls(&self) -> bool {
         self.out().tls.is_some()
     }
