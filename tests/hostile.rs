@@ -150,6 +150,59 @@ fn rules_belong_to_names_not_devices() {
     assert!(!nbdinfo(&srv.uri("y")).status.success(), "rename widened y");
 }
 
+/// F23: a device stacked on `@r` reaches `r`'s bytes, so it takes `r`'s
+/// rules and read-only, also when a reload stacks an existing export on
+/// `r`. On the starting code `create rview --table "linear @r"` was an
+/// open, writable export of the protected, read-only `r`.
+#[test]
+fn stacked_devices_inherit_rules_and_read_only() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "r.img", 1 << 20);
+    let other = sparse(d.path(), "o.img", 1 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("ro:r={}", img.display()),
+            "--allow".into(),
+            "r=10.0.0.0/8".into(),
+            "--file".into(),
+            format!("ro:p={}", other.display()),
+            "--allow-default".into(),
+            "127.0.0.0/8".into(),
+        ],
+    );
+    srv.dm_ok(&["create", "rview", "--table", "0 2048 linear @r 0"]);
+    let o = nbdinfo(&srv.uri("rview"));
+    assert!(!o.status.success(), "rview reached: {}", show(&o));
+    let info = srv.dm_ok(&["info", "rview"]);
+    assert!(info.contains("(READ-ONLY)"), "{info}");
+    assert!(info.contains("10.0.0.0/8"), "{info}");
+
+    // Open but read-only below: the view is read-only too.
+    srv.dm_ok(&["create", "pview", "--table", "0 2048 linear @p 0"]);
+    let info = run_text(Command::new(need("nbdinfo")).arg(srv.uri("pview")));
+    assert!(info.contains("is_read_only: true"), "{info}");
+
+    // An open, writable export reloaded onto r is narrowed at resume.
+    let table = format!("0 2048 linear {} 0", other.display());
+    srv.dm_ok(&["create", "w", "--table", &table]);
+    assert!(nbdinfo(&srv.uri("w")).status.success());
+    srv.dm_ok(&["load", "w", "--table", "0 2048 linear @r 0"]);
+    srv.dm_ok(&["resume", "w"]);
+    let o = nbdinfo(&srv.uri("w"));
+    assert!(
+        !o.status.success(),
+        "w reached after its reload: {}",
+        show(&o)
+    );
+    let info = srv.dm_ok(&["info", "w"]);
+    assert!(
+        info.contains("(READ-ONLY)") && info.contains("10.0.0.0/8"),
+        "{info}"
+    );
+}
+
 /// Issue 32.1: `ro:NAME` holds for a device re-created under the name.
 #[test]
 fn read_only_names_stay_read_only() {

@@ -347,10 +347,17 @@ impl ExportSet {
     /// [`ExportSet::add`], with one more rule a client must pass
     /// (`dmsetup create --allow`): it narrows the name's rule, never
     /// widens it.
-    pub fn add_narrowed(
+    pub fn add_narrowed(&self, ex: Export, narrow: Vec<Allow>) -> Result<Arc<Exported>, String> {
+        self.add_ruled(ex, vec![narrow])
+    }
+
+    /// [`ExportSet::add`], with more rules a client must pass: those of
+    /// `create --allow` and those a stacked device inherits from the
+    /// devices it is built on. Empty rules are no rules.
+    pub fn add_ruled(
         &self,
         mut ex: Export,
-        narrow: Vec<Allow>,
+        extra: Vec<Vec<Allow>>,
     ) -> Result<Arc<Exported>, String> {
         let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
         if list.iter().any(|e| e.export.name == ex.name) {
@@ -359,10 +366,13 @@ impl ExportSet {
         let rules = {
             let policy = self.policy.read().unwrap_or_else(|p| p.into_inner());
             ex.read_only |= policy.is_read_only(&ex.name);
-            [policy.rule(&ex.name).to_vec(), narrow]
-                .into_iter()
-                .filter(|r| !r.is_empty())
-                .collect()
+            let mut rules: Vec<Vec<Allow>> = Vec::new();
+            for r in std::iter::once(policy.rule(&ex.name).to_vec()).chain(extra) {
+                if !r.is_empty() && !rules.contains(&r) {
+                    rules.push(r);
+                }
+            }
+            rules
         };
         let pool = BufPool::new(Budget::new(self.share));
         let queue = self.engine.add_queue(ex.device.clone(), pool);
@@ -410,6 +420,44 @@ impl ExportSet {
         });
         list[i] = e.clone();
         Ok(e)
+    }
+
+    /// Make export `name` pass `rules` too, and be read-only if `read_only`
+    /// (a reload stacked it on a device with those rules). When that
+    /// changes anything, the entry is replaced and its attached clients
+    /// are disconnected: they were admitted under the old rules and may
+    /// have negotiated write access. Returns whether it changed.
+    pub fn restrict(&self, name: &str, rules: &[Vec<Allow>], read_only: bool) -> bool {
+        let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
+        let Some(i) = list.iter().position(|e| e.export.name == name) else {
+            return false;
+        };
+        let cur = list[i].clone();
+        let mut have = cur.rules();
+        let before = have.len();
+        for r in rules {
+            if !r.is_empty() && !have.contains(r) {
+                have.push(r.clone());
+            }
+        }
+        let ro = read_only && !cur.export.read_only;
+        if have.len() == before && !ro {
+            return false;
+        }
+        list[i] = Arc::new(Exported {
+            export: Export {
+                name: cur.export.name.clone(),
+                description: cur.export.description.clone(),
+                device: cur.export.device.clone(),
+                read_only: cur.export.read_only || read_only,
+            },
+            queue: cur.queue.clone(),
+            attached: Arc::default(),
+            rules: RwLock::new(have),
+        });
+        drop(list);
+        cur.close_connections();
+        true
     }
 
     /// Stop offering export `name` to new clients. Clients already attached
@@ -526,6 +574,24 @@ mod tests {
         assert!(!r.allows(&unix(1), false));
         assert!(r.allows(&unix(7), false));
         assert_eq!(describe_rule(&r.rules()[1]), "uid:7");
+    }
+
+    #[test]
+    fn restricting_an_export_adds_rules_and_read_only() {
+        let s = set(AccessPolicy::default());
+        let e = s.add(export("v")).unwrap();
+        assert!(e.allows(&tcp("127.0.0.1"), false));
+        let rule = parse_allow_list("10.0.0.0/8").unwrap();
+        assert!(s.restrict("v", std::slice::from_ref(&rule), true));
+        assert!(
+            e.is_closed(),
+            "clients admitted under the old rules are cut off"
+        );
+        let n = s.find(b"v").unwrap();
+        assert!(n.export.read_only);
+        assert!(!n.allows(&tcp("127.0.0.1"), false));
+        assert!(n.allows(&tcp("10.1.2.3"), false));
+        assert!(!s.restrict("v", &[rule], true), "nothing new: unchanged");
     }
 
     #[test]
