@@ -203,6 +203,53 @@ fn stacked_devices_inherit_rules_and_read_only() {
     );
 }
 
+/// F11: the default export `""` is bound to a name. On the starting code
+/// it was whatever device came first, so after `remove a` a client
+/// without an export name (qemu's default) was attached to `b`.
+#[test]
+fn default_export_is_bound_to_a_name() {
+    let d = scratch("udm-hostile-");
+    let a = sparse(d.path(), "a.img", 1 << 20);
+    let b = sparse(d.path(), "b.img", 2 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("a={}", a.display()),
+            "--file".into(),
+            format!("b={}", b.display()),
+        ],
+    );
+    let first = run_text(Command::new(need("nbdinfo")).arg(srv.uri("")));
+    assert!(first.contains("export-size: 1048576"), "{first}");
+    srv.dm_ok(&["remove", "a"]);
+    let o = nbdinfo(&srv.uri(""));
+    assert!(!o.status.success(), "\"\" drifted to b: {}", show(&o));
+    let table = format!("0 2048 linear {} 0", a.display());
+    srv.dm_ok(&["create", "a", "--table", &table]);
+    let again = run_text(Command::new(need("nbdinfo")).arg(srv.uri("")));
+    assert!(again.contains("export-size: 1048576"), "{again}");
+    drop(srv);
+
+    let d2 = scratch("udm-hostile-");
+    let srv = serve_tcp(
+        d2.path(),
+        &[
+            "--file".into(),
+            format!("a={}", a.display()),
+            "--file".into(),
+            format!("b={}", b.display()),
+            "--default-export".into(),
+            "b".into(),
+        ],
+    );
+    let info = run_text(Command::new(need("nbdinfo")).arg(srv.uri("")));
+    assert!(info.contains("export-size: 2097152"), "{info}");
+    drop(srv);
+    let e = serve_refused(d2.path(), &["--default-export", "nosuch"]);
+    assert!(e.contains("--default-export nosuch"), "{e}");
+}
+
 /// Issue 32.1: `ro:NAME` holds for a device re-created under the name.
 #[test]
 fn read_only_names_stay_read_only() {

@@ -128,6 +128,11 @@ pub struct Args {
     /// of that name created, renamed or re-created later.
     #[arg(long = "allow", value_name = "NAME=LIST")]
     pub allow: Vec<String>,
+    /// The device a client that gives no export name (`""`) gets
+    /// (default: the first on the command line). Bound to the name: when
+    /// no device has it, such clients get none rather than another one.
+    #[arg(long, value_name = "NAME")]
+    pub default_export: Option<String>,
     /// The rule of every name without an --allow of its own (default:
     /// every client that reaches the server).
     #[arg(long, value_name = "LIST")]
@@ -272,6 +277,7 @@ fn serve(a: Args) -> Result<(), String> {
             metrics: a.metrics,
             histograms: !a.no_histograms,
             flatten: !a.no_flatten,
+            default_export: a.default_export.clone(),
         },
     )
 }
@@ -471,6 +477,9 @@ pub struct Settings {
     pub metrics: Option<String>,
     pub histograms: bool,
     pub flatten: bool,
+    /// `--default-export`: the name `""` stands for (default: the first
+    /// device).
+    pub default_export: Option<String>,
 }
 
 impl Default for Settings {
@@ -492,6 +501,7 @@ impl Default for Settings {
             net_threads: 0,
             net: crate::nbd::NetOptions::default(),
             tls: crate::nbd::TlsOptions::default(),
+            default_export: None,
         }
     }
 }
@@ -585,6 +595,8 @@ fn reorder_exports(exports: &ExportSet, devices: &Devices, order: &[String]) -> 
             device: e.export.device.clone(),
             read_only: e.export.read_only,
         };
+        // Its rules include those inherited from devices it is stacked on.
+        let rules = e.rules();
         // The old export (and with it its engine queue) goes before the
         // new one is added: a device with a queue depth (RBD, a remote NBD
         // export) reserves that many engine workers per queue, and workers
@@ -604,7 +616,7 @@ fn reorder_exports(exports: &ExportSet, devices: &Devices, order: &[String]) -> 
                 table.trim_end()
             );
         }
-        exports.add(ex).map_err(|e| e.to_string())?;
+        exports.add_ruled(ex, rules).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -634,6 +646,26 @@ fn start_control(st: &Settings, service: &Arc<Service>) -> Result<Option<Control
             },
         },
     })
+}
+
+/// Bind `""` to `--default-export NAME` or the first device, by name.
+fn bind_default_export(
+    exports: &ExportSet,
+    order: &[String],
+    given: Option<&str>,
+) -> Result<(), String> {
+    match (given, order.first().map(String::as_str)) {
+        (Some(n), _) if !order.iter().any(|o| o == n) => Err(format!(
+            "--default-export {n}: no device of that name; give one of the names of \
+             --table/--file/--luks ({})",
+            order.join(", ")
+        )),
+        (Some(n), _) | (None, Some(n)) => {
+            exports.set_default_name(n);
+            Ok(())
+        }
+        (None, None) => Ok(()),
+    }
 }
 
 /// Without a control socket no device can appear later: a rule for a
@@ -683,6 +715,7 @@ pub fn serve_specs(
     let service = Arc::new(Service::new(devices.clone(), exports.clone(), st.read_only));
     let order = build_devices(&service, specs, st)?;
     reorder_exports(&exports, &devices, &order)?;
+    bind_default_export(&exports, &order, st.default_export.as_deref())?;
     let control = start_control(st, &service)?;
     let metrics = match &st.metrics {
         Some(a) => {

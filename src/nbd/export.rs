@@ -299,6 +299,11 @@ pub struct ExportSet {
     list: RwLock<Vec<Arc<Exported>>>,
     share: u64,
     policy: RwLock<AccessPolicy>,
+    /// The name the empty export name `""` stands for: bound once (the
+    /// first name added, or [`ExportSet::set_default_name`]) so that a
+    /// client without an export name never drifts to another volume
+    /// when that device is removed or re-created.
+    default_name: RwLock<Option<String>>,
 }
 
 impl ExportSet {
@@ -313,6 +318,7 @@ impl ExportSet {
             list: RwLock::new(Vec::new()),
             share,
             policy: RwLock::new(AccessPolicy::default()),
+            default_name: RwLock::new(None),
         }
     }
 
@@ -338,8 +344,22 @@ impl ExportSet {
         &self.engine
     }
 
-    /// Start exporting `ex` under the rules of its name. The first export
-    /// added is also the default export `""`. Names are unique.
+    /// Bind the default export `""` to `name` from now on.
+    pub fn set_default_name(&self, name: &str) {
+        *self.default_name.write().unwrap_or_else(|p| p.into_inner()) = Some(name.to_string());
+    }
+
+    /// The name `""` stands for, if one is bound.
+    pub fn default_name(&self) -> Option<String> {
+        self.default_name
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Start exporting `ex` under the rules of its name. Unless bound
+    /// otherwise, the name of the first export added is also the default
+    /// export `""`. Names are unique.
     pub fn add(&self, ex: Export) -> Result<Arc<Exported>, String> {
         self.add_narrowed(ex, Vec::new())
     }
@@ -374,6 +394,12 @@ impl ExportSet {
             }
             rules
         };
+        {
+            let mut d = self.default_name.write().unwrap_or_else(|p| p.into_inner());
+            if d.is_none() {
+                *d = Some(ex.name.clone());
+            }
+        }
         let pool = BufPool::new(Budget::new(self.share));
         let queue = self.engine.add_queue(ex.device.clone(), pool);
         let e = Arc::new(Exported {
@@ -469,12 +495,20 @@ impl ExportSet {
         Some(list.remove(i))
     }
 
-    /// The export a client asks for by name; the empty name is the first.
+    /// The export a client asks for by name; the empty name is the bound
+    /// default name's export, and unknown while no device has that name.
     pub fn find(&self, name: &[u8]) -> Option<Arc<Exported>> {
+        let default = if name.is_empty() {
+            self.default_name()?
+        } else {
+            String::new()
+        };
+        let name = if name.is_empty() {
+            default.as_bytes()
+        } else {
+            name
+        };
         let list = self.list.read().unwrap_or_else(|p| p.into_inner());
-        if name.is_empty() {
-            return list.first().cloned();
-        }
         list.iter()
             .find(|e| e.export.name.as_bytes() == name)
             .cloned()
@@ -592,6 +626,20 @@ mod tests {
         assert!(!n.allows(&tcp("127.0.0.1"), false));
         assert!(n.allows(&tcp("10.1.2.3"), false));
         assert!(!s.restrict("v", &[rule], true), "nothing new: unchanged");
+    }
+
+    #[test]
+    fn the_default_export_stays_bound_to_its_name() {
+        let s = set(AccessPolicy::default());
+        s.add(export("a")).unwrap();
+        s.add(export("b")).unwrap();
+        assert_eq!(s.find(b"").unwrap().export.name, "a");
+        s.remove("a");
+        assert!(s.find(b"").is_none(), "\"\" drifted to another device");
+        s.add(export("a")).unwrap();
+        assert_eq!(s.find(b"").unwrap().export.name, "a");
+        s.set_default_name("b");
+        assert_eq!(s.find(b"").unwrap().export.name, "b");
     }
 
     #[test]
