@@ -605,6 +605,39 @@ fn metrics_answer_while_idle_connections_hold_sockets() {
     drop(srv);
 }
 
+/// F4: the counters name every device, also allow-listed ones, so a
+/// scrape from an address `--metrics-allow` does not list gets 403 and
+/// no device name. On the starting code anyone who reached the port got
+/// them all.
+#[test]
+fn metrics_refuse_addresses_not_allowed() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "secret.img", 1 << 20);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("secretvol={}", img.display()),
+            "--metrics".into(),
+            addr.clone(),
+            "--metrics-allow".into(),
+            "10.0.0.0/8".into(),
+        ],
+    );
+    let get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    let (_, body) = scrape(&addr, get);
+    assert!(body.starts_with("HTTP/1.0 403"), "{body}");
+    assert!(!body.contains("secretvol"), "{body}");
+    drop(srv);
+    let e = serve_refused(
+        d.path(),
+        &["--metrics", "127.0.0.1:0", "--metrics-allow", "unix"],
+    );
+    assert!(e.contains("--metrics-allow"), "{e}");
+}
+
 /// Issue 32.1: `udm cryptsetup open --allow` narrows who may use the
 /// opened volume, on a server whose default admits loopback; the rule
 /// shows in `dmsetup info` and survives nothing wider.

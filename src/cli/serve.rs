@@ -153,6 +153,11 @@ pub struct Args {
     /// Serve every device's counters as Prometheus text on HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
+    /// Who may scrape --metrics: IP addresses or ADDRESS/PREFIX networks,
+    /// comma-separated (default: loopback only, 127.0.0.0/8,::1); others
+    /// get 403.
+    #[arg(long, value_name = "LIST", requires = "metrics")]
+    pub metrics_allow: Option<String>,
     /// Start devices with latency histograms off (counters stay on;
     /// `dmsetup message NAME 0 @stats_histograms on` turns them on).
     #[arg(long)]
@@ -275,6 +280,10 @@ fn serve(a: Args) -> Result<(), String> {
                 }
             },
             metrics: a.metrics,
+            metrics_allow: crate::nbd::export::parse_address_list(
+                a.metrics_allow.as_deref().unwrap_or(DEFAULT_METRICS_ALLOW),
+            )
+            .map_err(|e| format!("--metrics-allow: {e}"))?,
             histograms: !a.no_histograms,
             flatten: !a.no_flatten,
             default_export: a.default_export.clone(),
@@ -445,6 +454,9 @@ fn parse_socket_mode(s: &str) -> Result<u32, String> {
         })
 }
 
+/// Who may scrape `--metrics` unless `--metrics-allow` says otherwise.
+const DEFAULT_METRICS_ALLOW: &str = "127.0.0.0/8,::1";
+
 /// Where the control socket goes.
 #[derive(Debug, Clone, Default)]
 pub enum ControlPath {
@@ -475,6 +487,8 @@ pub struct Settings {
     pub tls: crate::nbd::TlsOptions,
     pub control: ControlPath,
     pub metrics: Option<String>,
+    /// `--metrics-allow`: who may scrape.
+    pub metrics_allow: Vec<crate::nbd::Allow>,
     pub histograms: bool,
     pub flatten: bool,
     /// `--default-export`: the name `""` stands for (default: the first
@@ -493,6 +507,8 @@ impl Default for Settings {
             memory_budget: None,
             control: ControlPath::Default,
             metrics: None,
+            metrics_allow: crate::nbd::export::parse_address_list(DEFAULT_METRICS_ALLOW)
+                .unwrap_or_default(),
             histograms: true,
             flatten: true,
             policy: AccessPolicy::default(),
@@ -718,9 +734,10 @@ pub fn serve_specs(
     bind_default_export(&exports, &order, st.default_export.as_deref())?;
     let control = start_control(st, &service)?;
     let metrics = match &st.metrics {
-        Some(a) => {
-            Some(control::metrics::Metrics::start(a, service.clone()).map_err(|e| e.to_string())?)
-        }
+        Some(a) => Some(
+            control::metrics::Metrics::start(a, service.clone(), st.metrics_allow.clone())
+                .map_err(|e| e.to_string())?,
+        ),
         None => None,
     };
     if control.is_none() {

@@ -100,6 +100,29 @@ pub fn parse_allow_list(s: &str) -> Result<Vec<Allow>, String> {
     s.split(',').map(|x| x.trim().parse::<Allow>()).collect()
 }
 
+/// `--metrics-allow LIST`: addresses and networks only (HTTP scrapers
+/// arrive over TCP, with no Unix credentials and no TLS).
+pub fn parse_address_list(s: &str) -> Result<Vec<Allow>, String> {
+    let list = parse_allow_list(s)?;
+    if let Some(a) = list.iter().find(|a| !matches!(a, Allow::Net(..))) {
+        return Err(format!(
+            "'{a}': this list takes IP addresses or ADDRESS/PREFIX networks only, \
+             e.g. 127.0.0.1,10.0.0.0/8"
+        ));
+    }
+    Ok(list)
+}
+
+/// Whether a TCP client at `ip` passes `rule` (any entry admits; an
+/// IPv4 client on an IPv6 socket counts as its IPv4 address).
+pub fn rule_admits_address(rule: &[Allow], ip: std::net::IpAddr) -> bool {
+    let peer = Peer {
+        ip: Some(ip.to_canonical()),
+        uid: None,
+    };
+    rule.iter().any(|a| a.admits(&peer, false))
+}
+
 /// A rule (all its entries) as the user wrote it: `unix,10.0.0.0/8`.
 pub fn describe_rule(rule: &[Allow]) -> String {
     rule.iter()
@@ -640,6 +663,16 @@ mod tests {
         assert_eq!(s.find(b"").unwrap().export.name, "a");
         s.set_default_name("b");
         assert_eq!(s.find(b"").unwrap().export.name, "b");
+    }
+
+    #[test]
+    fn address_lists_take_networks_only() {
+        let l = parse_address_list("127.0.0.0/8,::1").unwrap();
+        assert!(rule_admits_address(&l, "127.0.0.5".parse().unwrap()));
+        assert!(rule_admits_address(&l, "::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!rule_admits_address(&l, "10.0.0.1".parse().unwrap()));
+        let e = parse_address_list("unix").unwrap_err();
+        assert!(e.contains("IP addresses"), "{e}");
     }
 
     #[test]
