@@ -28,7 +28,7 @@ impl Export {
     }
 }
 
-pub use super::sock::Peer;
+pub use super::sock::{Peer, PeerKind};
 
 /// Who may use an export (an allow-list entry). An export with no entries
 /// is open to every client that reaches the server.
@@ -117,6 +117,7 @@ pub fn parse_address_list(s: &str) -> Result<Vec<Allow>, String> {
 /// IPv4 client on an IPv6 socket counts as its IPv4 address).
 pub fn rule_admits_address(rule: &[Allow], ip: std::net::IpAddr) -> bool {
     let peer = Peer {
+        kind: PeerKind::Tcp,
         ip: Some(ip.to_canonical()),
         uid: None,
     };
@@ -133,11 +134,11 @@ pub fn describe_rule(rule: &[Allow]) -> String {
 
 impl Allow {
     fn admits(&self, peer: &Peer, tls_verified: bool) -> bool {
-        match (self, peer.ip) {
-            (Allow::Unix, None) => true,
-            (Allow::Uid(u), None) => peer.uid == Some(*u),
-            (Allow::Tls, _) => tls_verified,
-            (Allow::Net(net, prefix), Some(ip)) => {
+        match (self, peer.kind, peer.ip) {
+            (Allow::Unix, PeerKind::Unix, _) => true,
+            (Allow::Uid(u), PeerKind::Unix, _) => peer.uid == Some(*u),
+            (Allow::Tls, _, _) => tls_verified,
+            (Allow::Net(net, prefix), PeerKind::Tcp, Some(ip)) => {
                 let (n, a, bits) = match (net, ip) {
                     (std::net::IpAddr::V4(n), std::net::IpAddr::V4(a)) => {
                         (u128::from(u32::from(*n)), u128::from(u32::from(a)), 32)
@@ -578,6 +579,7 @@ mod tests {
 
     fn tcp(ip: &str) -> Peer {
         Peer {
+            kind: PeerKind::Tcp,
             ip: Some(ip.parse().unwrap()),
             uid: None,
         }
@@ -585,6 +587,7 @@ mod tests {
 
     fn unix(uid: u32) -> Peer {
         Peer {
+            kind: PeerKind::Unix,
             ip: None,
             uid: Some(uid),
         }
@@ -673,6 +676,26 @@ mod tests {
         assert!(!rule_admits_address(&l, "10.0.0.1".parse().unwrap()));
         let e = parse_address_list("unix").unwrap_err();
         assert!(e.contains("IP addresses"), "{e}");
+    }
+
+    #[test]
+    fn a_tcp_peer_without_an_address_is_not_a_unix_one() {
+        let s = set(AccessPolicy {
+            default: parse_allow_list("unix,uid:0").unwrap(),
+            ..AccessPolicy::default()
+        });
+        let e = s.add(export("d")).unwrap();
+        let lost = Peer {
+            kind: PeerKind::Tcp,
+            ip: None,
+            uid: None,
+        };
+        assert!(!e.allows(&lost, false), "fail-open on an unknown address");
+        assert!(!e.allows(&Peer::default(), false));
+        assert!(e.allows(&unix(5), false));
+        let net = s.add(export("n")).unwrap();
+        net.narrow(parse_allow_list("0.0.0.0/0").unwrap());
+        assert!(!net.allows(&lost, false));
     }
 
     #[test]
