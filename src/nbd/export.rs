@@ -169,6 +169,77 @@ pub struct Exported {
     /// narrowing (`dmsetup create --allow`) and renames, which may only
     /// ever add rules, so nothing widens what a name's rule allowed.
     rules: RwLock<Vec<Vec<Allow>>>,
+    /// Failed requests of this export, rate-limited in the log.
+    pub failures: Arc<FailureLog>,
+}
+
+/// Logs failed requests of one export at most `per` times per `every`,
+/// then once more with the count of those it left out, so a client that
+/// loops over a failing range cannot flood the log (one line each was
+/// thousands per second).
+pub struct FailureLog {
+    export: String,
+    per: u32,
+    every: std::time::Duration,
+    state: Mutex<LogState>,
+}
+
+#[derive(Default)]
+struct LogState {
+    since: Option<std::time::Instant>,
+    logged: u32,
+    dropped: u64,
+}
+
+impl FailureLog {
+    /// Failures logged per interval by default.
+    pub const PER: u32 = 10;
+    /// The interval.
+    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+    pub fn new(export: &str, per: u32, every: std::time::Duration) -> FailureLog {
+        FailureLog {
+            export: export.to_string(),
+            per,
+            every,
+            state: Mutex::new(LogState::default()),
+        }
+    }
+
+    /// Whether a failure seen at `now` is logged, and how many were left
+    /// out in the interval that just ended (non-zero once per interval).
+    pub fn admit(&self, now: std::time::Instant) -> (bool, u64) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut left_out = 0;
+        if st.since.is_none_or(|t| now.duration_since(t) >= self.every) {
+            left_out = std::mem::take(&mut st.dropped);
+            st.since = Some(now);
+            st.logged = 0;
+        }
+        if st.logged < self.per {
+            st.logged += 1;
+            (true, left_out)
+        } else {
+            st.dropped += 1;
+            (false, left_out)
+        }
+    }
+
+    /// Log one failed request (its detail stays in the server's log; the
+    /// client gets a fixed message).
+    pub fn failed(&self, what: std::fmt::Arguments<'_>) {
+        let (log, left_out) = self.admit(std::time::Instant::now());
+        if left_out > 0 {
+            tracing::warn!(
+                "export {}: {left_out} more failed requests not logged in the last {} s",
+                self.export,
+                self.every.as_secs()
+            );
+        }
+        if log {
+            tracing::warn!("export {}: {what}", self.export);
+        }
+    }
 }
 
 /// A hook that ends one client's connection (shuts its socket), given by
@@ -426,11 +497,17 @@ impl ExportSet {
         }
         let pool = BufPool::new(Budget::new(self.share));
         let queue = self.engine.add_queue(ex.device.clone(), pool);
+        let failures = Arc::new(FailureLog::new(
+            &ex.name,
+            FailureLog::PER,
+            FailureLog::EVERY,
+        ));
         let e = Arc::new(Exported {
             export: ex,
             queue,
             attached: Arc::default(),
             rules: RwLock::new(rules),
+            failures,
         });
         list.push(e.clone());
         Ok(e)
@@ -467,6 +544,7 @@ impl ExportSet {
             queue: cur.queue.clone(),
             attached: cur.attached.clone(),
             rules: RwLock::new(rules),
+            failures: cur.failures.clone(),
         });
         list[i] = e.clone();
         Ok(e)
@@ -504,6 +582,7 @@ impl ExportSet {
             queue: cur.queue.clone(),
             attached: Arc::default(),
             rules: RwLock::new(have),
+            failures: cur.failures.clone(),
         });
         drop(list);
         cur.close_connections();
@@ -696,6 +775,17 @@ mod tests {
         let net = s.add(export("n")).unwrap();
         net.narrow(parse_allow_list("0.0.0.0/0").unwrap());
         assert!(!net.allows(&lost, false));
+    }
+
+    #[test]
+    fn failure_log_keeps_the_first_of_each_interval_then_counts() {
+        let l = FailureLog::new("d", 3, std::time::Duration::from_secs(10));
+        let t = std::time::Instant::now();
+        let first: Vec<bool> = (0..5).map(|_| l.admit(t).0).collect();
+        assert_eq!(first, [true, true, true, false, false]);
+        let later = t + std::time::Duration::from_secs(11);
+        assert_eq!(l.admit(later), (true, 2), "the summary counts the left-out");
+        assert_eq!(l.admit(later), (true, 0), "and is given once");
     }
 
     #[test]
