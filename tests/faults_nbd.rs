@@ -294,3 +294,62 @@ fn fault_targets_through_udm_dmsetup() {
     );
     swap_and_check(format!("0 8192 flakey {disk} 0 3600 0"), "kept");
 }
+
+/// F3: the text of an error chunk is fixed per error number; the
+/// failure's detail (backing paths, upstream addresses) stays in the
+/// server's log. On the starting code the client got the target's error,
+/// which named the backing file.
+#[test]
+fn error_chunks_tell_clients_no_server_detail() {
+    use std::io::{Read, Write};
+    let d = scratch("udm-dust-");
+    let img = sparse(d.path(), "d.img", 4 << 20);
+    let lines = udm::core::table::parse(&format!("0 8192 dust {} 0 512\n", img.display())).unwrap();
+    let dev = udm::mapper::build(&lines, &mut Files, &Default::default()).unwrap();
+    let t = &dev.segments()[0].target;
+    assert_eq!(t.message(&["addbadblock".into(), "8".into()]), Ok(None));
+    assert_eq!(t.message(&["enable".into()]), Ok(None));
+    let dev: Arc<dyn udm::core::BlockDevice> = Arc::new(dev);
+    let srv = nbd::Server::start(vec![nbd::export("dust", dev, false)], 2);
+    let mut s = std::os::unix::net::UnixStream::connect(&srv.socket).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    let option = |s: &mut std::os::unix::net::UnixStream, opt: u32, data: &[u8]| {
+        let mut m = 0x4948_4156_454F_5054u64.to_be_bytes().to_vec();
+        m.extend_from_slice(&opt.to_be_bytes());
+        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        m.extend_from_slice(data);
+        s.write_all(&m).unwrap();
+    };
+    option(&mut s, 8, &[]); // STRUCTURED_REPLY
+    let mut rep = [0u8; 20];
+    s.read_exact(&mut rep).unwrap();
+    assert_eq!(
+        u32::from_be_bytes(rep[12..16].try_into().unwrap()),
+        1,
+        "ACK"
+    );
+    option(&mut s, 1, b"dust"); // EXPORT_NAME
+    let mut info = [0u8; 10];
+    s.read_exact(&mut info).unwrap();
+    s.write_all(&nbd::request(0, 7, 8 * 512, 512)).unwrap();
+    let mut head = [0u8; 20];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(
+        u16::from_be_bytes([head[6], head[7]]),
+        0x8001,
+        "an error chunk"
+    );
+    let len = u32::from_be_bytes(head[16..20].try_into().unwrap()) as usize;
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    assert_eq!(u32::from_be_bytes(body[0..4].try_into().unwrap()), 5, "EIO");
+    let msg = String::from_utf8_lossy(&body[6..]).into_owned();
+    assert_eq!(msg, "I/O error");
+    assert!(!msg.contains(&d.path().display().to_string()), "{msg}");
+    drop(s);
+    srv.stop().unwrap();
+}

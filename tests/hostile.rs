@@ -150,6 +150,106 @@ fn rules_belong_to_names_not_devices() {
     assert!(!nbdinfo(&srv.uri("y")).status.success(), "rename widened y");
 }
 
+/// F23: a device stacked on `@r` reaches `r`'s bytes, so it takes `r`'s
+/// rules and read-only, also when a reload stacks an existing export on
+/// `r`. On the starting code `create rview --table "linear @r"` was an
+/// open, writable export of the protected, read-only `r`.
+#[test]
+fn stacked_devices_inherit_rules_and_read_only() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "r.img", 1 << 20);
+    let other = sparse(d.path(), "o.img", 1 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("ro:r={}", img.display()),
+            "--allow".into(),
+            "r=10.0.0.0/8".into(),
+            "--file".into(),
+            format!("ro:p={}", other.display()),
+            "--allow-default".into(),
+            "127.0.0.0/8".into(),
+        ],
+    );
+    srv.dm_ok(&["create", "rview", "--table", "0 2048 linear @r 0"]);
+    let o = nbdinfo(&srv.uri("rview"));
+    assert!(!o.status.success(), "rview reached: {}", show(&o));
+    let info = srv.dm_ok(&["info", "rview"]);
+    assert!(info.contains("(READ-ONLY)"), "{info}");
+    assert!(info.contains("10.0.0.0/8"), "{info}");
+
+    // Open but read-only below: the view is read-only too.
+    srv.dm_ok(&["create", "pview", "--table", "0 2048 linear @p 0"]);
+    let info = run_text(Command::new(need("nbdinfo")).arg(srv.uri("pview")));
+    assert!(info.contains("is_read_only: true"), "{info}");
+
+    // An open, writable export reloaded onto r is narrowed at resume.
+    let table = format!("0 2048 linear {} 0", other.display());
+    srv.dm_ok(&["create", "w", "--table", &table]);
+    assert!(nbdinfo(&srv.uri("w")).status.success());
+    srv.dm_ok(&["load", "w", "--table", "0 2048 linear @r 0"]);
+    srv.dm_ok(&["resume", "w"]);
+    let o = nbdinfo(&srv.uri("w"));
+    assert!(
+        !o.status.success(),
+        "w reached after its reload: {}",
+        show(&o)
+    );
+    let info = srv.dm_ok(&["info", "w"]);
+    assert!(
+        info.contains("(READ-ONLY)") && info.contains("10.0.0.0/8"),
+        "{info}"
+    );
+}
+
+/// F11: the default export `""` is bound to a name. On the starting code
+/// it was whatever device came first, so after `remove a` a client
+/// without an export name (qemu's default) was attached to `b`.
+#[test]
+fn default_export_is_bound_to_a_name() {
+    let d = scratch("udm-hostile-");
+    let a = sparse(d.path(), "a.img", 1 << 20);
+    let b = sparse(d.path(), "b.img", 2 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("a={}", a.display()),
+            "--file".into(),
+            format!("b={}", b.display()),
+        ],
+    );
+    let first = run_text(Command::new(need("nbdinfo")).arg(srv.uri("")));
+    assert!(first.contains("export-size: 1048576"), "{first}");
+    srv.dm_ok(&["remove", "a"]);
+    let o = nbdinfo(&srv.uri(""));
+    assert!(!o.status.success(), "\"\" drifted to b: {}", show(&o));
+    let table = format!("0 2048 linear {} 0", a.display());
+    srv.dm_ok(&["create", "a", "--table", &table]);
+    let again = run_text(Command::new(need("nbdinfo")).arg(srv.uri("")));
+    assert!(again.contains("export-size: 1048576"), "{again}");
+    drop(srv);
+
+    let d2 = scratch("udm-hostile-");
+    let srv = serve_tcp(
+        d2.path(),
+        &[
+            "--file".into(),
+            format!("a={}", a.display()),
+            "--file".into(),
+            format!("b={}", b.display()),
+            "--default-export".into(),
+            "b".into(),
+        ],
+    );
+    let info = run_text(Command::new(need("nbdinfo")).arg(srv.uri("")));
+    assert!(info.contains("export-size: 2097152"), "{info}");
+    drop(srv);
+    let e = serve_refused(d2.path(), &["--default-export", "nosuch"]);
+    assert!(e.contains("--default-export nosuch"), "{e}");
+}
+
 /// Issue 32.1: `ro:NAME` holds for a device re-created under the name.
 #[test]
 fn read_only_names_stay_read_only() {
@@ -416,6 +516,43 @@ fn tls_options_that_cannot_work_are_errors() {
     assert!(e.contains("skip the certificate check"), "{e}");
 }
 
+/// F8: a `tls` allow entry without `--tls-verify-peer` admitted every
+/// anonymous TLS client (the README's own example was open to anyone
+/// who spoke STARTTLS). Now the server refuses to start and names the
+/// option that gives `tls` its meaning.
+#[test]
+fn tls_rule_needs_verified_peers() {
+    let d = scratch("udm-hostile-");
+    let certs = d.path().display().to_string();
+    for rule in ["d=tls,10.0.0.0/8", "d=tls"] {
+        let e = serve_refused(
+            d.path(),
+            &[
+                "--tls=require",
+                "--tls-certificates",
+                &certs,
+                "--allow",
+                rule,
+            ],
+        );
+        assert!(
+            e.contains("--tls-verify-peer") && e.contains("'tls'"),
+            "{e}"
+        );
+    }
+    let e = serve_refused(
+        d.path(),
+        &[
+            "--tls=require",
+            "--tls-certificates",
+            &certs,
+            "--allow-default",
+            "tls",
+        ],
+    );
+    assert!(e.contains("--tls-verify-peer"), "{e}");
+}
+
 /// One scrape of `addr`: the time it took and what came back.
 fn scrape(addr: &str, request: &[u8]) -> (Duration, String) {
     use std::io::{Read, Write};
@@ -466,6 +603,39 @@ fn metrics_answer_while_idle_connections_hold_sockets() {
     assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
     drop(idle);
     drop(srv);
+}
+
+/// F4: the counters name every device, also allow-listed ones, so a
+/// scrape from an address `--metrics-allow` does not list gets 403 and
+/// no device name. On the starting code anyone who reached the port got
+/// them all.
+#[test]
+fn metrics_refuse_addresses_not_allowed() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "secret.img", 1 << 20);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("secretvol={}", img.display()),
+            "--metrics".into(),
+            addr.clone(),
+            "--metrics-allow".into(),
+            "10.0.0.0/8".into(),
+        ],
+    );
+    let get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    let (_, body) = scrape(&addr, get);
+    assert!(body.starts_with("HTTP/1.0 403"), "{body}");
+    assert!(!body.contains("secretvol"), "{body}");
+    drop(srv);
+    let e = serve_refused(
+        d.path(),
+        &["--metrics", "127.0.0.1:0", "--metrics-allow", "unix"],
+    );
+    assert!(e.contains("--metrics-allow"), "{e}");
 }
 
 /// Issue 32.1: `udm cryptsetup open --allow` narrows who may use the

@@ -128,6 +128,11 @@ pub struct Args {
     /// of that name created, renamed or re-created later.
     #[arg(long = "allow", value_name = "NAME=LIST")]
     pub allow: Vec<String>,
+    /// The device a client that gives no export name (`""`) gets
+    /// (default: the first on the command line). Bound to the name: when
+    /// no device has it, such clients get none rather than another one.
+    #[arg(long, value_name = "NAME")]
+    pub default_export: Option<String>,
     /// The rule of every name without an --allow of its own (default:
     /// every client that reaches the server).
     #[arg(long, value_name = "LIST")]
@@ -148,6 +153,11 @@ pub struct Args {
     /// Serve every device's counters as Prometheus text on HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
+    /// Who may scrape --metrics: IP addresses or ADDRESS/PREFIX networks,
+    /// comma-separated (default: loopback only, 127.0.0.0/8,::1); others
+    /// get 403.
+    #[arg(long, value_name = "LIST", requires = "metrics")]
+    pub metrics_allow: Option<String>,
     /// Start devices with latency histograms off (counters stay on;
     /// `dmsetup message NAME 0 @stats_histograms on` turns them on).
     #[arg(long)]
@@ -271,8 +281,13 @@ fn serve(a: Args) -> Result<(), String> {
                 }
             },
             metrics: a.metrics,
+            metrics_allow: crate::nbd::export::parse_address_list(
+                a.metrics_allow.as_deref().unwrap_or(DEFAULT_METRICS_ALLOW),
+            )
+            .map_err(|e| format!("--metrics-allow: {e}"))?,
             histograms: !a.no_histograms,
             flatten: !a.no_flatten,
+            default_export: a.default_export.clone(),
         },
     )
 }
@@ -411,6 +426,14 @@ fn check_tls(tls: &crate::nbd::TlsOptions, policy: &AccessPolicy) -> Result<(), 
         .map(|(_, r)| r)
         .chain(std::iter::once(&policy.default))
         .any(|r| r.contains(&crate::nbd::Allow::Tls));
+    if names_tls && !tls.verify_peer {
+        return Err(
+            "an allow rule names 'tls', which admits only clients whose certificate the \
+                    server verified: add --tls-verify-peer (with --tls=require and ca-cert.pem \
+                    in --tls-certificates), or drop 'tls' from the rule"
+                .into(),
+        );
+    }
     if tls.mode == crate::nbd::TlsMode::On && tls.verify_peer && !names_tls {
         return Err(
             "--tls=on with --tls-verify-peer: clients that stay in plain text skip the \
@@ -431,6 +454,9 @@ fn parse_socket_mode(s: &str) -> Result<u32, String> {
             format!("--socket-mode expects an octal mode such as 0600 or 0660, got '{s}'")
         })
 }
+
+/// Who may scrape `--metrics` unless `--metrics-allow` says otherwise.
+const DEFAULT_METRICS_ALLOW: &str = "127.0.0.0/8,::1";
 
 /// Where the control socket goes.
 #[derive(Debug, Clone, Default)]
@@ -462,8 +488,13 @@ pub struct Settings {
     pub tls: crate::nbd::TlsOptions,
     pub control: ControlPath,
     pub metrics: Option<String>,
+    /// `--metrics-allow`: who may scrape.
+    pub metrics_allow: Vec<crate::nbd::Allow>,
     pub histograms: bool,
     pub flatten: bool,
+    /// `--default-export`: the name `""` stands for (default: the first
+    /// device).
+    pub default_export: Option<String>,
 }
 
 impl Default for Settings {
@@ -477,6 +508,8 @@ impl Default for Settings {
             memory_budget: None,
             control: ControlPath::Default,
             metrics: None,
+            metrics_allow: crate::nbd::export::parse_address_list(DEFAULT_METRICS_ALLOW)
+                .unwrap_or_default(),
             histograms: true,
             flatten: true,
             policy: AccessPolicy::default(),
@@ -485,6 +518,7 @@ impl Default for Settings {
             net_threads: 0,
             net: crate::nbd::NetOptions::default(),
             tls: crate::nbd::TlsOptions::default(),
+            default_export: None,
         }
     }
 }
@@ -578,6 +612,8 @@ fn reorder_exports(exports: &ExportSet, devices: &Devices, order: &[String]) -> 
             device: e.export.device.clone(),
             read_only: e.export.read_only,
         };
+        // Its rules include those inherited from devices it is stacked on.
+        let rules = e.rules();
         // The old export (and with it its engine queue) goes before the
         // new one is added: a device with a queue depth (RBD, a remote NBD
         // export) reserves that many engine workers per queue, and workers
@@ -597,7 +633,7 @@ fn reorder_exports(exports: &ExportSet, devices: &Devices, order: &[String]) -> 
                 table.trim_end()
             );
         }
-        exports.add(ex).map_err(|e| e.to_string())?;
+        exports.add_ruled(ex, rules).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -627,6 +663,26 @@ fn start_control(st: &Settings, service: &Arc<Service>) -> Result<Option<Control
             },
         },
     })
+}
+
+/// Bind `""` to `--default-export NAME` or the first device, by name.
+fn bind_default_export(
+    exports: &ExportSet,
+    order: &[String],
+    given: Option<&str>,
+) -> Result<(), String> {
+    match (given, order.first().map(String::as_str)) {
+        (Some(n), _) if !order.iter().any(|o| o == n) => Err(format!(
+            "--default-export {n}: no device of that name; give one of the names of \
+             --table/--file/--luks ({})",
+            order.join(", ")
+        )),
+        (Some(n), _) | (None, Some(n)) => {
+            exports.set_default_name(n);
+            Ok(())
+        }
+        (None, None) => Ok(()),
+    }
 }
 
 /// Without a control socket no device can appear later: a rule for a
@@ -676,11 +732,13 @@ pub fn serve_specs(
     let service = Arc::new(Service::new(devices.clone(), exports.clone(), st.read_only));
     let order = build_devices(&service, specs, st)?;
     reorder_exports(&exports, &devices, &order)?;
+    bind_default_export(&exports, &order, st.default_export.as_deref())?;
     let control = start_control(st, &service)?;
     let metrics = match &st.metrics {
-        Some(a) => {
-            Some(control::metrics::Metrics::start(a, service.clone()).map_err(|e| e.to_string())?)
-        }
+        Some(a) => Some(
+            control::metrics::Metrics::start(a, service.clone(), st.metrics_allow.clone())
+                .map_err(|e| e.to_string())?,
+        ),
         None => None,
     };
     if control.is_none() {

@@ -9,6 +9,10 @@
 //! connection still sending its request makes room for the new one, so
 //! idle sockets cannot lock a scraper out. Requests may carry up to
 //! [`MAX_REQUEST`] bytes of headers; past that they get a 431.
+//!
+//! The counters name every device, also those whose NBD rules hide them
+//! from most clients, so only addresses of `--metrics-allow` (default:
+//! loopback) may scrape; others get 403 before anything is read.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -22,6 +26,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::service::Service;
 use crate::dm::stats::OPS;
+use crate::nbd::export::{rule_admits_address, Allow};
 
 /// Render the metrics of every device.
 pub fn render(service: &Service) -> String {
@@ -135,7 +140,9 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn start(addr: &str, service: Arc<Service>) -> io::Result<Metrics> {
+    /// Serve on `addr`; a scrape from an address `allow` does not admit
+    /// gets 403 (the counters name every device, protected ones too).
+    pub fn start(addr: &str, service: Arc<Service>, allow: Vec<Allow>) -> io::Result<Metrics> {
         let addrs: Vec<_> = addr
             .to_socket_addrs()
             .map_err(|e| io::Error::new(e.kind(), format!("bad --metrics address {addr:?}: {e}")))?
@@ -155,6 +162,7 @@ impl Metrics {
             conns: HashMap::new(),
             next: 2,
             service,
+            allow,
         };
         let thread = std::thread::Builder::new()
             .name("udm-metrics".into())
@@ -191,6 +199,8 @@ struct Loop {
     conns: HashMap<usize, Conn>,
     next: usize,
     service: Arc<Service>,
+    /// `--metrics-allow`: who may scrape.
+    allow: Vec<Allow>,
 }
 
 /// What to do with a connection after an event.
@@ -232,8 +242,8 @@ impl Loop {
 
     fn accept(&mut self) {
         loop {
-            let mut s = match self.listener.accept() {
-                Ok((s, _)) => s,
+            let (mut s, from) = match self.listener.accept() {
+                Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     // Out of descriptors and the like: the next event retries.
@@ -253,11 +263,15 @@ impl Loop {
                 .register(&mut s, Token(t), interest)
                 .is_ok()
             {
+                // Refused before reading a byte: the answer is the same
+                // whatever the request says.
+                let out = (!rule_admits_address(&self.allow, from.ip()))
+                    .then(|| response("403 Forbidden", "forbidden\n", true));
                 let c = Conn {
                     s,
                     accepted: Instant::now(),
                     req: Vec::new(),
-                    out: None,
+                    out,
                     sent: 0,
                 };
                 self.conns.insert(t, c);

@@ -114,13 +114,44 @@ impl Service {
             return (rules, e.export.read_only);
         }
         let policy = self.exports.policy();
-        let narrow = self.narrowing(name);
-        let rules = [policy.rule(name), &narrow[..]]
-            .iter()
-            .filter(|r| !r.is_empty())
-            .map(|r| describe_rule(r))
-            .collect();
-        (rules, policy.is_read_only(name))
+        let (inherited, ro) = self.inherited(name);
+        let mut rules: Vec<String> = Vec::new();
+        let own = [policy.rule(name).to_vec(), self.narrowing(name)];
+        for r in own.into_iter().chain(inherited) {
+            let r = describe_rule(&r);
+            if !r.is_empty() && !rules.contains(&r) {
+                rules.push(r);
+            }
+        }
+        (rules, policy.is_read_only(name) || ro)
+    }
+
+    /// The rules of every device `name` is built on, and whether any of
+    /// them is read-only: a stacked device reaches their bytes, so it may
+    /// be no more open nor writable than they are.
+    fn inherited(&self, name: &str) -> (Vec<Vec<Allow>>, bool) {
+        let policy = self.exports.policy();
+        let mut rules: Vec<Vec<Allow>> = Vec::new();
+        let mut ro = false;
+        for l in self.devices.lowers(name) {
+            let theirs = match self.export_of(&l) {
+                Some(e) => {
+                    ro |= e.export.is_read_only();
+                    e.rules()
+                }
+                None => {
+                    ro |=
+                        policy.is_read_only(&l) || self.devices.info(&l).is_ok_and(|d| d.read_only);
+                    vec![policy.rule(&l).to_vec(), self.narrowing(&l)]
+                }
+            };
+            for r in theirs {
+                if !r.is_empty() && !rules.contains(&r) {
+                    rules.push(r);
+                }
+            }
+        }
+        (rules, ro)
     }
 
     fn narrowing(&self, name: &str) -> Vec<Allow> {
@@ -505,25 +536,32 @@ impl Service {
         }
     }
 
-    /// Export `name` if it has a live table and no export yet.
+    /// Export `name` if it has a live table and no export yet; an export
+    /// that has one gains the rules (and read-only) of the devices its
+    /// table now reaches.
     fn ensure_export(&self, name: &str) -> Result<(), OpError> {
+        let (inherited, inherited_ro) = self.inherited(name);
         if self.export_of(name).is_some() {
+            self.exports.restrict(name, &inherited, inherited_ro);
             return Ok(());
         }
         let d = self.devices.info(name).map_err(classify)?;
         if !d.live_table {
             return Ok(());
         }
-        // The name's rules (and `ro:`) come from the set's policy.
+        // The name's rules (and `ro:`) come from the set's policy; a
+        // device stacked on others is narrowed by theirs too.
+        let mut rules = vec![self.narrowing(name)];
+        rules.extend(inherited);
         self.exports
-            .add_narrowed(
+            .add_ruled(
                 Export {
                     name: name.to_string(),
                     description: format!("udm mapped device {name}"),
                     device: d.device.clone(),
-                    read_only: self.read_only || d.read_only,
+                    read_only: self.read_only || d.read_only || inherited_ro,
                 },
-                self.narrowing(name),
+                rules,
             )
             .map_err(|e| err(Code::Eexist, e))?;
         Ok(())
@@ -684,7 +722,14 @@ impl Service {
         for t in &targets {
             t.resume();
         }
-        let exported = self.ensure_export(name);
+        // The devices stacked on `name` now reach whatever its new table
+        // names: each gains those devices' rules before any request runs.
+        let mut exported = self.ensure_export(name);
+        for n in affected.iter().filter(|n| *n != name) {
+            if let Err(e) = self.ensure_export(n) {
+                exported = exported.and(Err(e));
+            }
+        }
         // Releases what no suspended device keeps held.
         for e in &held {
             engine.release(&e.queue);

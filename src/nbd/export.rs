@@ -28,7 +28,7 @@ impl Export {
     }
 }
 
-pub use super::sock::Peer;
+pub use super::sock::{Peer, PeerKind};
 
 /// Who may use an export (an allow-list entry). An export with no entries
 /// is open to every client that reaches the server.
@@ -41,8 +41,9 @@ pub enum Allow {
     /// Clients on the server's Unix socket running as this user (the
     /// kernel's SO_PEERCRED, which the client cannot forge).
     Uid(u32),
-    /// Clients that upgraded to TLS (with `--tls-verify-peer`, that means a
-    /// certificate signed by the server's CA).
+    /// Clients that upgraded to TLS and presented a certificate the server
+    /// verified (`--tls-verify-peer`). An anonymous TLS session never
+    /// passes: encryption alone says nothing about who is asking.
     Tls,
 }
 
@@ -99,6 +100,30 @@ pub fn parse_allow_list(s: &str) -> Result<Vec<Allow>, String> {
     s.split(',').map(|x| x.trim().parse::<Allow>()).collect()
 }
 
+/// `--metrics-allow LIST`: addresses and networks only (HTTP scrapers
+/// arrive over TCP, with no Unix credentials and no TLS).
+pub fn parse_address_list(s: &str) -> Result<Vec<Allow>, String> {
+    let list = parse_allow_list(s)?;
+    if let Some(a) = list.iter().find(|a| !matches!(a, Allow::Net(..))) {
+        return Err(format!(
+            "'{a}': this list takes IP addresses or ADDRESS/PREFIX networks only, \
+             e.g. 127.0.0.1,10.0.0.0/8"
+        ));
+    }
+    Ok(list)
+}
+
+/// Whether a TCP client at `ip` passes `rule` (any entry admits; an
+/// IPv4 client on an IPv6 socket counts as its IPv4 address).
+pub fn rule_admits_address(rule: &[Allow], ip: std::net::IpAddr) -> bool {
+    let peer = Peer {
+        kind: PeerKind::Tcp,
+        ip: Some(ip.to_canonical()),
+        uid: None,
+    };
+    rule.iter().any(|a| a.admits(&peer, false))
+}
+
 /// A rule (all its entries) as the user wrote it: `unix,10.0.0.0/8`.
 pub fn describe_rule(rule: &[Allow]) -> String {
     rule.iter()
@@ -108,12 +133,12 @@ pub fn describe_rule(rule: &[Allow]) -> String {
 }
 
 impl Allow {
-    fn admits(&self, peer: &Peer, tls: bool) -> bool {
-        match (self, peer.ip) {
-            (Allow::Unix, None) => true,
-            (Allow::Uid(u), None) => peer.uid == Some(*u),
-            (Allow::Tls, _) => tls,
-            (Allow::Net(net, prefix), Some(ip)) => {
+    fn admits(&self, peer: &Peer, tls_verified: bool) -> bool {
+        match (self, peer.kind, peer.ip) {
+            (Allow::Unix, PeerKind::Unix, _) => true,
+            (Allow::Uid(u), PeerKind::Unix, _) => peer.uid == Some(*u),
+            (Allow::Tls, _, _) => tls_verified,
+            (Allow::Net(net, prefix), PeerKind::Tcp, Some(ip)) => {
                 let (n, a, bits) = match (net, ip) {
                     (std::net::IpAddr::V4(n), std::net::IpAddr::V4(a)) => {
                         (u128::from(u32::from(*n)), u128::from(u32::from(a)), 32)
@@ -144,6 +169,77 @@ pub struct Exported {
     /// narrowing (`dmsetup create --allow`) and renames, which may only
     /// ever add rules, so nothing widens what a name's rule allowed.
     rules: RwLock<Vec<Vec<Allow>>>,
+    /// Failed requests of this export, rate-limited in the log.
+    pub failures: Arc<FailureLog>,
+}
+
+/// Logs failed requests of one export at most `per` times per `every`,
+/// then once more with the count of those it left out, so a client that
+/// loops over a failing range cannot flood the log (one line each was
+/// thousands per second).
+pub struct FailureLog {
+    export: String,
+    per: u32,
+    every: std::time::Duration,
+    state: Mutex<LogState>,
+}
+
+#[derive(Default)]
+struct LogState {
+    since: Option<std::time::Instant>,
+    logged: u32,
+    dropped: u64,
+}
+
+impl FailureLog {
+    /// Failures logged per interval by default.
+    pub const PER: u32 = 10;
+    /// The interval.
+    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+    pub fn new(export: &str, per: u32, every: std::time::Duration) -> FailureLog {
+        FailureLog {
+            export: export.to_string(),
+            per,
+            every,
+            state: Mutex::new(LogState::default()),
+        }
+    }
+
+    /// Whether a failure seen at `now` is logged, and how many were left
+    /// out in the interval that just ended (non-zero once per interval).
+    pub fn admit(&self, now: std::time::Instant) -> (bool, u64) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut left_out = 0;
+        if st.since.is_none_or(|t| now.duration_since(t) >= self.every) {
+            left_out = std::mem::take(&mut st.dropped);
+            st.since = Some(now);
+            st.logged = 0;
+        }
+        if st.logged < self.per {
+            st.logged += 1;
+            (true, left_out)
+        } else {
+            st.dropped += 1;
+            (false, left_out)
+        }
+    }
+
+    /// Log one failed request (its detail stays in the server's log; the
+    /// client gets a fixed message).
+    pub fn failed(&self, what: std::fmt::Arguments<'_>) {
+        let (log, left_out) = self.admit(std::time::Instant::now());
+        if left_out > 0 {
+            tracing::warn!(
+                "export {}: {left_out} more failed requests not logged in the last {} s",
+                self.export,
+                self.every.as_secs()
+            );
+        }
+        if log {
+            tracing::warn!("export {}: {what}", self.export);
+        }
+    }
 }
 
 /// A hook that ends one client's connection (shuts its socket), given by
@@ -162,10 +258,13 @@ struct Attached {
 }
 
 impl Exported {
-    /// Whether `peer`, over TLS or not, may see and use this export.
-    pub fn allows(&self, peer: &Peer, tls: bool) -> bool {
+    /// Whether `peer` may see and use this export; `tls_verified` says
+    /// whether it presented a client certificate the server verified.
+    pub fn allows(&self, peer: &Peer, tls_verified: bool) -> bool {
         let rules = self.rules.read().unwrap_or_else(|p| p.into_inner());
-        rules.iter().all(|r| r.iter().any(|a| a.admits(peer, tls)))
+        rules
+            .iter()
+            .all(|r| r.iter().any(|a| a.admits(peer, tls_verified)))
     }
 
     /// The rules a client must pass (none: everyone may use it).
@@ -295,6 +394,11 @@ pub struct ExportSet {
     list: RwLock<Vec<Arc<Exported>>>,
     share: u64,
     policy: RwLock<AccessPolicy>,
+    /// The name the empty export name `""` stands for: bound once (the
+    /// first name added, or [`ExportSet::set_default_name`]) so that a
+    /// client without an export name never drifts to another volume
+    /// when that device is removed or re-created.
+    default_name: RwLock<Option<String>>,
 }
 
 impl ExportSet {
@@ -309,6 +413,7 @@ impl ExportSet {
             list: RwLock::new(Vec::new()),
             share,
             policy: RwLock::new(AccessPolicy::default()),
+            default_name: RwLock::new(None),
         }
     }
 
@@ -334,8 +439,22 @@ impl ExportSet {
         &self.engine
     }
 
-    /// Start exporting `ex` under the rules of its name. The first export
-    /// added is also the default export `""`. Names are unique.
+    /// Bind the default export `""` to `name` from now on.
+    pub fn set_default_name(&self, name: &str) {
+        *self.default_name.write().unwrap_or_else(|p| p.into_inner()) = Some(name.to_string());
+    }
+
+    /// The name `""` stands for, if one is bound.
+    pub fn default_name(&self) -> Option<String> {
+        self.default_name
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Start exporting `ex` under the rules of its name. Unless bound
+    /// otherwise, the name of the first export added is also the default
+    /// export `""`. Names are unique.
     pub fn add(&self, ex: Export) -> Result<Arc<Exported>, String> {
         self.add_narrowed(ex, Vec::new())
     }
@@ -343,10 +462,17 @@ impl ExportSet {
     /// [`ExportSet::add`], with one more rule a client must pass
     /// (`dmsetup create --allow`): it narrows the name's rule, never
     /// widens it.
-    pub fn add_narrowed(
+    pub fn add_narrowed(&self, ex: Export, narrow: Vec<Allow>) -> Result<Arc<Exported>, String> {
+        self.add_ruled(ex, vec![narrow])
+    }
+
+    /// [`ExportSet::add`], with more rules a client must pass: those of
+    /// `create --allow` and those a stacked device inherits from the
+    /// devices it is built on. Empty rules are no rules.
+    pub fn add_ruled(
         &self,
         mut ex: Export,
-        narrow: Vec<Allow>,
+        extra: Vec<Vec<Allow>>,
     ) -> Result<Arc<Exported>, String> {
         let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
         if list.iter().any(|e| e.export.name == ex.name) {
@@ -355,18 +481,33 @@ impl ExportSet {
         let rules = {
             let policy = self.policy.read().unwrap_or_else(|p| p.into_inner());
             ex.read_only |= policy.is_read_only(&ex.name);
-            [policy.rule(&ex.name).to_vec(), narrow]
-                .into_iter()
-                .filter(|r| !r.is_empty())
-                .collect()
+            let mut rules: Vec<Vec<Allow>> = Vec::new();
+            for r in std::iter::once(policy.rule(&ex.name).to_vec()).chain(extra) {
+                if !r.is_empty() && !rules.contains(&r) {
+                    rules.push(r);
+                }
+            }
+            rules
         };
+        {
+            let mut d = self.default_name.write().unwrap_or_else(|p| p.into_inner());
+            if d.is_none() {
+                *d = Some(ex.name.clone());
+            }
+        }
         let pool = BufPool::new(Budget::new(self.share));
         let queue = self.engine.add_queue(ex.device.clone(), pool);
+        let failures = Arc::new(FailureLog::new(
+            &ex.name,
+            FailureLog::PER,
+            FailureLog::EVERY,
+        ));
         let e = Arc::new(Exported {
             export: ex,
             queue,
             attached: Arc::default(),
             rules: RwLock::new(rules),
+            failures,
         });
         list.push(e.clone());
         Ok(e)
@@ -403,9 +544,49 @@ impl ExportSet {
             queue: cur.queue.clone(),
             attached: cur.attached.clone(),
             rules: RwLock::new(rules),
+            failures: cur.failures.clone(),
         });
         list[i] = e.clone();
         Ok(e)
+    }
+
+    /// Make export `name` pass `rules` too, and be read-only if `read_only`
+    /// (a reload stacked it on a device with those rules). When that
+    /// changes anything, the entry is replaced and its attached clients
+    /// are disconnected: they were admitted under the old rules and may
+    /// have negotiated write access. Returns whether it changed.
+    pub fn restrict(&self, name: &str, rules: &[Vec<Allow>], read_only: bool) -> bool {
+        let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
+        let Some(i) = list.iter().position(|e| e.export.name == name) else {
+            return false;
+        };
+        let cur = list[i].clone();
+        let mut have = cur.rules();
+        let before = have.len();
+        for r in rules {
+            if !r.is_empty() && !have.contains(r) {
+                have.push(r.clone());
+            }
+        }
+        let ro = read_only && !cur.export.read_only;
+        if have.len() == before && !ro {
+            return false;
+        }
+        list[i] = Arc::new(Exported {
+            export: Export {
+                name: cur.export.name.clone(),
+                description: cur.export.description.clone(),
+                device: cur.export.device.clone(),
+                read_only: cur.export.read_only || read_only,
+            },
+            queue: cur.queue.clone(),
+            attached: Arc::default(),
+            rules: RwLock::new(have),
+            failures: cur.failures.clone(),
+        });
+        drop(list);
+        cur.close_connections();
+        true
     }
 
     /// Stop offering export `name` to new clients. Clients already attached
@@ -417,12 +598,20 @@ impl ExportSet {
         Some(list.remove(i))
     }
 
-    /// The export a client asks for by name; the empty name is the first.
+    /// The export a client asks for by name; the empty name is the bound
+    /// default name's export, and unknown while no device has that name.
     pub fn find(&self, name: &[u8]) -> Option<Arc<Exported>> {
+        let default = if name.is_empty() {
+            self.default_name()?
+        } else {
+            String::new()
+        };
+        let name = if name.is_empty() {
+            default.as_bytes()
+        } else {
+            name
+        };
         let list = self.list.read().unwrap_or_else(|p| p.into_inner());
-        if name.is_empty() {
-            return list.first().cloned();
-        }
         list.iter()
             .find(|e| e.export.name.as_bytes() == name)
             .cloned()
@@ -469,6 +658,7 @@ mod tests {
 
     fn tcp(ip: &str) -> Peer {
         Peer {
+            kind: PeerKind::Tcp,
             ip: Some(ip.parse().unwrap()),
             uid: None,
         }
@@ -476,6 +666,7 @@ mod tests {
 
     fn unix(uid: u32) -> Peer {
         Peer {
+            kind: PeerKind::Unix,
             ip: None,
             uid: Some(uid),
         }
@@ -522,6 +713,79 @@ mod tests {
         assert!(!r.allows(&unix(1), false));
         assert!(r.allows(&unix(7), false));
         assert_eq!(describe_rule(&r.rules()[1]), "uid:7");
+    }
+
+    #[test]
+    fn restricting_an_export_adds_rules_and_read_only() {
+        let s = set(AccessPolicy::default());
+        let e = s.add(export("v")).unwrap();
+        assert!(e.allows(&tcp("127.0.0.1"), false));
+        let rule = parse_allow_list("10.0.0.0/8").unwrap();
+        assert!(s.restrict("v", std::slice::from_ref(&rule), true));
+        assert!(
+            e.is_closed(),
+            "clients admitted under the old rules are cut off"
+        );
+        let n = s.find(b"v").unwrap();
+        assert!(n.export.read_only);
+        assert!(!n.allows(&tcp("127.0.0.1"), false));
+        assert!(n.allows(&tcp("10.1.2.3"), false));
+        assert!(!s.restrict("v", &[rule], true), "nothing new: unchanged");
+    }
+
+    #[test]
+    fn the_default_export_stays_bound_to_its_name() {
+        let s = set(AccessPolicy::default());
+        s.add(export("a")).unwrap();
+        s.add(export("b")).unwrap();
+        assert_eq!(s.find(b"").unwrap().export.name, "a");
+        s.remove("a");
+        assert!(s.find(b"").is_none(), "\"\" drifted to another device");
+        s.add(export("a")).unwrap();
+        assert_eq!(s.find(b"").unwrap().export.name, "a");
+        s.set_default_name("b");
+        assert_eq!(s.find(b"").unwrap().export.name, "b");
+    }
+
+    #[test]
+    fn address_lists_take_networks_only() {
+        let l = parse_address_list("127.0.0.0/8,::1").unwrap();
+        assert!(rule_admits_address(&l, "127.0.0.5".parse().unwrap()));
+        assert!(rule_admits_address(&l, "::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!rule_admits_address(&l, "10.0.0.1".parse().unwrap()));
+        let e = parse_address_list("unix").unwrap_err();
+        assert!(e.contains("IP addresses"), "{e}");
+    }
+
+    #[test]
+    fn a_tcp_peer_without_an_address_is_not_a_unix_one() {
+        let s = set(AccessPolicy {
+            default: parse_allow_list("unix,uid:0").unwrap(),
+            ..AccessPolicy::default()
+        });
+        let e = s.add(export("d")).unwrap();
+        let lost = Peer {
+            kind: PeerKind::Tcp,
+            ip: None,
+            uid: None,
+        };
+        assert!(!e.allows(&lost, false), "fail-open on an unknown address");
+        assert!(!e.allows(&Peer::default(), false));
+        assert!(e.allows(&unix(5), false));
+        let net = s.add(export("n")).unwrap();
+        net.narrow(parse_allow_list("0.0.0.0/0").unwrap());
+        assert!(!net.allows(&lost, false));
+    }
+
+    #[test]
+    fn failure_log_keeps_the_first_of_each_interval_then_counts() {
+        let l = FailureLog::new("d", 3, std::time::Duration::from_secs(10));
+        let t = std::time::Instant::now();
+        let first: Vec<bool> = (0..5).map(|_| l.admit(t).0).collect();
+        assert_eq!(first, [true, true, true, false, false]);
+        let later = t + std::time::Duration::from_secs(11);
+        assert_eq!(l.admit(later), (true, 2), "the summary counts the left-out");
+        assert_eq!(l.admit(later), (true, 0), "and is given once");
     }
 
     #[test]

@@ -145,6 +145,9 @@ pub struct Negotiation {
     meta: Option<(Vec<u8>, bool)>,
     /// The session runs over TLS.
     pub tls_active: bool,
+    /// The TLS client presented a certificate the server verified: the
+    /// only thing an allow rule's `tls` entry accepts.
+    pub tls_verified: bool,
 }
 
 impl Negotiation {
@@ -161,7 +164,7 @@ impl Negotiation {
     fn find(&self, cx: &Ctx<'_>, name: &[u8]) -> Option<Arc<Exported>> {
         cx.exports
             .find(name)
-            .filter(|e| e.allows(cx.peer, self.tls_active))
+            .filter(|e| e.allows(cx.peer, self.tls_verified))
     }
 
     /// Handle one option (`opt`, its payload `data`, at most
@@ -277,7 +280,7 @@ impl Negotiation {
             return Ok(Step::Continue);
         }
         for e in cx.exports.list() {
-            if !e.allows(cx.peer, self.tls_active) {
+            if !e.allows(cx.peer, self.tls_verified) {
                 continue;
             }
             let ex = &e.export;

@@ -60,10 +60,12 @@ impl Sock {
     pub fn peer_info(&self) -> Peer {
         match self {
             Sock::Unix(s) => Peer {
+                kind: PeerKind::Unix,
                 ip: None,
                 uid: unix_peer_uid(s),
             },
             Sock::Tcp(_) => Peer {
+                kind: PeerKind::Tcp,
                 ip: self.peer_ip(),
                 uid: None,
             },
@@ -237,10 +239,24 @@ fn unix_peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
     (r == 0).then_some(cred.uid)
 }
 
+/// Which kind of listener a client came through. It is carried apart
+/// from the address so that a TCP client whose address could not be read
+/// is never taken for a Unix one (which `unix` rules admit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PeerKind {
+    /// The default, so a peer built without a kind passes no `unix` or
+    /// `uid:` rule.
+    #[default]
+    Tcp,
+    Unix,
+}
+
 /// Who asks for an export, for its access rules.
 #[derive(Debug, Clone, Default)]
 pub struct Peer {
-    /// The client's IP address (TCP), `None` on a Unix socket.
+    pub kind: PeerKind,
+    /// The client's IP address (TCP; `None` if it could not be read,
+    /// which then matches no network rule).
     pub ip: Option<std::net::IpAddr>,
     /// The client's user id (Unix socket, from SO_PEERCRED).
     pub uid: Option<u32>,

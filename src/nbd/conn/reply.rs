@@ -81,6 +81,8 @@ pub struct Conn {
     /// An extent list kept from the last BLOCK_STATUS reply, handed to the
     /// next one so steady-state BLOCK_STATUS allocates nothing.
     spare_extents: Mutex<Vec<Extent>>,
+    /// The export's log of failed requests, once in transmission.
+    pub(super) failures: OnceLock<Arc<crate::nbd::export::FailureLog>>,
 }
 
 impl Conn {
@@ -105,6 +107,7 @@ impl Conn {
             live,
             notify: OnceLock::new(),
             spare_extents: Mutex::new(Vec::new()),
+            failures: OnceLock::new(),
         }
     }
 
@@ -279,6 +282,16 @@ impl Conn {
             .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
         out.tls = Some(Box::new(s));
         Ok(())
+    }
+
+    /// Whether the TLS handshake finished with a client certificate:
+    /// rustls hands one over only after the verifier accepted it, and
+    /// never when the server asks for none.
+    pub(super) fn tls_peer_verified(&self) -> bool {
+        self.out()
+            .tls
+            .as_ref()
+            .is_some_and(|t| !t.is_handshaking() && t.peer_certificates().is_some())
     }
 
     pub fn is_tls(&self) -> bool {
@@ -517,6 +530,22 @@ fn flush_tls(sock: &Sock, out: &mut Out) -> io::Result<()> {
     }
 }
 
+/// What a client is told about a failed request: a fixed text per
+/// error number. The error itself names backing paths and upstream
+/// addresses, which are the server's business; it goes to the log.
+fn client_message(errno: u32) -> &'static str {
+    match errno {
+        EIO => "I/O error",
+        ENOSPC => "no space left on the device",
+        EPERM => "not permitted",
+        EINVAL => "invalid request",
+        EOVERFLOW => "request too large",
+        ENOTSUP => "not supported",
+        ESHUTDOWN => "server shutting down",
+        _ => "request failed",
+    }
+}
+
 impl Sink for Conn {
     fn complete(&self, req: &mut Request, result: DevResult<()>) {
         match result {
@@ -530,19 +559,16 @@ impl Sink for Conn {
             }
             Ok(()) => self.send_ok(req.tag),
             Err(e) => {
-                tracing::warn!(
+                let what = format_args!(
                     "{:?} of {} bytes at offset {} failed: {e}",
-                    req.op,
-                    req.len,
-                    req.offset
+                    req.op, req.len, req.offset
                 );
-                let msg = e.to_string();
-                self.send_error(
-                    req.tag,
-                    e.nbd_errno(req.op.is_write()),
-                    req.op == Op::Read,
-                    &msg,
-                );
+                match self.failures.get() {
+                    Some(log) => log.failed(what),
+                    None => tracing::warn!("{what}"),
+                }
+                let errno = e.nbd_errno(req.op.is_write());
+                self.send_error(req.tag, errno, req.op == Op::Read, client_message(errno));
             }
         }
     }

@@ -192,6 +192,7 @@ impl Session {
                 return Err(invalid("bad option magic"));
             }
             let opt = u32::from_be_bytes([hs.msg[8], hs.msg[9], hs.msg[10], hs.msg[11]]);
+            hs.neg.tls_verified = self.conn.tls_peer_verified();
             let ctx = handshake::Ctx {
                 exports: &cx.exports,
                 shutting_down: cx.shutting_down.load(Ordering::Relaxed),

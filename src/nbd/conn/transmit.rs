@@ -58,6 +58,7 @@ impl Tx {
     pub(super) fn new(conn: &Arc<Conn>, client: ClientId, neg: Negotiated) -> Tx {
         let ex = &neg.export.export;
         let limits = ex.device.limits();
+        let _ = conn.failures.set(neg.export.failures.clone());
         Tx {
             // `dmsetup remove --force` ends the connection through this hook.
             _attached: {
