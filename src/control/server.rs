@@ -48,29 +48,9 @@ pub fn default_path() -> Option<PathBuf> {
         .map(|d| PathBuf::from(d).join("udm/control"))
 }
 
-/// The uid of the peer of a Unix socket.
-pub fn peer_uid(s: &UnixStream) -> io::Result<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into the live `cred`.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut libc::ucred as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cred.uid)
-}
+/// The uid of the peer of a Unix socket (one implementation, the NBD
+/// socket's, for both servers).
+pub use crate::nbd::sock::peer_uid;
 
 /// A running control server; stops (and removes its socket) on drop.
 pub struct ControlServer {

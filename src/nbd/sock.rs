@@ -62,7 +62,7 @@ impl Sock {
             Sock::Unix(s) => Peer {
                 kind: PeerKind::Unix,
                 ip: None,
-                uid: unix_peer_uid(s),
+                uid: peer_uid(s).ok(),
             },
             Sock::Tcp(_) => Peer {
                 kind: PeerKind::Tcp,
@@ -216,10 +216,9 @@ impl Read for &Sock {
 }
 
 /// The user id of the process at the other end of a Unix socket, as the
-/// kernel recorded it at connect time (`None` if the call fails, which
-/// then matches no `uid:` rule).
-fn unix_peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
-    use std::os::unix::io::AsRawFd;
+/// kernel recorded it at connect time (`SO_PEERCRED`). Used by the NBD
+/// server's `uid:` rules and by the control socket's server and client.
+pub fn peer_uid(s: &UnixStream) -> io::Result<u32> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -236,7 +235,10 @@ fn unix_peer_uid(s: &std::os::unix::net::UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (r == 0).then_some(cred.uid)
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
 }
 
 /// Which kind of listener a client came through. It is carried apart
