@@ -7,6 +7,7 @@ mod common;
 
 use common::luks::*;
 use common::*;
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Output;
 use udm::luks::{luks1, luks2, LuksError};
@@ -502,5 +503,101 @@ fn data_over_header_backups_and_key_file_modes() {
         String::from_utf8_lossy(&o.stderr).contains("readable by group or others (mode 0644)"),
         "{}",
         show(&o)
+    );
+}
+
+/// F17: LUKS2's header checksum is unkeyed, so whoever holds the storage
+/// can rewrite the data segment's cipher to `cipher_null-ecb` (or a
+/// keyslot area's) while every keyslot still opens; udm then wrote new
+/// data in clear with the real key. Both are refused, naming the cipher,
+/// through `serve --luks`, `serve --crypttab` and `cryptsetup open`;
+/// `--allow-weak-cipher` is the explicit way through.
+#[test]
+fn null_and_ecb_ciphers_in_a_header_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"weak");
+    let base = luks2_image(d, "base.img", &kf);
+    let edited = |name: &str, field: &'static str, cipher: &'static str| {
+        let img = d.join(name);
+        std::fs::copy(&base, &img).unwrap();
+        rewrite_json(&img, &|v| match field {
+            "segment" => v["segments"]["0"]["encryption"] = cipher.into(),
+            _ => v["keyslots"]["0"]["area"]["encryption"] = cipher.into(),
+        });
+        img
+    };
+    let limit = std::time::Duration::from_secs(20);
+    let serve = |sock: &str, args: &[&OsStr]| {
+        let o = run_bounded(
+            udm()
+                .args(["serve", "--socket"])
+                .arg(d.join(sock))
+                .args(args),
+            limit,
+        );
+        o.unwrap_or_else(|| panic!("udm serve {args:?} started (mapped a weak cipher)"))
+    };
+    for cipher in ["cipher_null-ecb", "aes-ecb"] {
+        let img = edited("seg.img", "segment", cipher);
+        let e = udm::luks::open(&img, None, b"weak").unwrap_err();
+        assert!(matches!(e, LuksError::WeakCipher { .. }), "{e}");
+        let luks = format!("v={}", img.display());
+        let o = serve(
+            "a.sock",
+            &[
+                OsStr::new("--luks"),
+                OsStr::new(&luks),
+                OsStr::new("--key-file"),
+                kf.as_os_str(),
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{}", show(&o));
+        assert!(
+            err.contains(&format!("data segment 0 uses cipher {cipher}"))
+                && err.contains("--allow-weak-cipher"),
+            "{err}"
+        );
+        let tab = write_file(
+            d,
+            "crypttab",
+            format!("v {} {} luks\n", img.display(), kf.display()).as_bytes(),
+        );
+        let o = serve("b.sock", &[OsStr::new("--crypttab"), tab.as_os_str()]);
+        assert!(
+            !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(cipher),
+            "{}",
+            show(&o)
+        );
+    }
+    // With the override the same volume is served.
+    let img = edited("seg.img", "segment", "cipher_null-ecb");
+    let luks = format!("v={}", img.display());
+    let srv = UdmServe::start(
+        &d.join("c.sock"),
+        &[
+            OsStr::new("--luks"),
+            OsStr::new(&luks),
+            OsStr::new("--key-file"),
+            kf.as_os_str(),
+            OsStr::new("--allow-weak-cipher"),
+        ],
+    );
+    srv.stop();
+
+    // A keyslot area: refused before its KDF runs.
+    let img = edited("area.img", "area", "cipher_null-ecb");
+    let o = udm()
+        .args(["cryptsetup", "open", "--test-passphrase", "--key-file"])
+        .arg(&kf)
+        .arg(&img)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}", show(&o));
+    assert!(
+        err.contains("keyslot 0's area uses cipher cipher_null-ecb"),
+        "{err}"
     );
 }

@@ -225,7 +225,11 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<CryptEntry>, LuksError> {
 impl CryptEntry {
     /// Unlock (asking for the passphrase if there is no key file) and
     /// build the crypt table this line stands for.
-    pub fn table(&self, no_cost_limit: bool) -> Result<Zeroizing<String>, LuksError> {
+    pub fn table(
+        &self,
+        no_cost_limit: bool,
+        allow_weak_cipher: bool,
+    ) -> Result<Zeroizing<String>, LuksError> {
         let dev = self.device.display().to_string();
         let at = |e: LuksError| {
             LuksError::Usage(format!("crypttab line {} ({}): {e}", self.line, self.name))
@@ -258,6 +262,7 @@ impl CryptEntry {
             path: self.device.clone(),
             header: self.header.clone(),
             no_cost_limit,
+            allow_weak_cipher,
         };
         let v = d.load(false, &super::feedback::Quiet).map_err(at)?;
         v.check_requirements().map_err(at)?;
