@@ -601,3 +601,62 @@ fn null_and_ecb_ciphers_in_a_header_are_refused() {
         "{err}"
     );
 }
+
+/// F21: `luksDump` printed header strings raw, so a header could send
+/// terminal escape sequences (retitle, clear, recolour, fake lines) to
+/// whoever inspects it. Control and invisible format characters in label,
+/// subsystem, flags and token JSON now print escaped, in the dump and in
+/// `--dump-json-metadata` (still valid JSON).
+#[test]
+fn luks_dump_escapes_terminal_controls_from_the_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"esc");
+    let img = luks2_image(d, "e.img", &kf);
+    // The binary fields refuse control characters already (parser);
+    // invisible format characters pass it.
+    let label = "a\u{202e}gpj.exe";
+    let subsystem = "s\u{200b}x";
+    for off in [0u64, 16384] {
+        let mut l = [0u8; 48];
+        l[..label.len()].copy_from_slice(label.as_bytes());
+        pwrite(&img, off + 24, &l);
+        let mut s = [0u8; 48];
+        s[..subsystem.len()].copy_from_slice(subsystem.as_bytes());
+        pwrite(&img, off + 208, &s);
+    }
+    rewrite_json(&img, &|v| {
+        v["tokens"]["0"] =
+            serde_json::json!({"type": "t\u{1b}[31mred\nKey Slot 9: ENABLED", "keyslots": []});
+        v["config"]["flags"] = serde_json::json!(["f\u{7f}\u{1b}c"]);
+    });
+    let hostile = |out: &[u8]| {
+        out.contains(&0x1b)
+            || out.contains(&0x07)
+            || out.contains(&0x7f)
+            || out.windows(2).any(|w| w == [0xc2, 0x9b])
+            || out.windows(3).any(|w| w == "\u{202e}".as_bytes())
+            || out.windows(3).any(|w| w == "\u{200b}".as_bytes())
+    };
+    let o = run(udm().args(["cryptsetup", "luksDump"]).arg(&img));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!hostile(&o.stdout), "{text:?}");
+    assert!(
+        text.contains("Label:         \ta\\u{202e}gpj.exe\n")
+            && text.contains("s\\u{200b}x")
+            && text.contains("t\\x1b[31mred\\x0aKey Slot 9: ENABLED")
+            && text.contains("f\\x7f\\x1bc"),
+        "{text}"
+    );
+    assert!(!text.contains("\nKey Slot 9"), "{text}");
+    let o = run(udm()
+        .args(["cryptsetup", "luksDump", "--dump-json-metadata"])
+        .arg(&img));
+    assert!(
+        !hostile(&o.stdout),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let back: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(back["config"]["flags"][0], "f\u{7f}\u{1b}c");
+}

@@ -76,7 +76,10 @@ fn write_string(out: &mut String, s: &str) {
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
             '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
+            // json-c stops at 0x20; DEL, C1 and the invisible format
+            // characters are escaped too, so a header cannot drive the
+            // terminal through a JSON dump (normal headers print the same).
+            c if (c as u32) < 0x20 || crate::luks::dump::hostile_char(c) => {
                 let _ = write!(out, "\\u{:04x}", c as u32);
             }
             c => out.push(c),
