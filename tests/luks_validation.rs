@@ -660,3 +660,35 @@ fn luks_dump_escapes_terminal_controls_from_the_header() {
     let back: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(back["config"]["flags"][0], "f\u{7f}\u{1b}c");
 }
+
+/// F24: a `--table` file with a crypt key that group or others can read
+/// is a readable key file; key files got a warning, table files none.
+/// Now both do; a private table, or one naming its key through the
+/// keyring, gets none.
+#[test]
+fn readable_table_files_with_keys_get_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = sparse(d, "t.img", 1 << 20);
+    let key = "ab".repeat(64);
+    let line = format!("0 2048 crypt aes-xts-plain64 {key} 0 {} 0\n", img.display());
+    let tbl = write_file(d, "t.table", line.as_bytes());
+    let serve_log = |sock: &str, mode: u32| {
+        std::fs::set_permissions(&tbl, std::fs::Permissions::from_mode(mode)).unwrap();
+        let sock = d.join(sock);
+        let table = format!("x={}", tbl.display());
+        let srv = UdmServe::start(&sock, &[OsStr::new("--table"), OsStr::new(&table)]);
+        assert_eq!(srv.stop(), Some(0));
+        std::fs::read_to_string(sock.with_extension("log")).unwrap()
+    };
+    let log = serve_log("a.sock", 0o644);
+    let want = format!(
+        "WARNING: table file {} holds a crypt key and is readable by group or others (mode 0644)",
+        tbl.display()
+    );
+    assert!(log.contains(&want), "{log}");
+    assert!(!log.contains(&key), "the warning shows the key: {log}");
+    let log = serve_log("b.sock", 0o600);
+    assert!(!log.contains("WARNING: table file"), "{log}");
+}

@@ -290,6 +290,7 @@ fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
         }
         let text = std::fs::read_to_string(&file)
             .map_err(|e| format!("--table {name}: cannot read {file}: {e}"))?;
+        crate::luks::passphrase::warn_if_table_key_readable(std::path::Path::new(&file), &text);
         specs.push((
             position(t),
             name,
