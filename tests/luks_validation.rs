@@ -312,7 +312,8 @@ fn costly_headers_are_refused_before_any_kdf_runs() {
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     assert!(
         err.contains("keyslot 0 demands 1073741824 PBKDF2-sha256 iterations")
-            && err.contains("34359738368")
+            // 32 × 2^30 iterations × 2 blocks (a 64-byte key from SHA-256).
+            && err.contains("68719476736")
             && err.contains("--no-kdf-limit"),
         "{err}"
     );
@@ -691,4 +692,42 @@ fn readable_table_files_with_keys_get_a_warning() {
     assert!(!log.contains(&key), "the warning shows the key: {log}");
     let log = serve_log("b.sock", 0o600);
     assert!(!log.contains("WARNING: table file"), "{log}");
+}
+
+/// F5: the cap counted PBKDF2 iterations, but PBKDF2 runs them once per
+/// hash-sized block of output: a keyslot deriving a 512-byte area key
+/// with SHA-1 (26 blocks) just under the iteration cap took about 25
+/// minutes per try. It is now refused within 1 s, naming the blocks.
+#[test]
+fn pbkdf2_cost_counts_output_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"blocks");
+    let img = luks2_image(d, "b.img", &kf);
+    let salt = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    rewrite_json(&img, &|v| {
+        v["keyslots"]["0"]["kdf"] = serde_json::json!({
+            "type": "pbkdf2", "hash": "sha1", "iterations": (1u64 << 29) - 10_000, "salt": salt
+        });
+        v["keyslots"]["0"]["area"]["key_size"] = 512.into();
+    });
+    let limit = std::time::Duration::from_secs(1);
+    let t = std::time::Instant::now();
+    let o = run_bounded(
+        udm()
+            .args(["cryptsetup", "open", "--test-passphrase", "--key-file"])
+            .arg(&kf)
+            .arg(&img),
+        limit,
+    )
+    .unwrap_or_else(|| panic!("still deriving after 1 s"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        err.contains(
+            "keyslot 0 demands 536860912 PBKDF2-sha1 iterations for each of 26 output blocks"
+        ) && err.contains("--no-kdf-limit"),
+        "{err}"
+    );
+    assert!(t.elapsed() < limit, "{:?}", t.elapsed());
 }

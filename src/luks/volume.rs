@@ -206,6 +206,8 @@ impl Volume {
                         slot: s,
                         kdf,
                         digest: self.header.digest_kdf(s, usable),
+                        key_len: self.slot_params(s).map_or(0, |p| p.area_key_size),
+                        digest_len: self.header.digest_len(s, usable),
                     })
                 })
                 .collect();
