@@ -13,8 +13,9 @@
 use super::error::LuksError;
 use super::kdf::Kdf;
 
-/// Sum of PBKDF2 block-iterations (iterations × output blocks) over the slots tried (about a minute of SHA-256
-/// on a current core; a 2 s cryptsetup slot is a few million).
+/// Sum of PBKDF2 block-iterations (iterations × output blocks) over the
+/// slots tried (about a minute of SHA-256 on a current core; a 2 s
+/// cryptsetup slot is a few million).
 pub const MAX_PBKDF2_TOTAL: u64 = 1 << 29;
 /// Largest Argon2 memory cost, unless half of RAM is less (2 GiB: twice
 /// cryptsetup's default ceiling for new keyslots).
