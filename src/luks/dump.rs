@@ -7,7 +7,7 @@
 //! The volume key dump is built in a [`SecretText`] sized for it up front.
 
 use super::error::LuksError;
-use super::json::{parse_u64str, to_pretty};
+use super::json::{hostile_char, parse_u64str, to_pretty};
 use super::secret::SecretText;
 use super::volume::Volume;
 use super::{luks1, luks2};
@@ -35,16 +35,6 @@ fn b64hex(o: &mut String, v: &Value) {
         .unwrap_or_default();
     hex16(o, &bytes, "\t            ");
     o.push('\n');
-}
-
-/// Characters a header must not send to a terminal raw: controls (C0,
-/// DEL, C1) and the invisible format characters that reorder or hide text.
-pub fn hostile_char(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'
-        )
 }
 
 /// A JSON string field, escaped for the terminal.
