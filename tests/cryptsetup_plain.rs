@@ -148,3 +148,85 @@ fn crypttab_errors_name_the_line() {
         "{err}"
     );
 }
+
+/// F10: a crypttab line with neither `luks` nor `plain` fell back to plain
+/// dm-crypt (no KDF, offset 0) when the LUKS magics were wiped, silently:
+/// the storage holder could downgrade the volume and have the client's
+/// first writes destroy the keyslots. A device with LUKS remnants is now
+/// refused, naming it and the fix; a device with none is still plain
+/// (systemd's rule), with a warning naming the downgrade.
+#[test]
+fn crypttab_refuses_plain_fallback_over_luks_remnants() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // 64 bytes: enough for a plain mapping, so a fallback would serve.
+    let kf = write_file(d, "k", &[5u8; 64]);
+    let l2 = sparse(d, "l2.img", 20 << 20);
+    cs_format(&l2, &FAST_PBKDF, &kf);
+    pwrite(&l2, 0, &[0u8; 8]);
+    pwrite(&l2, 16384, &[0u8; 8]);
+    let l1 = sparse(d, "l1.img", 4 << 20);
+    cs_format(&l1, &["--type=luks1", "--pbkdf-force-iterations=1000"], &kf);
+    pwrite(&l1, 0, &[0u8; 6]);
+    for img in [&l2, &l1] {
+        let ct = write_file(
+            d,
+            "crypttab",
+            format!("v {} {}\n", img.display(), kf.display()).as_bytes(),
+        );
+        let mut child = udm()
+            .args(["serve", "--socket"])
+            .arg(d.join("r.sock"))
+            .arg("--crypttab")
+            .arg(&ct)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed() > std::time::Duration::from_secs(20) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("{}: served as plain dm-crypt", img.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{err}");
+        assert!(
+            err.contains(&format!("{} is not a valid LUKS device", img.display()))
+                && err.contains("LUKS remnants")
+                && err.contains("Add 'plain' to the line"),
+            "{err}"
+        );
+    }
+
+    // Saying `plain` maps it; a device without remnants is plain with a
+    // warning.
+    let fresh = sparse(d, "fresh.img", 4 << 20);
+    let kf = write_file(d, "pk", &[7u8; 64]);
+    let ct = write_file(
+        d,
+        "crypttab",
+        format!(
+            "said {} {} plain\nfresh {} {}\n",
+            l2.display(),
+            kf.display(),
+            fresh.display(),
+            kf.display()
+        )
+        .as_bytes(),
+    );
+    let sock = d.join("p.sock");
+    let srv = UdmServe::start(&sock, &[std::ffi::OsStr::new("--crypttab"), ct.as_os_str()]);
+    assert_eq!(srv.stop(), Some(0));
+    let log = std::fs::read_to_string(sock.with_extension("log")).unwrap();
+    let warn = format!(
+        "crypttab line 2 (fresh): {} has no LUKS header, so it is mapped as plain",
+        fresh.display()
+    );
+    assert!(log.contains(&warn) && log.contains("WARN"), "{log}");
+    assert!(!log.contains("(said)"), "{log}");
+}

@@ -7,6 +7,7 @@ mod common;
 
 use common::luks::*;
 use common::*;
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Output;
 use udm::luks::{luks1, luks2, LuksError};
@@ -311,7 +312,8 @@ fn costly_headers_are_refused_before_any_kdf_runs() {
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     assert!(
         err.contains("keyslot 0 demands 1073741824 PBKDF2-sha256 iterations")
-            && err.contains("34359738368")
+            // 32 × 2^30 iterations × 2 blocks (a 64-byte key from SHA-256).
+            && err.contains("68719476736")
             && err.contains("--no-kdf-limit"),
         "{err}"
     );
@@ -503,4 +505,229 @@ fn data_over_header_backups_and_key_file_modes() {
         "{}",
         show(&o)
     );
+}
+
+/// F17: LUKS2's header checksum is unkeyed, so whoever holds the storage
+/// can rewrite the data segment's cipher to `cipher_null-ecb` (or a
+/// keyslot area's) while every keyslot still opens; udm then wrote new
+/// data in clear with the real key. Both are refused, naming the cipher,
+/// through `serve --luks`, `serve --crypttab` and `cryptsetup open`;
+/// `--allow-weak-cipher` is the explicit way through.
+#[test]
+fn null_and_ecb_ciphers_in_a_header_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"weak");
+    let base = luks2_image(d, "base.img", &kf);
+    let edited = |name: &str, field: &'static str, cipher: &'static str| {
+        let img = d.join(name);
+        std::fs::copy(&base, &img).unwrap();
+        rewrite_json(&img, &|v| match field {
+            "segment" => v["segments"]["0"]["encryption"] = cipher.into(),
+            _ => v["keyslots"]["0"]["area"]["encryption"] = cipher.into(),
+        });
+        img
+    };
+    let limit = std::time::Duration::from_secs(20);
+    let serve = |sock: &str, args: &[&OsStr]| {
+        let o = run_bounded(
+            udm()
+                .args(["serve", "--socket"])
+                .arg(d.join(sock))
+                .args(args),
+            limit,
+        );
+        o.unwrap_or_else(|| panic!("udm serve {args:?} started (mapped a weak cipher)"))
+    };
+    for cipher in ["cipher_null-ecb", "aes-ecb"] {
+        let img = edited("seg.img", "segment", cipher);
+        let e = udm::luks::open(&img, None, b"weak").unwrap_err();
+        assert!(matches!(e, LuksError::WeakCipher { .. }), "{e}");
+        let luks = format!("v={}", img.display());
+        let o = serve(
+            "a.sock",
+            &[
+                OsStr::new("--luks"),
+                OsStr::new(&luks),
+                OsStr::new("--key-file"),
+                kf.as_os_str(),
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{}", show(&o));
+        assert!(
+            err.contains(&format!("data segment 0 uses cipher {cipher}"))
+                && err.contains("--allow-weak-cipher"),
+            "{err}"
+        );
+        let tab = write_file(
+            d,
+            "crypttab",
+            format!("v {} {} luks\n", img.display(), kf.display()).as_bytes(),
+        );
+        let o = serve("b.sock", &[OsStr::new("--crypttab"), tab.as_os_str()]);
+        assert!(
+            !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(cipher),
+            "{}",
+            show(&o)
+        );
+    }
+    // With the override the same volume is served.
+    let img = edited("seg.img", "segment", "cipher_null-ecb");
+    let luks = format!("v={}", img.display());
+    let srv = UdmServe::start(
+        &d.join("c.sock"),
+        &[
+            OsStr::new("--luks"),
+            OsStr::new(&luks),
+            OsStr::new("--key-file"),
+            kf.as_os_str(),
+            OsStr::new("--allow-weak-cipher"),
+        ],
+    );
+    srv.stop();
+
+    // A keyslot area: refused before its KDF runs.
+    let img = edited("area.img", "area", "cipher_null-ecb");
+    let o = udm()
+        .args(["cryptsetup", "open", "--test-passphrase", "--key-file"])
+        .arg(&kf)
+        .arg(&img)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}", show(&o));
+    assert!(
+        err.contains("keyslot 0's area uses cipher cipher_null-ecb"),
+        "{err}"
+    );
+}
+
+/// F21: `luksDump` printed header strings raw, so a header could send
+/// terminal escape sequences (retitle, clear, recolour, fake lines) to
+/// whoever inspects it. Control and invisible format characters in label,
+/// subsystem, flags and token JSON now print escaped, in the dump and in
+/// `--dump-json-metadata` (still valid JSON).
+#[test]
+fn luks_dump_escapes_terminal_controls_from_the_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"esc");
+    let img = luks2_image(d, "e.img", &kf);
+    // The binary fields refuse control characters already (parser);
+    // invisible format characters pass it.
+    let label = "a\u{202e}gpj.exe";
+    let subsystem = "s\u{200b}x";
+    for off in [0u64, 16384] {
+        let mut l = [0u8; 48];
+        l[..label.len()].copy_from_slice(label.as_bytes());
+        pwrite(&img, off + 24, &l);
+        let mut s = [0u8; 48];
+        s[..subsystem.len()].copy_from_slice(subsystem.as_bytes());
+        pwrite(&img, off + 208, &s);
+    }
+    rewrite_json(&img, &|v| {
+        v["tokens"]["0"] =
+            serde_json::json!({"type": "t\u{1b}[31mred\nKey Slot 9: ENABLED", "keyslots": []});
+        v["config"]["flags"] = serde_json::json!(["f\u{7f}\u{1b}c"]);
+    });
+    let hostile = |out: &[u8]| {
+        out.contains(&0x1b)
+            || out.contains(&0x07)
+            || out.contains(&0x7f)
+            || out.windows(2).any(|w| w == [0xc2, 0x9b])
+            || out.windows(3).any(|w| w == "\u{202e}".as_bytes())
+            || out.windows(3).any(|w| w == "\u{200b}".as_bytes())
+    };
+    let o = run(udm().args(["cryptsetup", "luksDump"]).arg(&img));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!hostile(&o.stdout), "{text:?}");
+    assert!(
+        text.contains("Label:         \ta\\u{202e}gpj.exe\n")
+            && text.contains("s\\u{200b}x")
+            && text.contains("t\\x1b[31mred\\x0aKey Slot 9: ENABLED")
+            && text.contains("f\\x7f\\x1bc"),
+        "{text}"
+    );
+    assert!(!text.contains("\nKey Slot 9"), "{text}");
+    let o = run(udm()
+        .args(["cryptsetup", "luksDump", "--dump-json-metadata"])
+        .arg(&img));
+    assert!(
+        !hostile(&o.stdout),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let back: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(back["config"]["flags"][0], "f\u{7f}\u{1b}c");
+}
+
+/// F24: a `--table` file with a crypt key that group or others can read
+/// is a readable key file; key files got a warning, table files none.
+/// Now both do; a private table, or one naming its key through the
+/// keyring, gets none.
+#[test]
+fn readable_table_files_with_keys_get_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = sparse(d, "t.img", 1 << 20);
+    let key = "ab".repeat(64);
+    let line = format!("0 2048 crypt aes-xts-plain64 {key} 0 {} 0\n", img.display());
+    let tbl = write_file(d, "t.table", line.as_bytes());
+    let serve_log = |sock: &str, mode: u32| {
+        std::fs::set_permissions(&tbl, std::fs::Permissions::from_mode(mode)).unwrap();
+        let sock = d.join(sock);
+        let table = format!("x={}", tbl.display());
+        let srv = UdmServe::start(&sock, &[OsStr::new("--table"), OsStr::new(&table)]);
+        assert_eq!(srv.stop(), Some(0));
+        std::fs::read_to_string(sock.with_extension("log")).unwrap()
+    };
+    let log = serve_log("a.sock", 0o644);
+    let want = format!(
+        "WARNING: table file {} holds a crypt key and is readable by group or others (mode 0644)",
+        tbl.display()
+    );
+    assert!(log.contains(&want), "{log}");
+    assert!(!log.contains(&key), "the warning shows the key: {log}");
+    let log = serve_log("b.sock", 0o600);
+    assert!(!log.contains("WARNING: table file"), "{log}");
+}
+
+/// F5: the cap counted PBKDF2 iterations, but PBKDF2 runs them once per
+/// hash-sized block of output: a keyslot deriving a 512-byte area key
+/// with SHA-1 (26 blocks) just under the iteration cap took about 25
+/// minutes per try. It is now refused within 1 s, naming the blocks.
+#[test]
+fn pbkdf2_cost_counts_output_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"blocks");
+    let img = luks2_image(d, "b.img", &kf);
+    let salt = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    rewrite_json(&img, &|v| {
+        v["keyslots"]["0"]["kdf"] = serde_json::json!({
+            "type": "pbkdf2", "hash": "sha1", "iterations": (1u64 << 29) - 10_000, "salt": salt
+        });
+        v["keyslots"]["0"]["area"]["key_size"] = 512.into();
+    });
+    let limit = std::time::Duration::from_secs(1);
+    let t = std::time::Instant::now();
+    let o = run_bounded(
+        udm()
+            .args(["cryptsetup", "open", "--test-passphrase", "--key-file"])
+            .arg(&kf)
+            .arg(&img),
+        limit,
+    )
+    .unwrap_or_else(|| panic!("still deriving after 1 s"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        err.contains(
+            "keyslot 0 demands 536860912 PBKDF2-sha1 iterations for each of 26 output blocks"
+        ) && err.contains("--no-kdf-limit"),
+        "{err}"
+    );
+    assert!(t.elapsed() < limit, "{:?}", t.elapsed());
 }

@@ -52,6 +52,10 @@ pub struct Args {
     /// udm's limit (see `udm cryptsetup --help`).
     #[arg(long)]
     pub no_kdf_limit: bool,
+    /// Open LUKS volumes whose header asks for the null cipher or ECB
+    /// (refused by default: an edited header can ask for them).
+    #[arg(long)]
+    pub allow_weak_cipher: bool,
     /// Detached LUKS header for --luks (as cryptsetup's --header).
     #[arg(long, value_name = "FILE")]
     pub header: Option<PathBuf>,
@@ -302,6 +306,7 @@ fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
         }
         let text = std::fs::read_to_string(&file)
             .map_err(|e| format!("--table {name}: cannot read {file}: {e}"))?;
+        crate::luks::passphrase::warn_if_table_key_readable(std::path::Path::new(&file), &text);
         specs.push((
             position(t),
             name,
@@ -328,6 +333,7 @@ fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
             &image,
             a.header.as_deref(),
             a.key_file.as_deref(),
+            a.allow_weak_cipher,
         )
         .map_err(|e| format!("--luks: {e}"))?;
         specs.push((
@@ -355,7 +361,9 @@ fn crypttab_specs(
             for n in &e.notes {
                 tracing::info!("{}:{} ({}): {n}", ct.display(), e.line, e.name);
             }
-            let text = e.table(a.no_kdf_limit).map_err(|x| x.to_string())?;
+            let text = e
+                .table(a.no_kdf_limit, a.allow_weak_cipher)
+                .map_err(|x| x.to_string())?;
             if e.read_only {
                 read_only_exports.push(e.name.clone());
             }

@@ -22,3 +22,50 @@ pub fn area_crypt(spec: &str, key: &[u8], data: &mut [u8], enc: bool) -> Result<
     }
     Ok(())
 }
+
+/// Whether a LUKS cipher spec (`cipher-mode-iv`, or a bare cipher) leaves
+/// data readable to whoever holds the storage: the null cipher stores
+/// plaintext, and ECB shows equal plaintext blocks as equal ciphertext.
+/// The header checksum is unkeyed, so a storage-side edit can set either
+/// while every keyslot still opens; mapping it would write new data in
+/// clear with the real key.
+pub fn is_weak(spec: &str) -> bool {
+    let lower = spec.to_ascii_lowercase();
+    let mut parts = lower.split('-');
+    let cipher = parts.next().unwrap_or("");
+    let mode = parts.next().unwrap_or("");
+    let iv = parts.next().unwrap_or("");
+    matches!(cipher, "cipher_null" | "null" | "")
+        || lower.contains("cipher_null")
+        || mode == "ecb"
+        || mode == "null"
+        || iv == "null"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weak_specs_are_named_weak_and_usual_ones_are_not() {
+        for s in [
+            "cipher_null-ecb",
+            "cipher_null",
+            "CIPHER_NULL-ECB",
+            "aes-ecb",
+            "aes-ecb-plain64",
+            "aes-xts-null",
+            "capi:cipher_null-plain64",
+        ] {
+            assert!(is_weak(s), "{s} should be weak");
+        }
+        for s in [
+            "aes-xts-plain64",
+            "aes-cbc-essiv:sha256",
+            "serpent-xts-plain64",
+            "twofish-cbc-plain",
+        ] {
+            assert!(!is_weak(s), "{s} should not be weak");
+        }
+    }
+}

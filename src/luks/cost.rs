@@ -13,8 +13,9 @@
 use super::error::LuksError;
 use super::kdf::Kdf;
 
-/// Sum of PBKDF2 iterations over the slots tried (about a minute of SHA-256
-/// on a current core; a 2 s cryptsetup slot is a few million).
+/// Sum of PBKDF2 block-iterations (iterations × output blocks) over the
+/// slots tried (about a minute of SHA-256 on a current core; a 2 s
+/// cryptsetup slot is a few million).
 pub const MAX_PBKDF2_TOTAL: u64 = 1 << 29;
 /// Largest Argon2 memory cost, unless half of RAM is less (2 GiB: twice
 /// cryptsetup's default ceiling for new keyslots).
@@ -52,11 +53,22 @@ pub struct SlotCost {
     pub slot: u32,
     pub kdf: Kdf,
     pub digest: Option<Kdf>,
+    /// Bytes the keyslot's KDF derives (its area key) and the digest's:
+    /// PBKDF2 runs its iterations once per hash-sized block of output, so
+    /// a 512-byte key from SHA-1 costs 26 times the iterations.
+    pub key_len: usize,
+    pub digest_len: usize,
+}
+
+/// PBKDF2 block-iterations: `iterations` once per block of `len` bytes.
+fn pbkdf2_work(hash: super::hash::HashAlg, iterations: u32, len: usize) -> (u64, u64) {
+    let blocks = len.div_ceil(hash.digest_len().max(1)).max(1) as u64;
+    (u64::from(iterations) * blocks, blocks)
 }
 
 /// The costliest PBKDF2 run seen so far, to name in the error: slot,
 /// iterations, hash and whether it is the slot's digest.
-type WorstPbkdf2 = Option<(u32, u32, &'static str, bool)>;
+type WorstPbkdf2 = Option<(u32, u32, &'static str, bool, u64)>;
 
 impl CostLimit {
     /// Refuse before deriving anything if trying `slots` in order would
@@ -70,13 +82,18 @@ impl CostLimit {
         // (slot, time, memory, type) of the costliest Argon2 slot.
         let mut worst_argon2: Option<(u32, u32, u32, &'static str)> = None;
         for c in slots {
-            let runs = std::iter::once((c.kdf, false)).chain(c.digest.map(|d| (d, true)));
-            for (kdf, is_digest) in runs {
+            let runs = std::iter::once((c.kdf, false, c.key_len))
+                .chain(c.digest.map(|d| (d, true, c.digest_len)));
+            for (kdf, is_digest, len) in runs {
                 match kdf {
                     Kdf::Pbkdf2 { hash, iterations } => {
-                        pbkdf2[usize::from(is_digest)] += u64::from(iterations);
-                        if worst_pbkdf2.is_none_or(|(_, i, _, _)| iterations > i) {
-                            worst_pbkdf2 = Some((c.slot, iterations, hash.name(), is_digest));
+                        let (w, blocks) = pbkdf2_work(hash, iterations, len);
+                        pbkdf2[usize::from(is_digest)] += w;
+                        let heavier =
+                            |(_, i, _, _, b): (u32, u32, &str, bool, u64)| w > u64::from(i) * b;
+                        if worst_pbkdf2.is_none_or(heavier) {
+                            worst_pbkdf2 =
+                                Some((c.slot, iterations, hash.name(), is_digest, blocks));
                         }
                     }
                     Kdf::Argon2 {
@@ -94,7 +111,7 @@ impl CostLimit {
         }
         let [slot_its, digest_its] = pbkdf2;
         if slot_its + digest_its > self.pbkdf2_total {
-            let (n, it, h, is_digest) = worst_pbkdf2.unwrap_or((0, 0, "", false));
+            let (n, it, h, is_digest, blocks) = worst_pbkdf2.unwrap_or((0, 0, "", false, 1));
             let who = if is_digest {
                 format!("the digest of keyslot {n}")
             } else {
@@ -102,9 +119,14 @@ impl CostLimit {
             };
             return Err(LuksError::Cost {
                 what: format!(
-                    "{who} demands {it} PBKDF2-{h} iterations; the {} keyslot(s) to try \
+                    "{who} demands {it} PBKDF2-{h} iterations{}; the {} keyslot(s) to try \
                      demand {slot_its} in all and their digests {digest_its} more, above \
                      udm's limit of {}",
+                    if blocks > 1 {
+                        format!(" for each of {blocks} output blocks")
+                    } else {
+                        String::new()
+                    },
                     slots.len(),
                     self.pbkdf2_total
                 ),
@@ -191,7 +213,36 @@ mod tests {
     }
 
     fn cost(slot: u32, kdf: Kdf, digest: Option<Kdf>) -> SlotCost {
-        SlotCost { slot, kdf, digest }
+        SlotCost {
+            slot,
+            kdf,
+            digest,
+            key_len: 20,
+            digest_len: 20,
+        }
+    }
+
+    /// PBKDF2 derives its output a hash block at a time, each block
+    /// costing every iteration: a 512-byte key from SHA-1 (26 blocks)
+    /// just under the iteration limit is refused, a 20-byte one passes.
+    #[test]
+    fn pbkdf2_cost_counts_output_blocks() {
+        let l = CostLimit::default();
+        let kdf = Kdf::Pbkdf2 {
+            hash: HashAlg::Sha1,
+            iterations: (MAX_PBKDF2_TOTAL - 10_000) as u32,
+        };
+        let digest = Kdf::Pbkdf2 {
+            hash: HashAlg::Sha1,
+            iterations: 1000,
+        };
+        assert!(l.check(&[cost(0, kdf, Some(digest))]).is_ok());
+        let big = SlotCost {
+            key_len: 512,
+            ..cost(0, kdf, Some(digest))
+        };
+        let e = l.check(&[big]).unwrap_err().to_string();
+        assert!(e.contains("for each of 26 output blocks"), "{e}");
     }
 
     /// The digest's PBKDF2 runs for every keyslot tried, so a cheap

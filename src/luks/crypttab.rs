@@ -49,7 +49,8 @@ pub struct CryptEntry {
     /// `plain` given: plain dm-crypt.
     pub plain: bool,
     /// `luks` given: LUKS only. With neither, a device without a LUKS
-    /// header is taken as plain (systemd-cryptsetup's rule).
+    /// header is taken as plain (systemd-cryptsetup's rule), unless it
+    /// shows LUKS remnants (then refused).
     pub luks: bool,
     pub plain_params: PlainParams,
     pub header: Option<PathBuf>,
@@ -223,20 +224,49 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<CryptEntry>, LuksError> {
 }
 
 impl CryptEntry {
+    /// Whether a line with neither `luks` nor `plain` is plain dm-crypt:
+    /// systemd's rule (no LUKS header, so plain), except that a device
+    /// with LUKS remnants is refused. Wiping the magics is all a storage
+    /// holder needs to turn a LUKS volume into a KDF-less plain mapping
+    /// at offset 0, whose first writes destroy the keyslots.
+    fn falls_back_to_plain(&self, dev: &str) -> Result<bool, LuksError> {
+        let header = self.header.as_deref();
+        if !matches!(
+            super::volume::Volume::load(&self.device, header, false),
+            Err(LuksError::NotLuks(_))
+        ) {
+            return Ok(false);
+        }
+        if let Some(found) = luks_remnant(header.unwrap_or(&self.device))? {
+            return Err(LuksError::Usage(format!(
+                "{dev} is not a valid LUKS device but carries LUKS remnants ({found}); \
+                 refusing to map it as plain dm-crypt. Add 'plain' to the line if this \
+                 is really a plain volume, or restore the LUKS header \
+                 (cryptsetup luksHeaderRestore) and add 'luks'"
+            )));
+        }
+        tracing::warn!(
+            "crypttab line {} ({}): {dev} has no LUKS header, so it is mapped as plain \
+             dm-crypt (no KDF, offset 0); add 'plain' to the line to say so, or 'luks' \
+             to refuse this",
+            self.line,
+            self.name
+        );
+        Ok(true)
+    }
+
     /// Unlock (asking for the passphrase if there is no key file) and
     /// build the crypt table this line stands for.
-    pub fn table(&self, no_cost_limit: bool) -> Result<Zeroizing<String>, LuksError> {
+    pub fn table(
+        &self,
+        no_cost_limit: bool,
+        allow_weak_cipher: bool,
+    ) -> Result<Zeroizing<String>, LuksError> {
         let dev = self.device.display().to_string();
         let at = |e: LuksError| {
             LuksError::Usage(format!("crypttab line {} ({}): {e}", self.line, self.name))
         };
-        let plain = self.plain
-            || (!self.luks
-                && matches!(
-                    super::volume::Volume::load(&self.device, self.header.as_deref(), false),
-                    Err(LuksError::NotLuks(_))
-                ));
-        if plain {
+        if self.plain || (!self.luks && self.falls_back_to_plain(&dev).map_err(at)?) {
             let key = plain::plain_key(
                 &self.plain_params,
                 &self.key,
@@ -258,6 +288,7 @@ impl CryptEntry {
             path: self.device.clone(),
             header: self.header.clone(),
             no_cost_limit,
+            allow_weak_cipher,
         };
         let v = d.load(false, &super::feedback::Quiet).map_err(at)?;
         v.check_requirements().map_err(at)?;
@@ -280,6 +311,60 @@ impl CryptEntry {
         }
         Ok(act.table(&crate::core::table::escape_arg(&dev)))
     }
+}
+
+/// Where a LUKS2 header's second copy may start (cryptsetup's header
+/// sizes, 16 KiB to 4 MiB); the first copy is at 0.
+const LUKS2_COPY_OFFSETS: [u64; 10] = [
+    0,
+    16 << 10,
+    32 << 10,
+    64 << 10,
+    128 << 10,
+    256 << 10,
+    512 << 10,
+    1 << 20,
+    2 << 20,
+    4 << 20,
+];
+
+/// What on `path` still looks like LUKS after the header failed to load:
+/// a LUKS1/LUKS2 magic at a header copy's offset, a LUKS2 JSON area
+/// behind one, or a LUKS1 header with only its magic wiped. None when the
+/// device shows none of these.
+fn luks_remnant(path: &Path) -> Result<Option<String>, LuksError> {
+    let disk = super::disk::Disk::open(path, false)?;
+    let size = disk.size()?;
+    let mut buf = vec![0u8; 4096 + 16];
+    for off in LUKS2_COPY_OFFSETS {
+        if off + buf.len() as u64 > size {
+            break;
+        }
+        disk.read_at(off, &mut buf)?;
+        if buf[..6] == super::luks2::MAGIC_PRIMARY || buf[..6] == super::luks2::MAGIC_SECONDARY {
+            return Ok(Some(format!("a LUKS magic at byte {off}")));
+        }
+        if buf[4096..].starts_with(b"{\"keyslots\"") || buf[4096..].starts_with(b"{\"config\"") {
+            return Ok(Some(format!("LUKS2 metadata at byte {}", off + 4096)));
+        }
+        if off == 0 && looks_like_luks1(&buf) {
+            return Ok(Some(
+                "a LUKS1 header without its magic at byte 0".to_string(),
+            ));
+        }
+    }
+    Ok(None)
+}
+
+/// A LUKS1 header whose magic is gone: version 1, and printable cipher
+/// and hash names where LUKS1 keeps them.
+fn looks_like_luks1(b: &[u8]) -> bool {
+    let name = |r: std::ops::Range<usize>| {
+        let f = &b[r];
+        let end = f.iter().position(|&c| c == 0).unwrap_or(f.len());
+        end > 0 && f[end..].iter().all(|&c| c == 0) && f[..end].iter().all(|c| c.is_ascii_graphic())
+    };
+    b[6..8] == [0, 1] && name(8..40) && name(40..72) && name(72..104)
 }
 
 #[cfg(test)]

@@ -7,12 +7,13 @@
 //! The volume key dump is built in a [`SecretText`] sized for it up front.
 
 use super::error::LuksError;
-use super::json::{parse_u64str, to_pretty};
+use super::json::{hostile_char, parse_u64str, to_pretty};
 use super::secret::SecretText;
 use super::volume::Volume;
 use super::{luks1, luks2};
 use base64::Engine;
 use serde_json::Value;
+use std::borrow::Cow;
 use std::fmt::Write;
 
 /// Hex bytes, each followed by a space, 16 to a line, continuation lines
@@ -36,8 +37,33 @@ fn b64hex(o: &mut String, v: &Value) {
     o.push('\n');
 }
 
-fn s(v: &Value) -> &str {
-    v.as_str().unwrap_or("")
+/// A JSON string field, escaped for the terminal.
+fn s(v: &Value) -> Cow<'_, str> {
+    esc(v.as_str().unwrap_or(""))
+}
+
+/// `text` from the header with its control characters (C0, DEL, C1) and
+/// the invisible Unicode format characters that reorder or hide text
+/// written as `\xNN` / `\u{NNNN}`: a header is untrusted input, and raw
+/// escape sequences would let it rewrite the terminal or fake lines of
+/// the dump. cryptsetup prints these fields raw; normal headers print the
+/// same either way.
+pub fn esc(text: &str) -> Cow<'_, str> {
+    let bad = hostile_char;
+    if !text.chars().any(bad) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if !bad(c) {
+            out.push(c);
+        } else if (c as u32) < 0x100 {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        } else {
+            let _ = write!(out, "\\u{{{:04x}}}", c as u32);
+        }
+    }
+    Cow::Owned(out)
 }
 
 fn u(v: &Value) -> u64 {
@@ -76,8 +102,8 @@ pub fn header_text(v: &Volume, device: &str) -> String {
 fn luks1_text(o: &mut String, h: &luks1::Header, device: &str) {
     let _ = writeln!(o, "LUKS header information for {device}\n");
     let _ = writeln!(o, "Version:       \t1");
-    let _ = writeln!(o, "Cipher name:   \t{}", h.cipher_name);
-    let _ = writeln!(o, "Cipher mode:   \t{}", h.cipher_mode);
+    let _ = writeln!(o, "Cipher name:   \t{}", esc(&h.cipher_name));
+    let _ = writeln!(o, "Cipher mode:   \t{}", esc(&h.cipher_mode));
     let _ = writeln!(o, "Hash spec:     \t{}", h.hash.name());
     let _ = writeln!(o, "Payload offset:\t{}", h.payload_offset);
     let _ = writeln!(o, "MK bits:       \t{}", h.key_bytes * 8);
@@ -88,7 +114,7 @@ fn luks1_text(o: &mut String, h: &luks1::Header, device: &str) {
     o.push_str("\nMK salt:       \t");
     hex16(o, &h.mk_digest_salt, "               \t");
     let _ = writeln!(o, "\nMK iterations: \t{}", h.mk_digest_iter);
-    let _ = writeln!(o, "UUID:          \t{}\n", h.uuid);
+    let _ = writeln!(o, "UUID:          \t{}\n", esc(&h.uuid));
     for (i, sl) in h.slots.iter().enumerate() {
         if sl.active {
             let _ = writeln!(o, "Key Slot {i}: ENABLED");
@@ -115,7 +141,7 @@ fn luks2_text(o: &mut String, h: &luks2::Luks2) {
         if x.is_empty() {
             d.to_string()
         } else {
-            x.to_string()
+            esc(x).into_owned()
         }
     };
     let _ = writeln!(o, "UUID:          \t{}", or(&h.bin.uuid, "(no UUID)"));
@@ -127,7 +153,7 @@ fn luks2_text(o: &mut String, h: &luks2::Luks2) {
     );
     o.push_str("Flags:       \t");
     for f in &h.meta.flags {
-        let _ = write!(o, "{f} ");
+        let _ = write!(o, "{} ", esc(f));
     }
     let reqs = &h.meta.requirements;
     let _ = write!(
@@ -143,7 +169,7 @@ fn luks2_text(o: &mut String, h: &luks2::Luks2) {
     if !reqs.is_empty() {
         o.push_str("Requirements:\t");
         for r in reqs {
-            let _ = write!(o, "{r} ");
+            let _ = write!(o, "{} ", esc(r));
         }
         o.push_str("\n\n");
     }
@@ -174,7 +200,7 @@ fn segments_text(o: &mut String, j: &Value) {
         }
         if let Some(fl) = seg.get("flags").and_then(Value::as_array) {
             if !fl.is_empty() {
-                let names: Vec<&str> = fl.iter().map(s).collect();
+                let names: Vec<Cow<'_, str>> = fl.iter().map(s).collect();
                 let _ = writeln!(o, "\tflags : {}", names.join(", "));
             }
         }
@@ -248,7 +274,7 @@ fn keyslot_kind_text(o: &mut String, ks: &Value, area: &Value) {
         let _ = writeln!(o, "\t{:<12}{}", "Mode:", s(&ks["mode"]));
         let _ = writeln!(o, "\t{:<12}{}", "Direction:", s(&ks["direction"]));
         let _ = writeln!(o, "\t{:<12}{}", "Resilience:", s(&area["type"]));
-        match s(&area["type"]) {
+        match area["type"].as_str().unwrap_or("") {
             "checksum" => {
                 let _ = writeln!(o, "\t{:<12}{}", "Hash:", s(&area["hash"]));
                 let _ = writeln!(

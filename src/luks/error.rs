@@ -53,6 +53,10 @@ pub enum LuksError {
     /// A keyslot's KDF demands more than udm will spend before trying a
     /// passphrase (`memory` tells whether it is a memory cost).
     Cost { what: String, memory: bool },
+    /// The header asks for a cipher that does not hide the data (`what`
+    /// names the segment or keyslot area); refused unless the user passes
+    /// `--allow-weak-cipher`.
+    WeakCipher { what: String, cipher: String },
 }
 
 impl LuksError {
@@ -139,6 +143,14 @@ impl fmt::Display for LuksError {
                 f,
                 "{what}; refusing to try a passphrase (a damaged or hostile header can \
                  demand this). Pass --no-kdf-limit to try it anyway."
+            ),
+            LuksError::WeakCipher { what, cipher } => write!(
+                f,
+                "{what} uses cipher {}, which stores data readable to whoever holds \
+                 the storage; refusing it (an edited header can ask for this while the \
+                 keyslots still open). Pass --allow-weak-cipher if the volume really is \
+                 meant to be so.",
+                cipher.escape_debug()
             ),
         }
     }

@@ -235,6 +235,8 @@ pub fn format(
         detached,
         header: hdr,
         cost_limit: None,
+        // The cipher is the one the user just chose.
+        allow_weak_cipher: true,
     };
     let slot = vol.add_key(
         &key,

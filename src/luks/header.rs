@@ -330,6 +330,18 @@ impl Header {
         Some(Kdf::Pbkdf2 { hash, iterations })
     }
 
+    /// Bytes the digest of [`Header::digest_kdf`] derives (LUKS1: 20).
+    pub fn digest_len(&self, slot: u32, usable: SlotUse) -> usize {
+        match self {
+            Header::Luks1(_) => 20,
+            Header::Luks2(h) => match usable {
+                SlotUse::Segment => h.meta.segment_digest(),
+                SlotUse::Any => h.meta.digest_of(slot),
+            }
+            .map_or(0, |(_, d)| d.digest.len()),
+        }
+    }
+
     /// Keyslots to try, in cryptsetup's order (LUKS2: high priority first;
     /// priority 0 never).
     pub fn try_order(&self) -> Vec<u32> {

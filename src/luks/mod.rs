@@ -169,7 +169,19 @@ pub fn open(
     header: Option<&Path>,
     passphrase: &[u8],
 ) -> Result<Activation, LuksError> {
-    let vol = volume::Volume::load(image, header, false)?;
+    open_with(image, header, passphrase, false)
+}
+
+/// [`open`], also mapping null or ECB ciphers when `allow_weak_cipher`
+/// (the user's `--allow-weak-cipher`).
+pub fn open_with(
+    image: &Path,
+    header: Option<&Path>,
+    passphrase: &[u8],
+    allow_weak_cipher: bool,
+) -> Result<Activation, LuksError> {
+    let mut vol = volume::Volume::load(image, header, false)?;
+    vol.allow_weak_cipher = allow_weak_cipher;
     if let Some(act) = reencrypt::activation(&vol, passphrase)? {
         return Ok(act);
     }
@@ -188,10 +200,11 @@ pub fn activation_table(
     image: &str,
     header: Option<&Path>,
     key_file: Option<&Path>,
+    allow_weak_cipher: bool,
 ) -> Result<Zeroizing<String>, String> {
     let pass = read_passphrase(key_file, &format!("Enter passphrase for {image}: "))
         .map_err(|e| format!("LUKS device {name}: {e}"))?;
-    let act = open(Path::new(image), header, &pass)
+    let act = open_with(Path::new(image), header, &pass, allow_weak_cipher)
         .map_err(|e| format!("LUKS device {name} on {image}: {e}"))?;
     // Header warnings (e.g. a damaged primary copy) were logged by the
     // LUKS reader itself.

@@ -232,6 +232,31 @@ pub fn warn_if_readable_by_others(p: &Path) {
     }
 }
 
+/// A table file holding a crypt key is a key file by another name: warn
+/// the same way when group or others may read it. A key given as a
+/// keyring reference (`:SIZE:TYPE:DESC`) or `-` is not in the file.
+pub fn warn_if_table_key_readable(p: &Path, text: &str) {
+    let holds_key = text.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        f.nth(2) == Some("crypt")
+            && f.nth(1)
+                .is_some_and(|key| key != "-" && !key.starts_with(':'))
+    });
+    if !holds_key {
+        return;
+    }
+    if let Ok(m) = std::fs::metadata(p) {
+        if m.is_file() && m.mode() & 0o077 != 0 {
+            eprintln!(
+                "WARNING: table file {} holds a crypt key and is readable by group or \
+                 others (mode {:04o}); restrict it with chmod 600.",
+                p.display(),
+                m.mode() & 0o7777
+            );
+        }
+    }
+}
+
 /// Restores terminal attributes on drop (also on error paths).
 struct EchoGuard<'a> {
     fd: BorrowedFd<'a>,

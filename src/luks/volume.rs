@@ -28,6 +28,9 @@ pub struct Volume {
     /// Ceiling on KDF cost before a passphrase is tried (None: no limit,
     /// the user's explicit choice).
     pub cost_limit: Option<CostLimit>,
+    /// Map (and unlock through) null or ECB ciphers, which udm otherwise
+    /// refuses: see [`super::cipher::is_weak`].
+    pub allow_weak_cipher: bool,
 }
 
 impl Volume {
@@ -71,6 +74,7 @@ impl Volume {
             detached,
             header: hdr,
             cost_limit: Some(CostLimit::default()),
+            allow_weak_cipher: false,
         };
         v.check_data_offset()?;
         Ok(v)
@@ -202,6 +206,8 @@ impl Volume {
                         slot: s,
                         kdf,
                         digest: self.header.digest_kdf(s, usable),
+                        key_len: self.slot_params(s).map_or(0, |p| p.area_key_size),
+                        digest_len: self.header.digest_len(s, usable),
                     })
                 })
                 .collect();
@@ -226,6 +232,7 @@ impl Volume {
             if !spec.is_empty() {
                 p.encryption = &spec;
             }
+            self.refuse_weak(&format!("keyslot {slot}'s area"), p.encryption)?;
             let key = keyslot::unlock(&self.meta, &p, passphrase)?;
             if self.key_fits(slot, &key, usable) {
                 return Ok((slot, key));
@@ -239,6 +246,18 @@ impl Volume {
         }
     }
 
+    /// Err when `cipher` (used by `what`) is weak and the user has not
+    /// allowed that.
+    fn refuse_weak(&self, what: &str, cipher: &str) -> Result<(), LuksError> {
+        if self.allow_weak_cipher || !super::cipher::is_weak(cipher) {
+            return Ok(());
+        }
+        Err(LuksError::WeakCipher {
+            what: what.to_string(),
+            cipher: cipher.to_string(),
+        })
+    }
+
     /// The dm-crypt mapping for `key` (already verified).
     pub fn activation(
         &self,
@@ -247,6 +266,9 @@ impl Volume {
     ) -> Result<Activation, LuksError> {
         self.check_requirements()?;
         let (segments, options) = self.header.mapped_segments(self.data_size)?;
+        for (n, s) in segments.iter().enumerate().filter(|(_, s)| !s.linear) {
+            self.refuse_weak(&format!("data segment {n}"), &s.cipher)?;
+        }
         Ok(Activation {
             key,
             other_keys: Vec::new(),

@@ -457,6 +457,7 @@ pub(super) fn luks_resume(c: &Ctx) -> Outcome {
         path: PathBuf::from(&data),
         header: c.a.str("header").map(PathBuf::from),
         no_cost_limit: c.a.has("no-kdf-limit"),
+        allow_weak_cipher: c.a.has("allow-weak-cipher"),
     };
     let fb = ui(c);
     let v = match dev.load(false, &fb) {

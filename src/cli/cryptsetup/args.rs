@@ -190,6 +190,7 @@ pub static SPECS: &[Spec] = &[
     spec!("use-fsync", None, Flag),
     spec!("write-log", None, Flag),
     spec!("no-kdf-limit", None, Flag),
+    spec!("allow-weak-cipher", None, Flag),
     spec!("control", None, Str),
     // udm's: narrows who may use the opened device over NBD.
     spec!("allow", None, Str, [OPEN]),

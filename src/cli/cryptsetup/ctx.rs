@@ -51,6 +51,7 @@ pub(super) fn device(c: &Ctx) -> Device {
         path: PathBuf::from(&c.argv[0]),
         header: c.a.str("header").map(PathBuf::from),
         no_cost_limit: c.a.has("no-kdf-limit"),
+        allow_weak_cipher: c.a.has("allow-weak-cipher"),
     }
 }
 

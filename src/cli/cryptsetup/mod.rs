@@ -208,7 +208,8 @@ fn help() {
     println!(
         "\nOptions are those of cryptsetup 2.6 (see cryptsetup(8)); README.md lists which\n\
          udm implements. --no-kdf-limit lets udm try passphrases on keyslots whose KDF\n\
-         cost is above its limit."
+         cost is above its limit; --allow-weak-cipher lets it open a header whose data\n\
+         or keyslot cipher is cipher_null or ECB."
     );
 }
 

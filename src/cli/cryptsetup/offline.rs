@@ -321,6 +321,7 @@ pub(super) fn token(c: &Ctx) -> Outcome {
         path: PathBuf::from(&c.argv[1]),
         header: c.a.str("header").map(PathBuf::from),
         no_cost_limit: c.a.has("no-kdf-limit"),
+        allow_weak_cipher: c.a.has("allow-weak-cipher"),
     };
     let fb = ui(c);
     let id = c.a.i32("token-id").map(|t| t as u32);

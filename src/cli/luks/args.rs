@@ -29,6 +29,10 @@ pub struct Common {
     /// try cost minutes or gigabytes).
     #[arg(long)]
     pub no_kdf_limit: bool,
+    /// Unlock and map a volume whose header asks for the null cipher or
+    /// ECB (refused by default: an edited header can ask for them).
+    #[arg(long)]
+    pub allow_weak_cipher: bool,
 }
 
 impl Common {

@@ -50,6 +50,7 @@ fn device(image: &std::path::Path, c: &Common) -> Device {
         path: image.to_path_buf(),
         header: c.header.clone(),
         no_cost_limit: c.no_kdf_limit,
+        allow_weak_cipher: c.allow_weak_cipher,
     }
 }
 

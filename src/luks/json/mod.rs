@@ -13,7 +13,7 @@ mod tests;
 mod types;
 
 pub use fields::parse_u64str;
-pub use pretty::to_pretty;
+pub use pretty::{hostile_char, to_pretty};
 pub use types::{Digest, Keyslot, Segment};
 
 use base64::Engine;

@@ -64,6 +64,16 @@ fn write_value(out: &mut String, v: &Value, level: usize) {
     }
 }
 
+/// Characters a header must not send to a terminal raw: controls (C0,
+/// DEL, C1) and the invisible format characters that reorder or hide text.
+pub fn hostile_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}'
+        )
+}
+
 /// json-c's string escaping without slash escaping.
 fn write_string(out: &mut String, s: &str) {
     out.push('"');
@@ -76,7 +86,10 @@ fn write_string(out: &mut String, s: &str) {
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
             '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
+            // json-c stops at 0x20; DEL, C1 and the invisible format
+            // characters are escaped too, so a header cannot drive the
+            // terminal through a JSON dump (normal headers print the same).
+            c if (c as u32) < 0x20 || hostile_char(c) => {
                 let _ = write!(out, "\\u{:04x}", c as u32);
             }
             c => out.push(c),

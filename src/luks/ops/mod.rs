@@ -30,6 +30,9 @@ pub struct Device {
     /// Try passphrases even when keyslots demand more KDF work than udm's
     /// limit (the user said so).
     pub no_cost_limit: bool,
+    /// Unlock and map null or ECB ciphers (`--allow-weak-cipher`): a
+    /// header edited on the storage can ask for them.
+    pub allow_weak_cipher: bool,
 }
 
 impl Device {
@@ -38,6 +41,7 @@ impl Device {
             path: path.into(),
             header,
             no_cost_limit: false,
+            allow_weak_cipher: false,
         }
     }
 
@@ -64,6 +68,7 @@ impl Device {
         if self.no_cost_limit {
             v.cost_limit = None;
         }
+        v.allow_weak_cipher = self.allow_weak_cipher;
         for w in v.warnings() {
             fb.warn(&w);
         }

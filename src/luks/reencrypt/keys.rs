@@ -58,6 +58,8 @@ pub fn unlock_digest(
                 slot: *s,
                 kdf: h.meta.keyslots[s].kdf,
                 digest: Some(digest_kdf),
+                key_len: h.meta.keyslots[s].area_key_size as usize,
+                digest_len: d.digest.len(),
             })
             .collect();
         limit.check(&costs)?;
