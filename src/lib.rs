@@ -15,7 +15,7 @@
 //! 4. [`mapper`]: tables into routes, the named devices of a server;
 //! 5. [`luks`] (LUKS1/LUKS2 volumes) and [`nbd`] (the server);
 //! 6. [`control`]: the control socket (dmsetup's verbs on a running
-//!    server), over the device registry and the exports;
+//!    server), over the named devices and the exports;
 //! 7. [`cli`], and `fuzzing` (behind the `fuzzing` feature).
 
 // Every unsafe block says why it is sound, and an `unsafe fn` body is not

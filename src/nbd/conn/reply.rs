@@ -49,6 +49,12 @@ impl Pending {
     }
 }
 
+/// Memory a queued reply holds besides its bytes: the `Pending` itself
+/// and the queue's and allocator's share. A 16-byte reply costs about ten
+/// times its length; counting only the bytes let a client that never reads
+/// queue hundreds of MiB of small replies under a cap meant for megabytes.
+const REPLY_OVERHEAD: usize = std::mem::size_of::<Pending>() + 32;
+
 struct Out {
     queue: VecDeque<Pending>,
     /// Bytes in `queue` not sent yet.
@@ -70,7 +76,8 @@ pub struct Conn {
     pub in_handshake: AtomicBool,
     /// Closed by the server (shed, error); the loop finishes the close.
     closed: AtomicBool,
-    /// Queued bytes, readable without the lock.
+    /// What the queued replies cost, readable without the lock: their
+    /// unsent bytes plus [`REPLY_OVERHEAD`] each (see [`Out::cost`]).
     queued: AtomicUsize,
     /// Counted in the server's live connections (cleared by whoever
     /// uncounts it first).
@@ -83,6 +90,14 @@ pub struct Conn {
     spare_extents: Mutex<Vec<Extent>>,
     /// The export's log of failed requests, once in transmission.
     pub(super) failures: OnceLock<Arc<crate::nbd::export::FailureLog>>,
+}
+
+impl Out {
+    /// What the queue costs: unsent bytes plus each reply's overhead, so
+    /// the per-connection caps bound memory, not just payload.
+    fn cost(&self) -> usize {
+        self.bytes as usize + self.queue.len() * REPLY_OVERHEAD
+    }
 }
 
 impl Conn {
@@ -163,7 +178,9 @@ impl Conn {
         self.notify();
     }
 
-    /// Bytes of replies waiting for the socket.
+    /// What the replies waiting for the socket cost: their unsent bytes
+    /// plus a fixed overhead each (the caps on queued replies compare
+    /// this).
     pub fn queued(&self) -> u64 {
         self.queued.load(Ordering::Relaxed) as u64
     }
@@ -233,7 +250,7 @@ impl Conn {
         }
         out.queue.push_back(p);
         let r = flush_locked(&self.sock, &mut out);
-        self.queued.store(out.bytes as usize, Ordering::Relaxed);
+        self.queued.store(out.cost(), Ordering::Relaxed);
         drop(out);
         if let Err(e) = r {
             self.fail(&e);
@@ -256,7 +273,7 @@ impl Conn {
             return 0;
         }
         let r = flush_locked(&self.sock, &mut out);
-        self.queued.store(out.bytes as usize, Ordering::Relaxed);
+        self.queued.store(out.cost(), Ordering::Relaxed);
         let left = out.bytes;
         drop(out);
         if let Err(e) = r {
@@ -322,7 +339,7 @@ impl Conn {
             let processed = tls.process_new_packets();
             // Handshake messages and alerts go out now.
             let r = flush_locked(&self.sock, out);
-            self.queued.store(out.bytes as usize, Ordering::Relaxed);
+            self.queued.store(out.cost(), Ordering::Relaxed);
             let tls = out.tls.as_mut().expect("TLS session present");
             if let Err(e) = processed {
                 let _ = tls.write_tls(&mut &self.sock);
@@ -571,5 +588,33 @@ impl Sink for Conn {
                 self.send_error(req.tag, errno, req.op == Op::Read, client_message(errno));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client that never reads gets its small replies counted at what
+    /// they hold in memory, not at their 16 bytes, so the reply caps stop
+    /// reading its requests long before the heap grows by hundreds of MiB.
+    #[test]
+    fn small_queued_replies_count_their_overhead() {
+        let (a, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let conn = Conn::new(Sock::Unix(a), None);
+        for _ in 0..50_000 {
+            conn.send_bytes(&[0u8; 16]);
+        }
+        let (bytes, replies) = {
+            let out = conn.out();
+            (out.bytes as usize, out.queue.len())
+        };
+        assert!(
+            replies > 1000,
+            "the socket took {replies} short of everything"
+        );
+        assert_eq!(conn.queued() as usize, bytes + replies * REPLY_OVERHEAD);
+        assert!(conn.queued() as usize >= 5 * bytes);
     }
 }
