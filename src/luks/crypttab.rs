@@ -313,21 +313,6 @@ impl CryptEntry {
     }
 }
 
-/// Where a LUKS2 header's second copy may start (cryptsetup's header
-/// sizes, 16 KiB to 4 MiB); the first copy is at 0.
-const LUKS2_COPY_OFFSETS: [u64; 10] = [
-    0,
-    16 << 10,
-    32 << 10,
-    64 << 10,
-    128 << 10,
-    256 << 10,
-    512 << 10,
-    1 << 20,
-    2 << 20,
-    4 << 20,
-];
-
 /// What on `path` still looks like LUKS after the header failed to load:
 /// a LUKS1/LUKS2 magic at a header copy's offset, a LUKS2 JSON area
 /// behind one, or a LUKS1 header with only its magic wiped. None when the
@@ -336,7 +321,9 @@ fn luks_remnant(path: &Path) -> Result<Option<String>, LuksError> {
     let disk = super::disk::Disk::open(path, false)?;
     let size = disk.size()?;
     let mut buf = vec![0u8; 4096 + 16];
-    for off in LUKS2_COPY_OFFSETS {
+    // The first copy at 0, the second after a header of any size
+    // cryptsetup writes (16 KiB to 4 MiB).
+    for off in std::iter::once(0).chain(super::luks2::HDR_SIZES) {
         if off + buf.len() as u64 > size {
             break;
         }
