@@ -19,6 +19,7 @@ pub mod linear;
 pub mod log_replay;
 pub mod log_writes;
 pub mod striped;
+pub mod verity;
 pub mod zero;
 
 /// A table segment's target. Offsets passed to its [`BlockDevice`] methods
@@ -132,6 +133,7 @@ pub static TYPES: &[&TargetType] = &[
     &delay::TYPE,
     &dust::TYPE,
     &log_writes::TYPE,
+    &verity::TYPE,
 ];
 
 /// The target type a table names, if udm has it.

@@ -1,0 +1,244 @@
+//! The verity target over in-memory devices: a tree built here, then reads
+//! that must pass, corruptions that must fail exactly the blocks they
+//! touch, and each mode's behaviour.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::build::build;
+use super::tree::{Geometry, HashAlg};
+use crate::core::{BlockDevice, WriteBuf};
+use crate::store::MemStore;
+use crate::targets::{DeviceResolver, EventHook, Target, TargetArgs, TargetError, TargetOptions};
+
+struct Mem(HashMap<String, Arc<MemStore>>);
+
+impl DeviceResolver for Mem {
+    fn resolve(&mut self, spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
+        self.0
+            .get(spec)
+            .map(|d| d.clone() as Arc<dyn BlockDevice>)
+            .ok_or_else(|| format!("no device {spec}"))
+    }
+}
+
+/// A data device of `blocks` 4 KiB blocks, a hash device with the tree
+/// (sha256, salt `5a`, tree from hash block 1) and the table arguments.
+struct Fixture {
+    mem: Mem,
+    data: Vec<u8>,
+    geo: Geometry,
+    args: String,
+    events: Arc<AtomicUsize>,
+}
+
+fn fixture(blocks: u64, alg: HashAlg, version: u32) -> Fixture {
+    let bs = 4096usize;
+    let mut data: Vec<u8> = (0..blocks as usize * bs)
+        .map(|i| (i / 3 + i / 4099) as u8)
+        .collect();
+    // One all-zero block, for ignore_zero_blocks.
+    if blocks > 3 {
+        data[3 * bs..4 * bs].fill(0);
+    }
+    let geo = Geometry::new(version, 4096, 4096, blocks, 1, alg).unwrap();
+    let tree = build::<()>(&geo, alg, &[0x5a], &mut |j, b| {
+        b.copy_from_slice(&data[j as usize * bs..][..bs]);
+        Ok(())
+    })
+    .unwrap();
+    let hash = MemStore::new(geo.end * 4096);
+    for (i, l) in tree.levels.iter().enumerate() {
+        hash.write(geo.level_start[i] * 4096, WriteBuf::Borrowed(l), false)
+            .unwrap();
+    }
+    let dev = MemStore::new(data.len() as u64);
+    dev.write(0, WriteBuf::Borrowed(&data), false).unwrap();
+    let args = format!(
+        "{version} data hash 4096 4096 {blocks} 1 {} {} 5a",
+        alg.name(),
+        hex::encode(&tree.root)
+    );
+    let mut m = HashMap::new();
+    m.insert("data".to_string(), Arc::new(dev));
+    m.insert("hash".to_string(), Arc::new(hash));
+    Fixture {
+        mem: Mem(m),
+        data,
+        geo,
+        args,
+        events: Arc::new(AtomicUsize::new(0)),
+    }
+}
+
+impl Fixture {
+    fn target(&mut self, extra: &str) -> Result<Arc<dyn Target>, TargetError> {
+        let args: Vec<String> = format!("{} {extra}", self.args)
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        let ev = self.events.clone();
+        let options = TargetOptions {
+            events: Some(EventHook(Arc::new(move || {
+                ev.fetch_add(1, Ordering::Relaxed);
+            }))),
+            ..TargetOptions::default()
+        };
+        (super::TYPE.new)(TargetArgs {
+            args: &args,
+            len: self.data.len() as u64,
+            resolver: &mut self.mem,
+            options: &options,
+        })
+    }
+    fn poke(&self, dev: &str, at: u64) {
+        let d = &self.mem.0[dev];
+        let mut b = [0u8; 1];
+        d.read(at, &mut b).unwrap();
+        b[0] ^= 0x40;
+        d.write(at, WriteBuf::Borrowed(&b), false).unwrap();
+    }
+}
+
+fn read(t: &dyn Target, block: u64, n: usize) -> Result<Vec<u8>, String> {
+    let mut b = vec![0u8; n * 4096];
+    t.read(block * 4096, &mut b).map_err(|e| e.to_string())?;
+    Ok(b)
+}
+
+#[test]
+fn every_block_reads_back_and_the_table_prints_as_given() {
+    for (alg, version, blocks) in [
+        (HashAlg::Sha256, 1, 300),
+        (HashAlg::Sha1, 0, 130),
+        (HashAlg::Sha512, 1, 70),
+        (HashAlg::Sha256, 1, 1),
+    ] {
+        let mut f = fixture(blocks, alg, version);
+        let t = f.target("").unwrap();
+        let all = read(&*t, 0, blocks as usize).unwrap();
+        assert!(all == f.data, "{alg:?} v{version}: data differs");
+        assert_eq!(t.status(), "V");
+        assert_eq!(t.table_params(false), f.args);
+        assert_eq!(f.events.load(Ordering::Relaxed), 0);
+        assert!(t.limits().read_only);
+        assert!(t.write(0, WriteBuf::Borrowed(&[0; 4096]), false).is_err());
+    }
+}
+
+#[test]
+fn a_flipped_data_byte_fails_its_block_only_and_raises_an_event() {
+    let mut f = fixture(300, HashAlg::Sha256, 1);
+    f.poke("data", 7 * 4096 + 100);
+    let t = f.target("").unwrap();
+    let e = read(&*t, 7, 1).unwrap_err();
+    assert!(e.contains("data block 7"), "{e}");
+    assert!(
+        read(&*t, 6, 3).is_err(),
+        "a request covering the block fails"
+    );
+    assert_eq!(read(&*t, 6, 1).unwrap(), f.data[6 * 4096..7 * 4096]);
+    assert_eq!(read(&*t, 8, 100).unwrap(), f.data[8 * 4096..108 * 4096]);
+    assert_eq!(t.status(), "C");
+    assert_eq!(f.events.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_flipped_hash_byte_fails_the_blocks_it_covers() {
+    let mut f = fixture(300, HashAlg::Sha256, 1);
+    // Level 0's second block covers data blocks 128..256.
+    let at = f.geo.level_start[0] * 4096 + 4096 + 9;
+    f.poke("hash", at);
+    let t = f.target("").unwrap();
+    assert!(read(&*t, 128, 1).unwrap_err().contains("metadata block"));
+    assert!(read(&*t, 255, 1).is_err());
+    assert_eq!(read(&*t, 0, 128).unwrap(), f.data[..128 * 4096]);
+    assert_eq!(read(&*t, 256, 44).unwrap(), f.data[256 * 4096..]);
+    assert_eq!(t.status(), "C");
+}
+
+#[test]
+fn modes_decide_what_a_corrupt_block_does() {
+    let mut f = fixture(300, HashAlg::Sha256, 1);
+    f.poke("data", 5 * 4096);
+    let t = f.target("1 ignore_corruption").unwrap();
+    let got = read(&*t, 5, 1).unwrap();
+    assert_ne!(
+        got,
+        f.data[5 * 4096..6 * 4096],
+        "the corrupt data is returned"
+    );
+    assert_eq!(t.status(), "C");
+
+    for mode in ["restart_on_corruption", "panic_on_corruption"] {
+        let t = f.target(&format!("1 {mode}")).unwrap();
+        assert!(read(&*t, 0, 1).is_ok());
+        assert!(read(&*t, 5, 1).is_err());
+        let e = read(&*t, 0, 1).unwrap_err();
+        assert!(e.contains("reload the table"), "{e}");
+        assert!(t.table_params(false).ends_with(&format!(" 1 {mode}")));
+    }
+}
+
+#[test]
+fn zero_blocks_and_check_at_most_once() {
+    let mut f = fixture(300, HashAlg::Sha256, 1);
+    // Block 3 is zero in the tree; garbage on disk reads as zeros.
+    f.poke("data", 3 * 4096 + 1);
+    let t = f.target("1 ignore_zero_blocks").unwrap();
+    assert_eq!(read(&*t, 3, 1).unwrap(), vec![0; 4096]);
+    let t = f.target("").unwrap();
+    assert!(read(&*t, 3, 1).is_err(), "without the option it is corrupt");
+
+    let t = f.target("1 check_at_most_once").unwrap();
+    assert!(read(&*t, 10, 1).is_ok());
+    f.poke("data", 10 * 4096);
+    assert!(read(&*t, 10, 1).is_ok(), "verified once, not again");
+    assert!(read(&*t, 3, 1).is_err());
+}
+
+#[test]
+fn hash_blocks_are_cached_once_verified() {
+    let mut f = fixture(300, HashAlg::Sha256, 1);
+    let t = f.target("").unwrap();
+    read(&*t, 0, 300).unwrap();
+    f.poke("hash", f.geo.level_start[0] * 4096);
+    assert!(read(&*t, 0, 1).is_ok(), "served from the verified cache");
+}
+
+#[test]
+fn bad_tables_are_refused_with_the_reason() {
+    let mut f = fixture(300, HashAlg::Sha256, 1);
+    let short = f.args.replace(" 300 1 ", " 200 1 ");
+    let args: Vec<String> = short.split_whitespace().map(String::from).collect();
+    let e = match (super::TYPE.new)(TargetArgs {
+        args: &args,
+        len: 300 * 4096,
+        resolver: &mut f.mem,
+        options: &TargetOptions::default(),
+    }) {
+        Err(e) => e,
+        Ok(_) => panic!("accepted"),
+    };
+    assert_eq!(e.arg, Some(5), "{}", e.msg);
+    let big = f.args.replace(" 300 1 ", " 300 9 ");
+    let args: Vec<String> = big.split_whitespace().map(String::from).collect();
+    let e = match (super::TYPE.new)(TargetArgs {
+        args: &args,
+        len: 300 * 4096,
+        resolver: &mut f.mem,
+        options: &TargetOptions::default(),
+    }) {
+        Err(e) => e,
+        Ok(_) => panic!("accepted"),
+    };
+    assert_eq!(e.arg, Some(2), "{}", e.msg);
+    assert!(f
+        .target("8 use_fec_from_device nodev fec_roots 2 fec_blocks 1 fec_start 0")
+        .is_err());
+    let t = f
+        .target("10 use_fec_from_device hash fec_roots 2 fec_blocks 1 fec_start 0 root_hash_sig_key_desc k")
+        .unwrap();
+    assert!(read(&*t, 0, 1).is_ok());
+}
