@@ -11,6 +11,7 @@ pub mod replay_log;
 pub mod serve;
 pub mod table;
 pub mod ui;
+pub mod veritysetup;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -82,8 +83,11 @@ pub type Personality = fn(Vec<std::ffi::OsString>) -> i32;
 /// Programs udm runs as when started through a link of that name (argv[0]
 /// dispatch: `ln -s udm cryptsetup`), or as `udm NAME ARGS...`. Each takes
 /// that program's own command line and exit codes.
-pub const PERSONALITIES: &[(&str, Personality)] =
-    &[("cryptsetup", cryptsetup::main), ("dmsetup", dmsetup::main)];
+pub const PERSONALITIES: &[(&str, Personality)] = &[
+    ("cryptsetup", cryptsetup::main),
+    ("dmsetup", dmsetup::main),
+    ("veritysetup", veritysetup::main),
+];
 
 /// The personality for this invocation and its arguments, if any.
 fn personality(args: &[std::ffi::OsString]) -> Option<(Personality, Vec<std::ffi::OsString>)> {

@@ -1,0 +1,209 @@
+//! `open`, `close` and `status` on a running `udm serve`, through its
+//! control socket: `open` creates a read-only device with a `verity`
+//! table (device UUID `CRYPT-VERITY-<uuid>-<name>`, as libcryptsetup names
+//! it) and so an NBD export of that name.
+
+use std::path::PathBuf;
+
+use super::args::Args;
+use super::offline::{load, open_dev, root_hash, size_data};
+use super::{Fail, Outcome};
+use crate::control::proto::{Code, Request};
+use crate::control::{Client, ClientError};
+use crate::core::table;
+use crate::targets::verity::params::{Mode, Options, VerityParams};
+use serde_json::Value;
+
+fn socket(a: &Args) -> Result<PathBuf, Fail> {
+    if let Some(p) = a.str("control") {
+        return Ok(PathBuf::from(p));
+    }
+    crate::control::default_path().ok_or_else(|| {
+        Fail::usage(
+            "no udm control socket: start `udm serve --control PATH` and give PATH with \
+             --control or $UDM_CONTROL",
+        )
+    })
+}
+
+fn client_err(name: &str, e: ClientError) -> Fail {
+    match e.code {
+        Some(Code::Eexist) => Fail::new(5, format!("Device {name} already exists.")),
+        Some(Code::Ebusy) => Fail::new(5, format!("Device {name} is still in use ({e}).")),
+        Some(Code::Enxio) => Fail::new(4, format!("Device {name} is not active.")),
+        Some(Code::Eperm) => Fail::new(2, e.to_string()),
+        _ => Fail::usage(e.to_string()),
+    }
+}
+
+/// One request to the server: its result and its payload (a table).
+fn call(a: &Args, name: &str, req: Request, payload: &[u8]) -> Result<(Value, Vec<u8>), Fail> {
+    let mut cl = Client::connect(&socket(a)?).map_err(|e| Fail::usage(e.to_string()))?;
+    cl.call(req, payload)
+        .map(|(v, p)| (v, p.to_vec()))
+        .map_err(|e| client_err(name, e))
+}
+
+fn req(op: &str, name: &str) -> Request {
+    Request {
+        op: op.into(),
+        names: vec![name.to_string()],
+        ..Request::default()
+    }
+}
+
+fn options(a: &Args) -> Result<Options, Fail> {
+    let mut o = Options::default();
+    let modes = [
+        ("ignore-corruption", Mode::Ignore),
+        ("restart-on-corruption", Mode::Restart),
+        ("panic-on-corruption", Mode::Panic),
+    ];
+    for (flag, m) in modes {
+        if a.has(flag) {
+            if o.mode != Mode::Eio {
+                return Err(Fail::usage(
+                    "Option --ignore-corruption, --restart-on-corruption or \
+                     --panic-on-corruption is allowed only once.",
+                ));
+            }
+            o.mode = m;
+        }
+    }
+    o.ignore_zero_blocks = a.has("ignore-zero-blocks");
+    o.check_at_most_once = a.has("check-at-most-once");
+    o.try_verify_in_tasklet = a.has("use-tasklets");
+    Ok(o)
+}
+
+pub(super) fn open(a: &Args) -> Outcome {
+    if a.str("fec-device").is_some() {
+        return Err(Fail::usage(
+            "udm veritysetup does not support FEC (--fec-device) yet.",
+        ));
+    }
+    let (data_path, name, hash_path) = (&a.pos[1], &a.pos[2], &a.pos[3]);
+    let hash = open_dev(hash_path, false)?;
+    let use_sb = !a.has("no-superblock");
+    let mut s = load(a, &hash, hash_path, use_sb)?;
+    let root = root_hash(a, a.pos.get(4), s.alg)?;
+    let data = open_dev(data_path, false)?;
+    size_data(&mut s, &data, data_path)?;
+    if a.str("root-hash-signature").is_some() {
+        eprintln!("udm does not check root hash signatures: the root hash given is trusted as is.");
+    }
+    let p = VerityParams {
+        version: s.hash_type,
+        data_dev: data_path.clone(),
+        hash_dev: hash_path.clone(),
+        data_block_size: s.data_block_size,
+        hash_block_size: s.hash_block_size,
+        data_blocks: s.data_blocks,
+        hash_start: s.hash_start(),
+        alg: s.alg,
+        root,
+        salt: s.salt.clone(),
+        opts: options(a)?,
+    };
+    let sectors = s.data_blocks * u64::from(s.data_block_size) / 512;
+    let line = format!("0 {sectors} verity {}", p.table_args());
+    let uuid = match s.uuid.filter(|_| use_sb) {
+        Some(u) => format!("CRYPT-VERITY-{}-{name}", hex::encode(u)),
+        None => format!("CRYPT-VERITY-{name}"),
+    };
+    let mut r = req("create", name);
+    r.has_table = true;
+    r.readonly = true;
+    r.uuid = Some(uuid);
+    r.allow = a.str("allow").map(str::to_string);
+    call(a, name, r, line.as_bytes())?;
+    Ok(())
+}
+
+pub(super) fn close(a: &Args) -> Outcome {
+    let name = &a.pos[1];
+    let mut r = req("remove", name);
+    r.deferred = a.has("deferred");
+    call(a, name, r, &[])?;
+    Ok(())
+}
+
+pub(super) fn status(a: &Args) -> Outcome {
+    let name = &a.pos[1];
+    let path = format!("/dev/mapper/{name}");
+    let st = match call(a, name, req("status", name), &[]) {
+        Ok((v, _)) => v,
+        Err(f) if f.code == 4 => {
+            println!("{path} is inactive.");
+            return Err(Fail::new(4, ""));
+        }
+        Err(f) => return Err(f),
+    };
+    let dev = &st["devices"][0];
+    let (_, text) = call(a, name, req("table", name), &[])?;
+    let text = String::from_utf8_lossy(&text);
+    let lines = table::parse(&text).map_err(|e| {
+        Fail::usage(format!(
+            "the table of {name} from the server does not parse: {e}"
+        ))
+    })?;
+    let in_use = dev["open_count"].as_u64().unwrap_or(0) > 0;
+    println!(
+        "{path} is active{}.",
+        if in_use { " and is in use" } else { "" }
+    );
+    let Some(p) = lines
+        .first()
+        .filter(|l| l.target == "verity")
+        .and_then(|l| VerityParams::parse(&l.args).ok())
+    else {
+        return Ok(());
+    };
+    let corrupt = dev["targets"][0]["status"].as_str() == Some("C");
+    print_status(&p, lines.iter().map(|l| l.len).sum(), corrupt);
+    Ok(())
+}
+
+fn print_status(p: &VerityParams, sectors: u64, corrupt: bool) {
+    println!("  type:        VERITY");
+    println!(
+        "  status:      {}",
+        if corrupt { "corrupted" } else { "verified" }
+    );
+    println!("  hash type:   {}", p.version);
+    println!("  data block:  {}", p.data_block_size);
+    println!("  hash block:  {}", p.hash_block_size);
+    println!("  hash name:   {}", p.alg.name());
+    let salt = if p.salt.is_empty() {
+        "-".to_string()
+    } else {
+        hex::encode(&p.salt)
+    };
+    println!("  salt:        {salt}");
+    println!("  data device: {}", p.data_dev);
+    println!("  size:        {sectors} sectors");
+    println!("  mode:        readonly");
+    println!("  hash device: {}", p.hash_dev);
+    println!(
+        "  hash offset: {} sectors",
+        p.hash_start * u64::from(p.hash_block_size) / 512
+    );
+    println!("  root hash:   {}", hex::encode(&p.root));
+    let o = &p.opts;
+    let mut flags = String::new();
+    for (on, w) in [
+        (o.mode == Mode::Ignore, "ignore_corruption "),
+        (o.mode == Mode::Restart, "restart_on_corruption "),
+        (o.mode == Mode::Panic, "panic_on_corruption "),
+        (o.ignore_zero_blocks, "ignore_zero_blocks "),
+        (o.check_at_most_once, "check_at_most_once "),
+        (o.try_verify_in_tasklet, "try_verify_in_tasklet "),
+    ] {
+        if on {
+            flags.push_str(w);
+        }
+    }
+    if !flags.is_empty() {
+        println!("  flags:       {flags}");
+    }
+}

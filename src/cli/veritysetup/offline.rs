@@ -1,0 +1,325 @@
+//! `format`, `verify` and `dump`: the hash tree and superblock on files,
+//! as veritysetup writes and checks them in userspace (no device-mapper
+//! needed, for veritysetup either).
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+use super::args::Args;
+use super::superblock::{block_size_ok, Superblock, SB_SIZE};
+use super::{Fail, Outcome};
+use crate::targets::verity::build::{build, compare_level, Mismatch, Tree};
+use crate::targets::verity::tree::{Geometry, HashAlg};
+
+/// The parameters of a tree, from the command line or a superblock.
+pub(super) struct Setup {
+    pub hash_type: u32,
+    pub alg: HashAlg,
+    pub data_block_size: u32,
+    pub hash_block_size: u32,
+    /// 0: not known yet (taken from the data device's size).
+    pub data_blocks: u64,
+    pub salt: Vec<u8>,
+    pub uuid: Option<[u8; 16]>,
+    pub hash_offset: u64,
+    pub no_superblock: bool,
+}
+
+impl Setup {
+    /// The first hash block of the tree: after the superblock, rounded up
+    /// to a hash block (veritysetup's `VERITY_hash_offset_block`).
+    pub fn hash_start(&self) -> u64 {
+        let hbs = u64::from(self.hash_block_size);
+        if self.no_superblock {
+            self.hash_offset / hbs
+        } else {
+            (self.hash_offset + SB_SIZE as u64).div_ceil(hbs)
+        }
+    }
+
+    pub fn geometry(&self) -> Result<Geometry, Fail> {
+        Geometry::new(
+            self.hash_type,
+            self.data_block_size,
+            self.hash_block_size,
+            self.data_blocks,
+            self.hash_start(),
+            self.alg,
+        )
+        .map_err(Fail::usage)
+    }
+}
+
+pub(super) fn open_dev(path: &str, write: bool) -> Result<File, Fail> {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    if write {
+        o.write(true).create(true).mode(0o600);
+    }
+    o.open(path)
+        .map_err(|_| Fail::new(4, format!("Device {path} does not exist or access denied.")))
+}
+
+fn size_of(f: &File, path: &str) -> Result<u64, Fail> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = f;
+    f.seek(SeekFrom::End(0))
+        .map_err(|e| Fail::new(4, format!("Cannot get the size of device {path}: {e}.")))
+}
+
+fn no_fec(a: &Args) -> Outcome {
+    if a.str("fec-device").is_some() {
+        return Err(Fail::usage(
+            "udm veritysetup does not support FEC (--fec-device) yet.",
+        ));
+    }
+    Ok(())
+}
+
+/// The tree's parameters from the options; `format` picks a random salt
+/// and UUID where none is given.
+fn from_options(a: &Args, format: bool, hash_dev: &str) -> Result<Setup, Fail> {
+    let hash_type = a.u64("format")?.unwrap_or(1);
+    if hash_type > 1 {
+        return Err(Fail::usage(format!(
+            "Unsupported VERITY hash type {hash_type}."
+        )));
+    }
+    let name = a.str("hash").unwrap_or("sha256").to_ascii_lowercase();
+    let alg = HashAlg::from_name(&name).ok_or_else(|| {
+        Fail::usage(format!(
+            "Hash algorithm {name} not supported (udm verifies sha1, sha256 and sha512)."
+        ))
+    })?;
+    let dbs = a.u64("data-block-size")?.unwrap_or(4096);
+    let hbs = a.u64("hash-block-size")?.unwrap_or(4096);
+    if !block_size_ok(dbs) || !block_size_ok(hbs) {
+        return Err(Fail::usage("Unsupported VERITY block size."));
+    }
+    let salt = match a.str("salt") {
+        Some("-") => Vec::new(),
+        Some(s) => hex::decode(s)
+            .ok()
+            .filter(|s| s.len() <= 256)
+            .ok_or_else(|| Fail::usage("Invalid salt string specified."))?,
+        None if format => {
+            let mut s = vec![0u8; 32];
+            getrandom::fill(&mut s).map_err(|e| Fail::new(3, format!("No random salt: {e}.")))?;
+            s
+        }
+        None => Vec::new(),
+    };
+    let uuid = match a.str("uuid") {
+        Some(u) => Some(
+            *uuid::Uuid::parse_str(u)
+                .map_err(|_| {
+                    Fail::usage(format!(
+                        "Wrong VERITY UUID format provided on device {hash_dev}."
+                    ))
+                })?
+                .as_bytes(),
+        ),
+        None if format => {
+            let mut r = [0u8; 16];
+            getrandom::fill(&mut r).map_err(|e| Fail::new(3, format!("No random UUID: {e}.")))?;
+            Some(*uuid::Builder::from_random_bytes(r).into_uuid().as_bytes())
+        }
+        None => None,
+    };
+    let hash_offset = a.u64("hash-offset")?.unwrap_or(0);
+    if hash_offset % 512 != 0 {
+        return Err(Fail::usage("Unsupported VERITY hash offset."));
+    }
+    Ok(Setup {
+        hash_type: hash_type as u32,
+        alg,
+        data_block_size: dbs as u32,
+        hash_block_size: hbs as u32,
+        data_blocks: a.u64("data-blocks")?.unwrap_or(0),
+        salt,
+        uuid,
+        hash_offset,
+        no_superblock: a.has("no-superblock"),
+    })
+}
+
+/// The tree's parameters of an existing hash device: its superblock at
+/// `--hash-offset`, or the options with `--no-superblock`.
+pub(super) fn load(a: &Args, hash: &File, hash_dev: &str, use_sb: bool) -> Result<Setup, Fail> {
+    let mut s = from_options(a, false, hash_dev)?;
+    if !use_sb {
+        return Ok(s);
+    }
+    let mut b = [0u8; SB_SIZE];
+    hash.read_exact_at(&mut b, s.hash_offset)
+        .map_err(|_| Fail::usage(format!("Device {hash_dev} is not a valid VERITY device.")))?;
+    let sb = Superblock::parse(&b, hash_dev)?;
+    s.hash_type = sb.hash_type;
+    s.alg = sb.alg;
+    s.data_block_size = sb.data_block_size;
+    s.hash_block_size = sb.hash_block_size;
+    s.data_blocks = sb.data_blocks;
+    s.salt = sb.salt;
+    s.uuid = Some(sb.uuid);
+    Ok(s)
+}
+
+/// Fills in the data block count from the data device's size.
+pub(super) fn size_data(s: &mut Setup, data: &File, path: &str) -> Outcome {
+    if s.data_blocks == 0 {
+        s.data_blocks = size_of(data, path)? / u64::from(s.data_block_size);
+    }
+    if s.data_blocks == 0 {
+        return Err(Fail::usage(format!("Device {path} is too small.")));
+    }
+    Ok(())
+}
+
+fn print_header(hash_dev: &str, s: &Setup, geo: &Geometry, root: Option<&[u8]>) {
+    let uuid = match (s.no_superblock, s.uuid) {
+        (false, Some(u)) => uuid::Uuid::from_bytes(u).hyphenated().to_string(),
+        _ => String::new(),
+    };
+    let salt = if s.salt.is_empty() {
+        "-".to_string()
+    } else {
+        hex::encode(&s.salt)
+    };
+    println!("VERITY header information for {hash_dev}");
+    println!("UUID:            \t{uuid}");
+    println!("Hash type:       \t{}", s.hash_type);
+    println!("Data blocks:     \t{}", s.data_blocks);
+    println!("Data block size: \t{}", s.data_block_size);
+    println!("Hash blocks:     \t{}", geo.hash_blocks());
+    println!("Hash block size: \t{}", s.hash_block_size);
+    println!("Hash algorithm:  \t{}", s.alg.name());
+    println!("Salt:            \t{salt}");
+    if let Some(r) = root {
+        println!("Root hash:      \t{}", hex::encode(r));
+    }
+    if s.hash_offset == 0 {
+        println!(
+            "Hash device size: \t{} [bytes]",
+            geo.end * u64::from(s.hash_block_size)
+        );
+    }
+}
+
+fn tree_of(s: &Setup, geo: &Geometry, data: &File, path: &str) -> Result<Tree, Fail> {
+    let dbs = u64::from(s.data_block_size);
+    build(geo, s.alg, &s.salt, &mut |j, b| {
+        data.read_exact_at(b, j * dbs)
+            .map_err(|e| Fail::usage(format!("Cannot read data device {path}: {e}.")))
+    })
+}
+
+fn same_file(a: &str, b: &str) -> bool {
+    match (Path::new(a).canonicalize(), Path::new(b).canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+pub(super) fn format(a: &Args) -> Outcome {
+    no_fec(a)?;
+    let (data_path, hash_path) = (&a.pos[1], &a.pos[2]);
+    let mut s = from_options(a, true, hash_path)?;
+    let data = open_dev(data_path, false)?;
+    size_data(&mut s, &data, data_path)?;
+    let hash = open_dev(hash_path, true)?;
+    if same_file(data_path, hash_path)
+        && s.data_blocks * u64::from(s.data_block_size) > s.hash_offset
+    {
+        return Err(Fail::usage("Data area overlaps with hash area."));
+    }
+    let geo = s.geometry()?;
+    let tree = tree_of(&s, &geo, &data, data_path)?;
+    let werr =
+        |e: std::io::Error| Fail::usage(format!("Cannot write to hash device {hash_path}: {e}."));
+    if !s.no_superblock {
+        let sb = Superblock {
+            hash_type: s.hash_type,
+            uuid: s.uuid.unwrap_or_default(),
+            alg: s.alg,
+            data_block_size: s.data_block_size,
+            hash_block_size: s.hash_block_size,
+            data_blocks: s.data_blocks,
+            salt: s.salt.clone(),
+        };
+        hash.write_all_at(&sb.to_bytes(), s.hash_offset)
+            .map_err(werr)?;
+    }
+    for (i, level) in tree.levels.iter().enumerate() {
+        let at = geo.level_start[i] * u64::from(s.hash_block_size);
+        hash.write_all_at(level, at).map_err(werr)?;
+    }
+    hash.sync_all().map_err(werr)?;
+    if let Some(f) = a.str("root-hash-file") {
+        std::fs::write(f, hex::encode(&tree.root))
+            .map_err(|e| Fail::usage(format!("Cannot write root hash file {f}: {e}.")))?;
+    }
+    print_header(hash_path, &s, &geo, Some(&tree.root));
+    Ok(())
+}
+
+/// The root hash from the command line or `--root-hash-file`.
+pub(super) fn root_hash(a: &Args, arg: Option<&String>, alg: HashAlg) -> Result<Vec<u8>, Fail> {
+    let text = match (arg, a.str("root-hash-file")) {
+        (Some(r), _) => r.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .map_err(|e| Fail::new(4, format!("Cannot read root hash file {f}: {e}.")))?
+            .trim()
+            .to_string(),
+        (None, None) => {
+            return Err(Fail::usage(
+                "Command requires <root_hash> or --root-hash-file option as argument.",
+            ))
+        }
+    };
+    hex::decode(&text)
+        .ok()
+        .filter(|r| r.len() == alg.digest_size())
+        .ok_or_else(|| Fail::usage("Invalid root hash string specified."))
+}
+
+pub(super) fn verify(a: &Args) -> Outcome {
+    no_fec(a)?;
+    let (data_path, hash_path) = (&a.pos[1], &a.pos[2]);
+    let hash = open_dev(hash_path, false)?;
+    let mut s = load(a, &hash, hash_path, !a.has("no-superblock"))?;
+    let root = root_hash(a, a.pos.get(3), s.alg)?;
+    let data = open_dev(data_path, false)?;
+    size_data(&mut s, &data, data_path)?;
+    let geo = s.geometry()?;
+    let tree = tree_of(&s, &geo, &data, data_path)?;
+    let hbs = u64::from(s.hash_block_size);
+    for i in 0..geo.levels() {
+        let mut disk = vec![0u8; (geo.level_blocks[i] * hbs) as usize];
+        hash.read_exact_at(&mut disk, geo.level_start[i] * hbs)
+            .map_err(|e| Fail::usage(format!("Cannot read hash device {hash_path}: {e}.")))?;
+        let what = match compare_level(&geo, &tree, i, &disk) {
+            None => continue,
+            Some(Mismatch::Digest(p)) => format!("Verification failed at position {p}."),
+            Some(Mismatch::Spare(p)) => format!("Spare area is not zeroed at position {p}."),
+        };
+        return Err(Fail::new(
+            2,
+            format!("{what}\nVerification of data area failed."),
+        ));
+    }
+    if tree.root != root {
+        return Err(Fail::usage("Verification of root hash failed."));
+    }
+    Ok(())
+}
+
+pub(super) fn dump(a: &Args) -> Outcome {
+    let hash_path = &a.pos[1];
+    let hash = open_dev(hash_path, false)?;
+    let mut s = load(a, &hash, hash_path, true)?;
+    s.no_superblock = false;
+    let geo = s.geometry()?;
+    print_header(hash_path, &s, &geo, None);
+    Ok(())
+}
