@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const UUID: &str = "12345678-1234-1234-1234-123456789abc";
@@ -110,7 +110,7 @@ fn format_is_byte_identical_and_each_verifies_the_others_tree() {
             "{opts:?}: hash device differs from veritysetup's"
         );
         let root = root_of(&ou);
-        let mut check = |tool: &mut dyn FnMut() -> Command, hash: &Path| {
+        let check = |tool: &mut dyn FnMut() -> Command, hash: &Path| {
             let mut a = vec!["verify", s(&data), s(hash), root.as_str()];
             a.extend_from_slice(vopts);
             let o = out(&mut tool(), &a);

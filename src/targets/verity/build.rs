@@ -8,6 +8,9 @@
 
 use super::tree::{Geometry, HashAlg};
 
+/// Reads block `n` (of the data, or of the level below) into the buffer.
+pub type ReadBlock<'a, E> = dyn FnMut(u64, &mut [u8]) -> Result<(), E> + 'a;
+
 /// A tree: its levels (level 0 first, each `level_blocks[i]` hash blocks)
 /// and the root digest.
 pub struct Tree {
@@ -23,7 +26,7 @@ fn level_over<E>(
     salt: &[u8],
     count: u64,
     size: usize,
-    read: &mut dyn FnMut(u64, &mut [u8]) -> Result<(), E>,
+    read: &mut ReadBlock<'_, E>,
 ) -> Result<Vec<u8>, E> {
     let per = 1u64 << geo.per_block_bits;
     let hbs = geo.hash_block_size as usize;
@@ -43,7 +46,7 @@ pub fn build<E>(
     geo: &Geometry,
     alg: HashAlg,
     salt: &[u8],
-    read: &mut dyn FnMut(u64, &mut [u8]) -> Result<(), E>,
+    read: &mut ReadBlock<'_, E>,
 ) -> Result<Tree, E> {
     let hbs = geo.hash_block_size as usize;
     let dbs = geo.data_block_size as usize;

@@ -88,7 +88,7 @@ impl HashCache {
     }
 
     /// Blocks held now.
-    pub fn len(&self) -> usize {
+    pub fn blocks(&self) -> usize {
         self.shards
             .iter()
             .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).blocks.len())
@@ -119,7 +119,7 @@ mod tests {
         for i in 0..8u64 {
             c.insert(i * 16, vec![i as u8; 4096].into_boxed_slice());
         }
-        assert_eq!(c.len(), 4);
+        assert_eq!(c.blocks(), 4);
         assert!(budget.used_exact() <= 4 * 4096);
         let mut out = [0u8; 4];
         assert!(!c.copy_out(0, 0, &mut out), "the oldest block was evicted");
@@ -138,7 +138,7 @@ mod tests {
         let budget = Budget::with_batch(1000, 1, 1);
         let c = HashCache::new(budget.clone());
         c.insert(1, vec![0; 4096].into_boxed_slice());
-        assert_eq!(c.len(), 0);
+        assert_eq!(c.blocks(), 0);
         assert_eq!(budget.used_exact(), 0);
     }
 }
