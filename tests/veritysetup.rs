@@ -185,6 +185,14 @@ fn failures_read_as_veritysetups() {
         vec!["format", d, "/tmp/x.img", "--data-block-size", "1000"],
         vec!["format", d, "/tmp/x.img", "--format", "2"],
         vec!["format", "--bogus", d, h],
+        vec![
+            "format",
+            d,
+            "/tmp/x.img",
+            "--data-blocks",
+            "1000000000000000",
+        ],
+        vec!["format", d, "/tmp/x.img", "--hash-offset", "100"],
         vec!["format", "/nonexistent/d.img", h],
     ] {
         same(&args);

@@ -88,7 +88,12 @@ pub(super) fn open(a: &Args) -> Outcome {
     let mut s = load(a, &hash, hash_path, use_sb)?;
     let root = root_hash(a, a.pos.get(4), s.alg)?;
     let data = open_dev(data_path, false)?;
-    size_data(&mut s, &data, data_path)?;
+    size_data(
+        &mut s,
+        &data,
+        data_path,
+        &format!("Device {data_path} is too small."),
+    )?;
     if a.str("root-hash-signature").is_some() {
         eprintln!("udm does not check root hash signatures: the root hash given is trusted as is.");
     }

@@ -165,13 +165,17 @@ pub(super) fn load(a: &Args, hash: &File, hash_dev: &str, use_sb: bool) -> Resul
     Ok(s)
 }
 
-/// Fills in the data block count from the data device's size.
-pub(super) fn size_data(s: &mut Setup, data: &File, path: &str) -> Outcome {
+/// Fills in the data block count from the data device's size, and
+/// refuses a count the device does not hold (before any tree memory is
+/// sized by it); `too_small` is what to say then.
+pub(super) fn size_data(s: &mut Setup, data: &File, path: &str, too_small: &str) -> Outcome {
+    let size = size_of(data, path)?;
+    let dbs = u64::from(s.data_block_size);
     if s.data_blocks == 0 {
-        s.data_blocks = size_of(data, path)? / u64::from(s.data_block_size);
+        s.data_blocks = size / dbs;
     }
-    if s.data_blocks == 0 {
-        return Err(Fail::usage(format!("Device {path} is too small.")));
+    if s.data_blocks == 0 || s.data_blocks.checked_mul(dbs).is_none_or(|b| b > size) {
+        return Err(Fail::usage(too_small));
     }
     Ok(())
 }
@@ -226,7 +230,12 @@ pub(super) fn format(a: &Args) -> Outcome {
     let (data_path, hash_path) = (&a.pos[1], &a.pos[2]);
     let mut s = from_options(a, true, hash_path)?;
     let data = open_dev(data_path, false)?;
-    size_data(&mut s, &data, data_path)?;
+    size_data(
+        &mut s,
+        &data,
+        data_path,
+        "Input/output error while creating hash area.",
+    )?;
     let hash = open_dev(hash_path, true)?;
     if same_file(data_path, hash_path)
         && s.data_blocks * u64::from(s.data_block_size) > s.hash_offset
@@ -290,7 +299,12 @@ pub(super) fn verify(a: &Args) -> Outcome {
     let mut s = load(a, &hash, hash_path, !a.has("no-superblock"))?;
     let root = root_hash(a, a.pos.get(3), s.alg)?;
     let data = open_dev(data_path, false)?;
-    size_data(&mut s, &data, data_path)?;
+    size_data(
+        &mut s,
+        &data,
+        data_path,
+        &format!("Device {data_path} is too small."),
+    )?;
     let geo = s.geometry()?;
     let tree = tree_of(&s, &geo, &data, data_path)?;
     let hbs = u64::from(s.hash_block_size);

@@ -88,6 +88,63 @@ fn resolve(
     Ok(dev)
 }
 
+/// The data and hash devices, checked to hold the segment and the tree.
+fn devices(
+    a: &mut TargetArgs<'_>,
+    p: &VerityParams,
+    geo: &Geometry,
+) -> Result<[Arc<dyn BlockDevice>; 2], TargetError> {
+    let data = resolve(a, 1, &p.data_dev, p.data_block_size)?;
+    if data.size() < a.len {
+        return Err(TargetError::at(
+            1,
+            format!(
+                "{} has {} sectors, fewer than the segment's {}",
+                p.data_dev,
+                data.size() / 512,
+                a.len / 512
+            ),
+        ));
+    }
+    let hash = resolve(a, 2, &p.hash_dev, p.hash_block_size)?;
+    let need = geo.end * u64::from(p.hash_block_size);
+    if hash.size() < need {
+        return Err(TargetError::at(
+            2,
+            format!(
+                "hash device {} has {} bytes, the tree ends at byte {need}",
+                p.hash_dev,
+                hash.size()
+            ),
+        ));
+    }
+    Ok([data, hash])
+}
+
+/// Says plainly, once per table load, what udm accepts in the table but
+/// does not do (FEC repair, the root hash signature check).
+fn warn_unacted(a: &mut TargetArgs<'_>, p: &VerityParams) -> Result<(), TargetError> {
+    if let Some(f) = &p.opts.fec {
+        a.resolver
+            .resolve(&f.dev)
+            .map_err(|e| TargetError::line(format!("use_fec_from_device {}: {e}", f.dev)))?;
+        tracing::warn!(
+            "verity on {}: udm does not repair blocks with FEC yet; \
+             use_fec_from_device {} is kept in the table but a corrupt block fails as without it",
+            p.data_dev,
+            f.dev
+        );
+    }
+    if let Some(k) = &p.opts.root_hash_sig_key_desc {
+        tracing::warn!(
+            "verity on {}: udm does not check root hash signatures (root_hash_sig_key_desc {k}); \
+             the root digest in the table is trusted as given",
+            p.data_dev
+        );
+    }
+    Ok(())
+}
+
 pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     let p = VerityParams::parse(a.args)?;
     let geo = Geometry::new(
@@ -111,48 +168,8 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             ),
         ));
     }
-    let data = resolve(&mut a, 1, &p.data_dev, p.data_block_size)?;
-    if data.size() < a.len {
-        return Err(TargetError::at(
-            1,
-            format!(
-                "{} has {} sectors, fewer than the segment's {}",
-                p.data_dev,
-                data.size() / 512,
-                a.len / 512
-            ),
-        ));
-    }
-    let hash = resolve(&mut a, 2, &p.hash_dev, p.hash_block_size)?;
-    let need = geo.end * u64::from(p.hash_block_size);
-    if hash.size() < need {
-        return Err(TargetError::at(
-            2,
-            format!(
-                "hash device {} has {} bytes, the tree ends at byte {need}",
-                p.hash_dev,
-                hash.size()
-            ),
-        ));
-    }
-    if let Some(f) = &p.opts.fec {
-        a.resolver
-            .resolve(&f.dev)
-            .map_err(|e| TargetError::line(format!("use_fec_from_device {}: {e}", f.dev)))?;
-        tracing::warn!(
-            "verity on {}: udm does not repair blocks with FEC yet; \
-             use_fec_from_device {} is kept in the table but a corrupt block fails as without it",
-            p.data_dev,
-            f.dev
-        );
-    }
-    if let Some(k) = &p.opts.root_hash_sig_key_desc {
-        tracing::warn!(
-            "verity on {}: udm does not check root hash signatures (root_hash_sig_key_desc {k}); \
-             the root digest in the table is trusted as given",
-            p.data_dev
-        );
-    }
+    let [data, hash] = devices(&mut a, &p, &geo)?;
+    warn_unacted(&mut a, &p)?;
     let zero_digest = p.opts.ignore_zero_blocks.then(|| {
         let mut d = vec![0; p.alg.digest_size()];
         let zeros = vec![0; p.data_block_size as usize];

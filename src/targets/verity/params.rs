@@ -255,6 +255,34 @@ impl VerityParams {
     }
 }
 
+/// The FEC parameters, given all together or not at all.
+fn fec_of(f: FecWords) -> Result<Option<Fec>, TargetError> {
+    Ok(match f {
+        (None, None, None, None) => None,
+        (Some(dev), Some(roots), Some(blocks), Some(start)) => {
+            if !(2..=24).contains(&roots) {
+                return Err(TargetError::line(format!(
+                    "fec_roots {roots}: must be 2 to 24"
+                )));
+            }
+            Some(Fec {
+                dev,
+                roots: roots as u32,
+                blocks,
+                start,
+            })
+        }
+        _ => {
+            return Err(TargetError::line(
+                "FEC needs all of use_fec_from_device, fec_roots, fec_blocks and fec_start",
+            ))
+        }
+    })
+}
+
+/// `use_fec_from_device`, `fec_roots`, `fec_blocks`, `fec_start` as seen.
+type FecWords = (Option<String>, Option<u64>, Option<u64>, Option<u64>);
+
 /// The optional parameters from `args[at]` (their count) on.
 fn parse_options(args: &[String], at: usize) -> Result<Options, TargetError> {
     let mut o = Options::default();
@@ -276,7 +304,7 @@ fn parse_options(args: &[String], at: usize) -> Result<Options, TargetError> {
         args.get(i)
             .ok_or_else(|| TargetError::at(i - 1, format!("'{}' needs a value", args[i - 1])))
     };
-    let mut fec: (Option<String>, Option<u64>, Option<u64>, Option<u64>) = Default::default();
+    let mut fec: FecWords = Default::default();
     while i < args.len() {
         let w = args[i].as_str();
         let mode = match w {
@@ -330,27 +358,7 @@ fn parse_options(args: &[String], at: usize) -> Result<Options, TargetError> {
         }
         i += 1;
     }
-    o.fec = match fec {
-        (None, None, None, None) => None,
-        (Some(dev), Some(roots), Some(blocks), Some(start)) => {
-            if !(2..=24).contains(&roots) {
-                return Err(TargetError::line(format!(
-                    "fec_roots {roots}: must be 2 to 24"
-                )));
-            }
-            Some(Fec {
-                dev,
-                roots: roots as u32,
-                blocks,
-                start,
-            })
-        }
-        _ => {
-            return Err(TargetError::line(
-                "FEC needs all of use_fec_from_device, fec_roots, fec_blocks and fec_start",
-            ))
-        }
-    };
+    o.fec = fec_of(fec)?;
     Ok(o)
 }
 
