@@ -27,7 +27,7 @@ pub mod params;
 pub mod tree;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::{Target, TargetArgs, TargetError, TargetOptions};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
@@ -37,6 +37,9 @@ use tree::Geometry;
 
 /// The kernel stops reporting corrupt blocks after this many.
 const MAX_CORRUPTED_ERRS: u64 = 100;
+/// The largest `check_at_most_once` bitmap udm allocates (8 TiB of 4 KiB
+/// blocks); the kernel would try and fail with ENOMEM.
+const MAX_BITMAP_BYTES: u64 = 256 << 20;
 /// The largest digest (sha512).
 const MAX_DIGEST: usize = 64;
 
@@ -58,8 +61,11 @@ pub struct Verity {
     cache: HashCache,
     /// The digest of an all-zero block, with `ignore_zero_blocks`.
     zero_digest: Option<Vec<u8>>,
-    /// One bit per data block already verified, with `check_at_most_once`.
-    verified: Option<Vec<AtomicU64>>,
+    /// With `check_at_most_once`, the bitmap's 64-bit words: one bit per
+    /// data block already verified. Allocated at the first read, so that
+    /// `udm table check` over placeholder devices allocates nothing.
+    verified_words: Option<usize>,
+    verified: OnceLock<Box<[AtomicU64]>>,
     /// A corrupt block was seen (status `C`).
     hash_failed: AtomicBool,
     /// `restart_on_corruption` / `panic_on_corruption` tripped.
@@ -176,11 +182,17 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         p.alg.block_digest(p.version, &p.salt, &zeros, &mut d);
         d
     });
-    let verified = p.opts.check_at_most_once.then(|| {
-        (0..(a.len / dbs).div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect()
-    });
+    let words = (a.len / dbs).div_ceil(64);
+    if p.opts.check_at_most_once && words > MAX_BITMAP_BYTES / 8 {
+        return Err(TargetError::line(format!(
+            "check_at_most_once would need a {} MiB bitmap for {} data blocks (udm's limit is \
+             {} MiB): use a larger data block size or leave the option out",
+            words * 8 >> 20,
+            a.len / dbs,
+            MAX_BITMAP_BYTES >> 20
+        )));
+    }
+    let verified_words = p.opts.check_at_most_once.then_some(words as usize);
     let budget = crate::mem::per_device_budget(crate::mem::default_total_budget(), 1, false);
     Ok(Arc::new(Verity {
         geo,
@@ -189,7 +201,8 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         len: a.len,
         cache: HashCache::new(crate::mem::Budget::new(budget)),
         zero_digest,
-        verified,
+        verified_words,
+        verified: OnceLock::new(),
         hash_failed: AtomicBool::new(false),
         dead: AtomicBool::new(false),
         corrupted_errs: AtomicU64::new(0),
@@ -254,8 +267,17 @@ impl Verity {
         Ok(())
     }
 
+    /// The `check_at_most_once` bitmap, if the table asks for one.
+    fn bitmap(&self) -> Option<&[AtomicU64]> {
+        let n = self.verified_words?;
+        Some(
+            self.verified
+                .get_or_init(|| (0..n).map(|_| AtomicU64::new(0)).collect()),
+        )
+    }
+
     fn is_verified(&self, block: u64) -> bool {
-        self.verified.as_ref().is_some_and(|v| {
+        self.bitmap().is_some_and(|v| {
             v[(block / 64) as usize].load(Ordering::Relaxed) & (1 << (block % 64)) != 0
         })
     }
@@ -280,7 +302,7 @@ impl Verity {
         if got[..ds] != want[..ds] {
             return self.corrupt("data", block);
         }
-        if let Some(v) = &self.verified {
+        if let Some(v) = self.bitmap() {
             v[(block / 64) as usize].fetch_or(1 << (block % 64), Ordering::Relaxed);
         }
         Ok(())

@@ -199,6 +199,56 @@ fn zero_blocks_and_check_at_most_once() {
 }
 
 #[test]
+fn a_bitmap_too_large_is_refused_not_allocated() {
+    let f = fixture(300, HashAlg::Sha256, 1);
+    let args: Vec<String> = format!("{} 1 check_at_most_once", f.args)
+        .replace(" 300 1 ", " 1125899906842624 1 ")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    /// Devices of 4 EiB that are never read.
+    struct Huge;
+    impl BlockDevice for Huge {
+        fn size(&self) -> u64 {
+            1 << 62
+        }
+        fn limits(&self) -> crate::core::Limits {
+            crate::core::Limits::default()
+        }
+        fn read(&self, _: u64, _: &mut [u8]) -> crate::core::DevResult<()> {
+            unreachable!("not read")
+        }
+        fn write(&self, _: u64, _: WriteBuf<'_>, _: bool) -> crate::core::DevResult<()> {
+            unreachable!("not written")
+        }
+        fn flush(&self) -> crate::core::DevResult<()> {
+            Ok(())
+        }
+        fn discard(&self, _: u64, _: u64) -> crate::core::DevResult<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, _: u64, _: u64, _: bool) -> crate::core::DevResult<()> {
+            Ok(())
+        }
+    }
+    impl DeviceResolver for Huge {
+        fn resolve(&mut self, _: &str) -> Result<Arc<dyn BlockDevice>, String> {
+            Ok(Arc::new(Huge))
+        }
+    }
+    let r = (super::TYPE.new)(TargetArgs {
+        args: &args,
+        len: 1 << 62,
+        resolver: &mut Huge,
+        options: &TargetOptions::default(),
+    });
+    match r {
+        Err(e) => assert!(e.msg.contains("bitmap"), "{}", e.msg),
+        Ok(_) => panic!("accepted"),
+    }
+}
+
+#[test]
 fn hash_blocks_are_cached_once_verified() {
     let mut f = fixture(300, HashAlg::Sha256, 1);
     let t = f.target("").unwrap();
