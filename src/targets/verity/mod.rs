@@ -187,7 +187,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         return Err(TargetError::line(format!(
             "check_at_most_once would need a {} MiB bitmap for {} data blocks (udm's limit is \
              {} MiB): use a larger data block size or leave the option out",
-            words * 8 >> 20,
+            (words * 8) >> 20,
             a.len / dbs,
             MAX_BITMAP_BYTES >> 20
         )));
