@@ -84,6 +84,7 @@ fn format_is_byte_identical_and_each_verifies_the_others_tree() {
             &["--hash-offset", "8192"],
         ),
         (&["--data-blocks", "100"], &[]),
+        (&["--data-blocks", "1"], &[]),
     ];
     for (i, (opts, vopts)) in cases.iter().enumerate() {
         let hv = d.join(format!("v{i}.img"));

@@ -263,6 +263,14 @@ pub(super) fn format(a: &Args) -> Outcome {
         let at = geo.level_start[i] * u64::from(s.hash_block_size);
         hash.write_all_at(level, at).map_err(werr)?;
     }
+    // As veritysetup, a hash file is extended to the end of the hash
+    // area even where no level reaches it (a one-block image: the
+    // superblock block alone).
+    let end = geo.end * u64::from(s.hash_block_size);
+    let meta = hash.metadata().map_err(werr)?;
+    if meta.is_file() && meta.len() < end {
+        hash.set_len(end).map_err(werr)?;
+    }
     hash.sync_all().map_err(werr)?;
     if let Some(f) = a.str("root-hash-file") {
         std::fs::write(f, hex::encode(&tree.root))
