@@ -135,6 +135,11 @@ fn luks2_volume_as_a_file_takes_ext4_through_a_loop_mount() {
     assert_eq!(meta.len(), (64 << 20) - (16 << 20), "file size");
     assert_eq!(meta.mode() & 0o7777, 0o666);
 
+    let st = m.tool("cryptsetup", &["status", "secret"]);
+    let st = String::from_utf8_lossy(&st.stdout).into_owned();
+    assert!(st.starts_with(&format!("{} is active", path(&f))), "{st}");
+    assert!(st.contains("  nbd uri: nbd+unix:///secret?socket="), "{st}");
+
     run(Command::new("mkfs.ext4").arg("-q").arg(&f));
     let mnt = d.join("mnt");
     std::fs::create_dir(&mnt).unwrap();
@@ -395,4 +400,78 @@ echo "exit=$?"
     assert_eq!(field("exit="), "0");
     // Nothing of it shows outside the namespace.
     assert!(!Path::new("/dev/mapper/disk").exists());
+}
+
+#[test]
+fn attach_puts_a_loop_device_on_the_file_and_detach_removes_it() {
+    need("losetup");
+    let mut m = Mapper::start("mapper-attach", &[]);
+    let d = m.dir.path().to_path_buf();
+    let img = sparse(&d, "disk.img", 8 << 20);
+    let table = format!("0 {} linear {} 0", (8 << 20) / 512, path(&img));
+    let o = m.tool("dmsetup", &["create", "v", "--table", &table]);
+    assert!(o.status.success(), "{}", show(&o));
+    let info = String::from_utf8_lossy(&m.tool("dmsetup", &["info", "v"]).stdout).into_owned();
+    assert!(
+        info.contains(&format!("File:              {}", path(&m.file("v")))),
+        "{info}"
+    );
+    assert!(
+        info.contains("NBD URI:           nbd+unix:///v?socket="),
+        "{info}"
+    );
+
+    for direct in [false, true] {
+        let mut args = vec!["v"];
+        if direct {
+            args.push("--direct-io");
+        }
+        let o = m.tool("attach", &args);
+        assert!(o.status.success(), "{}", show(&o));
+        let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        assert!(dev.starts_with("/dev/loop"), "attach printed {dev:?}");
+        let _undo = LoopGuard(dev.clone());
+        let size = run_text(Command::new("blockdev").args(["--getsize64", &dev]));
+        assert_eq!(size.trim(), (8u64 << 20).to_string());
+        let data = fast_bytes(u64::from(direct), 1 << 20);
+        let f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap();
+        f.write_all_at(&data, 2 << 20).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        assert!(
+            pread(&img, 2 << 20, data.len()) == data,
+            "not on the device"
+        );
+        let o = m.tool("detach", &["v"]);
+        assert!(o.status.success(), "{}", show(&o));
+        let left = run_text(Command::new("losetup").args(["-j", path(&m.file("v"))]));
+        assert!(left.trim().is_empty(), "loop devices left: {left}");
+    }
+    let o = m.tool("detach", &["v"]);
+    assert!(
+        !o.status.success(),
+        "detach with nothing attached succeeded"
+    );
+    let o = m.tool("attach", &["v", "--nbd"]);
+    assert!(!o.status.success());
+    if !Path::new("/dev/nbd0").exists() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("no nbd module"), "{err}");
+    }
+    wait_for("dmsetup remove", Duration::from_secs(10), || {
+        m.tool("dmsetup", &["remove", "v"]).status.success()
+    });
+    m.stop();
+}
+
+/// Detaches a loop device when dropped (a failing test).
+struct LoopGuard(String);
+
+impl Drop for LoopGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup")
+            .args(["-d", &self.0])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
 }
