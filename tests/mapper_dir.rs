@@ -302,6 +302,19 @@ fn a_killed_server_leaves_no_mount_in_the_way_of_the_next() {
     let o = m.tool("dmsetup", &["create", "v", "--table", &table]);
     assert!(o.status.success(), "{}", show(&o));
     let open = std::fs::File::open(m.file("v")).unwrap();
+    // A second server does not mount over a live mapper directory.
+    let o = udm()
+        .arg("serve")
+        .arg("--socket")
+        .arg(d.join("other.sock"))
+        .args(["--no-control", "--mapper-dir", path(&m.map)])
+        .arg("--file")
+        .arg(format!("w={}", path(&img)))
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "mounted over a live mapper directory");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("another udm server"), "{err}");
     let Mapper {
         dir,
         map,

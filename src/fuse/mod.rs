@@ -52,7 +52,7 @@ impl MapperDir {
         let fs = fs::MapperFs::new(files::Files::new(exports), io::Front::new(engine));
         let mut config = fuser::Config::default();
         config.mount_options = vec![
-            fuser::MountOption::FSName("udm".into()),
+            fuser::MountOption::FSName(mount::FS_SOURCE.into()),
             fuser::MountOption::Subtype("udm".into()),
             fuser::MountOption::DefaultPermissions,
             fuser::MountOption::NoDev,

@@ -12,6 +12,9 @@ use std::path::Path;
 /// The file system type of the mapper directory (`fuse.` + subtype).
 pub const FS_TYPE: &str = "fuse.udm";
 
+/// The mount's source name.
+pub const FS_SOURCE: &str = "udm";
+
 /// Detach the mount at `dir` (MNT_DETACH: open files keep working until
 /// closed, the name is free at once).
 pub fn detach(dir: &Path) -> io::Result<()> {
@@ -47,16 +50,23 @@ fn unescape(s: &str) -> Vec<u8> {
     out
 }
 
-/// The file system type mounted at `dir` according to a mountinfo text
-/// (the last, topmost mount there), if any.
-fn fs_type_at(mountinfo: &str, dir: &Path) -> Option<String> {
+/// Whether the topmost mount at `dir` in a mountinfo text is a mapper
+/// directory: a FUSE mount whose source is `udm` (mounted directly it is
+/// type `fuse`, through fusermount3 `fuse.udm`).
+fn mapper_at(mountinfo: &str, dir: &Path) -> bool {
     let want = dir.as_os_str().as_bytes();
-    mountinfo.lines().rev().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        let point = pre.split(' ').nth(4)?;
-        let fstype = post.split(' ').next()?;
-        (unescape(point) == want).then(|| fstype.to_string())
-    })
+    mountinfo
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let point = pre.split(' ').nth(4)?;
+            let mut f = post.split(' ');
+            let (fstype, source) = (f.next()?, f.next()?);
+            (unescape(point) == want)
+                .then(|| (fstype == "fuse" || fstype == FS_TYPE) && source == FS_SOURCE)
+        })
+        .unwrap_or(false)
 }
 
 /// Make `dir` ready for a new mapper mount: create it if missing, detach a
@@ -88,7 +98,7 @@ pub fn prepare(dir: &Path) -> Result<(), String> {
     }
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    if fs_type_at(&info, &canonical).as_deref() == Some(FS_TYPE) {
+    if mapper_at(&info, &canonical) {
         return Err(format!(
             "--mapper-dir {shown}: another udm server's device files are mounted there; \
              stop that server or choose another directory"
@@ -105,16 +115,23 @@ mod tests {
 22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/root rw
 35 22 0:40 / /run/udm/map\\040x rw,nosuid - tmpfs tmpfs rw
 36 35 0:41 / /run/udm/map\\040x rw,nosuid,nodev - fuse.udm udm rw,user_id=0
+37 22 0:42 / /dev/mapper rw,nosuid,nodev - fuse udm rw,user_id=0
+38 22 0:43 / /mnt/other rw - fuse sshfs rw,user_id=0
+39 22 0:44 / /mnt/below rw - fuse udm rw,user_id=0
+40 39 0:45 / /mnt/below rw - tmpfs tmpfs rw
 ";
 
     #[test]
-    fn mountinfo_gives_the_topmost_mount_of_a_path() {
-        assert_eq!(
-            fs_type_at(INFO, Path::new("/run/udm/map x")).as_deref(),
-            Some(FS_TYPE)
+    fn mountinfo_tells_a_mapper_directory_by_its_topmost_mount() {
+        assert!(mapper_at(INFO, Path::new("/run/udm/map x")));
+        assert!(mapper_at(INFO, Path::new("/dev/mapper")));
+        assert!(!mapper_at(INFO, Path::new("/mnt/other")), "another FUSE fs");
+        assert!(
+            !mapper_at(INFO, Path::new("/mnt/below")),
+            "covered by tmpfs"
         );
-        assert_eq!(fs_type_at(INFO, Path::new("/")).as_deref(), Some("ext4"));
-        assert_eq!(fs_type_at(INFO, Path::new("/run")), None);
+        assert!(!mapper_at(INFO, Path::new("/")));
+        assert!(!mapper_at(INFO, Path::new("/run")));
     }
 
     #[test]
