@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The mapper file (udm serve --mapper-dir) against nbdfuse over udm's own
-NBD export (what users had before), in the same run, on one tmpfs image
-served by one udm server.
+NBD export (what users had before), in the same run, on tmpfs images
+served by one udm server (one image each).
 
 fio on the file: psync (QD emulated by that many threads) and libaio
 --direct=1, at 1 MiB QD16 sequential and 4 KiB QD32 random, reads and
@@ -79,16 +79,18 @@ def main():
     d = "/dev/shm/udm-fusebench"
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    img, sock, mapper, nf = (os.path.join(d, x) for x in ("disk.img", "nbd.sock", "mapper", "nbdfuse"))
-    sh(["truncate", "-s", f"{a.size_mib}M", img])
-    # Filled once, so reads read data, not holes.
-    sh(["dd", "if=/dev/urandom", f"of={img}", "bs=1M", f"count={a.size_mib}", "conv=notrunc",
-        "status=none"])
+    sock, mapper, nf = (os.path.join(d, x) for x in ("nbd.sock", "mapper", "nbdfuse"))
+    # One image each (the loop+ext4 runs make a file system on each),
+    # filled once, so reads read data, not holes.
+    imgs = [os.path.join(d, x) for x in ("a.img", "b.img")]
+    for img in imgs:
+        sh(["dd", "if=/dev/urandom", f"of={img}", "bs=1M", f"count={a.size_mib}", "status=none"])
     srv = subprocess.Popen([a.udm, "serve", "--socket", sock, "--no-control", "--mapper-dir", mapper,
-                            "--file", f"disk={img}"], stderr=subprocess.DEVNULL)
+                            "--file", f"disk={imgs[0]}", "--file", f"other={imgs[1]}"],
+                           stderr=subprocess.DEVNULL)
     os.makedirs(nf, exist_ok=True)
     wait_socket(sock, srv)
-    nbdfuse = subprocess.Popen(["nbdfuse", nf, f"nbd+unix:///disk?socket={sock}"])
+    nbdfuse = subprocess.Popen(["nbdfuse", nf, f"nbd+unix:///other?socket={sock}"])
     files = {"udm": os.path.join(mapper, "disk"), "nbdfuse": os.path.join(nf, "nbd")}
     for f in files.values():
         wait_file(f)
