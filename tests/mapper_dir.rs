@@ -22,7 +22,11 @@ struct Unmount(PathBuf);
 
 impl Drop for Unmount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 
@@ -487,4 +491,47 @@ impl Drop for LoopGuard {
             .stderr(std::process::Stdio::null())
             .status();
     }
+}
+
+#[test]
+fn the_allow_rules_decide_who_opens_a_file() {
+    need("setpriv");
+    let mut m = Mapper::start("mapper-allow", &[]);
+    let d = m.dir.path().to_path_buf();
+    // Other users must reach the directory at all.
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let img = write_file(&d, "disk.img", &fast_bytes(5, 1 << 20));
+    let table = format!("0 2048 linear {} 0", path(&img));
+    let o = m.tool(
+        "dmsetup",
+        &["create", "mine", "--allow", "uid:65534", "--table", &table],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let f = m.file("mine");
+    assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o777, 0o600);
+    let read_as = |uid: &str| {
+        Command::new("setpriv")
+            .args(["--reuid", uid, "--regid", uid, "--clear-groups"])
+            .args(["head", "-c", "16"])
+            .arg(&f)
+            .output()
+            .unwrap()
+    };
+    let o = read_as("65534");
+    assert!(o.status.success(), "uid:65534 refused: {}", show(&o));
+    assert_eq!(o.stdout, pread(&img, 0, 16));
+    let o = read_as("65533");
+    assert!(
+        !o.status.success(),
+        "a user the rule does not name read the file"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+        "{}",
+        show(&o)
+    );
+    wait_for("dmsetup remove", Duration::from_secs(10), || {
+        m.tool("dmsetup", &["remove", "mine"]).status.success()
+    });
+    m.stop();
 }

@@ -286,6 +286,24 @@ impl Filesystem for MapperFs {
         reply.attr(&NO_CACHE, &a);
     }
 
+    fn access(&self, req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        if ino.0 == ROOT {
+            return reply.ok();
+        }
+        let Some(e) = self.files.by_ino(ino.0) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let write = mask.bits() & libc::W_OK != 0;
+        let exec = mask.bits() & libc::X_OK != 0;
+        if !admits(&e, req.uid(), self.files.uid) || exec {
+            reply.error(Errno::EACCES);
+        } else if write && e.export.is_read_only() {
+            reply.error(errno(libc::EROFS));
+        } else {
+            reply.ok();
+        }
+    }
+
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.open_file(req, ino.0, flags) {
             Ok(fh) => reply.opened(

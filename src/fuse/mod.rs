@@ -54,16 +54,17 @@ impl MapperDir {
         config.mount_options = vec![
             fuser::MountOption::FSName(mount::FS_SOURCE.into()),
             fuser::MountOption::Subtype("udm".into()),
-            fuser::MountOption::DefaultPermissions,
             fuser::MountOption::NoDev,
             fuser::MountOption::NoSuid,
             fuser::MountOption::NoExec,
         ];
         // SAFETY: geteuid cannot fail and touches no memory.
         let root = unsafe { libc::geteuid() } == 0;
-        // As root, other users reach the files (modes and the allow rules
-        // decide); otherwise only the server's user, as FUSE allows
-        // without `user_allow_other` in /etc/fuse.conf.
+        // As root, other users reach the files; otherwise only the
+        // server's user, as FUSE allows without `user_allow_other` in
+        // /etc/fuse.conf. No `default_permissions`: the allow rules, not
+        // the mode bits, decide who opens a file (`fs.rs`'s open and
+        // access), since mode bits cannot say `uid:1000,uid:1001`.
         config.acl = if root {
             fuser::SessionACL::All
         } else {
