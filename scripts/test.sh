@@ -18,6 +18,10 @@ need mkfs.ext4 e2fsprogs
 need mkfs.xfs xfsprogs
 need xfs_repair xfsprogs
 need fusermount3 fuse3
+# tests/mapper_dir.rs: loop devices, blkid, a private mount namespace.
+need losetup mount
+need blkid util-linux
+need unshare util-linux
 need openssl openssl
 need script bsdutils
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need_pkgs+=(python3-libnbd)

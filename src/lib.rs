@@ -29,6 +29,7 @@ pub mod core;
 pub mod crypto;
 pub mod dm;
 pub mod engine;
+pub mod fuse;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;

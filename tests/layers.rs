@@ -23,7 +23,7 @@ const LAYERS: &[&[&str]] = &[
     &["targets", "engine", "dm"],
     &["mapper"],
     &["luks", "nbd"],
-    &["control"],
+    &["control", "fuse"],
     &["cli", "fuzzing"],
 ];
 

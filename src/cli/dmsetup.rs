@@ -862,6 +862,15 @@ fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
         if !d.allow.is_empty() {
             println!("NBD clients:       {}", describe_access(&d.allow));
         }
+        // Where the device is reached (udm's own lines, only from a
+        // server with a mapper directory, so dmsetup's output stays as it
+        // is otherwise).
+        if let Some(f) = &d.file {
+            println!("File:              {f}");
+            if let Some(u) = &d.nbd_uri {
+                println!("NBD URI:           {u}");
+            }
+        }
         println!("Event number:      {}", d.event_nr);
         println!("Major, minor:      {MAJOR}, {}", d.minor);
         println!("Number of targets: {}", d.target_count);
@@ -1206,6 +1215,8 @@ mod tests {
             minor,
             read_only: false,
             allow: Vec::new(),
+            file: None,
+            nbd_uri: None,
             suspended: false,
             live_table: true,
             inactive_table: false,

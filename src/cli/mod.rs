@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod attach;
 pub mod benchmark;
 pub mod cryptsetup;
 pub mod demo;
@@ -75,6 +76,11 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Put a loop device on a device's file in the server's mapper
+    /// directory and print its path (/dev/loopN).
+    Attach(attach::AttachArgs),
+    /// Remove the loop devices of a device (or one /dev/loopN).
+    Detach(attach::DetachArgs),
 }
 
 /// A program udm can stand in for: it gets the arguments after its name.
@@ -123,6 +129,8 @@ pub fn main() -> i32 {
         Command::Cryptsetup { args } => cryptsetup::main(args),
         Command::ReplayLog(a) => replay_log::run(a),
         Command::Dmsetup { args } => dmsetup::main(args),
+        Command::Attach(a) => attach::run_attach(a),
+        Command::Detach(a) => attach::run_detach(a),
     }
 }
 

@@ -170,6 +170,11 @@ pub struct Args {
     /// call per request); for measuring what flattening saves.
     #[arg(long, hide = true)]
     pub no_flatten: bool,
+    /// Also show every device as a regular file DIR/NAME (FUSE; created if
+    /// missing, e.g. /run/udm/mapper, or /dev/mapper in a private mount
+    /// namespace). A dead mount a killed server left there is cleared.
+    #[arg(long, value_name = "DIR")]
+    pub mapper_dir: Option<PathBuf>,
 }
 
 /// Split `NAME=VALUE`.
@@ -292,6 +297,7 @@ fn serve(a: Args) -> Result<(), String> {
             histograms: !a.no_histograms,
             flatten: !a.no_flatten,
             default_export: a.default_export.clone(),
+            mapper_dir: a.mapper_dir.clone(),
         },
     )
 }
@@ -503,6 +509,8 @@ pub struct Settings {
     /// `--default-export`: the name `""` stands for (default: the first
     /// device).
     pub default_export: Option<String>,
+    /// `--mapper-dir`: where the devices show as files.
+    pub mapper_dir: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -527,6 +535,7 @@ impl Default for Settings {
             net: crate::nbd::NetOptions::default(),
             tls: crate::nbd::TlsOptions::default(),
             default_export: None,
+            mapper_dir: None,
         }
     }
 }
@@ -752,6 +761,15 @@ pub fn serve_specs(
     if control.is_none() {
         check_rule_names(st, &exports)?;
     }
+    let mapper = st
+        .mapper_dir
+        .as_deref()
+        .map(|d| crate::fuse::MapperDir::mount(d, exports.clone()))
+        .transpose()?;
+    service.set_locations(control::Locations {
+        mapper_dir: mapper.as_ref().map(|m| m.dir().to_path_buf()),
+        nbd: Some(listen.clone()),
+    });
     let r = crate::nbd::server::serve_with(
         ServerConfig {
             listen,
@@ -770,6 +788,7 @@ pub fn serve_specs(
         },
     )
     .map_err(|e| e.to_string());
+    drop(mapper);
     service.stop();
     drop(control);
     drop(metrics);

@@ -17,4 +17,4 @@ pub mod service;
 
 pub use client::{Client, ClientError};
 pub use server::{default_path, ControlServer};
-pub use service::Service;
+pub use service::{Locations, Service};

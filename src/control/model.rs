@@ -48,6 +48,13 @@ pub struct DeviceInfo {
     /// `udm serve --allow`). Empty: every client that reaches the server.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Where the device is a file (`serve --mapper-dir`), while it is
+    /// exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// The NBD URI that reaches the device, while it is exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd_uri: Option<String>,
 }
 
 /// One segment's status line.

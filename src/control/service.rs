@@ -68,6 +68,46 @@ pub struct Service {
     /// rule for as long as the device exists (also across the export a
     /// later resume adds).
     narrow: Mutex<std::collections::HashMap<String, Vec<Allow>>>,
+    /// Where clients reach the devices, for `info` and `status`.
+    locations: std::sync::RwLock<Locations>,
+}
+
+/// Where a server's devices can be reached, shown by `info` and
+/// `cryptsetup status`.
+#[derive(Debug, Clone, Default)]
+pub struct Locations {
+    /// `--mapper-dir`: each exported device is the file DIR/NAME.
+    pub mapper_dir: Option<std::path::PathBuf>,
+    /// The NBD listener: a Unix socket path, or TCP `HOST[:PORT]`.
+    pub nbd: Option<crate::nbd::Listen>,
+}
+
+impl Locations {
+    fn file(&self, name: &str) -> Option<String> {
+        let ok = !name.is_empty() && name != "." && name != ".." && !name.contains('/');
+        let dir = self.mapper_dir.as_ref().filter(|_| ok)?;
+        Some(dir.join(name).display().to_string())
+    }
+
+    fn nbd_uri(&self, name: &str) -> Option<String> {
+        let enc = percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+        match self.nbd.as_ref()? {
+            crate::nbd::Listen::Unix(p) => {
+                Some(format!("nbd+unix:///{enc}?socket={}", p.display()))
+            }
+            crate::nbd::Listen::Tcp(h) => {
+                let port = h
+                    .rsplit_once(':')
+                    .is_some_and(|(_, p)| p.parse::<u16>().is_ok());
+                let at = if port {
+                    h.clone()
+                } else {
+                    format!("{h}:{}", crate::nbd::DEFAULT_PORT)
+                };
+                Some(format!("nbd://{at}/{enc}"))
+            }
+        }
+    }
 }
 
 impl Service {
@@ -79,7 +119,13 @@ impl Service {
             op: Mutex::new(()),
             stopping: AtomicBool::new(false),
             narrow: Mutex::default(),
+            locations: Default::default(),
         }
+    }
+
+    /// Tell `info` and `status` where clients reach the devices.
+    pub fn set_locations(&self, l: Locations) {
+        *self.locations.write().unwrap_or_else(|p| p.into_inner()) = l;
     }
 
     pub fn devices(&self) -> &Arc<Devices> {
@@ -162,8 +208,12 @@ impl Service {
     fn device_info(&self, d: &DevInfo) -> DeviceInfo {
         let all = self.devices.list();
         let (allow, export_ro) = self.access(&d.name);
+        let exported = self.export_of(&d.name).is_some();
+        let at = self.locations.read().unwrap_or_else(|p| p.into_inner());
         DeviceInfo {
             allow,
+            file: at.file(&d.name).filter(|_| exported),
+            nbd_uri: at.nbd_uri(&d.name).filter(|_| exported),
             name: d.name.clone(),
             uuid: d.uuid.clone(),
             major: MAJOR,

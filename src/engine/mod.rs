@@ -3,7 +3,7 @@
 //!
 //! Front-end neutral: a [`Request`] carries an opaque completion tag and
 //! block-layer flags (FUA) only, and [`Op::Extents`] returns extents as
-//! data; each front end (NBD today, FUSE next) encodes its own replies in
+//! data; each front end (NBD, and the FUSE files of `fuse/`) encodes its own replies in
 //! its [`Sink`].
 //!
 //! Files by job, each using only those listed before it: `order` (the

@@ -303,8 +303,13 @@ pub(super) fn status(c: &Ctx) -> Outcome {
     };
     let size: u64 = lines.0.iter().map(|l| l.len).sum();
     let suspended = info["suspended"].as_bool().unwrap_or(false);
+    // The device's file where the server has a mapper directory, else
+    // the path cryptsetup would print.
+    let path = info["file"]
+        .as_str()
+        .map_or_else(|| format!("/dev/mapper/{name}"), str::to_string);
     println!(
-        "/dev/mapper/{name} is active{}.",
+        "{path} is active{}.",
         if info["open_count"].as_u64().unwrap_or(0) > 0 {
             " and is in use"
         } else {
@@ -332,6 +337,9 @@ pub(super) fn status(c: &Ctx) -> Outcome {
         if !matches!(o, "high_priority" | "iv_large_sectors") {
             println!("  flags:   {}", o.replace('_', "-"));
         }
+    }
+    if let Some(u) = info["nbd_uri"].as_str() {
+        println!("  nbd uri: {u}");
     }
     Ok(())
 }

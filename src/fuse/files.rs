@@ -1,0 +1,238 @@
+//! What the mapper directory shows: one regular file per export, read from
+//! the export set at every lookup (so a device created, removed or resized
+//! shows at once; nothing is cached in the kernel), with its inode number,
+//! size, owner and mode.
+//!
+//! Inode numbers follow the device, not the name: a name re-created over
+//! another device gets a new number, so a process holding the old file
+//! never reaches the new device through a stale inode.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use fuser::{FileAttr, FileType, INodeNo};
+
+use crate::nbd::export::{Peer, PeerKind};
+use crate::nbd::{ExportSet, Exported};
+
+/// The directory's own inode.
+pub(super) const ROOT: u64 = 1;
+
+/// Whether a name can be a file name in the directory.
+pub(super) fn listable(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+/// The identity of an export's device: its engine queue (shared by the
+/// entries a rename or a restriction makes).
+fn key(e: &Exported) -> usize {
+    Arc::as_ptr(&e.queue) as usize
+}
+
+/// File mode bits from the export's access: group and others get the
+/// owner's bits only when the rules admit every local user (no rule, or
+/// `unix` in each); `uid:N`, network and `tls` rules leave the file to its
+/// owner (the open check then admits the users the rules name).
+pub(super) fn mode_of(e: &Exported) -> u16 {
+    let anyone = Peer {
+        kind: PeerKind::Unix,
+        ip: None,
+        uid: None,
+    };
+    let owner = if e.export.is_read_only() { 0o4 } else { 0o6 };
+    if e.allows(&anyone, false) {
+        owner * 0o111
+    } else {
+        owner * 0o100
+    }
+}
+
+/// Whether the user `uid` may open the export's file: the server's own
+/// user always (it can reach the device anyway), anyone else as a Unix
+/// socket client of that user would be admitted over NBD.
+pub(super) fn admits(e: &Exported, uid: u32, server_uid: u32) -> bool {
+    let peer = Peer {
+        kind: PeerKind::Unix,
+        ip: None,
+        uid: Some(uid),
+    };
+    uid == server_uid || e.allows(&peer, false)
+}
+
+/// Inode numbers of the exports seen so far.
+pub(super) struct Files {
+    pub exports: Arc<ExportSet>,
+    inodes: Mutex<Inodes>,
+    pub uid: u32,
+    pub gid: u32,
+    /// The mount's time: the files' times (a device has no mtime of its own).
+    pub since: SystemTime,
+}
+
+#[derive(Default)]
+struct Inodes {
+    by_key: HashMap<usize, u64>,
+    by_ino: HashMap<u64, usize>,
+    next: u64,
+}
+
+impl Files {
+    pub(super) fn new(exports: Arc<ExportSet>) -> Files {
+        // SAFETY: geteuid/getegid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        Files {
+            exports,
+            inodes: Mutex::new(Inodes {
+                next: ROOT + 1,
+                ..Inodes::default()
+            }),
+            uid,
+            gid,
+            since: SystemTime::now(),
+        }
+    }
+
+    /// The inode number of `e`, given on first sight.
+    pub(super) fn ino(&self, e: &Exported) -> u64 {
+        let mut t = self.inodes.lock().unwrap_or_else(|p| p.into_inner());
+        let k = key(e);
+        if let Some(&i) = t.by_key.get(&k) {
+            return i;
+        }
+        // Forget devices that are gone (their queue address may be reused).
+        let live: Vec<usize> = self.exports.list().iter().map(|x| key(x)).collect();
+        t.by_key.retain(|k, _| live.contains(k));
+        let Inodes { by_key, by_ino, .. } = &mut *t;
+        by_ino.retain(|_, k| by_key.contains_key(k));
+        let i = t.next;
+        t.next += 1;
+        t.by_key.insert(k, i);
+        t.by_ino.insert(i, k);
+        i
+    }
+
+    /// The export named `name`, if it is in the directory.
+    pub(super) fn by_name(&self, name: &str) -> Option<Arc<Exported>> {
+        if !listable(name) {
+            return None;
+        }
+        self.exports.find(name.as_bytes())
+    }
+
+    /// The export behind inode `ino`, while its device is exported.
+    pub(super) fn by_ino(&self, ino: u64) -> Option<Arc<Exported>> {
+        let k = *self
+            .inodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_ino
+            .get(&ino)?;
+        self.exports
+            .list()
+            .into_iter()
+            .find(|e| key(e) == k && listable(&e.export.name))
+    }
+
+    /// The files in the directory, in the order the devices were added.
+    pub(super) fn list(&self) -> Vec<(u64, String)> {
+        self.exports
+            .list()
+            .iter()
+            .filter(|e| listable(&e.export.name))
+            .map(|e| (self.ino(e), e.export.name.clone()))
+            .collect()
+    }
+
+    pub(super) fn file_attr(&self, e: &Exported) -> FileAttr {
+        let size = e.export.device.size();
+        let block = e.export.device.limits().logical_block_size.max(512);
+        self.attr(self.ino(e), FileType::RegularFile, size, mode_of(e), block)
+    }
+
+    pub(super) fn root_attr(&self) -> FileAttr {
+        self.attr(ROOT, FileType::Directory, 0, 0o755, 4096)
+    }
+
+    fn attr(&self, ino: u64, kind: FileType, size: u64, perm: u16, blksize: u32) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: self.since,
+            mtime: self.since,
+            ctime: self.since,
+            crtime: self.since,
+            kind,
+            perm,
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize,
+            flags: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Engine;
+    use crate::nbd::export::{parse_allow_list, AccessPolicy, BudgetPolicy};
+    use crate::nbd::Export;
+    use crate::store::MemStore;
+
+    fn files(policy: AccessPolicy) -> Files {
+        let s = ExportSet::new(
+            Arc::new(Engine::start(1).unwrap()),
+            BudgetPolicy {
+                total: Some(16 << 20),
+                exports: 1,
+            },
+        );
+        s.set_policy(policy);
+        Files::new(Arc::new(s))
+    }
+
+    fn add(f: &Files, name: &str, ro: bool) -> Arc<Exported> {
+        f.exports
+            .add(Export {
+                name: name.into(),
+                description: String::new(),
+                device: Arc::new(MemStore::new(1 << 20)),
+                read_only: ro,
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn modes_follow_read_only_and_the_rules() {
+        let f = files(AccessPolicy {
+            names: vec![("mine".into(), parse_allow_list("uid:1000").unwrap())],
+            ..AccessPolicy::default()
+        });
+        assert_eq!(mode_of(&add(&f, "open", false)), 0o666);
+        assert_eq!(mode_of(&add(&f, "ro", true)), 0o444);
+        let mine = add(&f, "mine", false);
+        assert_eq!(mode_of(&mine), 0o600);
+        assert!(admits(&mine, 1000, 0));
+        assert!(!admits(&mine, 1001, 0), "uid:1000 admitted another user");
+        assert!(admits(&mine, 0, 0), "the server's own user is the owner");
+    }
+
+    #[test]
+    fn a_recreated_name_gets_a_new_inode_and_the_old_one_goes_stale() {
+        let f = files(AccessPolicy::default());
+        let a = add(&f, "v", false);
+        let first = f.ino(&a);
+        assert_eq!(f.ino(&a), first, "unstable inode");
+        assert_eq!(f.file_attr(&a).size, 1 << 20);
+        f.exports.remove("v");
+        assert!(f.by_ino(first).is_none(), "a removed device still answers");
+        let b = add(&f, "v", false);
+        assert_ne!(f.ino(&b), first);
+        assert_eq!(f.list(), vec![(f.ino(&b), "v".to_string())]);
+        assert!(f.by_name("../v").is_none());
+    }
+}

@@ -1,0 +1,138 @@
+//! The second front end: every device of the server as a regular file in
+//! a mapper directory (`udm serve --mapper-dir DIR`), served over FUSE.
+//!
+//! Layout, each file using only those before it: [`mount`] (the mount
+//! point: stale mounts, detaching), `io` (file operations into the engine
+//! as `engine::Request`s, and the `Sink` that answers them), `files` (what
+//! the directory shows: inodes, sizes, modes from the allow rules), `fs`
+//! (the FUSE operations).
+//!
+//! It sits above `nbd` because the export set it shows (names, devices,
+//! allow rules, the connection count that makes `dmsetup remove` see a
+//! device busy) lives there; it uses the export set only, never an NBD
+//! connection, and requests go straight from the FUSE session to the
+//! engine.
+
+mod files;
+mod fs;
+mod io;
+pub mod mount;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::nbd::ExportSet;
+
+pub use fs::MAX_IO;
+
+/// A mounted mapper directory. Dropping it detaches the mount.
+pub struct MapperDir {
+    dir: PathBuf,
+    unmounter: fuser::SessionUnmounter,
+    session: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+/// FUSE threads reading requests: each hands a request to the engine and
+/// goes back to read (replies come from the engine's completion), so a few
+/// are enough to keep every core busy; more keep small requests that run
+/// inline from waiting behind each other.
+fn session_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(4, 16)
+}
+
+impl MapperDir {
+    /// Mount the files of `exports` at `dir` (created if missing; a dead
+    /// mount from a killed server is detached first).
+    pub fn mount(dir: &Path, exports: Arc<ExportSet>) -> Result<MapperDir, String> {
+        mount::prepare(dir)?;
+        let engine = exports.engine().clone();
+        let fs = fs::MapperFs::new(files::Files::new(exports), io::Front::new(engine));
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![
+            fuser::MountOption::FSName(mount::FS_SOURCE.into()),
+            fuser::MountOption::Subtype("udm".into()),
+            fuser::MountOption::NoDev,
+            fuser::MountOption::NoSuid,
+            fuser::MountOption::NoExec,
+        ];
+        // SAFETY: geteuid cannot fail and touches no memory.
+        let root = unsafe { libc::geteuid() } == 0;
+        // As root, other users reach the files; otherwise only the
+        // server's user, as FUSE allows without `user_allow_other` in
+        // /etc/fuse.conf. No `default_permissions`: the allow rules, not
+        // the mode bits, decide who opens a file (`fs.rs`'s open and
+        // access), since mode bits cannot say `uid:1000,uid:1001`.
+        config.acl = if root {
+            fuser::SessionACL::All
+        } else {
+            fuser::SessionACL::Owner
+        };
+        config.n_threads = Some(session_threads());
+        config.clone_fd = true;
+        let mut session =
+            fuser::Session::new(fs, dir, &config).map_err(|e| mount_error(dir, &e))?;
+        let unmounter = session.unmount_callable();
+        let thread = std::thread::Builder::new()
+            .name("udm-fuse".into())
+            .spawn(move || session.run())
+            .map_err(|e| format!("--mapper-dir {}: {e}", dir.display()))?;
+        tracing::info!("device files in {}", dir.display());
+        Ok(MapperDir {
+            dir: dir.to_path_buf(),
+            unmounter,
+            session: Some(thread),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn mount_error(dir: &Path, e: &std::io::Error) -> String {
+    let hint = match e.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::ENODEV) => {
+            " (no /dev/fuse: load the fuse module, or as a non-root user install \
+             fuse3 for fusermount3)"
+        }
+        Some(libc::EPERM) | Some(libc::EACCES) => {
+            " (not permitted: run as root, or install fuse3 so fusermount3 can mount for you)"
+        }
+        _ => "",
+    };
+    format!(
+        "--mapper-dir {}: cannot mount the device files: {e}{hint}",
+        dir.display()
+    )
+}
+
+impl Drop for MapperDir {
+    fn drop(&mut self) {
+        // A plain unmount first; a file still open (a loop device) makes
+        // it busy, and then the mount is detached from the namespace.
+        if self.unmounter.unmount().is_err() {
+            if let Err(e) = mount::detach(&self.dir) {
+                tracing::warn!("--mapper-dir {}: unmount failed: {e}", self.dir.display());
+            }
+        }
+        let Some(s) = self.session.take() else {
+            return;
+        };
+        // The session ends when the kernel closes the connection: at once
+        // unless a file is still open (a loop device), and then when the
+        // process exits and its /dev/fuse descriptor closes.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(s.join().is_ok());
+        });
+        if rx.recv_timeout(Duration::from_secs(2)).is_err() {
+            tracing::info!(
+                "--mapper-dir {}: files are still open; they fail once the server exits",
+                self.dir.display()
+            );
+        }
+    }
+}

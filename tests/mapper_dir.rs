@@ -1,0 +1,537 @@
+//! `udm serve --mapper-dir DIR`: every device as a regular file DIR/NAME,
+//! driven by real programs (mkfs.ext4, mount -o loop, e2fsck, blkid,
+//! sha256sum) and by plain file calls (pread/pwrite, fsync, fallocate,
+//! SEEK_DATA/SEEK_HOLE). Needs root and /dev/fuse (FUSE mounts, loop
+//! devices), as the tools do; e2fsprogs, util-linux and coreutils must be
+//! installed (scripts/test.sh installs them).
+//!
+//! Every test unmounts what it mounted, also when it fails (`Unmount`).
+
+mod common;
+
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+/// Detaches a mount point when dropped (a failing test, a killed server),
+/// so no test leaves a mount behind.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// Whether a mount is at `dir` in this process's namespace.
+fn mounted(dir: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = dir.to_str().unwrap();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(want))
+}
+
+/// A server with a control socket and its mapper directory.
+struct Mapper {
+    dir: tempfile::TempDir,
+    ctl: PathBuf,
+    map: PathBuf,
+    srv: Option<UdmServe>,
+    _unmount: Unmount,
+}
+
+impl Mapper {
+    fn start(tag: &str, args: &[&str]) -> Mapper {
+        need("mount");
+        let dir = scratch(tag);
+        let d = dir.path();
+        let ctl = d.join("ctl");
+        let map = d.join("mapper");
+        let unmount = Unmount(map.clone());
+        let mut all = vec![
+            "--control".to_string(),
+            ctl.display().to_string(),
+            "--mapper-dir".to_string(),
+            map.display().to_string(),
+        ];
+        all.extend(args.iter().map(|s| s.to_string()));
+        let srv = UdmServe::start(&d.join("nbd.sock"), &all);
+        wait_for("the mapper directory", Duration::from_secs(10), || {
+            mounted(&map)
+        });
+        Mapper {
+            dir,
+            ctl,
+            map,
+            srv: Some(srv),
+            _unmount: unmount,
+        }
+    }
+
+    fn tool(&self, tool: &str, args: &[&str]) -> std::process::Output {
+        udm()
+            .arg(tool)
+            .args(args)
+            .env("UDM_CONTROL", &self.ctl)
+            .output()
+            .unwrap()
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.map.join(name)
+    }
+
+    /// SIGTERM; the mount must be gone afterwards.
+    fn stop(&mut self) {
+        let code = self.srv.take().unwrap().stop();
+        assert_eq!(code, Some(0));
+        assert!(
+            !mounted(&self.map),
+            "the mapper directory outlived the server"
+        );
+    }
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn luks2_volume_as_a_file_takes_ext4_through_a_loop_mount() {
+    need("mkfs.ext4");
+    need("e2fsck");
+    let mut m = Mapper::start("mapper-luks", &[]);
+    let d = m.dir.path().to_path_buf();
+    let kf = write_file(&d, "k", b"mapper pass");
+    let img = sparse(&d, "vol.img", 64 << 20);
+    let o = udm()
+        .args(["cryptsetup", "luksFormat", "-q", "--type", "luks2"])
+        .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+        .arg("--key-file")
+        .arg(&kf)
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+
+    let o = m.tool(
+        "cryptsetup",
+        &[
+            "open",
+            "--type",
+            "luks2",
+            path(&img),
+            "secret",
+            "--key-file",
+            path(&kf),
+        ],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(o.stdout.is_empty(), "open printed: {}", show(&o));
+    let f = m.file("secret");
+    let meta = std::fs::metadata(&f).expect("no file for the opened volume");
+    assert_eq!(meta.len(), (64 << 20) - (16 << 20), "file size");
+    assert_eq!(meta.mode() & 0o7777, 0o666);
+
+    let st = m.tool("cryptsetup", &["status", "secret"]);
+    let st = String::from_utf8_lossy(&st.stdout).into_owned();
+    assert!(st.starts_with(&format!("{} is active", path(&f))), "{st}");
+    assert!(st.contains("  nbd uri: nbd+unix:///secret?socket="), "{st}");
+
+    run(Command::new("mkfs.ext4").arg("-q").arg(&f));
+    let mnt = d.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let _m = Unmount(mnt.clone());
+    run(Command::new("mount").args(["-o", "loop"]).arg(&f).arg(&mnt));
+    let data = fast_bytes(9, 3 << 20);
+    std::fs::write(mnt.join("hello.bin"), &data).unwrap();
+    run(Command::new("umount").arg(&mnt));
+    run(Command::new("e2fsck").arg("-fn").arg(&f));
+
+    // The loop device lets go of the file asynchronously after umount.
+    let mut closed = None;
+    wait_for("cryptsetup close", Duration::from_secs(10), || {
+        let o = m.tool("cryptsetup", &["close", "secret"]);
+        let ok = o.status.success();
+        closed = Some(o);
+        ok
+    });
+    assert!(closed.unwrap().stdout.is_empty());
+    assert!(!f.exists(), "the file outlived its device");
+
+    // The data is on the volume: open again, mount read-only, compare.
+    let o = m.tool(
+        "cryptsetup",
+        &[
+            "open",
+            "--readonly",
+            path(&img),
+            "again",
+            "--key-file",
+            path(&kf),
+        ],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let again = m.file("again");
+    assert_eq!(
+        std::fs::metadata(&again).unwrap().mode() & 0o777,
+        0o444,
+        "a read-only device's file"
+    );
+    run(Command::new("mount")
+        .args(["-o", "loop,ro"])
+        .arg(&again)
+        .arg(&mnt));
+    let back = std::fs::read(mnt.join("hello.bin")).unwrap();
+    run(Command::new("umount").arg(&mnt));
+    assert!(back == data, "the file read back differs");
+    wait_for("cryptsetup close", Duration::from_secs(10), || {
+        m.tool("cryptsetup", &["close", "again"]).status.success()
+    });
+    m.stop();
+}
+
+#[test]
+fn files_follow_their_devices_and_take_every_file_operation() {
+    let mut m = Mapper::start("mapper-ops", &[]);
+    let d = m.dir.path().to_path_buf();
+    let img = sparse(&d, "disk.img", 32 << 20);
+    let table = format!("0 {} linear {} 0", (16 << 20) / 512, path(&img));
+    let o = m.tool("dmsetup", &["create", "lin", "--table", &table]);
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(o.stdout.is_empty(), "create printed: {}", show(&o));
+    let f = m.file("lin");
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 16 << 20);
+    let names: Vec<_> = std::fs::read_dir(&m.map)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, ["lin"]);
+
+    // Data goes to the backing file at the table's offsets.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&f)
+        .unwrap();
+    let data = fast_bytes(4, 3 << 20);
+    file.write_all_at(&data, 1 << 20).unwrap();
+    file.sync_all().unwrap();
+    assert!(
+        pread(&img, 1 << 20, data.len()) == data,
+        "not on the device"
+    );
+    let mut back = vec![0u8; data.len()];
+    file.read_exact_at(&mut back, 1 << 20).unwrap();
+    assert!(back == data);
+    // Unaligned, small, and across the end (cut there, as a block device).
+    file.write_all_at(b"xyz", 7).unwrap();
+    assert_eq!(pread(&img, 7, 3), b"xyz");
+    assert_eq!(
+        file.write_at(&[1u8; 8192], (16 << 20) - 4096).unwrap(),
+        4096
+    );
+    let e = file.write_at(&[1u8; 1], 16 << 20).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+
+    // SEEK_DATA / SEEK_HOLE from the device's extents (the image is sparse).
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: lseek on a descriptor this test owns.
+    let data_at = unsafe { libc::lseek(fd, 4 << 20, libc::SEEK_DATA) };
+    assert_eq!(data_at, (16 << 20) - 4096, "SEEK_DATA");
+    // SAFETY: as above.
+    let hole_at = unsafe { libc::lseek(fd, 1 << 20, libc::SEEK_HOLE) };
+    assert_eq!(hole_at, 4 << 20, "SEEK_HOLE");
+
+    // fallocate: ZERO_RANGE writes zeroes, PUNCH_HOLE discards.
+    // SAFETY: fallocate on a descriptor this test owns.
+    let r = unsafe { libc::fallocate(fd, libc::FALLOC_FL_ZERO_RANGE, 1 << 20, 1 << 20) };
+    assert_eq!(r, 0, "ZERO_RANGE: {}", std::io::Error::last_os_error());
+    assert!(pread(&img, 1 << 20, 1 << 20).iter().all(|&b| b == 0));
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: as above.
+    let r = unsafe { libc::fallocate(fd, punch, 2 << 20, 1 << 20) };
+    assert_eq!(r, 0, "PUNCH_HOLE: {}", std::io::Error::last_os_error());
+    assert!(pread(&img, 2 << 20, 1 << 20).iter().all(|&b| b == 0));
+    // SAFETY: as above.
+    let r = unsafe { libc::fallocate(fd, 0, 0, 4096) };
+    assert_eq!(r, -1, "a plain allocation changes nothing on a device");
+
+    // The open file keeps the device busy, as an open block device.
+    let o = m.tool("dmsetup", &["remove", "lin"]);
+    assert!(!o.status.success(), "removed while open");
+    drop(file);
+
+    // A resize shows at once.
+    let bigger = format!("0 {} linear {} 0", (24 << 20) / 512, path(&img));
+    for args in [
+        &["load", "lin", "--table", &bigger][..],
+        &["suspend", "lin"],
+        &["resume", "lin"],
+    ] {
+        let o = m.tool("dmsetup", args);
+        assert!(o.status.success(), "{}", show(&o));
+    }
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 24 << 20, "resize");
+
+    // sha256sum of the file is that of the device's bytes.
+    if Path::new("/usr/bin/sha256sum").exists() {
+        let a = run_text(Command::new("sha256sum").arg(&f));
+        let b = run_text(Command::new("sha256sum").arg(&img)); // 32 MiB image
+        let dev = write_file(&d, "dev.bin", &pread(&img, 0, 24 << 20));
+        let c = run_text(Command::new("sha256sum").arg(&dev));
+        assert_eq!(a.split(' ').next(), c.split(' ').next());
+        assert_ne!(a.split(' ').next(), b.split(' ').next());
+    }
+
+    wait_for("dmsetup remove", Duration::from_secs(10), || {
+        m.tool("dmsetup", &["remove", "lin"]).status.success()
+    });
+    assert!(!f.exists(), "the file outlived its device");
+    m.stop();
+}
+
+#[test]
+fn a_killed_server_leaves_no_mount_in_the_way_of_the_next() {
+    let m = Mapper::start("mapper-kill", &[]);
+    let d = m.dir.path().to_path_buf();
+    let img = write_file(&d, "disk.img", &fast_bytes(2, 1 << 20));
+    let table = format!("0 2048 linear {} 0", path(&img));
+    let o = m.tool("dmsetup", &["create", "v", "--table", &table]);
+    assert!(o.status.success(), "{}", show(&o));
+    let open = std::fs::File::open(m.file("v")).unwrap();
+    // A second server does not mount over a live mapper directory.
+    let o = udm()
+        .arg("serve")
+        .arg("--socket")
+        .arg(d.join("other.sock"))
+        .args(["--no-control", "--mapper-dir", path(&m.map)])
+        .arg("--file")
+        .arg(format!("w={}", path(&img)))
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "mounted over a live mapper directory");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("another udm server"), "{err}");
+    let Mapper {
+        dir,
+        map,
+        mut srv,
+        _unmount,
+        ..
+    } = m;
+    srv.take().unwrap().kill9();
+    let mut b = [0u8; 16];
+    let e = open.read_at(&mut b, 0).unwrap_err();
+    assert!(
+        matches!(
+            e.raw_os_error(),
+            Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
+        ),
+        "{e}"
+    );
+    assert!(mounted(&map), "expected the dead mount to be left");
+
+    // The next server clears the dead mount and serves there.
+    let srv = UdmServe::start(
+        &dir.path().join("nbd2.sock"),
+        &[
+            "--no-control",
+            "--mapper-dir",
+            path(&map),
+            "--file",
+            &format!("v={}", path(&img)),
+        ],
+    );
+    let mut got = vec![0u8; 1 << 20];
+    wait_for("the new mount", Duration::from_secs(10), || {
+        std::fs::File::open(map.join("v"))
+            .and_then(|f| f.read_exact_at(&mut got, 0))
+            .is_ok()
+    });
+    assert!(got == std::fs::read(&img).unwrap(), "the new server's file");
+    drop(open);
+    assert_eq!(srv.stop(), Some(0));
+    assert!(!mounted(&map), "a mount was left behind");
+}
+
+/// In a private mount namespace the mapper directory can be /dev/mapper,
+/// where scripts look: blkid, sha256sum, mkfs.ext4 and a loop mount work
+/// on /dev/mapper/NAME as on a dm device.
+#[test]
+fn dev_mapper_in_a_private_namespace_serves_scripts() {
+    need("unshare");
+    need("blkid");
+    need("mkfs.ext4");
+    let d = scratch("mapper-ns");
+    let img = sparse(d.path(), "disk.img", 32 << 20);
+    let script = r#"set -e
+udm=$1; img=$2; dir=$3
+"$udm" serve --socket "$dir/nbd.sock" --control "$dir/ctl" --mapper-dir /dev/mapper \
+    --file "disk=$img" 2>"$dir/serve.log" &
+pid=$!
+trap 'set +e; kill $pid 2>/dev/null; umount -l "$dir/mnt" 2>/dev/null; umount -l /dev/mapper 2>/dev/null; true' EXIT
+for i in $(seq 100); do [ -e /dev/mapper/disk ] && break; sleep 0.1; done
+mkfs.ext4 -q -U 2f1c53a8-63d5-4a58-9c44-1d6b2ac2e0a7 /dev/mapper/disk
+echo "uuid=$(blkid -p -o value -s UUID /dev/mapper/disk)"
+echo "file=$(sha256sum /dev/mapper/disk | cut -d' ' -f1)"
+echo "img=$(sha256sum "$img" | cut -d' ' -f1)"
+mkdir -p "$dir/mnt"
+mount -o loop /dev/mapper/disk "$dir/mnt"
+echo hello > "$dir/mnt/f"
+umount "$dir/mnt"
+kill $pid; wait $pid
+echo "exit=$?"
+"#;
+    let o = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", script, "sh"])
+        .arg(env!("CARGO_BIN_EXE_udm"))
+        .arg(&img)
+        .arg(d.path())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let log = std::fs::read_to_string(d.path().join("serve.log")).unwrap_or_default();
+    assert!(o.status.success(), "{}\nserver: {log}", show(&o));
+    assert!(
+        out.contains("uuid=2f1c53a8-63d5-4a58-9c44-1d6b2ac2e0a7"),
+        "{out}"
+    );
+    let field = |k: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        field("file="),
+        field("img="),
+        "sha256 of the file and the image"
+    );
+    assert_eq!(field("exit="), "0");
+    // Nothing of it shows outside the namespace.
+    assert!(!Path::new("/dev/mapper/disk").exists());
+}
+
+#[test]
+fn attach_puts_a_loop_device_on_the_file_and_detach_removes_it() {
+    need("losetup");
+    let mut m = Mapper::start("mapper-attach", &[]);
+    let d = m.dir.path().to_path_buf();
+    let img = sparse(&d, "disk.img", 8 << 20);
+    let table = format!("0 {} linear {} 0", (8 << 20) / 512, path(&img));
+    let o = m.tool("dmsetup", &["create", "v", "--table", &table]);
+    assert!(o.status.success(), "{}", show(&o));
+    let info = String::from_utf8_lossy(&m.tool("dmsetup", &["info", "v"]).stdout).into_owned();
+    assert!(
+        info.contains(&format!("File:              {}", path(&m.file("v")))),
+        "{info}"
+    );
+    assert!(
+        info.contains("NBD URI:           nbd+unix:///v?socket="),
+        "{info}"
+    );
+
+    for direct in [false, true] {
+        let mut args = vec!["v"];
+        if direct {
+            args.push("--direct-io");
+        }
+        let o = m.tool("attach", &args);
+        assert!(o.status.success(), "{}", show(&o));
+        let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        assert!(dev.starts_with("/dev/loop"), "attach printed {dev:?}");
+        let _undo = LoopGuard(dev.clone());
+        let size = run_text(Command::new("blockdev").args(["--getsize64", &dev]));
+        assert_eq!(size.trim(), (8u64 << 20).to_string());
+        let data = fast_bytes(u64::from(direct), 1 << 20);
+        let f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap();
+        f.write_all_at(&data, 2 << 20).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        assert!(
+            pread(&img, 2 << 20, data.len()) == data,
+            "not on the device"
+        );
+        let o = m.tool("detach", &["v"]);
+        assert!(o.status.success(), "{}", show(&o));
+        let left = run_text(Command::new("losetup").args(["-j", path(&m.file("v"))]));
+        assert!(left.trim().is_empty(), "loop devices left: {left}");
+    }
+    let o = m.tool("detach", &["v"]);
+    assert!(
+        !o.status.success(),
+        "detach with nothing attached succeeded"
+    );
+    let o = m.tool("attach", &["v", "--nbd"]);
+    assert!(!o.status.success());
+    if !Path::new("/dev/nbd0").exists() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("no nbd module"), "{err}");
+    }
+    wait_for("dmsetup remove", Duration::from_secs(10), || {
+        m.tool("dmsetup", &["remove", "v"]).status.success()
+    });
+    m.stop();
+}
+
+/// Detaches a loop device when dropped (a failing test).
+struct LoopGuard(String);
+
+impl Drop for LoopGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup")
+            .args(["-d", &self.0])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+#[test]
+fn the_allow_rules_decide_who_opens_a_file() {
+    need("setpriv");
+    let mut m = Mapper::start("mapper-allow", &[]);
+    let d = m.dir.path().to_path_buf();
+    // Other users must reach the directory at all.
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let img = write_file(&d, "disk.img", &fast_bytes(5, 1 << 20));
+    let table = format!("0 2048 linear {} 0", path(&img));
+    let o = m.tool(
+        "dmsetup",
+        &["create", "mine", "--allow", "uid:65534", "--table", &table],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let f = m.file("mine");
+    assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o777, 0o600);
+    let read_as = |uid: &str| {
+        Command::new("setpriv")
+            .args(["--reuid", uid, "--regid", uid, "--clear-groups"])
+            .args(["head", "-c", "16"])
+            .arg(&f)
+            .output()
+            .unwrap()
+    };
+    let o = read_as("65534");
+    assert!(o.status.success(), "uid:65534 refused: {}", show(&o));
+    assert_eq!(o.stdout, pread(&img, 0, 16));
+    let o = read_as("65533");
+    assert!(
+        !o.status.success(),
+        "a user the rule does not name read the file"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+        "{}",
+        show(&o)
+    );
+    wait_for("dmsetup remove", Duration::from_secs(10), || {
+        m.tool("dmsetup", &["remove", "mine"]).status.success()
+    });
+    m.stop();
+}
