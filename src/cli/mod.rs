@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 pub mod benchmark;
 pub mod cryptsetup;
+pub mod daemon;
 pub mod demo;
 pub mod dmsetup;
 pub mod luks;

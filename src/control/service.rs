@@ -850,6 +850,13 @@ impl Service {
             .map_err(|e| e.msg)
     }
 
+    /// Close a device of the server's own (a crypttab line gone on
+    /// reload): refused while NBD clients have it open or another device
+    /// is stacked on it, as `dmsetup remove` is.
+    pub fn deactivate(&self, name: &str) -> Result<(), String> {
+        self.remove(name, false, false).map_err(|e| e.msg)
+    }
+
     /// Release every hold (server shutdown).
     pub fn release_all(&self) {
         self.exports.engine().release_all();
