@@ -257,22 +257,31 @@ fn serve(a: Args) -> Result<(), String> {
     let activated = super::daemon::take_activated()?;
     let listen = match (&a.socket, &a.listen, activated.nbd) {
         (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
-            return Err("--socket/--listen with an NBD socket passed by the service manager:                  give one of them (drop the option, or the socket unit's NBD socket)"
-                .into())
+            return Err(
+                "--socket/--listen with an NBD socket passed by the service manager: \
+                 give one of them (drop the option, or the socket unit's NBD socket)"
+                    .into(),
+            )
         }
         (_, _, Some(l)) => l,
         (Some(p), _, None) => Listen::Unix(p.clone()),
         // The server adds the default port to an address without one.
         (None, Some(h), None) => Listen::Tcp(h.clone()),
         (None, None, None) => {
-            return Err("where to listen: give --socket PATH or --listen HOST[:PORT] (or                  start udm from a socket unit)"
-                .into())
+            return Err(
+                "where to listen: give --socket PATH or --listen HOST[:PORT] (or \
+                 start udm from a socket unit)"
+                    .into(),
+            )
         }
     };
     let control_socket = activated.control.map(Arc::new);
     if control_socket.is_some() && (a.no_control || a.control.is_some()) {
-        return Err("--control/--no-control with a control socket passed by the service              manager: drop the option, or the socket unit's 'control' socket"
-            .into());
+        return Err(
+            "--control/--no-control with a control socket passed by the service \
+             manager: drop the option, or the socket unit's 'control' socket"
+                .into(),
+        );
     }
     let policy = access_policy(&a, read_only_exports)?;
     let tls = crate::nbd::TlsOptions {
