@@ -7,6 +7,7 @@ pub mod cryptsetup;
 pub mod daemon;
 pub mod demo;
 pub mod dmsetup;
+pub mod dmsetup_report;
 pub mod luks;
 pub mod replay_log;
 pub mod serve;
