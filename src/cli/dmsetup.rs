@@ -67,7 +67,8 @@ struct Opts {
     args: Vec<String>,
 }
 
-const USAGE: &str = "Usage:
+/// dmsetup's usage text (also the `udm-dmsetup` manual page's).
+pub const USAGE: &str = "Usage:
 
 dmsetup
         [--version] [-h|--help [-c|-C|--columns]]

@@ -1,6 +1,6 @@
 //! Command-line front end (clap). One module per command.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 pub mod benchmark;
 pub mod cryptsetup;
@@ -9,6 +9,7 @@ pub mod demo;
 pub mod dmsetup;
 pub mod dmsetup_report;
 pub mod luks;
+pub mod manpages;
 pub mod replay_log;
 pub mod serve;
 pub mod table;
@@ -76,6 +77,28 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Write manual pages for udm and every command into DIR (udm.1,
+    /// udm-serve.1, ...), or udm.1 on stdout: `udm man /usr/local/share/man/man1`.
+    Man {
+        /// Where to write the pages (created if missing).
+        dir: Option<std::path::PathBuf>,
+    },
+    /// Print a shell completion script: `udm completions bash >
+    /// /etc/bash_completion.d/udm`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The command line as clap knows it, with the personalities' own usage
+/// texts attached, for `man` and `completions`.
+fn documented_command() -> clap::Command {
+    Cli::command()
+        .mut_subcommand("dmsetup", |c| c.after_long_help(dmsetup::USAGE))
+        .mut_subcommand("cryptsetup", |c| {
+            c.after_long_help(cryptsetup::usage_text())
+        })
 }
 
 /// A program udm can stand in for: it gets the arguments after its name.
@@ -121,6 +144,8 @@ pub fn main() -> i32 {
         Command::Cryptsetup { args } => cryptsetup::main(args),
         Command::ReplayLog(a) => replay_log::run(a),
         Command::Dmsetup { args } => dmsetup::main(args),
+        Command::Man { dir } => manpages::man(documented_command(), dir.as_deref()),
+        Command::Completions { shell } => manpages::completions(documented_command(), shell),
     }
 }
 
