@@ -254,35 +254,7 @@ fn serve(a: Args) -> Result<(), String> {
         }
         None => None,
     };
-    let activated = super::daemon::take_activated()?;
-    let listen = match (&a.socket, &a.listen, activated.nbd) {
-        (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
-            return Err(
-                "--socket/--listen with an NBD socket passed by the service manager: \
-                 give one of them (drop the option, or the socket unit's NBD socket)"
-                    .into(),
-            )
-        }
-        (_, _, Some(l)) => l,
-        (Some(p), _, None) => Listen::Unix(p.clone()),
-        // The server adds the default port to an address without one.
-        (None, Some(h), None) => Listen::Tcp(h.clone()),
-        (None, None, None) => {
-            return Err(
-                "where to listen: give --socket PATH or --listen HOST[:PORT] (or \
-                 start udm from a socket unit)"
-                    .into(),
-            )
-        }
-    };
-    let control_socket = activated.control.map(Arc::new);
-    if control_socket.is_some() && (a.no_control || a.control.is_some()) {
-        return Err(
-            "--control/--no-control with a control socket passed by the service \
-             manager: drop the option, or the socket unit's 'control' socket"
-                .into(),
-        );
-    }
+    let (listen, control_socket) = listen_on(&a)?;
     let policy = access_policy(&a, read_only_exports)?;
     let tls = crate::nbd::TlsOptions {
         mode: a.tls.parse()?,
@@ -336,6 +308,41 @@ fn serve(a: Args) -> Result<(), String> {
             },
         },
     )
+}
+
+/// Where to listen: the sockets a service manager passed (NBD and
+/// control), or `--socket`/`--listen`; both at once is an error.
+fn listen_on(a: &Args) -> Result<(Listen, Option<Arc<std::os::unix::net::UnixListener>>), String> {
+    let activated = super::daemon::take_activated()?;
+    let listen = match (&a.socket, &a.listen, activated.nbd) {
+        (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
+            return Err(
+                "--socket/--listen with an NBD socket passed by the service manager: \
+                 give one of them (drop the option, or the socket unit's NBD socket)"
+                    .into(),
+            )
+        }
+        (_, _, Some(l)) => l,
+        (Some(p), _, None) => Listen::Unix(p.clone()),
+        // The server adds the default port to an address without one.
+        (None, Some(h), None) => Listen::Tcp(h.clone()),
+        (None, None, None) => {
+            return Err(
+                "where to listen: give --socket PATH or --listen HOST[:PORT] (or \
+                 start udm from a socket unit)"
+                    .into(),
+            )
+        }
+    };
+    let control_socket = activated.control.map(Arc::new);
+    if control_socket.is_some() && (a.no_control || a.control.is_some()) {
+        return Err(
+            "--control/--no-control with a control socket passed by the service \
+             manager: drop the option, or the socket unit's 'control' socket"
+                .into(),
+        );
+    }
+    Ok((listen, control_socket))
 }
 
 fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
