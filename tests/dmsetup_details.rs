@@ -233,4 +233,7 @@ fn options_that_cannot_work_are_refused_by_name() {
         "{cookie}"
     );
     srv.ok(&["udevreleasecookie", cookie.trim()]);
+    // dm-stats regions do not exist in udm: said, not ignored.
+    let e = srv.fails(&["stats", "create", "x"]);
+    assert!(e.contains("stats create") && e.contains("regions"), "{e}");
 }

@@ -799,7 +799,9 @@ fn stats(o: &Opts, args: &[String]) -> Result<(), Failure> {
             Ok(())
         }
         other => Err(Failure::Usage(format!(
-            "stats {other}: udm supports 'stats clear' and 'stats print'"
+            "stats {other}: udm keeps one set of counters per device, not dm-stats \
+             regions; 'stats print' (also 'list' and 'report', in udm's format) shows them \
+             and 'stats clear' resets them"
         ))),
     }
 }
