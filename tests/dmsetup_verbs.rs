@@ -74,7 +74,8 @@ fn every_verb_against_a_running_server() {
     let info = srv.ok(&["info", "l2"]);
     assert_eq!(
         info,
-        "Name:              l2\nState:             ACTIVE\nTables present:    LIVE\n\
+        "Name:              l2\nState:             ACTIVE\nRead Ahead:        256\n\
+         Tables present:    LIVE\n\
          Open count:        0\nEvent number:      0\nMajor, minor:      0, 1\n\
          Number of targets: 1\nUUID: UDM-l2\n\n"
     );

@@ -24,6 +24,8 @@ use crate::control::proto::{Code, Request};
 use crate::control::{default_path, Client, ClientError};
 use crate::core::table::TableLine;
 
+use super::dmsetup_report as report;
+
 /// The parsed command line.
 #[derive(Default, Debug)]
 struct Opts {
@@ -53,18 +55,29 @@ struct Opts {
     version: bool,
     concise: bool,
     setuuid: bool,
+    /// `ls --exec CMD`.
+    exec: Option<String>,
+    /// `--count N` / `--interval SECS`: repeated reports.
+    count: Option<u64>,
+    interval: Option<u64>,
+    /// `--unquoted` (with `--nameprefixes`).
+    unquoted: bool,
+    /// `remove --retry`: try again while the device is busy.
+    retry: bool,
     args: Vec<String>,
 }
 
-const USAGE: &str = "Usage:
+/// dmsetup's usage text (also the `udm-dmsetup` manual page's).
+pub const USAGE: &str = "Usage:
 
 dmsetup
         [--version] [-h|--help [-c|-C|--columns]]
         [-v|--verbose [-v|--verbose ...]] [-f|--force]
         [-r|--readonly] [--noflush] [--showkeys] [--target <target_type>]
-        [--control <socket>] [--json]
+        [--control <socket>] [--json] [--count <count>] [--interval <seconds>]
 
         create <dev_name> [-u|uuid <uuid>] [--allow <list>] [-n|--notable|--table {<table>|<table_file>}]
+        create --concise [<concise_device_spec_list>]
         load|reload <dev_name> [--table {<table>|<table_file>}]
         suspend [--noflush] <dev_name>...
         resume [--force] <dev_name>...
@@ -73,16 +86,18 @@ dmsetup
         rename <dev_name> <new_name>
         clear <dev_name>
         wipe_table <dev_name>...
-        ls [--target <target_type>] [-o devno|devname|blkdevname] [--tree]
+        ls [--target <target_type>] [--exec <command>] [-o devno|devname|blkdevname] [--tree]
         info [<dev_name>...]
         info -c|-C|--columns [--noheadings] [--separator <separator>]
-             [-o <fields>] [--nameprefixes] [<dev_name>...]
+             [-o <fields>|help] [--nameprefixes [--unquoted]] [<dev_name>...]
         deps [-o devno|devname|blkdevname] [<dev_name>...]
-        table [--target <target_type>] [--inactive] [--showkeys] [<dev_name>...]
+        table [--target <target_type>] [--inactive] [--showkeys] [--concise] [<dev_name>...]
         status [--target <target_type>] [--stats] [<dev_name>...]
         message <dev_name> <sector> <message>
         wait <dev_name> [<event_nr>]
         stats clear|print [<dev_name>...]
+        splitname <dev_name> [<subsystem>]
+        udevcreatecookie
         targets
         version
         help
@@ -117,6 +132,7 @@ const WITH_VALUE: &[&str] = &[
     "-j",
     "--minor",
     "-m",
+    "--exec",
 ];
 
 fn parse(argv: &[String]) -> Result<Opts, String> {
@@ -180,6 +196,22 @@ fn parse(argv: &[String]) -> Result<Opts, String> {
                 "--table" => o.table = Some(v),
                 "--uuid" | "-u" => o.uuid = Some(v),
                 "--target" => o.target = Some(v),
+                "--exec" => o.exec = Some(v),
+                "--count" => o.count = Some(number(&name, &v)?),
+                "--interval" => o.interval = Some(number(&name, &v)?),
+                "--readahead" => {
+                    return Err(
+                        "--readahead is not supported: a udm device is an NBD export, \
+                                and read-ahead belongs to the client's block device (set it \
+                                there with blockdev --setra)"
+                            .into(),
+                    )
+                }
+                "--manglename" if v != "none" && v != "auto" => {
+                    return Err(format!(
+                        "--manglename {v}: udm takes device names as they are (none or auto)"
+                    ))
+                }
                 "--sort" | "-O" | "--select" | "-S" => {
                     return Err(format!("{name} is not supported by udm dmsetup"))
                 }
@@ -188,8 +220,9 @@ fn parse(argv: &[String]) -> Result<Opts, String> {
                         "{name}: udm devices are named, not numbered; give the device name"
                     ))
                 }
-                // udev, readahead, name mangling, repeated reports: no
-                // meaning for NBD exports; accepted so scripts run.
+                // --udevcookie: there is no udev to synchronise with, which
+                // is what the cookie asks to wait for; --manglename none or
+                // auto leaves names as they are, as udm does.
                 _ => {}
             }
         } else {
@@ -200,6 +233,11 @@ fn parse(argv: &[String]) -> Result<Opts, String> {
         }
     }
     Ok(o)
+}
+
+fn number(name: &str, v: &str) -> Result<u64, String> {
+    v.parse()
+        .map_err(|_| format!("{name} needs a whole number, got '{v}'"))
 }
 
 fn apply_flag(o: &mut Opts, name: &str) -> Result<(), String> {
@@ -222,10 +260,22 @@ fn apply_flag(o: &mut Opts, name: &str) -> Result<(), String> {
         "--version" => o.version = true,
         "--concise" => o.concise = true,
         "--setuuid" => o.setuuid = true,
-        // Accepted for compatibility; nothing to do for NBD exports.
-        "--nolockfs" | "--retry" | "-y" | "--yes" | "--noudevsync" | "--noudevrules"
-        | "--verifyudev" | "--addnodeoncreate" | "--addnodeonresume" | "--noopencount"
-        | "--checks" | "--unbuffered" | "--unquoted" => {}
+        "--unquoted" => o.unquoted = true,
+        // What these ask for is what udm does anyway: it freezes no
+        // filesystem on suspend (--nolockfs), never prompts (--yes), has no
+        // udev to wait for or rules to run (--noudevsync, --noudevrules,
+        // --verifyudev), always counts openers (--noopencount only lets
+        // dmsetup skip it) and writes reports line by line (--unbuffered).
+        "--nolockfs" | "-y" | "--yes" | "--noudevsync" | "--noudevrules" | "--verifyudev"
+        | "--noopencount" | "--unbuffered" => {}
+        "--addnodeoncreate" | "--addnodeonresume" => {
+            return Err(format!(
+                "{name} is not supported: udm dmsetup makes no device nodes (a device is an \
+                 NBD export)"
+            ))
+        }
+        "--retry" => o.retry = true,
+        "--checks" => return Err(format!("{name} is not supported by udm dmsetup")),
         _ => return Err(format!("unrecognized option '{name}'")),
     }
     Ok(())
@@ -263,7 +313,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
 }
 
 fn run(o: &Opts, verb: &str, args: &[String]) -> i32 {
-    match dispatch(o, verb, args) {
+    match repeat(o, verb, args) {
         Ok(()) => 0,
         Err(Failure::Usage(msg)) => {
             eprintln!("dmsetup {verb}: {msg}");
@@ -278,6 +328,66 @@ fn run(o: &Opts, verb: &str, args: &[String]) -> i32 {
             eprintln!("Command failed.");
             1
         }
+    }
+}
+
+/// Verbs `-v` applies to: after a change, the device's `info` (as dmsetup
+/// prints it), and `wait`/`info` themselves.
+const VERBOSE_VERBS: &[&str] = &[
+    "create",
+    "load",
+    "reload",
+    "suspend",
+    "resume",
+    "clear",
+    "rename",
+    "wipe_table",
+    "wait",
+    "info",
+    "version",
+];
+
+/// `-v` after a change: the changed devices' `info`.
+fn show_after(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
+    if o.verbose == 0 || matches!(verb, "wait" | "info" | "version") || args.is_empty() || o.concise
+    {
+        return Ok(());
+    }
+    match verb {
+        "rename" => info(o, &args[1..2]),
+        "create" | "load" | "reload" | "clear" => info(o, &args[..1]),
+        _ => info(o, args),
+    }
+}
+
+/// `--count`/`--interval`: the report verbs again and again (`--interval`
+/// alone: until interrupted; `--count` alone: every second).
+fn repeat(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
+    if o.verbose > 0 && !VERBOSE_VERBS.contains(&verb) {
+        return Err(Failure::Usage(format!(
+            "-v/--verbose does nothing for {verb} in udm dmsetup; it shows the device after \
+             {}",
+            VERBOSE_VERBS.join(", ")
+        )));
+    }
+    if o.count.is_none() && o.interval.is_none() {
+        dispatch(o, verb, args)?;
+        return show_after(o, verb, args);
+    }
+    if !matches!(verb, "info" | "status" | "stats" | "table" | "ls" | "deps") {
+        return Err(Failure::Usage(format!(
+            "--count/--interval repeat reports (info, status, stats, table, ls, deps), not {verb}"
+        )));
+    }
+    let interval = std::time::Duration::from_secs(o.interval.unwrap_or(1));
+    let mut i = 0u64;
+    loop {
+        dispatch(o, verb, args)?;
+        i += 1;
+        if o.count.is_some_and(|c| i >= c) {
+            return Ok(());
+        }
+        std::thread::sleep(interval);
     }
 }
 
@@ -386,8 +496,20 @@ fn dispatch(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
         "targets" => targets(o),
         "version" => version(o),
         "stats" => stats(o, args),
+        "splitname" => splitname(o, args),
+        "udevcreatecookie" => {
+            // dm's cookie layout: its magic in the upper half, a
+            // semaphore number below; nothing waits on it here.
+            let mut b = [0u8; 2];
+            getrandom::fill(&mut b).map_err(|e| failed(format!("no random bytes: {e}")))?;
+            println!(
+                "0x{:08X}",
+                0x0D4D_0000u32 | u32::from(u16::from_ne_bytes(b))
+            );
+            Ok(())
+        }
         "mknodes" | "udevcomplete_all" | "udevcookie" | "udevflags" | "udevcomplete"
-        | "udevreleasecookie" | "udevcreatecookie" => {
+        | "udevreleasecookie" => {
             // No device nodes, no udev: nothing to do, as on a system
             // where everything is already in place.
             Ok(())
@@ -398,8 +520,42 @@ fn dispatch(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
     }
 }
 
+/// `create --concise [LIST]`: every device of dmsetup's concise list
+/// (from the argument or stdin), created and loaded in order.
+fn create_concise(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    need_args(args, 0, 1, "create --concise [<concise_device_spec_list>]")?;
+    let text = match args.first() {
+        Some(t) => Zeroizing::new(t.clone()),
+        None => {
+            let raw = read_table(o, None)?;
+            Zeroizing::new(String::from_utf8_lossy(&raw).into_owned())
+        }
+    };
+    let devs = report::parse_concise(&text).map_err(Failure::Usage)?;
+    let mut c = client(o)?;
+    for d in devs {
+        let mut r = req("create", std::slice::from_ref(&d.name));
+        r.uuid = (!d.uuid.is_empty()).then(|| d.uuid.clone());
+        r.readonly = d.read_only || o.readonly;
+        r.allow = o.allow.clone();
+        r.has_table = true;
+        let mut table = Zeroizing::new(Vec::with_capacity(
+            d.lines.iter().map(|l| l.len() + 1).sum(),
+        ));
+        for l in &d.lines {
+            table.extend_from_slice(l.as_bytes());
+            table.push(b'\n');
+        }
+        c.call(r, &table)?;
+    }
+    Ok(())
+}
+
 /// `create NAME [TABLE]`: with `--notable` or an empty table, a device without one, as dmsetup.
 fn create(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    if o.concise {
+        return create_concise(o, args);
+    }
     need_args(
         args,
         1,
@@ -466,7 +622,17 @@ fn remove(o: &Opts, args: &[String]) -> Result<(), Failure> {
         let mut r = req("remove", std::slice::from_ref(n));
         r.force = o.force;
         r.deferred = o.deferred;
-        c.call(r, &[])?;
+        // --retry: as dmsetup, 25 tries 0.2 s apart while it is busy.
+        let mut tries = if o.retry { 25 } else { 1 };
+        loop {
+            tries -= 1;
+            match c.call(r.clone(), &[]) {
+                Err(e) if tries > 0 && e.code == Some(Code::Ebusy) => {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                res => break res.map(|_| ())?,
+            }
+        }
     }
     Ok(())
 }
@@ -584,18 +750,27 @@ fn targets(o: &Opts) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `version`: ours and the server's.
+/// The libdevmapper and dm ioctl interface versions udm's dmsetup
+/// behaves as (scripts compare them: "driver ≥ 4.x").
+const LIBRARY_VERSION: &str = "1.02.185";
+const DRIVER_VERSION: &str = "4.48.0";
+
+/// `version` in dmsetup's two lines; udm's own versions go after the date
+/// slot of the first, and with `--json`/`-v` on lines of their own.
 fn version(o: &Opts) -> Result<(), Failure> {
     println!(
-        "Library version:   {} (udm dmsetup)",
+        "Library version:   {LIBRARY_VERSION} (udm {})",
         env!("CARGO_PKG_VERSION")
     );
     let (v, _) = client(o)?.call(req("version", &[]), &[])?;
-    println!(
-        "Driver version:    {} (udm serve, control protocol {})",
-        v.get("version").and_then(Value::as_str).unwrap_or("?"),
-        v.get("protocol").and_then(Value::as_u64).unwrap_or(0)
-    );
+    println!("Driver version:    {DRIVER_VERSION}");
+    if o.verbose > 0 {
+        println!(
+            "udm serve:         {} (control protocol {})",
+            v.get("version").and_then(Value::as_str).unwrap_or("?"),
+            v.get("protocol").and_then(Value::as_u64).unwrap_or(0)
+        );
+    }
     Ok(())
 }
 
@@ -624,7 +799,9 @@ fn stats(o: &Opts, args: &[String]) -> Result<(), Failure> {
             Ok(())
         }
         other => Err(Failure::Usage(format!(
-            "stats {other}: udm supports 'stats clear' and 'stats print'"
+            "stats {other}: udm keeps one set of counters per device, not dm-stats \
+             regions; 'stats print' (also 'list' and 'report', in udm's format) shows them \
+             and 'stats clear' resets them"
         ))),
     }
 }
@@ -685,6 +862,12 @@ fn ls(o: &Opts, args: &[String]) -> Result<(), Failure> {
         return Ok(());
     }
     let by_name = matches!(o.options.as_deref(), Some("devname" | "blkdevname"));
+    if let Some(cmd) = &o.exec {
+        if let Some(t) = &o.target {
+            devs.retain(|d| d.target_types.iter().any(|x| x == t));
+        }
+        return exec_each(cmd, &devs);
+    }
     if let Some(t) = &o.target {
         devs.retain(|d| d.target_types.iter().any(|x| x == t));
         for d in &devs {
@@ -698,6 +881,26 @@ fn ls(o: &Opts, args: &[String]) -> Result<(), Failure> {
         } else {
             println!("{}\t({MAJOR}:{})", d.name, d.minor);
         }
+    }
+    Ok(())
+}
+
+/// `ls --exec CMD`: CMD (split at blanks) run for each device with the
+/// device's path appended, `${DM_DEV_DIR:-/dev}/mapper/NAME`, as dmsetup
+/// does; one after the other, each waited for.
+fn exec_each(cmd: &str, devs: &[DeviceInfo]) -> Result<(), Failure> {
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    let Some((prog, rest)) = words.split_first() else {
+        return Err(Failure::Usage("--exec needs a command".into()));
+    };
+    let dev_dir = std::env::var("DM_DEV_DIR").unwrap_or_else(|_| "/dev".into());
+    for d in devs {
+        let path = format!("{}/mapper/{}", dev_dir.trim_end_matches('/'), d.name);
+        std::process::Command::new(prog)
+            .args(rest)
+            .arg(&path)
+            .status()
+            .map_err(|e| failed(format!("--exec: cannot run {prog}: {e}")))?;
     }
     Ok(())
 }
@@ -825,7 +1028,13 @@ fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
     }
     let devs: Vec<DeviceInfo> = devices_of(&v)?;
     if o.columns {
-        return columns(o, &devs);
+        // The reverse relations (names_using_dev...) need every device.
+        let all = if args.is_empty() {
+            devs.clone()
+        } else {
+            names_or_all(&mut c, &[])?
+        };
+        return columns(o, &devs, &all);
     }
     if devs.is_empty() && args.is_empty() {
         println!("No devices found");
@@ -843,6 +1052,7 @@ fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
                 ""
             }
         );
+        println!("Read Ahead:        {}", report::READ_AHEAD);
         if !d.live_table && !d.inactive_table {
             println!("Tables present:    None");
         } else {
@@ -882,91 +1092,35 @@ fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A report column: heading, width, right-aligned, value.
-type Column = (&'static str, usize, bool, fn(&DeviceInfo) -> String);
-
-fn column(id: &str) -> Option<Column> {
-    Some(match id {
-        "name" => ("Name", 16, false, |d| d.name.clone()),
-        "uuid" => ("UUID", 32, false, |d| d.uuid.clone()),
-        "major" => ("Maj", 3, true, |_| MAJOR.to_string()),
-        "minor" => ("Min", 3, true, |d| d.minor.to_string()),
-        "attr" => ("Stat", 4, false, |d| {
-            format!(
-                "{}{}{}{}",
-                if d.live_table { 'L' } else { '-' },
-                if d.inactive_table { 'I' } else { '-' },
-                if d.suspended { 's' } else { '-' },
-                if d.read_only { 'r' } else { 'w' }
-            )
-        }),
-        "tables_loaded" => ("Tables", 6, false, |d| {
-            match (d.live_table, d.inactive_table) {
-                (true, true) => "Both",
-                (true, false) => "Live",
-                (false, true) => "Inactive",
-                (false, false) => "None",
-            }
-            .to_string()
-        }),
-        "suspended" => ("Suspended", 9, false, |d| {
-            if d.suspended { "Suspended" } else { "Active" }.to_string()
-        }),
-        "readonly" => ("Read-only", 9, false, |d| {
-            if d.read_only {
-                "Read-only"
-            } else {
-                "Writeable"
-            }
-            .to_string()
-        }),
-        "devno" => ("DevNo", 5, false, |d| format!("{MAJOR}:{}", d.minor)),
-        "open" => ("Open", 4, true, |d| d.open_count.to_string()),
-        "segments" => ("Targ", 4, true, |d| d.target_count.to_string()),
-        "events" => ("Event", 6, true, |d| d.event_nr.to_string()),
-        "device_count" => ("#Devs", 5, true, |d| d.deps.len().to_string()),
-        "devs_used" => ("DevNamesUsed", 16, false, |d| {
-            d.deps
-                .iter()
-                .filter(|x| x.kind == "device")
-                .map(|x| x.name.clone())
-                .collect::<Vec<_>>()
-                .join(",")
-        }),
-        "devnos_used" => ("DevNosUsed", 16, false, |d| {
-            d.deps
-                .iter()
-                .map(|x| match x.minor {
-                    Some(m) => format!("{MAJOR}:{m}"),
-                    None => x.name.clone(),
-                })
-                .collect::<Vec<_>>()
-                .join(",")
-        }),
-        _ => return None,
-    })
-}
-
 const DEFAULT_COLUMNS: &str = "name,major,minor,attr,open,segments,events,uuid";
 
-/// `info -c`, laid out as libdevmapper's reports: columns padded to the
-/// wider of their default width and their contents, numbers right-aligned,
-/// one space between; `--separator` turns alignment off.
-fn columns(o: &Opts, devs: &[DeviceInfo]) -> Result<(), Failure> {
+/// `info -c [-o FIELDS|help]` (`all`: every device, for the fields that
+/// name the devices using one).
+fn columns(o: &Opts, devs: &[DeviceInfo], all: &[DeviceInfo]) -> Result<(), Failure> {
     let spec = match o.options.as_deref() {
         None => DEFAULT_COLUMNS.to_string(),
         Some(s) if s.starts_with('+') => format!("{DEFAULT_COLUMNS},{}", &s[1..]),
         Some(s) => s.to_string(),
     };
-    let mut cols = Vec::new();
-    for id in spec.split(',').filter(|s| !s.is_empty()) {
-        let c = column(id).ok_or_else(|| Failure::Usage(format!("Unrecognised field: {id}")))?;
-        cols.push((id.to_string(), c));
+    if matches!(spec.as_str(), "help" | "?") {
+        eprint!("{}", report::help());
+        return Ok(());
     }
+    let ids = report::expand(&spec).map_err(Failure::Usage)?;
+    let cols: Vec<(&str, (&str, usize, bool))> =
+        ids.iter().map(|id| (*id, report::heading(id))).collect();
     let rows: Vec<Vec<String>> = devs
         .iter()
-        .map(|d| cols.iter().map(|(_, c)| (c.3)(d)).collect())
+        .map(|d| ids.iter().map(|id| report::value(id, d, all)).collect())
         .collect();
+    print_report(o, &cols, &rows);
+    Ok(())
+}
+
+/// Rows laid out as libdevmapper's reports: columns padded to the wider
+/// of their default width and their contents, numbers right-aligned, one
+/// space between; `--separator` turns alignment off.
+fn print_report(o: &Opts, cols: &[(&str, (&str, usize, bool))], rows: &[Vec<String>]) {
     let aligned = o.separator.is_none();
     let sep = o.separator.clone().unwrap_or_else(|| " ".into());
     let widths: Vec<usize> = cols
@@ -981,15 +1135,16 @@ fn columns(o: &Opts, devs: &[DeviceInfo]) -> Result<(), Failure> {
         })
         .collect();
     if o.nameprefixes {
-        for r in &rows {
+        let q = if o.unquoted { "" } else { "'" };
+        for r in rows {
             let fields: Vec<String> = cols
                 .iter()
                 .zip(r)
-                .map(|((id, _), v)| format!("DM_{}='{}'", id.to_uppercase(), v))
+                .map(|((id, _), v)| format!("DM_{}={q}{v}{q}", id.to_uppercase()))
                 .collect();
             println!("{}", fields.join(&sep));
         }
-        return Ok(());
+        return;
     }
     if !o.noheadings {
         let h: Vec<String> = cols
@@ -1005,10 +1160,10 @@ fn columns(o: &Opts, devs: &[DeviceInfo]) -> Result<(), Failure> {
             .collect();
         println!("{}", h.join(&sep));
     }
-    for r in &rows {
+    for r in rows {
         let f: Vec<String> = r
             .iter()
-            .zip(&cols)
+            .zip(cols)
             .zip(&widths)
             .map(|((v, (_, c)), w)| {
                 if !aligned {
@@ -1022,6 +1177,37 @@ fn columns(o: &Opts, devs: &[DeviceInfo]) -> Result<(), Failure> {
             .collect();
         println!("{}", f.join(&sep));
     }
+}
+
+/// `splitname NAME [SUBSYSTEM]`: an LVM name's parts (other subsystems'
+/// names are not split: empty fields, as dmsetup).
+fn splitname(o: &Opts, args: &[String]) -> Result<(), Failure> {
+    need_args(args, 1, 2, "splitname <dev_name> [<subsystem>]")?;
+    let subsystem = args.get(1).map_or("LVM", String::as_str);
+    let (vg, lv, layer) = if subsystem == "LVM" {
+        report::split_lvm_name(&args[0])
+    } else {
+        Default::default()
+    };
+    let spec = o.options.as_deref().unwrap_or("vg_name,lv_name,lv_layer");
+    let ids = report::expand(spec).map_err(Failure::Usage)?;
+    let mut row = Vec::new();
+    for id in &ids {
+        row.push(match *id {
+            "subsystem" => subsystem.to_string(),
+            "vg_name" => vg.clone(),
+            "lv_name" => lv.clone(),
+            "lv_layer" => layer.clone(),
+            other => {
+                return Err(Failure::Usage(format!(
+                    "splitname reports subsystem, vg_name, lv_name and lv_layer, not {other}"
+                )))
+            }
+        });
+    }
+    let cols: Vec<(&str, (&str, usize, bool))> =
+        ids.iter().map(|id| (*id, report::heading(id))).collect();
+    print_report(o, &cols, &[row]);
     Ok(())
 }
 
@@ -1075,6 +1261,10 @@ fn table(o: &Opts, args: &[String]) -> Result<(), Failure> {
     if o.json {
         return table_json(o, &devs, &mut lines);
     }
+    if o.concise {
+        let infos = names_or_all(&mut c, args)?;
+        return table_concise(o, &devs, &infos, &mut lines, text.len());
+    }
     // Sized before writing, so it never grows (a grown buffer leaves a
     // copy of the keys in the memory it gave back): the lines, plus a
     // "NAME: " per line or per empty device.
@@ -1101,6 +1291,37 @@ fn table(o: &Opts, args: &[String]) -> Result<(), Failure> {
         }
     }
     debug_assert_eq!(out.capacity(), cap, "the table buffer grew");
+    print!("{}", out.as_str());
+    Ok(())
+}
+
+/// `table --concise`: every device on one line, `;` between devices.
+fn table_concise(
+    o: &Opts,
+    devs: &[TableDevice],
+    infos: &[DeviceInfo],
+    lines: &mut std::str::Lines<'_>,
+    text_len: usize,
+) -> Result<(), Failure> {
+    let names: usize = infos
+        .iter()
+        .map(|d| 2 * (d.name.len() + d.uuid.len()) + 32)
+        .sum();
+    // Sized so it never grows (it may hold keys): escaping at most
+    // doubles the text.
+    let mut out = Zeroizing::new(String::with_capacity(2 * text_len + names + 1));
+    for (i, d) in devs.iter().enumerate() {
+        let shown = device_lines(o, d, lines);
+        let info = infos
+            .iter()
+            .find(|x| x.name == d.name)
+            .ok_or_else(|| failed(format!("device '{}' went away", d.name)))?;
+        if i > 0 {
+            out.push(';');
+        }
+        report::push_concise(&mut out, info, &shown);
+    }
+    out.push('\n');
     print!("{}", out.as_str());
     Ok(())
 }

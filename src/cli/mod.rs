@@ -1,13 +1,16 @@
 //! Command-line front end (clap). One module per command.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 pub mod attach;
 pub mod benchmark;
 pub mod cryptsetup;
+pub mod daemon;
 pub mod demo;
 pub mod dmsetup;
+pub mod dmsetup_report;
 pub mod luks;
+pub mod manpages;
 pub mod replay_log;
 pub mod serve;
 pub mod table;
@@ -81,6 +84,28 @@ enum Command {
     Attach(attach::AttachArgs),
     /// Remove the loop devices of a device (or one /dev/loopN).
     Detach(attach::DetachArgs),
+    /// Write manual pages for udm and every command into DIR (udm.1,
+    /// udm-serve.1, ...), or udm.1 on stdout: `udm man /usr/local/share/man/man1`.
+    Man {
+        /// Where to write the pages (created if missing).
+        dir: Option<std::path::PathBuf>,
+    },
+    /// Print a shell completion script: `udm completions bash >
+    /// /etc/bash_completion.d/udm`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The command line as clap knows it, with the personalities' own usage
+/// texts attached, for `man` and `completions`.
+fn documented_command() -> clap::Command {
+    Cli::command()
+        .mut_subcommand("dmsetup", |c| c.after_long_help(dmsetup::USAGE))
+        .mut_subcommand("cryptsetup", |c| {
+            c.after_long_help(cryptsetup::usage_text())
+        })
 }
 
 /// A program udm can stand in for: it gets the arguments after its name.
@@ -131,6 +156,8 @@ pub fn main() -> i32 {
         Command::Dmsetup { args } => dmsetup::main(args),
         Command::Attach(a) => attach::run_attach(a),
         Command::Detach(a) => attach::run_detach(a),
+        Command::Man { dir } => manpages::man(documented_command(), dir.as_deref()),
+        Command::Completions { shell } => manpages::completions(documented_command(), shell),
     }
 }
 

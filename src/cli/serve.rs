@@ -19,11 +19,15 @@ use crate::nbd::export::{parse_allow_list, AccessPolicy, BudgetPolicy};
 use crate::nbd::{ExportSet, Listen, ServerConfig};
 use crate::targets::TargetOptions;
 
+use super::daemon::{normalised_line, CrypttabSource, Pidfile, Reloader};
+
 /// Arguments of `udm serve`.
 #[derive(clap::Args, Debug)]
-#[command(group = clap::ArgGroup::new("listen_on").required(true).args(["socket", "listen"]))]
+#[command(group = clap::ArgGroup::new("listen_on").args(["socket", "listen"]))]
 pub struct Args {
-    /// Serve on this Unix socket path.
+    /// Serve on this Unix socket path. One of --socket and --listen is
+    /// needed unless a service manager passes the socket (socket
+    /// activation: LISTEN_FDS, the control socket named `control`).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Serve on TCP, e.g. `127.0.0.1:10809` (port 10809 if omitted).
@@ -175,6 +179,15 @@ pub struct Args {
     /// namespace). A dead mount a killed server left there is cleared.
     #[arg(long, value_name = "DIR")]
     pub mapper_dir: Option<PathBuf>,
+    /// Write the server's pid to FILE once it is ready (devices served,
+    /// sockets listening); removed on exit. A FILE naming a running
+    /// process is refused.
+    #[arg(long, value_name = "FILE")]
+    pub pidfile: Option<PathBuf>,
+    /// Print the NBD URI of each device on stdout once the server is
+    /// ready, one per line.
+    #[arg(long)]
+    pub print_uri: bool,
 }
 
 /// Split `NAME=VALUE`.
@@ -230,7 +243,7 @@ type Specs = (Vec<(usize, String, DeviceSpec)>, Vec<String>);
 
 fn serve(a: Args) -> Result<(), String> {
     let (mut specs, mut read_only_exports) = table_and_file_specs(&a)?;
-    crypttab_specs(&a, &mut specs, &mut read_only_exports)?;
+    let crypttab = crypttab_specs(&a, &mut specs, &mut read_only_exports)?;
     if specs.is_empty() && a.no_control {
         return Err(
             "nothing to serve: give at least one --table, --file, --luks or --crypttab, or a control \
@@ -246,12 +259,7 @@ fn serve(a: Args) -> Result<(), String> {
         }
         None => None,
     };
-    let listen = match (&a.socket, &a.listen) {
-        (Some(p), _) => Listen::Unix(p.clone()),
-        // The server adds the default port to an address without one.
-        (None, Some(h)) => Listen::Tcp(h.clone()),
-        (None, None) => unreachable!("clap requires one of --socket/--listen"),
-    };
+    let (listen, control_socket) = listen_on(&a)?;
     let policy = access_policy(&a, read_only_exports)?;
     let tls = crate::nbd::TlsOptions {
         mode: a.tls.parse()?,
@@ -298,8 +306,49 @@ fn serve(a: Args) -> Result<(), String> {
             flatten: !a.no_flatten,
             default_export: a.default_export.clone(),
             mapper_dir: a.mapper_dir.clone(),
+            service: ServiceOptions {
+                pidfile: a.pidfile.clone(),
+                print_uri: a.print_uri,
+                control_socket,
+                crypttab,
+            },
         },
     )
+}
+
+/// Where to listen: the sockets a service manager passed (NBD and
+/// control), or `--socket`/`--listen`; both at once is an error.
+fn listen_on(a: &Args) -> Result<(Listen, Option<Arc<std::os::unix::net::UnixListener>>), String> {
+    let activated = super::daemon::take_activated()?;
+    let listen = match (&a.socket, &a.listen, activated.nbd) {
+        (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
+            return Err(
+                "--socket/--listen with an NBD socket passed by the service manager: \
+                 give one of them (drop the option, or the socket unit's NBD socket)"
+                    .into(),
+            )
+        }
+        (_, _, Some(l)) => l,
+        (Some(p), _, None) => Listen::Unix(p.clone()),
+        // The server adds the default port to an address without one.
+        (None, Some(h), None) => Listen::Tcp(h.clone()),
+        (None, None, None) => {
+            return Err(
+                "where to listen: give --socket PATH or --listen HOST[:PORT] (or \
+                 start udm from a socket unit)"
+                    .into(),
+            )
+        }
+    };
+    let control_socket = activated.control.map(Arc::new);
+    if control_socket.is_some() && (a.no_control || a.control.is_some()) {
+        return Err(
+            "--control/--no-control with a control socket passed by the service \
+             manager: drop the option, or the socket unit's 'control' socket"
+                .into(),
+        );
+    }
+    Ok((listen, control_socket))
 }
 
 fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
@@ -354,12 +403,15 @@ fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
     Ok((specs, read_only_exports))
 }
 
+/// The crypttab's volumes; returns what SIGHUP needs to re-read it.
 fn crypttab_specs(
     a: &Args,
     specs: &mut Vec<(usize, String, DeviceSpec)>,
     read_only_exports: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<Option<CrypttabSource>, String> {
+    let mut source = None;
     if let Some(ct) = &a.crypttab {
+        let mut lines = std::collections::HashMap::new();
         let text = std::fs::read_to_string(ct)
             .map_err(|e| format!("--crypttab: cannot read {}: {e}", ct.display()))?;
         let entries = crate::luks::crypttab::parse(&text, ct).map_err(|e| e.to_string())?;
@@ -373,6 +425,7 @@ fn crypttab_specs(
             if e.read_only {
                 read_only_exports.push(e.name.clone());
             }
+            lines.insert(e.name.clone(), normalised_line(&text, e.line));
             specs.push((
                 position(&ct.display().to_string()).saturating_add(e.line),
                 e.name.clone(),
@@ -382,8 +435,14 @@ fn crypttab_specs(
                 },
             ));
         }
+        source = Some(CrypttabSource {
+            path: ct.clone(),
+            no_kdf_limit: a.no_kdf_limit,
+            allow_weak_cipher: a.allow_weak_cipher,
+            lines,
+        });
     }
-    Ok(())
+    Ok(source)
 }
 
 /// The event loops' deadlines and per-connection caps.
@@ -511,6 +570,22 @@ pub struct Settings {
     pub default_export: Option<String>,
     /// `--mapper-dir`: where the devices show as files.
     pub mapper_dir: Option<PathBuf>,
+    /// Running under a service manager: pidfile, URIs, passed sockets,
+    /// SIGHUP.
+    pub service: ServiceOptions,
+}
+
+/// What `serve` does as a service (cli/daemon.rs).
+#[derive(Debug, Clone, Default)]
+pub struct ServiceOptions {
+    /// `--pidfile`.
+    pub pidfile: Option<PathBuf>,
+    /// `--print-uri`.
+    pub print_uri: bool,
+    /// The control socket the service manager passed.
+    pub control_socket: Option<Arc<std::os::unix::net::UnixListener>>,
+    /// The `--crypttab` SIGHUP re-reads.
+    pub crypttab: Option<CrypttabSource>,
 }
 
 impl Default for Settings {
@@ -536,6 +611,7 @@ impl Default for Settings {
             tls: crate::nbd::TlsOptions::default(),
             default_export: None,
             mapper_dir: None,
+            service: ServiceOptions::default(),
         }
     }
 }
@@ -658,6 +734,12 @@ fn reorder_exports(exports: &ExportSet, devices: &Devices, order: &[String]) -> 
 /// The control socket, if any (a default path in use is skipped with a
 /// warning; a given one that cannot be bound is an error).
 fn start_control(st: &Settings, service: &Arc<Service>) -> Result<Option<ControlServer>, String> {
+    if let Some(l) = &st.service.control_socket {
+        let l = l.try_clone().map_err(|e| format!("control socket: {e}"))?;
+        return ControlServer::adopt(l, service.clone())
+            .map(Some)
+            .map_err(|e| e.to_string());
+    }
     Ok(match &st.control {
         ControlPath::Off => None,
         ControlPath::Given(p) => {
@@ -722,6 +804,12 @@ pub fn serve_specs(
     listen: Listen,
     st: &Settings,
 ) -> Result<(), String> {
+    let pidfile = st
+        .service
+        .pidfile
+        .as_deref()
+        .map(Pidfile::claim)
+        .transpose()?;
     let devices = Arc::new(Devices::new(
         BuildOptions {
             read_only: st.read_only,
@@ -770,6 +858,9 @@ pub fn serve_specs(
         mapper_dir: mapper.as_ref().map(|m| m.dir().to_path_buf()),
         nbd: Some(listen.clone()),
     });
+    let reloader = Reloader::start(service.clone(), st.service.crypttab.clone())
+        .map_err(|e| format!("cannot catch SIGHUP: {e}"))?;
+    let events = service_events(st, &exports, pidfile);
     let r = crate::nbd::server::serve_with(
         ServerConfig {
             listen,
@@ -784,13 +875,60 @@ pub fn serve_specs(
             tls: st.tls.clone(),
             socket_mode: st.socket_mode,
             exports: Some(exports),
+            events: Some(events),
             ..Default::default()
         },
     )
     .map_err(|e| e.to_string());
     drop(mapper);
+    drop(reloader);
     service.stop();
     drop(control);
     drop(metrics);
     r
+}
+
+/// The hook that tells the world the server is ready (sd_notify, the
+/// pidfile, `--print-uri`) and that it is stopping. The pidfile is
+/// removed when the hook goes, with the server.
+fn service_events(
+    st: &Settings,
+    exports: &Arc<ExportSet>,
+    pidfile: Option<Pidfile>,
+) -> crate::nbd::server::EventHook {
+    let pidfile = std::sync::Mutex::new(pidfile);
+    let exports = Arc::downgrade(exports);
+    let print_uri = st.service.print_uri;
+    let tls = st.tls.mode != crate::nbd::TlsMode::Off;
+    Arc::new(move |ev| match ev {
+        crate::nbd::ServerEvent::Listening(bound) => {
+            let names: Vec<String> = exports
+                .upgrade()
+                .map(|x| x.list().iter().map(|e| e.export.name.clone()).collect())
+                .unwrap_or_default();
+            let uris = super::daemon::uris(&bound, &names, tls);
+            if let Some(p) = pidfile.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                if let Err(e) = p.write() {
+                    tracing::error!("--pidfile: cannot write it: {e}");
+                }
+            }
+            if print_uri {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                for u in &uris {
+                    let _ = writeln!(out, "{u}");
+                }
+                let _ = out.flush();
+            }
+            let status = format!("serving {} device(s) on {}", names.len(), uris[0]);
+            super::daemon::notify(&[
+                sd_notify::NotifyState::Ready,
+                sd_notify::NotifyState::Status(&status),
+            ]);
+        }
+        crate::nbd::ServerEvent::Stopping => super::daemon::notify(&[
+            sd_notify::NotifyState::Stopping,
+            sd_notify::NotifyState::Status("stopping: finishing in-flight requests"),
+        ]),
+    })
 }

@@ -55,6 +55,9 @@ pub use crate::nbd::sock::peer_uid;
 /// A running control server; stops (and removes its socket) on drop.
 pub struct ControlServer {
     path: PathBuf,
+    /// Whether the socket file is ours to remove (not when the service
+    /// manager bound it).
+    owns_file: bool,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -94,6 +97,27 @@ impl ControlServer {
             )
         })?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        Self::serve_on(listener, path.to_path_buf(), true, service)
+    }
+
+    /// Serve on a socket the service manager bound and passed (socket
+    /// activation); its file is left in place on drop. Peers are checked
+    /// as on a socket of our own.
+    pub fn adopt(listener: UnixListener, service: Arc<Service>) -> io::Result<ControlServer> {
+        let path = listener
+            .local_addr()?
+            .as_pathname()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        Self::serve_on(listener, path, false, service)
+    }
+
+    fn serve_on(
+        listener: UnixListener,
+        path: PathBuf,
+        owns_file: bool,
+        service: Arc<Service>,
+    ) -> io::Result<ControlServer> {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
@@ -102,7 +126,8 @@ impl ControlServer {
             .spawn(move || accept_loop(listener, service, s2))?;
         tracing::info!("control socket on {}", path.display());
         Ok(ControlServer {
-            path: path.to_path_buf(),
+            path,
+            owns_file,
             stop,
             thread: Some(thread),
         })
@@ -119,7 +144,9 @@ impl Drop for ControlServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        if self.owns_file {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 

@@ -106,6 +106,15 @@ impl Locations {
                 };
                 Some(format!("nbd://{at}/{enc}"))
             }
+            // Sockets a service manager passed: ask them where they are.
+            crate::nbd::Listen::ActivatedUnix(u) => {
+                let a = u.local_addr().ok()?;
+                let p = a.as_pathname()?;
+                Some(format!("nbd+unix:///{enc}?socket={}", p.display()))
+            }
+            crate::nbd::Listen::ActivatedTcp(t) => {
+                Some(format!("nbd://{}/{enc}", t.local_addr().ok()?))
+            }
         }
     }
 }
@@ -898,6 +907,13 @@ impl Service {
         self.create(name, "", read_only, Vec::new(), Some(table))
             .map(|_| ())
             .map_err(|e| e.msg)
+    }
+
+    /// Close a device of the server's own (a crypttab line gone on
+    /// reload): refused while NBD clients have it open or another device
+    /// is stacked on it, as `dmsetup remove` is.
+    pub fn deactivate(&self, name: &str) -> Result<(), String> {
+        self.remove(name, false, false).map_err(|e| e.msg)
     }
 
     /// Release every hold (server shutdown).

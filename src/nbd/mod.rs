@@ -36,5 +36,7 @@ pub mod tls;
 pub use conn::NetOptions;
 pub use export::{Allow, Export, ExportSet, Exported};
 pub use proto::DEFAULT_PORT;
-pub use server::{serve, serve_with, serve_with_shutdown, Listen, ServeOptions, ServerConfig};
+pub use server::{
+    serve, serve_with, serve_with_shutdown, Bound, Listen, ServeOptions, ServerConfig, ServerEvent,
+};
 pub use tls::{TlsMode, TlsOptions};

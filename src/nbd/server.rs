@@ -41,7 +41,32 @@ pub enum Listen {
     Unix(PathBuf),
     /// `HOST:PORT`, or `HOST` for the standard port 10809.
     Tcp(String),
+    /// A listening Unix socket the service manager bound and passed
+    /// (socket activation); its file belongs to the manager and stays.
+    ActivatedUnix(Arc<UnixListener>),
+    /// A listening TCP socket the service manager passed.
+    ActivatedTcp(Arc<TcpListener>),
 }
+
+/// Where the server listens once it does, for readiness hooks: the
+/// address a client's URI needs.
+#[derive(Debug, Clone)]
+pub enum Bound {
+    Unix(PathBuf),
+    Tcp(std::net::SocketAddr),
+}
+
+/// What the server tells a [`ServeOptions::events`] hook.
+#[derive(Debug, Clone)]
+pub enum ServerEvent {
+    /// The socket listens and the event loops run: clients are served.
+    Listening(Bound),
+    /// A stop was asked for: no new clients, in-flight requests finish.
+    Stopping,
+}
+
+/// A hook told of [`ServerEvent`]s (readiness notification, pidfile).
+pub type EventHook = Arc<dyn Fn(ServerEvent) + Send + Sync>;
 
 /// Everything `serve` needs.
 pub struct ServerConfig {
@@ -89,6 +114,8 @@ pub struct ServeOptions {
     /// the [`ServerConfig`] are added to it, and it may start empty.
     /// `None`: a set of the configured exports, which must not be empty.
     pub exports: Option<Arc<ExportSet>>,
+    /// Told when the server listens and when it starts stopping.
+    pub events: Option<EventHook>,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -108,7 +135,8 @@ impl std::fmt::Debug for ServeOptions {
 use super::proto::DEFAULT_PORT;
 
 enum Listener {
-    Unix(UnixListener, PathBuf),
+    /// The socket, and its path when the file is ours to remove.
+    Unix(UnixListener, Option<PathBuf>),
     Tcp(TcpListener),
 }
 
@@ -132,8 +160,10 @@ impl Listener {
                         ),
                     )
                 })?;
-                Ok(Listener::Unix(u, p.clone()))
+                Ok(Listener::Unix(u, Some(p.clone())))
             }
+            Listen::ActivatedUnix(u) => Ok(Listener::Unix(u.try_clone()?, None)),
+            Listen::ActivatedTcp(t) => Ok(Listener::Tcp(t.try_clone()?)),
             Listen::Tcp(a) => {
                 let has_port = a.parse::<std::net::SocketAddr>().is_ok()
                     || a.contains("]:")
@@ -193,13 +223,25 @@ impl Listener {
         Ok(s)
     }
 
+    /// Where clients reach us (`None`: an unnamed socket).
+    fn bound(&self) -> Option<Bound> {
+        match self {
+            Listener::Unix(_, Some(p)) => Some(Bound::Unix(p.clone())),
+            Listener::Unix(u, None) => u
+                .local_addr()
+                .ok()?
+                .as_pathname()
+                .map(|p| Bound::Unix(p.to_path_buf())),
+            Listener::Tcp(t) => t.local_addr().ok().map(Bound::Tcp),
+        }
+    }
+
     /// Where clients reach us, for the log.
     fn describe(&self) -> String {
-        match self {
-            Listener::Unix(_, p) => format!("nbd+unix:///?socket={}", p.display()),
-            Listener::Tcp(t) => t
-                .local_addr()
-                .map_or_else(|_| "tcp".to_string(), |a| format!("nbd://{a}")),
+        match self.bound() {
+            Some(Bound::Unix(p)) => format!("nbd+unix:///?socket={}", p.display()),
+            Some(Bound::Tcp(a)) => format!("nbd://{a}"),
+            None => "an unnamed socket".to_string(),
         }
     }
 }
@@ -223,7 +265,7 @@ fn bind_unix(p: &std::path::Path, mode: u32) -> io::Result<UnixListener> {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix(_, p) = self {
+        if let Listener::Unix(_, Some(p)) = self {
             let _ = std::fs::remove_file(p);
         }
     }
@@ -359,6 +401,9 @@ fn run(
         exports.list().len(),
         listener.describe()
     );
+    if let (Some(hook), Some(b)) = (&opts.events, listener.bound()) {
+        hook(ServerEvent::Listening(b));
+    }
 
     let stopped = || stop.load(Ordering::SeqCst);
     while !stopped() {
@@ -399,6 +444,9 @@ fn run(
     }
 
     tracing::info!("shutting down: finishing in-flight requests");
+    if let Some(hook) = &opts.events {
+        hook(ServerEvent::Stopping);
+    }
     drop(listener);
     shut_down(&engine, cx, net)
 }

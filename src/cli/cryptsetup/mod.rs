@@ -200,17 +200,24 @@ fn usage_error(msg: &str) -> i32 {
 
 fn help() {
     println!("{VERSION}");
-    println!("Usage: cryptsetup [OPTION...] <action> <action-specific>\n");
-    println!("<action> is one of:");
+    print!("{}", usage_text());
+}
+
+/// The usage and actions `--help` prints (also the `udm-cryptsetup`
+/// manual page's).
+pub fn usage_text() -> String {
+    let mut s = String::from("Usage: cryptsetup [OPTION...] <action> <action-specific>\n\n");
+    s.push_str("<action> is one of:\n");
     for a in ACTIONS {
-        println!("\t{} {}", a.name, a.usage);
+        s.push_str(&format!("\t{} {}\n", a.name, a.usage));
     }
-    println!(
+    s.push_str(
         "\nOptions are those of cryptsetup 2.6 (see cryptsetup(8)); README.md lists which\n\
          udm implements. --no-kdf-limit lets udm try passphrases on keyslots whose KDF\n\
          cost is above its limit; --allow-weak-cipher lets it open a header whose data\n\
-         or keyslot cipher is cipher_null or ECB."
+         or keyslot cipher is cipher_null or ECB.\n",
     );
+    s
 }
 
 /// Old action names and what they mean: (alias, action, implied type).
