@@ -23,10 +23,16 @@
 //! ```
 
 mod block;
+mod block64;
+mod elephant;
+mod lmk;
+mod lrw;
 mod modes;
 pub mod pool;
 mod sector;
 pub mod spec;
+mod tcw;
+mod tfm;
 mod twofish_fast;
 // The AVX-512/VAES intrinsics are stable since Rust 1.89; the `aes` 0.9.4
 // dependency already requires 1.89, so the crate's declared 1.85 is not

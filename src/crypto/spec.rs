@@ -15,6 +15,11 @@ pub enum Alg {
     Aes,
     Serpent,
     Twofish,
+    Camellia,
+    /// 8-byte block: only the chain modes that take any block size.
+    Cast5,
+    /// 8-byte block, big-endian as the kernel's `blowfish`.
+    Blowfish,
     /// `cipher_null`: identity, key size 0.
     Null,
 }
@@ -25,7 +30,20 @@ impl Alg {
             Alg::Aes => "aes",
             Alg::Serpent => "serpent",
             Alg::Twofish => "twofish",
+            Alg::Camellia => "camellia",
+            Alg::Cast5 => "cast5",
+            Alg::Blowfish => "blowfish",
             Alg::Null => "cipher_null",
+        }
+    }
+
+    /// Cipher block size in bytes, which is also dm-crypt's IV size for
+    /// the chain modes that take one (never below 8: the kernel widens it
+    /// so a 64-bit sector number fits).
+    pub fn block_size(self) -> usize {
+        match self {
+            Alg::Cast5 | Alg::Blowfish => 8,
+            _ => 16,
         }
     }
 }
@@ -36,6 +54,8 @@ pub enum Chain {
     Ecb,
     Cbc,
     Xts,
+    /// The kernel's `lrw` template: the last 16 key bytes are the tweak key.
+    Lrw,
 }
 
 impl Chain {
@@ -44,7 +64,36 @@ impl Chain {
             Chain::Ecb => "ecb",
             Chain::Cbc => "cbc",
             Chain::Xts => "xts",
+            Chain::Lrw => "lrw",
         }
+    }
+}
+
+/// The hash of an ESSIV salt, by its kernel crypto API name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EssivHash {
+    Sha1,
+    Sha256,
+    Sha512,
+    Rmd160,
+    /// Whirlpool truncated to 256 bits (the kernel's `wp256`).
+    Wp256,
+    Wp384,
+    Wp512,
+}
+
+impl EssivHash {
+    fn from_name(name: &str) -> Option<EssivHash> {
+        Some(match name {
+            "sha1" => EssivHash::Sha1,
+            "sha256" => EssivHash::Sha256,
+            "sha512" => EssivHash::Sha512,
+            "rmd160" => EssivHash::Rmd160,
+            "wp256" => EssivHash::Wp256,
+            "wp384" => EssivHash::Wp384,
+            "wp512" => EssivHash::Wp512,
+            _ => return None,
+        })
     }
 }
 
@@ -56,10 +105,18 @@ pub enum IvMode {
     Plain,
     Plain64,
     Plain64Be,
-    /// `essiv:sha256` (the only hash udm supports for ESSIV).
-    EssivSha256,
+    /// `essiv:HASH`: plain64 encrypted with the hash of the key.
+    Essiv(EssivHash),
     Benbi,
     Null,
+    /// loop-AES compatibility (v2 with 64 keys, v3 with a 65th as seed).
+    Lmk,
+    /// TrueCrypt before 4.1: seeded IV plus ciphertext whitening.
+    Tcw,
+    /// BitLocker: the encrypted byte offset of the sector.
+    Eboiv,
+    /// BitLocker's Elephant diffuser on top of `eboiv`.
+    Elephant,
 }
 
 /// A parsed cipher specification.
@@ -85,12 +142,15 @@ fn parse_alg(spec: &str, name: &str) -> Result<Alg, CryptoError> {
         "aes" => Ok(Alg::Aes),
         "serpent" => Ok(Alg::Serpent),
         "twofish" => Ok(Alg::Twofish),
+        "camellia" => Ok(Alg::Camellia),
+        "cast5" => Ok(Alg::Cast5),
+        "blowfish" => Ok(Alg::Blowfish),
         "cipher_null" => Ok(Alg::Null),
         "" => Err(err(spec, "cipher name is missing")),
         other => Err(err(
             spec,
             format!(
-                "cipher '{other}' is not supported by udm (supported: aes, serpent, twofish, cipher_null)"
+                "cipher '{other}' is not supported by udm (supported: aes, serpent, twofish, camellia, cast5, blowfish, cipher_null)"
             ),
         )),
     }
@@ -101,6 +161,7 @@ fn parse_chain(spec: &str, name: &str) -> Result<Chain, CryptoError> {
         "ecb" => Ok(Chain::Ecb),
         "cbc" => Ok(Chain::Cbc),
         "xts" => Ok(Chain::Xts),
+        "lrw" => Ok(Chain::Lrw),
         "gcm" | "ccm" | "rfc4106" | "rfc4309" | "rfc7539" | "rfc7539esp" | "authenc" | "aegis128"
         | "aegis256" | "morus640" | "morus1280" => Err(err(
             spec,
@@ -111,7 +172,7 @@ fn parse_chain(spec: &str, name: &str) -> Result<Chain, CryptoError> {
         "" => Err(err(spec, "chain mode is missing")),
         other => Err(err(
             spec,
-            format!("chain mode '{other}' is not supported by udm (supported: xts, cbc, ecb)"),
+            format!("chain mode '{other}' is not supported by udm (supported: xts, lrw, cbc, ecb)"),
         )),
     }
 }
@@ -130,22 +191,25 @@ fn parse_iv(spec: &str, mode: &str, opts: Option<&str>) -> Result<IvMode, Crypto
         "plain64be" => no_opts(IvMode::Plain64Be),
         "benbi" => no_opts(IvMode::Benbi),
         "null" => no_opts(IvMode::Null),
+        "lmk" => no_opts(IvMode::Lmk),
+        "tcw" => no_opts(IvMode::Tcw),
+        "eboiv" => no_opts(IvMode::Eboiv),
+        "elephant" => no_opts(IvMode::Elephant),
         "essiv" => match opts {
-            Some("sha256") => Ok(IvMode::EssivSha256),
             None | Some("") => Err(err(spec, "digest algorithm missing for ESSIV mode (use essiv:sha256)")),
-            Some(h) => Err(err(
+            Some(h) => EssivHash::from_name(h).map(IvMode::Essiv).ok_or_else(|| err(
                 spec,
-                format!("ESSIV hash '{h}' is not supported by udm (only essiv:sha256)"),
+                format!("ESSIV hash '{h}' is not supported by udm (supported: sha1, sha256, sha512, rmd160, wp256, wp384, wp512)"),
             )),
         },
-        "lmk" | "tcw" | "elephant" | "eboiv" | "random" => Err(err(
+        "random" => Err(err(
             spec,
-            format!("IV mode '{mode}' is valid for dm-crypt but not supported by udm"),
+            "IV mode 'random' needs dm-integrity to store the IVs; udm does not support it",
         )),
         other => Err(err(
             spec,
             format!(
-                "invalid IV mode '{other}' (supported: plain, plain64, plain64be, essiv:sha256, benbi, null)"
+                "invalid IV mode '{other}' (supported: plain, plain64, plain64be, essiv:HASH, benbi, null, lmk, tcw, eboiv, elephant)"
             ),
         )),
     }
@@ -174,6 +238,25 @@ pub fn parse(spec: &str) -> Result<CipherSpec, CryptoError> {
     };
     if alg == Alg::Null && chain != Chain::Ecb {
         return Err(err(spec, "cipher_null is only supported with ecb"));
+    }
+    if matches!(chain, Chain::Xts | Chain::Lrw) && alg.block_size() != 16 {
+        return Err(err(
+            spec,
+            format!(
+                "{} needs a 16-byte block cipher; {} has 8-byte blocks (use cbc)",
+                chain.name(),
+                alg.name()
+            ),
+        ));
+    }
+    if matches!(iv, IvMode::Eboiv | IvMode::Elephant) && alg.block_size() != 16 {
+        return Err(err(
+            spec,
+            format!(
+                "IV mode eboiv/elephant needs a 16-byte block cipher, not {}",
+                alg.name()
+            ),
+        ));
     }
     Ok(CipherSpec {
         alg,
@@ -268,13 +351,9 @@ fn parse_capi<'a>(spec: &'a str, api: &'a str) -> Result<Parts<'a>, CryptoError>
         ));
     }
     let alg = parse_alg(spec, inner)?;
-    if ivmode == Some("lmk") {
-        return Err(err(
-            spec,
-            "IV mode 'lmk' is valid for dm-crypt but not supported by udm",
-        ));
-    }
-    Ok((alg, chain, ivmode, ivopts, 1))
+    // The capi form has no key count; lmk implies loop-AES's 64 keys.
+    let keycount = if ivmode == Some("lmk") { 64 } else { 1 };
+    Ok((alg, chain, ivmode, ivopts, keycount))
 }
 
 #[cfg(test)]
@@ -293,7 +372,21 @@ mod tests {
         assert_eq!(a.chain, Chain::Xts);
         assert_eq!(a.iv, IvMode::Plain64);
         assert_eq!(p("aes-cbc-essiv:sha256"), p("capi:cbc(aes)-essiv:sha256"));
-        assert_eq!(p("aes-cbc-essiv:sha256").iv, IvMode::EssivSha256);
+        assert_eq!(
+            p("aes-cbc-essiv:sha256").iv,
+            IvMode::Essiv(EssivHash::Sha256)
+        );
+        assert_eq!(p("aes-xts-essiv:wp256").iv, IvMode::Essiv(EssivHash::Wp256));
+        assert_eq!(p("aes-lrw-benbi"), p("capi:lrw(aes)-benbi"));
+        assert_eq!(p("aes-lrw-plain64").chain, Chain::Lrw);
+        assert_eq!(p("camellia-xts-plain64").alg, Alg::Camellia);
+        assert_eq!(p("blowfish-cbc-essiv:sha256").alg, Alg::Blowfish);
+        assert_eq!(p("cast5-cbc-plain64").alg, Alg::Cast5);
+        assert_eq!(p("serpent-cbc-tcw").iv, IvMode::Tcw);
+        assert_eq!(p("aes-cbc-elephant").iv, IvMode::Elephant);
+        assert_eq!(p("aes-cbc-eboiv").iv, IvMode::Eboiv);
+        assert_eq!(p("aes:64-cbc-lmk").keycount, 64);
+        assert_eq!(p("capi:cbc(aes)-lmk").keycount, 64);
         assert_eq!(p("serpent-cbc-plain64be").iv, IvMode::Plain64Be);
         assert_eq!(p("twofish-xts-benbi").iv, IvMode::Benbi);
     }
@@ -320,13 +413,14 @@ mod tests {
     #[test]
     fn refusals_name_the_part() {
         for (s, word) in [
-            ("aes-cbc-lmk", "lmk"),
-            ("aes-xts-tcw", "tcw"),
-            ("aes-cbc-elephant:sha256", "elephant"),
-            ("aes-cbc-eboiv", "eboiv"),
+            ("aes-cbc-elephant:sha256", "no options"),
+            ("aes-cbc-random", "dm-integrity"),
+            ("blowfish-xts-plain64", "16-byte block"),
+            ("cast5-lrw-benbi", "16-byte block"),
+            ("blowfish-cbc-elephant", "16-byte block"),
             ("capi:gcm(aes)-random", "gcm"),
             ("capi:authenc(hmac(sha256),xts(aes))-random", "AEAD"),
-            ("aes-cbc-essiv:sha1", "sha1"),
+            ("aes-cbc-essiv:md4", "md4"),
             ("aes-xts", "IV mechanism required"),
             ("aes-xts-bogus", "bogus"),
             ("des-cbc-plain", "des"),
