@@ -34,6 +34,8 @@ pub mod spec;
 mod tcw;
 mod tfm;
 mod twofish_fast;
+#[cfg(test)]
+mod vectors;
 // The AVX-512/VAES intrinsics are stable since Rust 1.89; the `aes` 0.9.4
 // dependency already requires 1.89, so the crate's declared 1.85 is not
 // reachable in practice. (Raising rust-version crate-wide would turn on

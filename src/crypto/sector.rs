@@ -561,7 +561,7 @@ mod tests {
             ("aes:4-xts-plain64", &key[..42], 512, "split"),
             ("aes-cbc-lmk", &key[..16], 4096, "512-byte sectors"),
             ("aes-cbc-tcw", &key[..32], 512, "too short"),
-            ("aes-cbc-elephant", &key[..40], 512, "AES key"),
+            ("aes-cbc-elephant", &key[..40], 512, "160-bit"),
         ] {
             let e = SectorCrypt::new(spec, k, ss, false)
                 .unwrap_err()
