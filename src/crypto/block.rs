@@ -88,6 +88,12 @@ impl BlockCipher {
                 ),
                 _ => return Err(bad("128, 192 or 256 bits")),
             },
+            Alg::XChaCha12Aes | Alg::XChaCha20Aes => {
+                return Err(CryptoError::new(format!(
+                    "{} is adiantum's cipher pair, not a block cipher",
+                    alg.name()
+                )))
+            }
             Alg::Cast5 | Alg::Blowfish => {
                 return Err(CryptoError::new(format!(
                     "{} has 8-byte blocks, not 16",

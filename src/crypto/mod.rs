@@ -22,6 +22,7 @@
 //! pub struct CryptoError;    // Display names the offending part of the spec; never contains key bytes
 //! ```
 
+mod adiantum;
 mod block;
 mod block64;
 mod elephant;

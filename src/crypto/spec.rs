@@ -20,6 +20,10 @@ pub enum Alg {
     Cast5,
     /// 8-byte block, big-endian as the kernel's `blowfish`.
     Blowfish,
+    /// Adiantum's pair `xchacha12,aes` (only with the adiantum mode).
+    XChaCha12Aes,
+    /// Adiantum's pair `xchacha20,aes`.
+    XChaCha20Aes,
     /// `cipher_null`: identity, key size 0.
     Null,
 }
@@ -33,6 +37,8 @@ impl Alg {
             Alg::Camellia => "camellia",
             Alg::Cast5 => "cast5",
             Alg::Blowfish => "blowfish",
+            Alg::XChaCha12Aes => "xchacha12,aes",
+            Alg::XChaCha20Aes => "xchacha20,aes",
             Alg::Null => "cipher_null",
         }
     }
@@ -56,6 +62,8 @@ pub enum Chain {
     Xts,
     /// The kernel's `lrw` template: the last 16 key bytes are the tweak key.
     Lrw,
+    /// The wide-block `adiantum` template (a 32-byte IV).
+    Adiantum,
 }
 
 impl Chain {
@@ -65,6 +73,7 @@ impl Chain {
             Chain::Cbc => "cbc",
             Chain::Xts => "xts",
             Chain::Lrw => "lrw",
+            Chain::Adiantum => "adiantum",
         }
     }
 }
@@ -145,12 +154,14 @@ fn parse_alg(spec: &str, name: &str) -> Result<Alg, CryptoError> {
         "camellia" => Ok(Alg::Camellia),
         "cast5" => Ok(Alg::Cast5),
         "blowfish" => Ok(Alg::Blowfish),
+        "xchacha12,aes" => Ok(Alg::XChaCha12Aes),
+        "xchacha20,aes" => Ok(Alg::XChaCha20Aes),
         "cipher_null" => Ok(Alg::Null),
         "" => Err(err(spec, "cipher name is missing")),
         other => Err(err(
             spec,
             format!(
-                "cipher '{other}' is not supported by udm (supported: aes, serpent, twofish, camellia, cast5, blowfish, cipher_null)"
+                "cipher '{other}' is not supported by udm (supported: aes, serpent, twofish, camellia, cast5, blowfish, cipher_null; xchacha12,aes and xchacha20,aes with adiantum)"
             ),
         )),
     }
@@ -162,6 +173,7 @@ fn parse_chain(spec: &str, name: &str) -> Result<Chain, CryptoError> {
         "cbc" => Ok(Chain::Cbc),
         "xts" => Ok(Chain::Xts),
         "lrw" => Ok(Chain::Lrw),
+        "adiantum" => Ok(Chain::Adiantum),
         "gcm" | "ccm" | "rfc4106" | "rfc4309" | "rfc7539" | "rfc7539esp" | "authenc" | "aegis128"
         | "aegis256" | "morus640" | "morus1280" => Err(err(
             spec,
@@ -172,7 +184,7 @@ fn parse_chain(spec: &str, name: &str) -> Result<Chain, CryptoError> {
         "" => Err(err(spec, "chain mode is missing")),
         other => Err(err(
             spec,
-            format!("chain mode '{other}' is not supported by udm (supported: xts, lrw, cbc, ecb)"),
+            format!("chain mode '{other}' is not supported by udm (supported: xts, lrw, cbc, ecb, adiantum)"),
         )),
     }
 }
@@ -215,6 +227,41 @@ fn parse_iv(spec: &str, mode: &str, opts: Option<&str>) -> Result<IvMode, Crypto
     }
 }
 
+/// Adiantum and its cipher pair go together, and its 32-byte IV takes
+/// only the IV modes that just place a sector number.
+fn check_adiantum(spec: &str, alg: Alg, chain: Chain, iv: IvMode) -> Result<(), CryptoError> {
+    let pair = matches!(alg, Alg::XChaCha12Aes | Alg::XChaCha20Aes);
+    match (pair, chain == Chain::Adiantum) {
+        (true, false) => Err(err(
+            spec,
+            format!(
+                "'{}' is adiantum's cipher pair: use {}-adiantum-plain64",
+                alg.name(),
+                alg.name()
+            ),
+        )),
+        (false, true) => Err(err(
+            spec,
+            format!(
+                "adiantum takes xchacha12,aes or xchacha20,aes, not '{}'",
+                alg.name()
+            ),
+        )),
+        (true, true)
+            if !matches!(
+                iv,
+                IvMode::Plain | IvMode::Plain64 | IvMode::Plain64Be | IvMode::Benbi | IvMode::Null
+            ) =>
+        {
+            Err(err(
+                spec,
+                "adiantum takes the IV modes plain, plain64, plain64be, benbi or null",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Parse a dm-crypt cipher specification.
 pub fn parse(spec: &str) -> Result<CipherSpec, CryptoError> {
     if spec.is_empty() {
@@ -239,6 +286,7 @@ pub fn parse(spec: &str) -> Result<CipherSpec, CryptoError> {
     if alg == Alg::Null && chain != Chain::Ecb {
         return Err(err(spec, "cipher_null is only supported with ecb"));
     }
+    check_adiantum(spec, alg, chain, iv)?;
     if matches!(chain, Chain::Xts | Chain::Lrw) && alg.block_size() != 16 {
         return Err(err(
             spec,
@@ -344,7 +392,8 @@ fn parse_capi<'a>(spec: &'a str, api: &'a str) -> Result<Parts<'a>, CryptoError>
         }
     };
     let chain = parse_chain(spec, chain_name)?;
-    if inner.contains('(') || inner.contains(',') {
+    let pair = chain == Chain::Adiantum && !inner.contains('(');
+    if inner.contains('(') || (inner.contains(',') && !pair) {
         return Err(err(
             spec,
             format!("nested crypto API spec '{inner}' is not supported by udm"),
@@ -386,6 +435,10 @@ mod tests {
         assert_eq!(p("aes-cbc-elephant").iv, IvMode::Elephant);
         assert_eq!(p("aes-cbc-eboiv").iv, IvMode::Eboiv);
         assert_eq!(p("aes:64-cbc-lmk").keycount, 64);
+        let a = p("xchacha12,aes-adiantum-plain64");
+        assert_eq!((a.alg, a.chain), (Alg::XChaCha12Aes, Chain::Adiantum));
+        assert_eq!(a, p("capi:adiantum(xchacha12,aes)-plain64"));
+        assert_eq!(p("xchacha20,aes-adiantum-plain64").alg, Alg::XChaCha20Aes);
         assert_eq!(p("capi:cbc(aes)-lmk").keycount, 64);
         assert_eq!(p("serpent-cbc-plain64be").iv, IvMode::Plain64Be);
         assert_eq!(p("twofish-xts-benbi").iv, IvMode::Benbi);
@@ -418,6 +471,13 @@ mod tests {
             ("blowfish-xts-plain64", "16-byte block"),
             ("cast5-lrw-benbi", "16-byte block"),
             ("blowfish-cbc-elephant", "16-byte block"),
+            ("xchacha12,aes-xts-plain64", "adiantum's cipher pair"),
+            ("aes-adiantum-plain64", "xchacha12,aes"),
+            ("xchacha12,aes-adiantum-essiv:sha256", "IV modes"),
+            (
+                "capi:adiantum(xchacha12,aes,nhpoly1305)-plain64",
+                "not supported",
+            ),
             ("capi:gcm(aes)-random", "gcm"),
             ("capi:authenc(hmac(sha256),xts(aes))-random", "AEAD"),
             ("aes-cbc-essiv:md4", "md4"),

@@ -5,6 +5,7 @@
 use sha2::Digest;
 use zeroize::{Zeroize, Zeroizing};
 
+use super::adiantum::{Adiantum, Rounds};
 use super::block::{Block, BlockCipher};
 use super::block64::Cipher64;
 use super::lrw::Lrw;
@@ -28,6 +29,12 @@ pub(super) enum Kind {
     Lrw(Box<Lrw>),
     Ecb64(Cipher64),
     Cbc64(Cipher64),
+    /// `high`: the IV mode puts its value at the end of the 32-byte IV
+    /// (plain64be, benbi), so the 16-byte IV block is the tweak's upper half.
+    Adiantum {
+        a: Box<Adiantum>,
+        high: bool,
+    },
 }
 
 /// ESSIV's salt cipher: the volume's cipher keyed with the key's hash.
@@ -93,6 +100,17 @@ impl Tfm {
             (alg, Chain::Cbc) => Kind::Cbc64(Cipher64::new(alg, key).map_err(&ctx)?),
             (alg, Chain::Xts) => xts_kind(spec_text, alg, key)?,
             (alg, Chain::Lrw) => Kind::Lrw(Box::new(Lrw::new(alg, key).map_err(&ctx)?)),
+            (alg, Chain::Adiantum) => {
+                let r = if alg == Alg::XChaCha20Aes {
+                    Rounds::R20
+                } else {
+                    Rounds::R12
+                };
+                Kind::Adiantum {
+                    a: Box::new(Adiantum::new(r, key).map_err(&ctx)?),
+                    high: matches!(spec.iv, IvMode::Plain64Be | IvMode::Benbi),
+                }
+            }
         };
         let essiv = match spec.iv {
             IvMode::Essiv(h) => {
@@ -137,6 +155,14 @@ impl Tfm {
             Kind::Cbc64(c) => {
                 for (unit, iv) in data.chunks_exact_mut(ss).zip(ivs.iter()) {
                     c.cbc(unit, &iv.0[..8], encrypt);
+                }
+            }
+            Kind::Adiantum { a, high } => {
+                let at = if *high { 16 } else { 0 };
+                for (unit, iv) in data.chunks_exact_mut(ss).zip(ivs.iter()) {
+                    let mut tweak = [0u8; 32];
+                    tweak[at..at + 16].copy_from_slice(&iv.0);
+                    a.crypt(unit, &tweak, encrypt);
                 }
             }
         }
