@@ -40,10 +40,11 @@ pub struct Adiantum {
     rounds: Rounds,
     stream_key: Zeroizing<[u8; 32]>,
     aes: aes::Aes256,
-    /// Poly1305 keys as `r || 0^16`: with s = 0 the tag is the bare
+    /// Poly1305 keyed with `r || 0^16`: with s = 0 the tag is the bare
     /// polynomial value, the kernel's `poly1305_core_emit` without nonce.
-    header_key: Zeroizing<[u8; 32]>,
-    nh_poly_key: Zeroizing<[u8; 32]>,
+    /// Kept keyed and cloned per message (keying precomputes powers of r).
+    header_poly: Poly1305,
+    nh_poly: Poly1305,
     nh_key: Box<[u32; NH_KEY_WORDS]>,
 }
 
@@ -63,8 +64,14 @@ fn xor_stream(rounds: Rounds, key: &[u8; 32], nonce: &[u8; 24], data: &mut [u8])
 /// NH over one chunk (a multiple of 16 bytes, at most 1024): four passes,
 /// pass i pairing message words with key words offset by 4i.
 fn nh(key: &[u32; NH_KEY_WORDS], chunk: &[u8]) -> [u8; 32] {
+    nh_at(key, 0, chunk)
+}
+
+/// NH of 16-byte units that start at unit `first` of their chunk.
+fn nh_at(key: &[u32; NH_KEY_WORDS], first: usize, units: &[u8]) -> [u8; 32] {
     let mut sums = [0u64; 4];
-    for (u, m) in chunk.chunks_exact(16).enumerate() {
+    for (i, m) in units.chunks_exact(16).enumerate() {
+        let u = first + i;
         let w = |i: usize| u32::from_le_bytes([m[4 * i], m[4 * i + 1], m[4 * i + 2], m[4 * i + 3]]);
         let (m0, m1, m2, m3) = (w(0), w(1), w(2), w(3));
         let k = &key[4 * u..4 * u + 16];
@@ -96,10 +103,11 @@ impl Adiantum {
         xor_stream(rounds, &stream_key, &nonce, &mut derived[..]);
         let aes = aes::Aes256::new_from_slice(&derived[..32])
             .map_err(|_| CryptoError::new("adiantum: AES-256 key derivation failed"))?;
-        let mut header_key = Zeroizing::new([0u8; 32]);
-        header_key[..16].copy_from_slice(&derived[32..48]);
-        let mut nh_poly_key = Zeroizing::new([0u8; 32]);
-        nh_poly_key[..16].copy_from_slice(&derived[48..64]);
+        let mut pk = Zeroizing::new([0u8; 32]);
+        pk[..16].copy_from_slice(&derived[32..48]);
+        let header_poly = Poly1305::new((&*pk).into());
+        pk[..16].copy_from_slice(&derived[48..64]);
+        let nh_poly = Poly1305::new((&*pk).into());
         let mut nh_key = Box::new([0u32; NH_KEY_WORDS]);
         for (w, c) in nh_key.iter_mut().zip(derived[64..].chunks_exact(4)) {
             *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -108,37 +116,44 @@ impl Adiantum {
             rounds,
             stream_key,
             aes,
-            header_key,
-            nh_poly_key,
+            header_poly,
+            nh_poly,
             nh_key,
         })
     }
 
-    /// H(T, M) as a little-endian 128-bit number.
-    fn hash(&self, tweak: &[u8], msg: &[u8]) -> u128 {
-        let mut hp = Poly1305::new((&*self.header_key).into());
+    /// The tweak part of H: Poly1305 over the message's bit length and T.
+    fn header_hash(&self, tweak: &[u8], bulk_len: usize) -> u128 {
+        let mut hp = self.header_poly.clone();
         let mut head = [0u8; 16];
-        head[..8].copy_from_slice(&((msg.len() as u64) * 8).to_le_bytes());
+        head[..8].copy_from_slice(&((bulk_len as u64) * 8).to_le_bytes());
         hp.update_padded(&head);
         hp.update_padded(tweak);
-        let h1 = u128::from_le_bytes(hp.finalize().into());
-        let mut np = Poly1305::new((&*self.nh_poly_key).into());
-        let mut pad = [0u8; NH_CHUNK];
+        u128::from_le_bytes(hp.finalize().into())
+    }
+
+    /// NHPoly1305 of the bulk part.
+    fn nh_hash(&self, msg: &[u8]) -> u128 {
+        let mut np = self.nh_poly.clone();
         for chunk in msg.chunks(NH_CHUNK) {
-            // A chunk that is not whole 16-byte units is zero-padded.
-            let n = chunk.len().div_ceil(16) * 16;
-            let out = if n == chunk.len() {
-                nh(&self.nh_key, chunk)
-            } else {
-                pad[..chunk.len()].copy_from_slice(chunk);
-                pad[chunk.len()..n].fill(0);
-                nh(&self.nh_key, &pad[..n])
-            };
+            let whole = chunk.len() - chunk.len() % 16;
+            let mut out = nh(&self.nh_key, &chunk[..whole]);
+            if whole < chunk.len() {
+                // A chunk that is not whole 16-byte units is zero-padded;
+                // NH is a sum over units, so the last one adds on.
+                let mut pad = [0u8; 16];
+                pad[..chunk.len() - whole].copy_from_slice(&chunk[whole..]);
+                let tail = nh_at(&self.nh_key, whole / 16, &pad);
+                for (o, t) in out.chunks_exact_mut(8).zip(tail.chunks_exact(8)) {
+                    let v = u64::from_le_bytes(o.try_into().unwrap_or([0; 8]))
+                        .wrapping_add(u64::from_le_bytes(t.try_into().unwrap_or([0; 8])));
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+                pad.zeroize();
+            }
             np.update_padded(&out);
         }
-        pad.zeroize();
-        let h2 = u128::from_le_bytes(np.finalize().into());
-        h1.wrapping_add(h2)
+        u128::from_le_bytes(np.finalize().into())
     }
 
     fn stream(&self, cm: &[u8; 16], data: &mut [u8]) {
@@ -153,20 +168,20 @@ impl Adiantum {
     pub fn crypt(&self, data: &mut [u8], tweak: &[u8], encrypt: bool) {
         let (bulk, last) = data.split_at_mut(data.len() - 16);
         let r = u128::from_le_bytes(last.try_into().unwrap_or([0; 16]));
+        let head = self.header_hash(tweak, bulk.len());
         let mut b = Block::default();
+        b.0 = r
+            .wrapping_add(head.wrapping_add(self.nh_hash(bulk)))
+            .to_le_bytes();
         if encrypt {
-            b.0 = r.wrapping_add(self.hash(tweak, bulk)).to_le_bytes();
             self.aes.encrypt_block(&mut b);
             self.stream(&b.0, bulk);
-            let cr = u128::from_le_bytes(b.0).wrapping_sub(self.hash(tweak, bulk));
-            last.copy_from_slice(&cr.to_le_bytes());
         } else {
-            b.0 = r.wrapping_add(self.hash(tweak, bulk)).to_le_bytes();
             self.stream(&b.0, bulk);
             self.aes.decrypt_block(&mut b);
-            let pr = u128::from_le_bytes(b.0).wrapping_sub(self.hash(tweak, bulk));
-            last.copy_from_slice(&pr.to_le_bytes());
         }
+        let out = u128::from_le_bytes(b.0).wrapping_sub(head.wrapping_add(self.nh_hash(bulk)));
+        last.copy_from_slice(&out.to_le_bytes());
         b.0.zeroize();
     }
 }
