@@ -169,10 +169,10 @@ impl Adiantum {
         let (bulk, last) = data.split_at_mut(data.len() - 16);
         let r = u128::from_le_bytes(last.try_into().unwrap_or([0; 16]));
         let head = self.header_hash(tweak, bulk.len());
-        let mut b = Block::default();
-        b.0 = r
-            .wrapping_add(head.wrapping_add(self.nh_hash(bulk)))
-            .to_le_bytes();
+        let mut b = Block::from(
+            r.wrapping_add(head.wrapping_add(self.nh_hash(bulk)))
+                .to_le_bytes(),
+        );
         if encrypt {
             self.aes.encrypt_block(&mut b);
             self.stream(&b.0, bulk);

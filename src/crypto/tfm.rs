@@ -38,6 +38,8 @@ pub(super) enum Kind {
 }
 
 /// ESSIV's salt cipher: the volume's cipher keyed with the key's hash.
+// One per transform, like `Kind`.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Essiv {
     B16(BlockCipher),
     B8(Cipher64),
