@@ -116,7 +116,12 @@ fn constructor_errors_name_the_argument() {
             Some(6),
             "integrity",
         ),
-        (&format!("aes-cbc-lmk {KEY} 0 mem 0"), Some(0), "lmk"),
+        (
+            &format!("aes-cbc-random {KEY} 0 mem 0"),
+            Some(0),
+            "dm-integrity",
+        ),
+        (&format!("aes-cbc-lmk {KEY} 0 mem 0"), Some(1), "512-bit"),
         (
             &format!("aes-xts-plain64 {KEY} 0 nodev 0"),
             Some(3),
