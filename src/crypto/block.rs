@@ -1,4 +1,5 @@
-//! The 16-byte block ciphers dm-crypt volumes use, behind one enum so the
+//! The 16-byte block ciphers dm-crypt volumes use (the 8-byte ones are in
+//! `block64`), behind one enum so the
 //! chain modes are written once. Multi-block calls are the point: the `aes`
 //! crate picks AES-NI/VAES at run time and only reaches full speed when given
 //! many blocks at once.
@@ -22,6 +23,9 @@ pub enum BlockCipher {
     Serpent(serpent::Serpent),
     /// Table-driven (see `twofish_fast`): the `twofish` crate runs ~1 MiB/s.
     Twofish(Box<super::twofish_fast::Twofish>),
+    Camellia128(camellia::Camellia128),
+    Camellia192(camellia::Camellia192),
+    Camellia256(camellia::Camellia256),
 }
 
 impl std::fmt::Debug for BlockCipher {
@@ -32,6 +36,9 @@ impl std::fmt::Debug for BlockCipher {
             BlockCipher::Aes256(_) => "aes-256",
             BlockCipher::Serpent(_) => "serpent",
             BlockCipher::Twofish(_) => "twofish",
+            BlockCipher::Camellia128(_) => "camellia-128",
+            BlockCipher::Camellia192(_) => "camellia-192",
+            BlockCipher::Camellia256(_) => "camellia-256",
         };
         write!(f, "BlockCipher({name}, key hidden)")
     }
@@ -69,6 +76,30 @@ impl BlockCipher {
                 super::twofish_fast::Twofish::new(key)
                     .ok_or_else(|| bad("128, 192 or 256 bits"))?,
             ),
+            Alg::Camellia => match key.len() {
+                16 => BlockCipher::Camellia128(
+                    camellia::Camellia128::new_from_slice(key).map_err(|_| bad(""))?,
+                ),
+                24 => BlockCipher::Camellia192(
+                    camellia::Camellia192::new_from_slice(key).map_err(|_| bad(""))?,
+                ),
+                32 => BlockCipher::Camellia256(
+                    camellia::Camellia256::new_from_slice(key).map_err(|_| bad(""))?,
+                ),
+                _ => return Err(bad("128, 192 or 256 bits")),
+            },
+            Alg::XChaCha12Aes | Alg::XChaCha20Aes => {
+                return Err(CryptoError::new(format!(
+                    "{} is adiantum's cipher pair, not a block cipher",
+                    alg.name()
+                )))
+            }
+            Alg::Cast5 | Alg::Blowfish => {
+                return Err(CryptoError::new(format!(
+                    "{} has 8-byte blocks, not 16",
+                    alg.name()
+                )))
+            }
             Alg::Null => return Err(CryptoError::new("cipher_null has no block cipher")),
         })
     }
@@ -82,6 +113,9 @@ impl BlockCipher {
             BlockCipher::Aes256(c) => c.encrypt_blocks(b),
             BlockCipher::Serpent(c) => c.encrypt_blocks(b),
             BlockCipher::Twofish(c) => b.iter_mut().for_each(|x| c.encrypt_block(&mut x.0)),
+            BlockCipher::Camellia128(c) => c.encrypt_blocks(b),
+            BlockCipher::Camellia192(c) => c.encrypt_blocks(b),
+            BlockCipher::Camellia256(c) => c.encrypt_blocks(b),
         }
     }
 
@@ -94,6 +128,9 @@ impl BlockCipher {
             BlockCipher::Aes256(c) => c.decrypt_blocks(b),
             BlockCipher::Serpent(c) => c.decrypt_blocks(b),
             BlockCipher::Twofish(c) => b.iter_mut().for_each(|x| c.decrypt_block(&mut x.0)),
+            BlockCipher::Camellia128(c) => c.decrypt_blocks(b),
+            BlockCipher::Camellia192(c) => c.decrypt_blocks(b),
+            BlockCipher::Camellia256(c) => c.decrypt_blocks(b),
         }
     }
 }

@@ -22,12 +22,21 @@
 //! pub struct CryptoError;    // Display names the offending part of the spec; never contains key bytes
 //! ```
 
+mod adiantum;
 mod block;
+mod block64;
+mod elephant;
+mod lmk;
+mod lrw;
 mod modes;
 pub mod pool;
 mod sector;
 pub mod spec;
+mod tcw;
+mod tfm;
 mod twofish_fast;
+#[cfg(test)]
+mod vectors;
 // The AVX-512/VAES intrinsics are stable since Rust 1.89; the `aes` 0.9.4
 // dependency already requires 1.89, so the crate's declared 1.85 is not
 // reachable in practice. (Raising rust-version crate-wide would turn on

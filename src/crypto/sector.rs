@@ -8,35 +8,25 @@
 //! `iv_large_sectors`; with several keys the transform is
 //! `cc_sector mod keycount`.
 
-use sha2::{Digest, Sha256};
-use zeroize::{Zeroize, Zeroizing};
-
-use super::block::{Block, BlockCipher};
-use super::modes;
-use super::spec::{self, Alg, Chain, CipherSpec, IvMode};
+use super::block::Block;
+use super::elephant::Elephant;
+use super::lmk::Lmk;
+use super::spec::{self, Alg, CipherSpec, IvMode};
+use super::tcw::Tcw;
+use super::tfm::{Kind, Tfm};
 use super::CryptoError;
 use crate::mem::Locked;
 
-/// One transform (one `keycount` slot).
-struct Tfm {
-    kind: Kind,
-    /// ESSIV's salt cipher (hash of this transform's key).
-    essiv: Option<BlockCipher>,
-}
-
-// One per transform, built once and never moved on the I/O path, so the
-// size difference between variants costs nothing.
+/// The state of the IV modes that take a part of the key for themselves
+/// and look at the data: they run sector by sector.
+// One per device, built once on locked pages and never moved on the I/O
+// path, so the size difference between variants costs nothing.
 #[allow(clippy::large_enum_variant)]
-enum Kind {
-    Null,
-    Ecb(BlockCipher),
-    Cbc(BlockCipher),
-    Xts {
-        k1: BlockCipher,
-        k2: BlockCipher,
-        #[cfg(target_arch = "x86_64")]
-        fast: Option<super::xts_vaes::VaesXts>,
-    },
+enum DataIv {
+    Lmk(Lmk),
+    Tcw(Tcw),
+    Eboiv,
+    Elephant(Elephant),
 }
 
 /// A keyed dm-crypt sector transform (see the module contract in
@@ -47,6 +37,7 @@ pub struct SectorCrypt {
     spec_text: String,
     spec: CipherSpec,
     tfms: Box<[Locked<Tfm>]>,
+    data_iv: Option<Locked<DataIv>>,
     sector_size: u32,
     /// sector_size / 512.
     step: u64,
@@ -92,77 +83,32 @@ impl SectorCrypt {
                 "cipher spec '{spec}' needs a key, but the key is empty"
             )));
         }
-        if key.len() % kc != 0 {
+        let extra = extra_key_len(spec, &parsed, key.len(), sector_size)?;
+        let main = key.len() - extra;
+        if main % kc != 0 {
             return Err(CryptoError::key(format!(
                 "key of {} bits cannot be split into {kc} equal keys (cipher spec '{spec}')",
                 key.len() * 8
             )));
         }
-        let sub = key.len() / kc;
+        let sub = main / kc;
         let mut tfms = Vec::with_capacity(kc);
         for i in 0..kc {
             let k = &key[i * sub..(i + 1) * sub];
-            tfms.push(Locked::new(Self::tfm(spec, &parsed, k)?));
+            tfms.push(Locked::new(Tfm::new(spec, &parsed, k)?));
         }
+        let data_iv = data_iv(spec, &parsed, &key[main..])?.map(Locked::new);
         let step = u64::from(sector_size / 512);
         Ok(SectorCrypt {
             spec_text: spec.to_string(),
             spec: parsed,
             tfms: tfms.into_boxed_slice(),
+            data_iv,
             sector_size,
             step,
             shift: step.trailing_zeros(),
             iv_large: iv_large_sectors,
         })
-    }
-
-    fn tfm(spec_text: &str, spec: &CipherSpec, key: &[u8]) -> Result<Tfm, CryptoError> {
-        let ctx = |e: CryptoError| {
-            let msg = format!("cipher spec '{spec_text}': {e}");
-            if e.about_key() {
-                CryptoError::key(msg)
-            } else {
-                CryptoError::new(msg)
-            }
-        };
-        let kind = match (spec.alg, spec.chain) {
-            (Alg::Null, _) => Kind::Null,
-            (alg, Chain::Ecb) => Kind::Ecb(BlockCipher::new(alg, key).map_err(ctx)?),
-            (alg, Chain::Cbc) => Kind::Cbc(BlockCipher::new(alg, key).map_err(ctx)?),
-            (alg, Chain::Xts) => {
-                if key.len() % 2 != 0 {
-                    return Err(CryptoError::key(format!(
-                        "cipher spec '{spec_text}': an XTS key must have two halves of equal size, got {} bits",
-                        key.len() * 8
-                    )));
-                }
-                let (a, b) = key.split_at(key.len() / 2);
-                let k1 = BlockCipher::new(alg, a).map_err(|e| {
-                    CryptoError::key(format!(
-                        "cipher spec '{spec_text}': XTS key of {} bits: each half {e}",
-                        key.len() * 8
-                    ))
-                })?;
-                let k2 = BlockCipher::new(alg, b).map_err(ctx)?;
-                Kind::Xts {
-                    #[cfg(target_arch = "x86_64")]
-                    fast: if alg == Alg::Aes {
-                        super::xts_vaes::VaesXts::new(a, b)
-                    } else {
-                        None
-                    },
-                    k1,
-                    k2,
-                }
-            }
-        };
-        let essiv = if spec.iv == IvMode::EssivSha256 {
-            let c = BlockCipher::new(spec.alg, &essiv_salt(key)[..]).map_err(ctx);
-            Some(c?)
-        } else {
-            None
-        };
-        Ok(Tfm { kind, essiv })
     }
 
     /// Drop the vectorised AES-XTS kernel and use the portable path (for
@@ -278,24 +224,34 @@ impl SectorCrypt {
         }
     }
 
-    /// IVs of `out.len()` consecutive units starting at cc_sector `first`.
+    /// IVs of `out.len()` consecutive units starting at cc_sector `first`,
+    /// in the first `iv_size` (the cipher's block size) bytes of each.
     fn fill_ivs(&self, tfm: &Tfm, first: u64, out: &mut [Block]) {
+        let bs = self.spec.alg.block_size();
+        // benbi counts cipher blocks: 512-byte sectors shifted by 9 - log2(bs).
+        let benbi_shift = 9 - bs.trailing_zeros();
         for (i, iv) in out.iter_mut().enumerate() {
             let s = self.iv_sector(first.wrapping_add(i as u64 * self.step));
             let mut b = [0u8; 16];
             match self.spec.iv {
-                IvMode::None | IvMode::Null => {}
                 IvMode::Plain => b[..4].copy_from_slice(&(s as u32).to_le_bytes()),
-                IvMode::Plain64 | IvMode::EssivSha256 => b[..8].copy_from_slice(&s.to_le_bytes()),
-                IvMode::Plain64Be => b[8..].copy_from_slice(&s.to_be_bytes()),
-                // 1-based count of 16-byte blocks: (s << (9 - log2(16))) + 1.
-                IvMode::Benbi => b[8..].copy_from_slice(&(s << 5).wrapping_add(1).to_be_bytes()),
+                IvMode::Plain64 | IvMode::Essiv(_) => b[..8].copy_from_slice(&s.to_le_bytes()),
+                IvMode::Plain64Be => b[bs - 8..bs].copy_from_slice(&s.to_be_bytes()),
+                IvMode::Benbi => {
+                    let v = (s << benbi_shift).wrapping_add(1);
+                    b[bs - 8..bs].copy_from_slice(&v.to_be_bytes())
+                }
+                // The data-dependent modes set their IVs in `run_unit`.
+                IvMode::None
+                | IvMode::Null
+                | IvMode::Lmk
+                | IvMode::Tcw
+                | IvMode::Eboiv
+                | IvMode::Elephant => {}
             }
             iv.0 = b;
         }
-        if let Some(e) = &tfm.essiv {
-            e.encrypt_blocks(out);
-        }
+        tfm.essiv(out);
     }
 
     fn process(&self, data: &mut [u8], sector: u64, encrypt: bool) {
@@ -303,13 +259,17 @@ impl SectorCrypt {
         debug_assert_eq!(data.len() % ss, 0, "not a whole number of sectors");
         let whole = data.len() - data.len() % ss;
         let data = &mut data[..whole];
-        if self.tfms.len() == 1 {
+        if self.tfms.len() == 1 && self.data_iv.is_none() {
             self.run(&self.tfms[0], data, sector, encrypt);
         } else {
             let mask = self.tfms.len() as u64 - 1;
             for (k, unit) in data.chunks_exact_mut(ss).enumerate() {
                 let cc = sector.wrapping_add(k as u64 * self.step);
-                self.run(&self.tfms[(cc & mask) as usize], unit, cc, encrypt);
+                let tfm = &self.tfms[(cc & mask) as usize];
+                match &self.data_iv {
+                    Some(d) => self.run_unit(d, tfm, unit, cc, encrypt),
+                    None => self.run(tfm, unit, cc, encrypt),
+                }
             }
         }
     }
@@ -319,28 +279,67 @@ impl SectorCrypt {
         let ss = self.sector_size as usize;
         match &tfm.kind {
             Kind::Null => {}
-            Kind::Ecb(c) => modes::ecb(c, data, encrypt),
             #[cfg(target_arch = "x86_64")]
             Kind::Xts {
                 fast: Some(fast), ..
             } => self.fast_xts(fast, None, data, first, encrypt),
-            kind => {
+            _ => {
                 let mut ivs = [Block::default(); IV_BATCH];
                 for (g, chunk) in data.chunks_mut(IV_BATCH * ss).enumerate() {
                     let n = chunk.len() / ss;
                     let cc = first.wrapping_add((g * IV_BATCH) as u64 * self.step);
                     self.fill_ivs(tfm, cc, &mut ivs[..n]);
-                    match kind {
-                        Kind::Cbc(c) if encrypt => modes::cbc_encrypt(c, ss, chunk, &ivs[..n]),
-                        Kind::Cbc(c) => modes::cbc_decrypt(c, ss, chunk, &ivs[..n]),
-                        Kind::Xts { k1, k2, .. } => {
-                            modes::xts(k1, k2, ss, chunk, &mut ivs[..n], encrypt)
-                        }
-                        Kind::Null | Kind::Ecb(_) => {}
-                    }
+                    tfm.run(ss, chunk, &mut ivs[..n], encrypt);
                 }
             }
         }
+    }
+
+    /// One unit under an IV mode that looks at the data or at key parts
+    /// of its own (dm-crypt's IV `generator` before the cipher and `post`
+    /// after it).
+    fn run_unit(&self, d: &DataIv, tfm: &Tfm, unit: &mut [u8], cc: u64, encrypt: bool) {
+        let s = self.iv_sector(cc);
+        let bs = self.spec.alg.block_size();
+        let offset = s.wrapping_mul(u64::from(self.sector_size));
+        match d {
+            DataIv::Lmk(l) if encrypt => tfm.one(unit, &Block::from(l.iv(unit, s, bs)), true),
+            DataIv::Lmk(l) => {
+                tfm.one(unit, &Block::default(), false);
+                let iv = l.iv(unit, s, bs);
+                unit[..bs].iter_mut().zip(&iv).for_each(|(x, y)| *x ^= y);
+            }
+            DataIv::Tcw(t) => {
+                let iv = Block::from(t.iv(s, bs));
+                if !encrypt {
+                    t.whiten(unit, s);
+                }
+                tfm.one(unit, &iv, encrypt);
+                if encrypt {
+                    t.whiten(unit, s);
+                }
+            }
+            DataIv::Eboiv => tfm.one(unit, &self.eboiv(offset), encrypt),
+            DataIv::Elephant(e) => {
+                if encrypt {
+                    e.encrypt(unit, offset);
+                }
+                tfm.one(unit, &self.eboiv(offset), encrypt);
+                if !encrypt {
+                    e.decrypt(unit, offset);
+                }
+            }
+        }
+    }
+
+    /// eboiv: the first transform encrypting a zero block with the
+    /// little-endian byte offset as its IV (for CBC, E(offset)).
+    fn eboiv(&self, offset: u64) -> Block {
+        let mut buf = [0u8; 16];
+        buf[..8].copy_from_slice(&offset.to_le_bytes());
+        let mut zero = [0u8; 16];
+        self.tfms[0].one(&mut zero, &Block::from(buf), true);
+        Block::from(zero)
     }
 
     /// The vectorised AES-XTS path: IVs per batch, then the kernel does
@@ -368,36 +367,77 @@ impl SectorCrypt {
     }
 }
 
-/// ESSIV's salt, SHA-256 of the volume key. `Sha256::digest` would leave
-/// the key in the hasher's block buffer and the digest in a plain array
-/// on this thread's stack; here the hasher wipes itself when
-/// `finalize_into` consumes it (sha2's `zeroize` feature) and the salt
-/// lives in a buffer that is wiped on drop.
-fn essiv_salt(key: &[u8]) -> Zeroizing<[u8; 32]> {
-    let mut h = Sha256::new();
-    h.update(key);
-    let mut out = sha2::digest::Output::<Sha256>::default();
-    h.finalize_into(&mut out);
-    let mut salt = Zeroizing::new([0u8; 32]);
-    salt.copy_from_slice(&out);
-    out.as_mut_slice().zeroize();
-    salt
+/// Bytes at the key's end that belong to the IV mode rather than the
+/// ciphers (dm-crypt's `key_extra_size`), checked against the geometry.
+fn extra_key_len(
+    spec: &str,
+    p: &CipherSpec,
+    key_len: usize,
+    sector_size: u32,
+) -> Result<usize, CryptoError> {
+    let kc = p.keycount as usize;
+    let only_512 = |name: &str| {
+        if sector_size == 512 {
+            Ok(())
+        } else {
+            Err(CryptoError::new(format!(
+                "cipher spec '{spec}': IV mode {name} works on 512-byte sectors only, not {sector_size}"
+            )))
+        }
+    };
+    Ok(match p.iv {
+        // v3 (a seed part after the keys) is told by a key that does not
+        // split into keycount parts.
+        IvMode::Lmk => {
+            only_512("lmk")?;
+            if key_len % kc != 0 {
+                key_len / (kc + 1)
+            } else {
+                0
+            }
+        }
+        IvMode::Tcw => {
+            only_512("tcw")?;
+            let extra = p.alg.block_size() + 16;
+            if key_len <= extra {
+                return Err(CryptoError::key(format!(
+                    "cipher spec '{spec}': a tcw key is the cipher keys, a {}-byte IV seed and 16 whitening bytes; {} bits is too short",
+                    p.alg.block_size(),
+                    key_len * 8
+                )));
+            }
+            extra
+        }
+        IvMode::Elephant => {
+            if key_len > 64 {
+                return Err(CryptoError::key(format!(
+                    "cipher spec '{spec}': an elephant key is two halves of at most 256 bits, got {} bits",
+                    key_len * 8
+                )));
+            }
+            key_len / 2
+        }
+        _ => 0,
+    })
+}
+
+/// The IV state of the data-dependent IV modes, from the key's tail.
+fn data_iv(spec: &str, p: &CipherSpec, extra: &[u8]) -> Result<Option<DataIv>, CryptoError> {
+    Ok(Some(match p.iv {
+        IvMode::Lmk => DataIv::Lmk(Lmk::new((!extra.is_empty()).then_some(extra))),
+        IvMode::Tcw => DataIv::Tcw(Tcw::new(extra, p.alg.block_size())),
+        IvMode::Eboiv => DataIv::Eboiv,
+        IvMode::Elephant => DataIv::Elephant(
+            Elephant::new(extra)
+                .map_err(|e| CryptoError::key(format!("cipher spec '{spec}': {e}")))?,
+        ),
+        _ => return Ok(None),
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn essiv_salt_is_sha256_of_the_key_and_the_hasher_wipes_itself() {
-        fn wipes_on_drop<T: zeroize::ZeroizeOnDrop>() {}
-        // Fails to build without sha2's `zeroize` feature: the hasher
-        // would keep the key in its block buffer after use.
-        wipes_on_drop::<Sha256>();
-        let key = [0x5au8; 32];
-        let want: [u8; 32] = Sha256::digest(key).into();
-        assert_eq!(*essiv_salt(&key), want);
-    }
 
     const V4_KEY: &str = "2718281828459045235360287471352631415926535897932384626433832795";
     const V4_CT: &str = "27a7479befa1d476489f308cd4cfa6e2a96e4bbe3208ff25287dd3819616e89cc78cf7f5e543445f8333d8fa7f56000005279fa5d8b5e4ad40e736ddb4d35412328063fd2aab53e5ea1e0a9f332500a5df9487d07a5c92cc512c8866c7e860ce93fdf166a24912b422976146ae20ce846bb7dc9ba94a767aaef20c0d61ad02655ea92dc4c4e41a8952c651d33174be51a10c421110e6d81588ede82103a252d8a750e8768defffed9122810aaeb99f9172af82b604dc4b8e51bcb08235a6f4341332e4ca60482a4ba1a03b3e65008fc5da76b70bf1690db4eae29c5f1badd03c5ccf2a55d705ddcd86d449511ceb7ec30bf12b1fa35b913f9f747a8afd1b130e94bff94effd01a91735ca1726acd0b197c4e5b03393697e126826fb6bbde8ecc1e08298516e2c9ed03ff3c1b7860f6de76d4cecd94c8119855ef5297ca67e9f3e7ff72b1e99785ca0a7e7720c5b36dc6d72cac9574c8cbbc2f801e23e56fd344b07f22154beba0f08ce8891e643ed995c94d9a69c9f1b5f499027a78572aeebd74d20cc39881c213ee770b1010e4bea718846977ae119f7a023ab58cca0ad752afe656bb3c17256a9f6e9bf19fdd5a38fc82bbe872c5539edb609ef4f79c203ebb140f2e583cb2ad15b4aa5b655016a8449277dbd477ef2c8d6c017db738b18deb4a427d1923ce3ff262735779a418f20a282df920147beabe421ee5319d0568";
@@ -434,7 +474,7 @@ mod tests {
                 unreachable!()
             };
             let mut iv = [Block::from((unit as u128).to_le_bytes())];
-            modes::xts(k1, k2, 512, &mut d, &mut iv, true);
+            super::super::modes::xts(k1, k2, 512, &mut d, &mut iv, true);
             assert_eq!(d, ct);
         }
     }
@@ -522,7 +562,9 @@ mod tests {
             ("aes-xts-plain64", &key[..32], 768, "sector size"),
             ("aes-xts-plain64", &key[..0], 512, "needs a key"),
             ("aes:4-xts-plain64", &key[..42], 512, "split"),
-            ("aes-cbc-lmk", &key[..16], 512, "lmk"),
+            ("aes-cbc-lmk", &key[..16], 4096, "512-byte sectors"),
+            ("aes-cbc-tcw", &key[..32], 512, "too short"),
+            ("aes-cbc-elephant", &key[..40], 512, "160-bit"),
         ] {
             let e = SectorCrypt::new(spec, k, ss, false)
                 .unwrap_err()

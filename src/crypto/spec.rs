@@ -15,6 +15,15 @@ pub enum Alg {
     Aes,
     Serpent,
     Twofish,
+    Camellia,
+    /// 8-byte block: only the chain modes that take any block size.
+    Cast5,
+    /// 8-byte block, big-endian as the kernel's `blowfish`.
+    Blowfish,
+    /// Adiantum's pair `xchacha12,aes` (only with the adiantum mode).
+    XChaCha12Aes,
+    /// Adiantum's pair `xchacha20,aes`.
+    XChaCha20Aes,
     /// `cipher_null`: identity, key size 0.
     Null,
 }
@@ -25,7 +34,22 @@ impl Alg {
             Alg::Aes => "aes",
             Alg::Serpent => "serpent",
             Alg::Twofish => "twofish",
+            Alg::Camellia => "camellia",
+            Alg::Cast5 => "cast5",
+            Alg::Blowfish => "blowfish",
+            Alg::XChaCha12Aes => "xchacha12,aes",
+            Alg::XChaCha20Aes => "xchacha20,aes",
             Alg::Null => "cipher_null",
+        }
+    }
+
+    /// Cipher block size in bytes, which is also dm-crypt's IV size for
+    /// the chain modes that take one (never below 8: the kernel widens it
+    /// so a 64-bit sector number fits).
+    pub fn block_size(self) -> usize {
+        match self {
+            Alg::Cast5 | Alg::Blowfish => 8,
+            _ => 16,
         }
     }
 }
@@ -36,6 +60,10 @@ pub enum Chain {
     Ecb,
     Cbc,
     Xts,
+    /// The kernel's `lrw` template: the last 16 key bytes are the tweak key.
+    Lrw,
+    /// The wide-block `adiantum` template (a 32-byte IV).
+    Adiantum,
 }
 
 impl Chain {
@@ -44,7 +72,37 @@ impl Chain {
             Chain::Ecb => "ecb",
             Chain::Cbc => "cbc",
             Chain::Xts => "xts",
+            Chain::Lrw => "lrw",
+            Chain::Adiantum => "adiantum",
         }
+    }
+}
+
+/// The hash of an ESSIV salt, by its kernel crypto API name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EssivHash {
+    Sha1,
+    Sha256,
+    Sha512,
+    Rmd160,
+    /// Whirlpool truncated to 256 bits (the kernel's `wp256`).
+    Wp256,
+    Wp384,
+    Wp512,
+}
+
+impl EssivHash {
+    fn from_name(name: &str) -> Option<EssivHash> {
+        Some(match name {
+            "sha1" => EssivHash::Sha1,
+            "sha256" => EssivHash::Sha256,
+            "sha512" => EssivHash::Sha512,
+            "rmd160" => EssivHash::Rmd160,
+            "wp256" => EssivHash::Wp256,
+            "wp384" => EssivHash::Wp384,
+            "wp512" => EssivHash::Wp512,
+            _ => return None,
+        })
     }
 }
 
@@ -56,10 +114,18 @@ pub enum IvMode {
     Plain,
     Plain64,
     Plain64Be,
-    /// `essiv:sha256` (the only hash udm supports for ESSIV).
-    EssivSha256,
+    /// `essiv:HASH`: plain64 encrypted with the hash of the key.
+    Essiv(EssivHash),
     Benbi,
     Null,
+    /// loop-AES compatibility (v2 with 64 keys, v3 with a 65th as seed).
+    Lmk,
+    /// TrueCrypt before 4.1: seeded IV plus ciphertext whitening.
+    Tcw,
+    /// BitLocker: the encrypted byte offset of the sector.
+    Eboiv,
+    /// BitLocker's Elephant diffuser on top of `eboiv`.
+    Elephant,
 }
 
 /// A parsed cipher specification.
@@ -85,12 +151,17 @@ fn parse_alg(spec: &str, name: &str) -> Result<Alg, CryptoError> {
         "aes" => Ok(Alg::Aes),
         "serpent" => Ok(Alg::Serpent),
         "twofish" => Ok(Alg::Twofish),
+        "camellia" => Ok(Alg::Camellia),
+        "cast5" => Ok(Alg::Cast5),
+        "blowfish" => Ok(Alg::Blowfish),
+        "xchacha12,aes" => Ok(Alg::XChaCha12Aes),
+        "xchacha20,aes" => Ok(Alg::XChaCha20Aes),
         "cipher_null" => Ok(Alg::Null),
         "" => Err(err(spec, "cipher name is missing")),
         other => Err(err(
             spec,
             format!(
-                "cipher '{other}' is not supported by udm (supported: aes, serpent, twofish, cipher_null)"
+                "cipher '{other}' is not supported by udm (supported: aes, serpent, twofish, camellia, cast5, blowfish, cipher_null; xchacha12,aes and xchacha20,aes with adiantum)"
             ),
         )),
     }
@@ -101,6 +172,8 @@ fn parse_chain(spec: &str, name: &str) -> Result<Chain, CryptoError> {
         "ecb" => Ok(Chain::Ecb),
         "cbc" => Ok(Chain::Cbc),
         "xts" => Ok(Chain::Xts),
+        "lrw" => Ok(Chain::Lrw),
+        "adiantum" => Ok(Chain::Adiantum),
         "gcm" | "ccm" | "rfc4106" | "rfc4309" | "rfc7539" | "rfc7539esp" | "authenc" | "aegis128"
         | "aegis256" | "morus640" | "morus1280" => Err(err(
             spec,
@@ -111,7 +184,7 @@ fn parse_chain(spec: &str, name: &str) -> Result<Chain, CryptoError> {
         "" => Err(err(spec, "chain mode is missing")),
         other => Err(err(
             spec,
-            format!("chain mode '{other}' is not supported by udm (supported: xts, cbc, ecb)"),
+            format!("chain mode '{other}' is not supported by udm (supported: xts, lrw, cbc, ecb, adiantum)"),
         )),
     }
 }
@@ -130,24 +203,62 @@ fn parse_iv(spec: &str, mode: &str, opts: Option<&str>) -> Result<IvMode, Crypto
         "plain64be" => no_opts(IvMode::Plain64Be),
         "benbi" => no_opts(IvMode::Benbi),
         "null" => no_opts(IvMode::Null),
+        "lmk" => no_opts(IvMode::Lmk),
+        "tcw" => no_opts(IvMode::Tcw),
+        "eboiv" => no_opts(IvMode::Eboiv),
+        "elephant" => no_opts(IvMode::Elephant),
         "essiv" => match opts {
-            Some("sha256") => Ok(IvMode::EssivSha256),
             None | Some("") => Err(err(spec, "digest algorithm missing for ESSIV mode (use essiv:sha256)")),
-            Some(h) => Err(err(
+            Some(h) => EssivHash::from_name(h).map(IvMode::Essiv).ok_or_else(|| err(
                 spec,
-                format!("ESSIV hash '{h}' is not supported by udm (only essiv:sha256)"),
+                format!("ESSIV hash '{h}' is not supported by udm (supported: sha1, sha256, sha512, rmd160, wp256, wp384, wp512)"),
             )),
         },
-        "lmk" | "tcw" | "elephant" | "eboiv" | "random" => Err(err(
+        "random" => Err(err(
             spec,
-            format!("IV mode '{mode}' is valid for dm-crypt but not supported by udm"),
+            "IV mode 'random' needs dm-integrity to store the IVs; udm does not support it",
         )),
         other => Err(err(
             spec,
             format!(
-                "invalid IV mode '{other}' (supported: plain, plain64, plain64be, essiv:sha256, benbi, null)"
+                "invalid IV mode '{other}' (supported: plain, plain64, plain64be, essiv:HASH, benbi, null, lmk, tcw, eboiv, elephant)"
             ),
         )),
+    }
+}
+
+/// Adiantum and its cipher pair go together, and its 32-byte IV takes
+/// only the IV modes that just place a sector number.
+fn check_adiantum(spec: &str, alg: Alg, chain: Chain, iv: IvMode) -> Result<(), CryptoError> {
+    let pair = matches!(alg, Alg::XChaCha12Aes | Alg::XChaCha20Aes);
+    match (pair, chain == Chain::Adiantum) {
+        (true, false) => Err(err(
+            spec,
+            format!(
+                "'{}' is adiantum's cipher pair: use {}-adiantum-plain64",
+                alg.name(),
+                alg.name()
+            ),
+        )),
+        (false, true) => Err(err(
+            spec,
+            format!(
+                "adiantum takes xchacha12,aes or xchacha20,aes, not '{}'",
+                alg.name()
+            ),
+        )),
+        (true, true)
+            if !matches!(
+                iv,
+                IvMode::Plain | IvMode::Plain64 | IvMode::Plain64Be | IvMode::Benbi | IvMode::Null
+            ) =>
+        {
+            Err(err(
+                spec,
+                "adiantum takes the IV modes plain, plain64, plain64be, benbi or null",
+            ))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -174,6 +285,26 @@ pub fn parse(spec: &str) -> Result<CipherSpec, CryptoError> {
     };
     if alg == Alg::Null && chain != Chain::Ecb {
         return Err(err(spec, "cipher_null is only supported with ecb"));
+    }
+    check_adiantum(spec, alg, chain, iv)?;
+    if matches!(chain, Chain::Xts | Chain::Lrw) && alg.block_size() != 16 {
+        return Err(err(
+            spec,
+            format!(
+                "{} needs a 16-byte block cipher; {} has 8-byte blocks (use cbc)",
+                chain.name(),
+                alg.name()
+            ),
+        ));
+    }
+    if matches!(iv, IvMode::Eboiv | IvMode::Elephant) && alg.block_size() != 16 {
+        return Err(err(
+            spec,
+            format!(
+                "IV mode eboiv/elephant needs a 16-byte block cipher, not {}",
+                alg.name()
+            ),
+        ));
     }
     Ok(CipherSpec {
         alg,
@@ -261,20 +392,17 @@ fn parse_capi<'a>(spec: &'a str, api: &'a str) -> Result<Parts<'a>, CryptoError>
         }
     };
     let chain = parse_chain(spec, chain_name)?;
-    if inner.contains('(') || inner.contains(',') {
+    let pair = chain == Chain::Adiantum && !inner.contains('(');
+    if inner.contains('(') || (inner.contains(',') && !pair) {
         return Err(err(
             spec,
             format!("nested crypto API spec '{inner}' is not supported by udm"),
         ));
     }
     let alg = parse_alg(spec, inner)?;
-    if ivmode == Some("lmk") {
-        return Err(err(
-            spec,
-            "IV mode 'lmk' is valid for dm-crypt but not supported by udm",
-        ));
-    }
-    Ok((alg, chain, ivmode, ivopts, 1))
+    // The capi form has no key count; lmk implies loop-AES's 64 keys.
+    let keycount = if ivmode == Some("lmk") { 64 } else { 1 };
+    Ok((alg, chain, ivmode, ivopts, keycount))
 }
 
 #[cfg(test)]
@@ -293,7 +421,25 @@ mod tests {
         assert_eq!(a.chain, Chain::Xts);
         assert_eq!(a.iv, IvMode::Plain64);
         assert_eq!(p("aes-cbc-essiv:sha256"), p("capi:cbc(aes)-essiv:sha256"));
-        assert_eq!(p("aes-cbc-essiv:sha256").iv, IvMode::EssivSha256);
+        assert_eq!(
+            p("aes-cbc-essiv:sha256").iv,
+            IvMode::Essiv(EssivHash::Sha256)
+        );
+        assert_eq!(p("aes-xts-essiv:wp256").iv, IvMode::Essiv(EssivHash::Wp256));
+        assert_eq!(p("aes-lrw-benbi"), p("capi:lrw(aes)-benbi"));
+        assert_eq!(p("aes-lrw-plain64").chain, Chain::Lrw);
+        assert_eq!(p("camellia-xts-plain64").alg, Alg::Camellia);
+        assert_eq!(p("blowfish-cbc-essiv:sha256").alg, Alg::Blowfish);
+        assert_eq!(p("cast5-cbc-plain64").alg, Alg::Cast5);
+        assert_eq!(p("serpent-cbc-tcw").iv, IvMode::Tcw);
+        assert_eq!(p("aes-cbc-elephant").iv, IvMode::Elephant);
+        assert_eq!(p("aes-cbc-eboiv").iv, IvMode::Eboiv);
+        assert_eq!(p("aes:64-cbc-lmk").keycount, 64);
+        let a = p("xchacha12,aes-adiantum-plain64");
+        assert_eq!((a.alg, a.chain), (Alg::XChaCha12Aes, Chain::Adiantum));
+        assert_eq!(a, p("capi:adiantum(xchacha12,aes)-plain64"));
+        assert_eq!(p("xchacha20,aes-adiantum-plain64").alg, Alg::XChaCha20Aes);
+        assert_eq!(p("capi:cbc(aes)-lmk").keycount, 64);
         assert_eq!(p("serpent-cbc-plain64be").iv, IvMode::Plain64Be);
         assert_eq!(p("twofish-xts-benbi").iv, IvMode::Benbi);
     }
@@ -320,13 +466,21 @@ mod tests {
     #[test]
     fn refusals_name_the_part() {
         for (s, word) in [
-            ("aes-cbc-lmk", "lmk"),
-            ("aes-xts-tcw", "tcw"),
-            ("aes-cbc-elephant:sha256", "elephant"),
-            ("aes-cbc-eboiv", "eboiv"),
+            ("aes-cbc-elephant:sha256", "no options"),
+            ("aes-cbc-random", "dm-integrity"),
+            ("blowfish-xts-plain64", "16-byte block"),
+            ("cast5-lrw-benbi", "16-byte block"),
+            ("blowfish-cbc-elephant", "16-byte block"),
+            ("xchacha12,aes-xts-plain64", "adiantum's cipher pair"),
+            ("aes-adiantum-plain64", "xchacha12,aes"),
+            ("xchacha12,aes-adiantum-essiv:sha256", "IV modes"),
+            (
+                "capi:adiantum(xchacha12,aes,nhpoly1305)-plain64",
+                "not supported",
+            ),
             ("capi:gcm(aes)-random", "gcm"),
             ("capi:authenc(hmac(sha256),xts(aes))-random", "AEAD"),
-            ("aes-cbc-essiv:sha1", "sha1"),
+            ("aes-cbc-essiv:md4", "md4"),
             ("aes-xts", "IV mechanism required"),
             ("aes-xts-bogus", "bogus"),
             ("des-cbc-plain", "des"),

@@ -116,7 +116,12 @@ fn constructor_errors_name_the_argument() {
             Some(6),
             "integrity",
         ),
-        (&format!("aes-cbc-lmk {KEY} 0 mem 0"), Some(0), "lmk"),
+        (
+            &format!("aes-cbc-random {KEY} 0 mem 0"),
+            Some(0),
+            "dm-integrity",
+        ),
+        (&format!("aes-cbc-lmk {KEY} 0 mem 0"), Some(1), "512-bit"),
         (
             &format!("aes-xts-plain64 {KEY} 0 nodev 0"),
             Some(3),
@@ -510,4 +515,52 @@ fn key_wipe_and_set_only_while_suspended() {
         t.table_params(true),
         format!("aes-xts-plain64 {KEY} 0 mem 0")
     );
+}
+
+/// The cipher specs of old and foreign volumes work as table lines: what
+/// the target stores is exactly `SectorCrypt`'s bytes for the same spec,
+/// key and sectors (iv_offset added), split over helper threads or not.
+#[test]
+fn legacy_and_foreign_cipher_specs_as_table_lines() {
+    for (spec, klen) in [
+        ("aes-lrw-benbi", 48),
+        ("aes-lrw-plain64", 32),
+        ("camellia-xts-plain64", 64),
+        ("cast5-cbc-plain64", 16),
+        ("blowfish-cbc-essiv:sha256", 32),
+        ("aes-xts-essiv:wp256", 64),
+        ("serpent-cbc-tcw", 64),
+        ("aes-cbc-elephant", 64),
+        ("aes:64-cbc-lmk", 65 * 32),
+    ] {
+        let key: Vec<u8> = (0..klen).map(|i| (i * 31 + 7) as u8).collect();
+        let hexkey = hex::encode(&key);
+        let store = Arc::new(MemStore::new(8 << 20));
+        let dev: Arc<dyn BlockDevice> = store.clone();
+        let args: Vec<String> = format!("{spec} {hexkey} 24 mem 16")
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        let t = new(TargetArgs {
+            args: &args,
+            len: 4 << 20,
+            resolver: &mut One(dev),
+            options: &TargetOptions {
+                crypt_threads: 3,
+                ..Default::default()
+            },
+        })
+        .unwrap_or_else(|e| panic!("{spec}: {e:?}"));
+        let data: Vec<u8> = (0..(512 << 10)).map(|i| (i % 253) as u8).collect();
+        t.write(1 << 20, WriteBuf::Borrowed(&data), false).unwrap();
+        let mut back = vec![0u8; data.len()];
+        t.read(1 << 20, &mut back).unwrap();
+        assert!(back == data, "{spec}: read back");
+        let mut raw = vec![0u8; data.len()];
+        store.read((16 << 9) + (1 << 20), &mut raw).unwrap();
+        let sc = SectorCrypt::new(spec, &key, 512, false).unwrap();
+        let mut want = data.clone();
+        sc.encrypt(&mut want, 24 + ((1 << 20) >> 9));
+        assert!(raw == want, "{spec}: stored bytes");
+    }
 }
