@@ -16,6 +16,7 @@ mod args;
 mod ctx;
 mod offline;
 mod reencrypt;
+mod status;
 mod verify;
 
 use std::ffi::OsString;
