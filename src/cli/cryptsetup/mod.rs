@@ -15,6 +15,7 @@ mod active;
 mod args;
 mod ctx;
 mod offline;
+mod progress;
 mod reencrypt;
 mod status;
 mod verify;
