@@ -221,6 +221,55 @@ fn luks2_validation(tmp: &Path, t: &Path, out: &mut Results) {
     }
 }
 
+/// The "non compact json" images, made by the suite's own generators:
+/// `token remove` through udm and through cryptsetup must leave the same
+/// bytes (udm rewrites the JSON area as cryptsetup does, salts kept).
+fn token_remove_matches_cryptsetup(t: &Path, out: &mut Results) {
+    let imgs = t.join("tr-images");
+    fs::create_dir_all(&imgs).unwrap();
+    let orig = imgs.join("luks2_valid_hdr.img");
+    let xz = Command::new("xz")
+        .arg("-dkc")
+        .arg(t.join("luks2_valid_hdr.img.xz"))
+        .output()
+        .unwrap();
+    assert!(xz.status.success(), "xz failed");
+    fs::write(&orig, xz.stdout).unwrap();
+    for name in [
+        "luks2-non-compact-json-token-0.img",
+        "luks2-non-compact-json-4k-token-0.img",
+    ] {
+        common::run(
+            Command::new(format!("./generate-{name}.sh"))
+                .arg(&imgs)
+                .arg(&orig)
+                .current_dir(t.join("generators")),
+        );
+        let theirs = imgs.join(format!("{name}.cs"));
+        fs::copy(imgs.join(name), &theirs).unwrap();
+        let remove = |cmd: &mut Command, img: &Path| {
+            cmd.args(["token", "remove", "--token-id", "0"])
+                .arg(img)
+                .output()
+                .unwrap()
+        };
+        let ours = remove(common::udm().arg("cryptsetup"), &imgs.join(name));
+        let cs = remove(&mut Command::new("cryptsetup"), &theirs);
+        let same = fs::read(imgs.join(name)).unwrap() == fs::read(&theirs).unwrap();
+        let r = if ours.status.success() && cs.status.success() && same {
+            Ok(())
+        } else {
+            Err(format!(
+                "udm {:?}, cryptsetup {:?}, same bytes: {same}",
+                ours.status.code(),
+                cs.status.code()
+            ))
+        };
+        out.insert(format!("token-remove-vs-cryptsetup/{name}"), r);
+    }
+    let _ = fs::remove_dir_all(&imgs);
+}
+
 fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
@@ -395,6 +444,7 @@ fn cryptsetup_test_scripts_against_udm() {
     let (tmp, t) = scratch(&up);
     let mut results = Results::new();
     luks2_validation(tmp.path(), &t, &mut results);
+    token_remove_matches_cryptsetup(&t, &mut results);
     for pv in PER_VOLUME {
         per_volume(tmp.path(), &t, pv, &mut results);
     }
