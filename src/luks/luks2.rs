@@ -1,7 +1,10 @@
 //! The LUKS2 binary header and its two copies. Reading picks the valid copy
-//! with the highest seqid (a damaged primary falls back to the secondary with
-//! a warning); writing updates one copy at a time in cryptsetup's order so a
-//! crash leaves at most one copy inconsistent.
+//! with the highest seqid as cryptsetup does (a damaged primary falls back
+//! to the secondary with a warning; with no sane primary binary header the
+//! secondary is looked for at every metadata size); writing updates one
+//! copy at a time in cryptsetup's order so a crash leaves at most one copy
+//! inconsistent, and [`Luks2::recover`] rewrites a bad copy as
+//! cryptsetup's recovery does.
 
 use super::disk::Disk;
 use super::error::LuksError;
@@ -253,7 +256,8 @@ enum Copy {
 }
 
 /// The binary header and JSON area of the copy at `offset`, checksum
-/// checked: Err(true, ..) when the binary header itself is sane.
+/// checked; on failure the copy as read when its binary header itself is
+/// sane (its size then still says where the secondary is).
 fn read_raw(
     disk: &Disk,
     size: u64,
