@@ -347,7 +347,7 @@ fn segment_intervals(iv: &[(u64, u64)]) -> Result<(), LuksError> {
                 return Err(bad(
                     format!("segments.{i}"),
                     off,
-                    &format!("overlaps segment {j}"),
+                    &format!("overlaps segments.{j}"),
                 ));
             }
         }
