@@ -26,6 +26,8 @@ need openssl openssl
 need script bsdutils
 need systemd-socket-activate systemd
 need systemd-analyze systemd
+need jq jq
+need xxd xxd
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need_pkgs+=(python3-libnbd)
 /usr/bin/python3 -c 'import cryptography' 2>/dev/null || need_pkgs+=(python3-cryptography)
 /usr/bin/python3 -c 'import jsonschema' 2>/dev/null || need_pkgs+=(python3-jsonschema)

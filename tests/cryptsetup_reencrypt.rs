@@ -2489,3 +2489,46 @@ fn reduce_device_size_with_detached_header_and_offset_as_cryptsetup() {
         );
     }
 }
+
+/// `--progress-json` prints cryptsetup's JSON progress objects on stdout,
+/// one a line, the last at the device's full size with no time left;
+/// options udm does not do are refused by name instead of ignored.
+#[test]
+fn progress_json_on_stdout_and_unsupported_options_refused() {
+    let v = volume(8 << 20, false, &[]);
+    let o = udm_cs(
+        &["reencrypt", "--progress-json", "--hotzone-size", "1M"],
+        &v,
+        &[],
+    );
+    check_ok(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let objs: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let last = objs
+        .last()
+        .unwrap_or_else(|| panic!("no JSON progress: {}", show(&o)));
+    assert_eq!(last["device_bytes"], last["device_size"], "{out}");
+    assert_eq!(last["eta_ms"], "0", "{out}");
+    assert_eq!(last["device"], v.img.to_str().unwrap(), "{out}");
+    for key in ["speed", "time_ms"] {
+        assert!(
+            last[key].as_str().is_some_and(|s| s.parse::<u64>().is_ok()),
+            "{out}"
+        );
+    }
+    for (args, opt) in [
+        (&["open", "--persistent"][..], "--persistent"),
+        (&["luksAddKey", "--new-token-id", "1"][..], "--new-token-id"),
+    ] {
+        let o = udm_cs(args, &v, &[]);
+        assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(opt) && err.contains("not supported by udm"),
+            "{err}"
+        );
+    }
+}

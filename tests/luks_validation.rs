@@ -731,3 +731,70 @@ fn pbkdf2_cost_counts_output_blocks() {
     );
     assert!(t.elapsed() < limit, "{:?}", t.elapsed());
 }
+
+/// A damaged header copy is recovered as cryptsetup recovers it: only the
+/// bad copy is written, with the good copy's seqid (the epoch does not
+/// move) and JSON area byte for byte, under a new salt; the good copy is
+/// untouched. cryptsetup's own auto-recovery of the same damage gives the
+/// same bytes but for the salt and the checksum over it. A header whose
+/// keyslot names a KDF udm does not know still dumps and is still
+/// recovered, and that keyslot fails only when it is used.
+#[test]
+fn repair_writes_only_the_bad_copy_as_cryptsetup_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let kf = write_file(d, "k", b"rec");
+    let base = luks2_image(d, "base.img", &kf);
+    for (bad_off, good_off) in [(0u64, 16384u64), (16384, 0)] {
+        let img = d.join(format!("r{bad_off}.img"));
+        std::fs::copy(&base, &img).unwrap();
+        // One flipped byte in the JSON area: a checksum mismatch.
+        let mut b = pread(&img, bad_off + 4096, 1);
+        b[0] ^= 0x20;
+        pwrite(&img, bad_off + 4096, &b);
+        let theirs = d.join(format!("c{bad_off}.img"));
+        std::fs::copy(&img, &theirs).unwrap();
+        let good_before = pread(&img, good_off, 16384);
+        run(udm().args(["cryptsetup", "repair", "-q"]).arg(&img));
+        assert_eq!(
+            pread(&img, good_off, 16384),
+            good_before,
+            "good copy rewritten"
+        );
+        let bad_after = pread(&img, bad_off, 16384);
+        // seqid (bytes 16..24) and the JSON area as the good copy's.
+        assert_eq!(bad_after[16..24], good_before[16..24], "seqid moved");
+        assert_eq!(bad_after[4096..], good_before[4096..], "JSON area differs");
+        // cryptsetup's luksDump recovers its copy: equal but for the salt
+        // (0x68..0xA8) and checksum (0x1C0..0x200).
+        run(cryptsetup().arg("luksDump").arg(&theirs));
+        let cs_after = pread(&theirs, bad_off, 16384);
+        for (i, (a, c)) in bad_after.iter().zip(&cs_after).enumerate() {
+            let salt_or_sum = (0x68..0xA8).contains(&i) || (0x1C0..0x200).contains(&i);
+            assert!(
+                salt_or_sum || a == c,
+                "byte {i} of the recovered copy differs"
+            );
+        }
+        assert_ne!(
+            bad_after[0x68..0xA8],
+            good_before[0x68..0xA8],
+            "salt not renewed"
+        );
+        // Nothing left to repair.
+        run(udm().args(["cryptsetup", "repair", "-q"]).arg(&img));
+        assert_eq!(pread(&img, bad_off, 16384), bad_after);
+    }
+    // An unknown KDF name in keyslot 0: the header dumps, keyslot 0 fails
+    // when it is used, naming the field.
+    let img = d.join("kdf.img");
+    std::fs::copy(&base, &img).unwrap();
+    rewrite_json(&img, &|v| {
+        v["keyslots"]["0"]["kdf"]["type"] = "argon2".into()
+    });
+    let o = run(udm().args(["cryptsetup", "luksDump"]).arg(&img));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("PBKDF:      argon2"));
+    run(cryptsetup().arg("luksDump").arg(&img));
+    let e = udm::luks::open(&img, None, b"rec").unwrap_err().to_string();
+    assert!(e.contains("keyslots.0.kdf.type"), "{e}");
+}

@@ -164,6 +164,7 @@ impl Volume {
             meta,
             salts,
             used_copy: 0,
+            recovery: None,
             warnings: Vec::new(),
         };
         move_areas(&mut self.meta, 4096, 2 * HDR, buf_size)?;

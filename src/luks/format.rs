@@ -477,6 +477,7 @@ impl Fresh<'_> {
             meta: meta_json,
             salts,
             used_copy: 0,
+            recovery: None,
             warnings: Vec::new(),
         };
         h.write(meta)?;

@@ -128,8 +128,21 @@ impl Header {
     pub fn active_slots(&self) -> Vec<u32> {
         match self {
             Header::Luks1(h) => (0..8u32).filter(|&i| h.slots[i as usize].active).collect(),
-            Header::Luks2(h) => h.meta.keyslots.keys().copied().collect(),
+            Header::Luks2(h) => {
+                let mut v: Vec<u32> = h.meta.keyslots.keys().copied().collect();
+                v.extend(h.meta.unusable.keys().copied());
+                v.sort_unstable();
+                v
+            }
         }
+    }
+
+    /// The error of using LUKS2 keyslot `slot`, when it is one udm cannot
+    /// unlock (cryptsetup fails such a keyslot only when it is used).
+    pub fn unusable_slot(&self, slot: u32) -> Option<LuksError> {
+        self.luks2()
+            .and_then(|h| h.meta.unusable.get(&slot))
+            .map(|u| u.error())
     }
 
     /// Highest keyslot number plus one.
@@ -308,9 +321,12 @@ impl Header {
 
     /// Keyslot `slot`'s priority: 0 ignore, 1 normal, 2 preferred.
     pub fn slot_priority(&self, slot: u32) -> u32 {
-        self.luks2()
-            .and_then(|h| h.meta.keyslots.get(&slot))
-            .map_or(1, |k| k.priority)
+        let Some(h) = self.luks2() else { return 1 };
+        match (h.meta.keyslots.get(&slot), h.meta.unusable.get(&slot)) {
+            (Some(k), _) => k.priority,
+            (None, Some(u)) => u.priority,
+            (None, None) => 1,
+        }
     }
 
     /// The PBKDF2 digest a key from keyslot `slot` is checked against when
@@ -352,8 +368,9 @@ impl Header {
             .meta
             .keyslots
             .iter()
-            .filter(|(_, k)| k.priority > 0)
             .map(|(n, k)| (*n, k.priority))
+            .chain(h.meta.unusable.iter().map(|(n, u)| (*n, u.priority)))
+            .filter(|&(_, p)| p > 0)
             .collect();
         v.sort_by_key(|&(n, p)| (std::cmp::Reverse(p), n));
         v.into_iter().map(|(n, _)| n).collect()
@@ -455,8 +472,10 @@ impl Header {
                 ))
             }
             Header::Luks2(h) => {
-                let k = &h.meta.keyslots[&slot];
-                let area = (k.area_offset, k.area_size);
+                // From the JSON: a keyslot udm cannot unlock is removed too.
+                let a = &h.meta.value["keyslots"][slot.to_string()]["area"];
+                let num = |k: &str| a[k].as_str().and_then(super::json::parse_u64str);
+                let area = (num("offset").unwrap_or(0), num("size").unwrap_or(0));
                 h.meta = h.meta.without_keyslot(h.bin.hdr_size, slot)?;
                 Ok(area)
             }
@@ -526,6 +545,20 @@ fn luks2_segments(h: &luks2::Luks2, data_size: u64) -> Result<Vec<MappedSegment>
             return Err(LuksError::Unsupported(format!(
                 "segments.{n}.integrity (authenticated encryption)"
             )));
+        }
+        if !(512..=4096).contains(&s.sector_size) || !s.sector_size.is_power_of_two() {
+            return Err(LuksError::field(
+                format!("segments.{n}.sector_size"),
+                s.sector_size,
+                "must be 512, 1024, 2048 or 4096",
+            ));
+        }
+        if s.encryption.len() > 128 {
+            return Err(LuksError::field(
+                format!("segments.{n}.encryption"),
+                &s.encryption,
+                "invalid cipher spec",
+            ));
         }
         let off = s.offset / 512;
         let len = match s.size {

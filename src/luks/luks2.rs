@@ -1,7 +1,10 @@
 //! The LUKS2 binary header and its two copies. Reading picks the valid copy
-//! with the highest seqid (a damaged primary falls back to the secondary with
-//! a warning); writing updates one copy at a time in cryptsetup's order so a
-//! crash leaves at most one copy inconsistent.
+//! with the highest seqid as cryptsetup does (a damaged primary falls back
+//! to the secondary with a warning; with no sane primary binary header the
+//! secondary is looked for at every metadata size); writing updates one
+//! copy at a time in cryptsetup's order so a crash leaves at most one copy
+//! inconsistent, and [`Luks2::recover`] rewrites a bad copy as
+//! cryptsetup's recovery does.
 
 use super::disk::Disk;
 use super::error::LuksError;
@@ -49,6 +52,8 @@ pub struct Luks2 {
     pub used_copy: usize,
     /// Problems found with the other copy (already logged via tracing).
     pub warnings: Vec<String>,
+    /// The copy to rewrite from the used one, if the two differ.
+    pub recovery: Option<Recovery>,
 }
 
 /// A big-endian header field through the shared codec: a buffer too short
@@ -61,12 +66,6 @@ fn be64(b: &[u8], off: usize) -> Result<u64, LuksError> {
             "past the end of the header",
         )
     })
-}
-
-struct Copy {
-    bin: BinHeader,
-    salt: [u8; 64],
-    meta: Metadata,
 }
 
 /// Parse one 4096-byte binary header expected at `offset` (checksum not checked).
@@ -104,7 +103,10 @@ pub fn parse_bin(
         ));
     }
     let hdr_size = be64(b, 8)?;
-    if !HDR_SIZES.contains(&hdr_size) {
+    // cryptsetup's range; the exact sizes are the JSON's to prove
+    // (config.json_size), so a copy in range with a bad size is damaged
+    // rather than absent, as cryptsetup tells them apart.
+    if !(HDR_SIZES[0]..=HDR_SIZES[HDR_SIZES.len() - 1]).contains(&hdr_size) {
         return Err(LuksError::field(
             format!("{which} hdr_size"),
             hdr_size,
@@ -210,6 +212,12 @@ pub fn parse_copy(
 ) -> Result<(BinHeader, [u8; 64], Metadata), LuksError> {
     let which = if secondary { "secondary" } else { "primary" };
     let (h, salt) = parse_bin(bin, offset, secondary)?;
+    check_sum(&h, bin, area, which)?;
+    let meta = parse_json_area(area, h.hdr_size, which)?;
+    Ok((h, salt, meta))
+}
+
+fn check_sum(h: &BinHeader, bin: &[u8], area: &[u8], which: &str) -> Result<(), LuksError> {
     if area.len() as u64 != h.hdr_size - BIN_LEN as u64 {
         return Err(LuksError::field(
             format!("{which} JSON area"),
@@ -227,36 +235,108 @@ pub fn parse_copy(
             "does not match the header contents",
         ));
     }
-    let meta = parse_json_area(area, h.hdr_size, which)?;
-    Ok((h, salt, meta))
+    Ok(())
 }
 
-fn read_copy(disk: &Disk, size: u64, offset: u64, secondary: bool) -> Result<Copy, LuksError> {
+/// One header copy as read: its binary header and JSON area, and the
+/// metadata if the JSON is valid.
+struct Raw {
+    bin: BinHeader,
+    salt: [u8; 64],
+    area: Vec<u8>,
+}
+
+/// What one copy turned out to be, in cryptsetup's terms: usable (`Ok`), a
+/// sane binary header over a bad checksum or JSON (obsolete: the place of
+/// the other copy is still known from it), or nothing usable at all.
+enum Copy {
+    Ok(Raw, Box<Metadata>),
+    Obsolete(Raw, LuksError),
+    Fail(LuksError),
+}
+
+/// The binary header and JSON area of the copy at `offset`, checksum
+/// checked; on failure the copy as read when its binary header itself is
+/// sane (its size then still says where the secondary is).
+fn read_raw(
+    disk: &Disk,
+    size: u64,
+    offset: u64,
+    secondary: bool,
+) -> Result<Raw, Box<(Option<Raw>, LuksError)>> {
+    let which = if secondary { "secondary" } else { "primary" };
     if size < offset + BIN_LEN as u64 {
-        return Err(LuksError::field(
-            if secondary {
-                "secondary header"
-            } else {
-                "primary header"
-            },
+        let e = LuksError::field(
+            format!("{which} header"),
             offset,
             "beyond the end of the device",
-        ));
+        );
+        return Err(Box::new((None, e)));
     }
     let mut bin = vec![0u8; BIN_LEN];
-    disk.read_at(offset, &mut bin)?;
-    let (h, _) = parse_bin(&bin, offset, secondary)?;
+    disk.read_at(offset, &mut bin)
+        .map_err(|e| Box::new((None, e)))?;
+    let (h, salt) = parse_bin(&bin, offset, secondary).map_err(|e| Box::new((None, e)))?;
     if size < offset + h.hdr_size {
-        return Err(LuksError::field(
+        let e = LuksError::field(
             "hdr_size",
             h.hdr_size,
             "header copy extends beyond the device",
-        ));
+        );
+        return Err(Box::new((None, e)));
     }
     let mut area = vec![0u8; (h.hdr_size - BIN_LEN as u64) as usize];
-    disk.read_at(offset + BIN_LEN as u64, &mut area)?;
-    let (bin, salt, meta) = parse_copy(&bin, &area, offset, secondary)?;
-    Ok(Copy { bin, salt, meta })
+    disk.read_at(offset + BIN_LEN as u64, &mut area)
+        .map_err(|e| Box::new((None, e)))?;
+    let raw = Raw { bin: h, salt, area };
+    match check_sum(&raw.bin, &bin, &raw.area, which) {
+        Ok(()) => Ok(raw),
+        Err(e) => Err(Box::new((Some(raw), e))),
+    }
+}
+
+fn read_copy(disk: &Disk, size: u64, offset: u64, secondary: bool) -> Copy {
+    let which = if secondary { "secondary" } else { "primary" };
+    match read_raw(disk, size, offset, secondary) {
+        Ok(raw) => match parse_json_area(&raw.area, raw.bin.hdr_size, which) {
+            Ok(meta) => Copy::Ok(raw, Box::new(meta)),
+            Err(e) => Copy::Obsolete(raw, e),
+        },
+        Err(b) => match *b {
+            (Some(raw), e) => Copy::Obsolete(raw, e),
+            (None, e) => Copy::Fail(e),
+        },
+    }
+}
+
+/// The secondary copy: where a sane primary binary header says, else at
+/// the first offset of [`HDR_SIZES`] holding a copy with a good checksum
+/// (cryptsetup's scan when the primary is gone).
+fn read_secondary(disk: &Disk, size: u64, primary: &Copy) -> Copy {
+    match primary {
+        Copy::Ok(r, _) | Copy::Obsolete(r, _) => read_copy(disk, size, r.bin.hdr_size, true),
+        Copy::Fail(_) => {
+            let mut last = None;
+            for off in HDR_SIZES {
+                match read_raw(disk, size, off, true) {
+                    Ok(raw) => {
+                        return match parse_json_area(&raw.area, raw.bin.hdr_size, "secondary") {
+                            Ok(meta) => Copy::Ok(raw, Box::new(meta)),
+                            Err(e) => Copy::Obsolete(raw, e),
+                        }
+                    }
+                    Err(b) => last = Some(b.1),
+                }
+            }
+            Copy::Fail(last.unwrap_or_else(|| {
+                LuksError::field(
+                    "secondary header",
+                    "(none)",
+                    "no valid secondary header found",
+                )
+            }))
+        }
+    }
 }
 
 /// True if the first bytes carry a LUKS2 primary or secondary magic with version 2.
@@ -264,102 +344,115 @@ pub fn looks_like_luks2(b: &[u8]) -> bool {
     b.len() >= 8 && (b[..6] == MAGIC_PRIMARY || b[..6] == MAGIC_SECONDARY) && b[6..8] == [0, 2]
 }
 
-/// Read both copies and pick one (module docs). `disk` is the metadata device.
+/// A copy to rewrite from the good one (cryptsetup's auto-recovery, which
+/// udm does on `repair` and with any header write): which copy, and the
+/// good copy's JSON area as it is on disk.
+#[derive(Clone, Debug)]
+pub struct Recovery {
+    pub copy: usize,
+    area: Vec<u8>,
+}
+
+/// Read both copies and pick one (module docs), as cryptsetup's
+/// `LUKS2_disk_hdr_read`: the copy with the higher seqid among the valid
+/// ones, the other marked for recovery. `disk` is the metadata device.
 pub fn read(disk: &Disk) -> Result<Luks2, LuksError> {
     let size = disk.size()?;
     let primary = read_copy(disk, size, 0, false);
-    // Where the secondary lives: after the primary if its binary header is sane, else probe.
-    let mut probe: Vec<u64> = Vec::new();
-    {
-        let mut bin = vec![0u8; BIN_LEN];
-        if size >= BIN_LEN as u64 && disk.read_at(0, &mut bin).is_ok() {
-            if let Ok((h, _)) = parse_bin(&bin, 0, false) {
-                probe.push(h.hdr_size);
-            }
-        }
-    }
-    if probe.is_empty() {
-        probe.extend_from_slice(&HDR_SIZES);
-    }
-    let mut secondary = Err(LuksError::field(
-        "secondary header",
-        "(none)",
-        "no valid secondary header found",
-    ));
-    for off in probe {
-        match read_copy(disk, size, off, true) {
-            Ok(c) => {
-                secondary = Ok(c);
-                break;
-            }
-            Err(e) => secondary = Err(e),
-        }
-    }
-    let mut warnings = Vec::new();
-    let (used, other, used_copy) = match (primary, secondary) {
-        (Ok(p), Ok(s)) => {
-            if s.bin.seqid > p.bin.seqid {
-                warnings.push(format!("LUKS2 primary header has an older seqid ({}) than the secondary ({}); using the secondary copy", p.bin.seqid, s.bin.seqid));
-                (s, Some(p), 1)
-            } else {
-                if s.bin.seqid < p.bin.seqid {
-                    warnings.push(format!(
-                        "LUKS2 secondary header has an older seqid ({}) than the primary ({})",
-                        s.bin.seqid, p.bin.seqid
-                    ));
-                }
-                (p, Some(s), 0)
-            }
-        }
-        (Ok(p), Err(e)) => {
-            warnings.push(format!(
-                "LUKS2 secondary header is damaged ({e}); using the primary copy"
-            ));
-            (p, None, 0)
-        }
-        (Err(e), Ok(s)) => {
-            warnings.push(format!(
-                "LUKS2 primary header is damaged ({e}); using the secondary copy at offset {}",
-                s.bin.hdr_size
-            ));
-            (s, None, 1)
-        }
-        (Err(e), Err(_)) => {
+    let secondary = read_secondary(disk, size, &primary);
+    let seq = |c: &Copy| match c {
+        Copy::Ok(r, _) => Some(r.bin.seqid),
+        _ => None,
+    };
+    let use_secondary = match (seq(&primary), seq(&secondary)) {
+        (Some(p), Some(s)) => s > p,
+        (None, Some(_)) => true,
+        (Some(_), None) => false,
+        (None, None) => {
             let mut b = [0u8; 8];
             if disk.read_at(0, &mut b).is_ok() && !looks_like_luks2(&b) {
                 return Err(LuksError::NotLuks(disk.path().display().to_string()));
             }
-            return Err(e);
+            return Err(match primary {
+                Copy::Obsolete(_, e) | Copy::Fail(e) => e,
+                Copy::Ok(..) => unreachable!("an Ok copy has a seqid"),
+            });
         }
     };
+    let (used, other, used_copy) = if use_secondary {
+        (secondary, primary, 1)
+    } else {
+        (primary, secondary, 0)
+    };
+    let Copy::Ok(raw, meta) = used else {
+        unreachable!("the chosen copy is Ok")
+    };
+    let warnings = copy_warnings(&raw, &other, used_copy);
     for w in &warnings {
         tracing::warn!("{}: {w}", disk.path().display());
     }
-    let need = 2 * used.bin.hdr_size + used.meta.keyslots_size;
+    let need = 2 * raw.bin.hdr_size + meta.keyslots_size;
     if size < need {
         return Err(LuksError::field(
             "config.keyslots_size",
-            used.meta.keyslots_size,
+            meta.keyslots_size,
             format!("metadata needs {need} bytes but the device has {size}"),
         ));
     }
-    let mut salts = [used.salt; 2];
-    salts[used_copy] = used.salt;
-    match other {
-        Some(o) => salts[1 - used_copy] = o.salt,
-        None => {
-            let mut s = [0u8; 64];
-            let _ = getrandom::fill(&mut s);
-            salts[1 - used_copy] = s;
-        }
-    }
+    // The other copy's salt is kept while its binary header is readable
+    // (cryptsetup keeps it too); a recovered copy gets a new one.
+    let mut salts = [raw.salt; 2];
+    let (other_salt, stale) = match &other {
+        Copy::Ok(o, _) => (Some(o.salt), o.bin.seqid != raw.bin.seqid),
+        Copy::Obsolete(o, _) => (Some(o.salt), true),
+        Copy::Fail(_) => (None, true),
+    };
+    salts[1 - used_copy] = match other_salt {
+        Some(s) => s,
+        None => random_salt(),
+    };
+    let recovery = (!warnings.is_empty() || stale).then(|| Recovery {
+        copy: 1 - used_copy,
+        area: raw.area.clone(),
+    });
     Ok(Luks2 {
-        bin: used.bin,
-        meta: used.meta,
+        bin: raw.bin,
+        meta: *meta,
         salts,
         used_copy,
         warnings,
+        recovery,
     })
+}
+
+fn random_salt() -> [u8; 64] {
+    let mut s = [0u8; 64];
+    let _ = getrandom::fill(&mut s);
+    s
+}
+
+/// What is wrong with the copy not used (empty: both agree).
+fn copy_warnings(used: &Raw, other: &Copy, used_copy: usize) -> Vec<String> {
+    let mut w = Vec::new();
+    match (other, used_copy) {
+        (Copy::Ok(o, _), 1) => w.push(format!(
+            "LUKS2 primary header has an older seqid ({}) than the secondary ({}); using the secondary copy",
+            o.bin.seqid, used.bin.seqid
+        )),
+        (Copy::Ok(o, _), _) if o.bin.seqid < used.bin.seqid => w.push(format!(
+            "LUKS2 secondary header has an older seqid ({}) than the primary ({})",
+            o.bin.seqid, used.bin.seqid
+        )),
+        (Copy::Ok(..), _) => {}
+        (Copy::Obsolete(_, e) | Copy::Fail(e), 0) => w.push(format!(
+            "LUKS2 secondary header is damaged ({e}); using the primary copy"
+        )),
+        (Copy::Obsolete(_, e) | Copy::Fail(e), _) => w.push(format!(
+            "LUKS2 primary header is damaged ({e}); using the secondary copy at offset {}",
+            used.bin.hdr_size
+        )),
+    }
+    w
 }
 
 impl Luks2 {
@@ -378,17 +471,41 @@ impl Luks2 {
         area[..json.len()].copy_from_slice(&json);
         self.bin.seqid = self.bin.seqid.saturating_add(1);
         for copy in 0..2 {
-            let off = if copy == 0 { 0 } else { self.bin.hdr_size };
-            let mut bin = bin_bytes(&self.bin, &self.salts[copy], copy);
-            disk.write_at(off, &bin)?;
-            disk.write_at(off + BIN_LEN as u64, &area)?;
-            let sum = checksum(self.bin.checksum_alg, &bin, &area);
-            bin[CSUM_OFF..CSUM_OFF + sum.len()].copy_from_slice(&sum);
-            disk.write_at(off, &bin)?;
-            disk.sync()?;
+            self.write_copy(disk, copy, &area)?;
         }
         self.used_copy = 0;
+        self.recovery = None;
+        self.warnings.clear();
         Ok(())
+    }
+
+    /// One copy: binary header with zero checksum, JSON area, binary
+    /// header with checksum, sync.
+    fn write_copy(&self, disk: &mut Disk, copy: usize, area: &[u8]) -> Result<(), LuksError> {
+        let off = if copy == 0 { 0 } else { self.bin.hdr_size };
+        let mut bin = bin_bytes(&self.bin, &self.salts[copy], copy);
+        disk.write_at(off, &bin)?;
+        disk.write_at(off + BIN_LEN as u64, area)?;
+        let sum = checksum(self.bin.checksum_alg, &bin, area);
+        bin[CSUM_OFF..CSUM_OFF + sum.len()].copy_from_slice(&sum);
+        disk.write_at(off, &bin)?;
+        disk.sync()
+    }
+
+    /// cryptsetup's recovery of a damaged or stale copy: only that copy is
+    /// written, from the good copy's binary header (same seqid: the epoch
+    /// does not move) and its JSON area byte for byte, under a new salt.
+    /// A JSON fix made in memory while reading (old KDF members) is not
+    /// written here; the next header update writes it. Returns whether
+    /// anything was written.
+    pub fn recover(&mut self, disk: &mut Disk) -> Result<bool, LuksError> {
+        let Some(r) = self.recovery.take() else {
+            return Ok(false);
+        };
+        self.salts[r.copy] = random_salt();
+        self.write_copy(disk, r.copy, &r.area)?;
+        self.warnings.clear();
+        Ok(true)
     }
 }
 

@@ -4,7 +4,8 @@
 //! standard layout (or that carry an MS-DOS partition signature over slot
 //! 6) are reset to empty with their salt wiped; an `ecb-…` mode becomes
 //! `ecb`; the hash name is lower-cased. Active keyslots are never touched.
-//! LUKS2: a damaged or stale header copy is rewritten from the good one.
+//! LUKS2: a damaged or stale header copy is rewritten from the good one as
+//! cryptsetup's recovery does (that copy only, same seqid, new salt).
 
 use super::disk::Disk;
 use super::error::LuksError;
@@ -110,17 +111,12 @@ pub fn repair(image: &Path, header: Option<&Path>) -> Result<Vec<String>, LuksEr
     drop(d);
     let mut v = Volume::load(image, header, true)?;
     let warnings = v.warnings();
-    if warnings.is_empty() {
+    let fixed = match v.header.luks2_mut() {
+        Some(h) => h.recover(&mut v.meta)?,
+        None => false,
+    };
+    if !fixed {
         return Ok(vec!["No known problems detected for LUKS header.".into()]);
-    }
-    if let Some(h) = v.header.luks2_mut() {
-        // Both copies from the valid one (the bad copy's salt is renewed).
-        h.salts[1 - h.used_copy] = {
-            let mut s = [0u8; 64];
-            s.copy_from_slice(&super::keyslot::random(64)?);
-            s
-        };
-        h.write(&mut v.meta)?;
     }
     Ok(warnings
         .into_iter()

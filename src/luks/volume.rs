@@ -224,6 +224,9 @@ impl Volume {
                 preferred_wrong = wrong;
             }
             class = Some(prio);
+            if let Some(e) = self.header.unusable_slot(slot) {
+                return Err(e);
+            }
             let params = self.slot_params(slot).filter(|_| serves(slot));
             let Some(mut p) = params else {
                 wrong = false;

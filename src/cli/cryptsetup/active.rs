@@ -277,18 +277,20 @@ fn crypt_params(l: &TableLine) -> Option<CryptParams> {
 }
 
 pub(super) fn status(c: &Ctx) -> Outcome {
-    let name = &c.argv[0];
+    let arg = c.argv[0].as_str();
+    // cryptsetup takes a name or a /dev/mapper path.
+    let name = arg.strip_prefix("/dev/mapper/").unwrap_or(arg);
     let (info, table) = match live_table(c, name) {
         Ok(x) => x,
         Err(LuksError::Device(_)) => {
-            println!("/dev/mapper/{name} is inactive.");
+            println!("{} is inactive.", super::status::head(arg));
             return Err(LuksError::Silent(4));
         }
         Err(e) => return Err(e),
     };
     let lines = lines_of(name, &table)?;
     let Some(p) = lines.0.first().and_then(crypt_params) else {
-        println!("/dev/mapper/{name} is active.");
+        println!("{} is active.", super::status::head(arg));
         return Ok(());
     };
     let uuid = info["uuid"].as_str().unwrap_or("");
@@ -301,47 +303,36 @@ pub(super) fn status(c: &Ctx) -> Outcome {
     } else {
         "n/a"
     };
-    let size: u64 = lines.0.iter().map(|l| l.len).sum();
-    let suspended = info["suspended"].as_bool().unwrap_or(false);
-    // The device's file where the server has a mapper directory, else
-    // the path cryptsetup would print.
-    let path = info["file"]
-        .as_str()
-        .map_or_else(|| format!("/dev/mapper/{name}"), str::to_string);
-    println!(
-        "{path} is active{}.",
-        if info["open_count"].as_u64().unwrap_or(0) > 0 {
-            " and is in use"
-        } else {
-            ""
-        }
-    );
-    println!("  type:    {ty}");
-    println!("  cipher:  {}", p.cipher);
-    println!("  keysize: {} bits", p.key_bits());
-    println!("  key location: dm-crypt");
-    println!("  device:  {}", p.device);
-    println!("  sector size:  {}", p.options.sector_size);
-    println!("  offset:  {} sectors", p.offset);
-    println!("  size:    {size} sectors");
-    if suspended {
-        println!("  mode:    suspended");
-    } else if info["read_only"].as_bool().unwrap_or(false) {
-        println!("  mode:    readonly");
-    } else {
-        println!("  mode:    read/write");
-    }
-    // cryptsetup reports these flags (not high_priority, which it does
-    // not set, nor iv_large_sectors, which belongs to the sector size).
-    for o in p.options.flags() {
-        if !matches!(o, "high_priority" | "iv_large_sectors") {
-            println!("  flags:   {}", o.replace('_', "-"));
-        }
-    }
-    if let Some(u) = info["nbd_uri"].as_str() {
+    let reencrypting = ty == "LUKS2" && in_reencryption(c, &p.device);
+    // With a mapper directory the device is a file there: name it as
+    // cryptsetup names /dev/mapper/NAME, and say where NBD clients find it.
+    let file = info["file"].as_str().map(str::to_string);
+    let report = super::status::Report {
+        arg: file.as_deref().unwrap_or(arg),
+        in_use: info["open_count"].as_u64().unwrap_or(0) > 0,
+        ty,
+        reencrypting,
+        params: &p,
+        keyring: lines.0[0].args.get(1).is_some_and(|k| k.starts_with(':')),
+        size: lines.0.iter().map(|l| l.len).sum(),
+        read_only: info["read_only"].as_bool().unwrap_or(false),
+        suspended: info["suspended"].as_bool().unwrap_or(false),
+    };
+    print!("{}", super::status::text(&report));
+    if let (Some(_), Some(u)) = (&file, info["nbd_uri"].as_str()) {
         println!("  nbd uri: {u}");
     }
     Ok(())
+}
+
+/// Whether the LUKS2 header of `device` (or `--header`) is in
+/// reencryption; a header that cannot be read is not.
+fn in_reencryption(c: &Ctx, device: &str) -> bool {
+    let header = c.a.str("header").map(std::path::Path::new);
+    crate::luks::volume::Volume::load(std::path::Path::new(device), header, false)
+        .ok()
+        .and_then(|v| crate::luks::reencrypt::status(&v).ok().flatten())
+        .is_some()
 }
 
 pub(super) fn resize(c: &Ctx) -> Outcome {

@@ -15,7 +15,9 @@ mod active;
 mod args;
 mod ctx;
 mod offline;
+mod progress;
 mod reencrypt;
+mod status;
 mod verify;
 
 use std::ffi::OsString;

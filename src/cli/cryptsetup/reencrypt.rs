@@ -12,9 +12,9 @@
 //! allows them online (a decryption with data shift starts online; an
 //! encryption starts offline and `--encrypt DEVICE NAME` then creates
 //! NAME on the server and goes on online). SIGINT/SIGTERM stop after
-//! the current hotzone, leaving resumable metadata. Progress goes to
-//! stderr: a bar on a terminal, or a line every `--progress-frequency`
-//! seconds.
+//! the current hotzone, leaving resumable metadata. Progress: a bar on a
+//! terminal, or cryptsetup's lines on stdout every `--progress-frequency`
+//! seconds, or its JSON lines with `--progress-json` (`progress.rs`).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,6 +46,8 @@ fn install_handlers() {
 struct Progress {
     ui: Ui,
     every: Option<u64>,
+    /// `--progress-json`: the device the JSON lines name.
+    json: Option<String>,
     quiet: bool,
     total: Cell<u64>,
     start: Instant,
@@ -60,51 +62,56 @@ impl Feedback for Progress {
     fn begin(&self, what: &str, total: u64) {
         self.total.set(total);
         self.first.set(u64::MAX);
-        if self.every.is_none() && !self.quiet {
+        if self.every.is_none() && self.json.is_none() && !self.quiet {
             self.ui.begin(what, total);
         }
     }
     fn advance(&self, done: u64) {
         if self.first.get() == u64::MAX {
             self.first.set(done);
+            // cryptsetup's first report only starts the clock.
+            self.last.set(Some(Instant::now()));
         } else {
             self.steps.set(self.steps.get() + 1);
             if self.stop_after.get().is_some_and(|n| self.steps.get() >= n) {
                 STOP.store(true, Ordering::Relaxed);
             }
         }
-        let Some(every) = self.every else {
-            if !self.quiet {
-                self.ui.advance(done);
+        // cryptsetup: every --progress-frequency seconds, JSON every half
+        // second without it, else the terminal bar.
+        let every = match (self.every, &self.json) {
+            (Some(e), _) => std::time::Duration::from_secs(e),
+            (None, Some(_)) => std::time::Duration::from_millis(500),
+            (None, None) => {
+                if !self.quiet {
+                    self.ui.advance(done);
+                }
+                return;
             }
-            return;
         };
         let now = Instant::now();
         let due = self
             .last
             .get()
-            .is_none_or(|l| now.duration_since(l).as_secs() >= every);
+            .is_none_or(|l| now.duration_since(l) >= every);
         let total = self.total.get().max(1);
         if !due && done < total {
             return;
         }
         self.last.set(Some(now));
-        let secs = now.duration_since(self.start).as_secs_f64().max(1e-3);
-        let moved = done.saturating_sub(self.first.get());
-        let speed = moved as f64 / secs;
-        let eta = if speed > 0.0 {
-            (total.saturating_sub(done) as f64 / speed) as u64
-        } else {
-            0
+        let elapsed = now.duration_since(self.start);
+        let secs = elapsed.as_secs_f64().max(1e-3);
+        let bps = done.saturating_sub(self.first.get()) as f64 / secs;
+        let us = elapsed.as_micros() as u64;
+        let text = match &self.json {
+            Some(dev) => super::progress::json(dev, done, total, bps, us),
+            None if self.quiet => return,
+            None => super::progress::line(done, total, bps, us),
         };
-        eprintln!(
-            "Progress: {:5.1}%, ETA {:02}:{:02}, {} MiB written, speed {:5.1} MiB/s",
-            done as f64 * 100.0 / total as f64,
-            eta / 60,
-            eta % 60,
-            moved >> 20,
-            speed / f64::from(1 << 20)
-        );
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
     }
     fn end(&self) {
         self.ui.end();
@@ -301,6 +308,7 @@ fn progress(c: &Ctx) -> Progress {
             .u32("progress-frequency")
             .map(u64::from)
             .filter(|&f| f > 0),
+        json: c.a.has("progress-json").then(|| c.argv[0].clone()),
         quiet: c.batch(),
         total: Cell::new(0),
         start: Instant::now(),

@@ -39,7 +39,7 @@ pub(super) fn verify(
         "token" => token(a, argv)?,
         _ => {}
     }
-    Ok(())
+    not_in_udm(a)
 }
 
 /// Option values checked for every action.
@@ -198,4 +198,32 @@ fn token(a: &Args, argv: &[String]) -> Checked {
         }
     }
     Ok(())
+}
+
+/// cryptsetup 2.6.1 options udm knows but does not do, each refused by
+/// name rather than accepted and ignored.
+const NOT_IN_UDM: [(&str, &str); 4] = [
+    (
+        "persistent",
+        "udm does not store activation flags in the LUKS2 header; pass them to every open",
+    ),
+    (
+        "shared",
+        "udm does not map one device into several shared plain mappings",
+    ),
+    (
+        "new-token-id",
+        "udm does not bind a token to the new keyslot; use `token add --key-slot` after",
+    ),
+    (
+        "cancel-deferred",
+        "udm's control socket has no cancel for a deferred removal",
+    ),
+];
+
+fn not_in_udm(a: &Args) -> Checked {
+    match NOT_IN_UDM.iter().find(|(o, _)| a.has(o)) {
+        Some((o, why)) => Err(format!("Option --{o} is not supported by udm: {why}.")),
+        None => Ok(()),
+    }
 }

@@ -11,10 +11,11 @@ mod read;
 #[cfg(test)]
 mod tests;
 mod types;
+pub mod validate;
 
 pub use fields::parse_u64str;
 pub use pretty::{hostile_char, to_pretty};
-pub use types::{Digest, Keyslot, Segment};
+pub use types::{Digest, Keyslot, Segment, Unusable};
 
 use base64::Engine;
 use serde_json::Value;
@@ -35,6 +36,8 @@ pub struct Metadata {
     pub keyslots: BTreeMap<u32, Keyslot>,
     /// Keyslots of types udm does not unlock (e.g. `reencrypt`), with their type.
     pub other_keyslots: BTreeMap<u32, String>,
+    /// `luks2` keyslots udm cannot unlock, with why (the error when used).
+    pub unusable: BTreeMap<u32, Unusable>,
     pub segments: BTreeMap<u32, Segment>,
     pub digests: BTreeMap<u32, Digest>,
     pub tokens: BTreeMap<u32, Vec<u32>>,

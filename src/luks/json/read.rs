@@ -4,7 +4,7 @@
 //! can tell a damaged header from an unsupported one.
 
 use super::fields::{b64, hash, id, id_list, int, member, obj, string, strings, u64str};
-use super::types::{Digest, Keyslot, Segment};
+use super::types::{Digest, Keyslot, Segment, Unusable};
 use super::{Metadata, MAX_KEYSLOTS, MAX_KEYSLOTS_SIZE, MAX_KEY_SIZE, MAX_TOKENS};
 use crate::luks::af::STRIPES;
 use crate::luks::error::LuksError;
@@ -89,11 +89,104 @@ fn parse_config(
     Ok((json_size, keyslots_size, flags, requirements))
 }
 
-type Keyslots = (BTreeMap<u32, Keyslot>, BTreeMap<u32, String>);
+/// `luks2` keyslots udm can unlock, the numbers and types of other
+/// keyslots, and `luks2` keyslots udm cannot unlock with why.
+type Keyslots = (
+    BTreeMap<u32, Keyslot>,
+    BTreeMap<u32, String>,
+    BTreeMap<u32, Unusable>,
+);
 
-/// The `keyslots` object: `luks2` keyslots (areas inside the keyslots area
-/// `[areas_start, areas_end)` and not overlapping), and the numbers and
-/// types of keyslots udm does not unlock.
+/// One `luks2` keyslot, checked as udm needs it to unlock: the area inside
+/// the keyslots area `[areas_start, areas_end)`, 4000 stripes, a KDF udm
+/// runs within its limits.
+fn parse_keyslot(
+    o: &Map<String, Value>,
+    f: &str,
+    areas_start: u64,
+    areas_end: u64,
+) -> Result<Keyslot, LuksError> {
+    let key_size = int(o, "key_size", f, 1, MAX_KEY_SIZE)?;
+    let priority = match o.get("priority") {
+        None => 1,
+        Some(_) => int(o, "priority", f, 0, 2)?,
+    };
+    let af = obj(member(o, "af", f)?, &format!("{f}.af"))?;
+    let aft = string(af, "type", &format!("{f}.af"))?;
+    if aft != "luks1" {
+        return Err(LuksError::field(
+            format!("{f}.af.type"),
+            aft,
+            "only \"luks1\" is supported",
+        ));
+    }
+    let stripes = int(af, "stripes", &format!("{f}.af"), 1, u64::from(u32::MAX))?;
+    if stripes != STRIPES {
+        return Err(LuksError::field(
+            format!("{f}.af.stripes"),
+            stripes,
+            "must be 4000",
+        ));
+    }
+    let af_hash = hash(af, "hash", &format!("{f}.af"))?;
+    let fa = format!("{f}.area");
+    let area = obj(member(o, "area", f)?, &fa)?;
+    let at = string(area, "type", &fa)?;
+    if at != "raw" {
+        return Err(LuksError::field(
+            format!("{fa}.type"),
+            at,
+            "only \"raw\" is supported",
+        ));
+    }
+    let area_offset = u64str(area, "offset", &fa)?;
+    let area_size = u64str(area, "size", &fa)?;
+    let area_encryption = string(area, "encryption", &fa)?.to_string();
+    if area_encryption.is_empty() || area_encryption.len() > 128 {
+        return Err(LuksError::field(
+            format!("{fa}.encryption"),
+            &area_encryption,
+            "invalid cipher spec",
+        ));
+    }
+    let area_key_size = int(area, "key_size", &fa, 1, MAX_KEY_SIZE)?;
+    let need = (u64::from(key_size) * u64::from(stripes)).div_ceil(512) * 512;
+    if area_size < need {
+        return Err(LuksError::field(
+            format!("{fa}.size"),
+            area_size,
+            format!("smaller than the {need} bytes of key material"),
+        ));
+    }
+    let end = area_offset.checked_add(area_size);
+    if area_offset < areas_start || end.is_none_or(|e| e > areas_end) {
+        return Err(LuksError::field(
+            format!("{fa}.offset"),
+            area_offset,
+            format!("area (+{area_size}) must lie inside the keyslots area [{areas_start}, {areas_end})"),
+        ));
+    }
+    let (kdf, salt) = parse_kdf(
+        obj(member(o, "kdf", f)?, &format!("{f}.kdf"))?,
+        &format!("{f}.kdf"),
+    )?;
+    Ok(Keyslot {
+        key_size,
+        priority,
+        kdf,
+        salt,
+        af_hash,
+        stripes,
+        area_offset,
+        area_size,
+        area_encryption,
+        area_key_size,
+    })
+}
+
+/// The `keyslots` object, already validated as cryptsetup validates it:
+/// a `luks2` keyslot udm cannot unlock is kept with the reason, which is
+/// the error when that keyslot is used.
 fn parse_keyslots(
     top: &Map<String, Value>,
     areas_start: u64,
@@ -101,234 +194,73 @@ fn parse_keyslots(
 ) -> Result<Keyslots, LuksError> {
     let mut keyslots = BTreeMap::new();
     let mut other_keyslots = BTreeMap::new();
-    let mut areas: Vec<(u64, u64, u32)> = Vec::new();
+    let mut unusable = BTreeMap::new();
     for (k, v) in obj(member(top, "keyslots", "json")?, "keyslots")? {
         let n = id(k, "keyslots", MAX_KEYSLOTS)?;
         let f = format!("keyslots.{k}");
         let o = obj(v, &f)?;
         let t = string(o, "type", &f)?;
-        let key_size = int(o, "key_size", &f, 1, MAX_KEY_SIZE)?;
-        let priority = match o.get("priority") {
-            None => 1,
-            Some(_) => int(o, "priority", &f, 0, 2)?,
-        };
         if t != "luks2" {
             other_keyslots.insert(n, t.to_string());
             continue;
         }
-        let af = obj(member(o, "af", &f)?, &format!("{f}.af"))?;
-        let aft = string(af, "type", &format!("{f}.af"))?;
-        if aft != "luks1" {
-            return Err(LuksError::field(
-                format!("{f}.af.type"),
-                aft,
-                "only \"luks1\" is supported",
-            ));
-        }
-        let stripes = int(af, "stripes", &format!("{f}.af"), 1, u64::from(u32::MAX))?;
-        if stripes != STRIPES {
-            return Err(LuksError::field(
-                format!("{f}.af.stripes"),
-                stripes,
-                "must be 4000",
-            ));
-        }
-        let af_hash = hash(af, "hash", &format!("{f}.af"))?;
-        let fa = format!("{f}.area");
-        let area = obj(member(o, "area", &f)?, &fa)?;
-        let at = string(area, "type", &fa)?;
-        if at != "raw" {
-            return Err(LuksError::field(
-                format!("{fa}.type"),
-                at,
-                "only \"raw\" is supported",
-            ));
-        }
-        let area_offset = u64str(area, "offset", &fa)?;
-        let area_size = u64str(area, "size", &fa)?;
-        let area_encryption = string(area, "encryption", &fa)?.to_string();
-        if area_encryption.is_empty() || area_encryption.len() > 128 {
-            return Err(LuksError::field(
-                format!("{fa}.encryption"),
-                &area_encryption,
-                "invalid cipher spec",
-            ));
-        }
-        let area_key_size = int(area, "key_size", &fa, 1, MAX_KEY_SIZE)?;
-        let need = (u64::from(key_size) * u64::from(stripes)).div_ceil(512) * 512;
-        if area_size < need {
-            return Err(LuksError::field(
-                format!("{fa}.size"),
-                area_size,
-                format!("smaller than the {need} bytes of key material"),
-            ));
-        }
-        let end = area_offset.checked_add(area_size);
-        if area_offset < areas_start || end.is_none_or(|e| e > areas_end) {
-            return Err(LuksError::field(
-                format!("{fa}.offset"),
-                area_offset,
-                format!("area (+{area_size}) must lie inside the keyslots area [{areas_start}, {areas_end})"),
-            ));
-        }
-        areas.push((area_offset, area_offset + area_size, n));
-        let (kdf, salt) = parse_kdf(
-            obj(member(o, "kdf", &f)?, &format!("{f}.kdf"))?,
-            &format!("{f}.kdf"),
-        )?;
-        keyslots.insert(
-            n,
-            Keyslot {
-                key_size,
-                priority,
-                kdf,
-                salt,
-                af_hash,
-                stripes,
-                area_offset,
-                area_size,
-                area_encryption,
-                area_key_size,
-            },
-        );
-    }
-    areas.sort_unstable();
-    for w in areas.windows(2) {
-        if w[1].0 < w[0].1 {
-            return Err(LuksError::field(
-                format!("keyslots.{}.area.offset", w[1].2),
-                w[1].0,
-                format!("overlaps the area of keyslot {}", w[0].2),
-            ));
+        match parse_keyslot(o, &f, areas_start, areas_end) {
+            Ok(ks) => {
+                keyslots.insert(n, ks);
+            }
+            Err(e) => {
+                let priority = o.get("priority").and_then(Value::as_u64).unwrap_or(1);
+                unusable.insert(n, Unusable::new(e, priority.min(2) as u32));
+            }
         }
     }
-    Ok((keyslots, other_keyslots))
+    Ok((keyslots, other_keyslots, unusable))
 }
 
-/// The `segments` object: numbered 0..N-1, backups last, regular segments
-/// in order, not overlapping each other. Whether data overlaps the
-/// metadata depends on where the header is (a detached header's data may
-/// start anywhere): `Volume::check_data_offset` decides that.
+/// The `segments` object, already validated as cryptsetup validates it
+/// (numbered 0..N-1, backups last, regular segments not overlapping, crypt
+/// members present). What udm needs beyond that to map a segment (its
+/// sector size, its size against the device) is checked when it is mapped.
+/// Whether data overlaps the metadata depends on where the header is (a
+/// detached header's data may start anywhere): `Volume::check_data_offset`
+/// decides that.
 fn parse_segments(top: &Map<String, Value>) -> Result<BTreeMap<u32, Segment>, LuksError> {
     let mut segments = BTreeMap::new();
+    let u = |o: &Map<String, Value>, k: &str| {
+        o.get(k)
+            .and_then(Value::as_str)
+            .and_then(super::parse_u64str)
+    };
     for (k, v) in obj(member(top, "segments", "json")?, "segments")? {
         let n = id(k, "segments", 1024)?;
         let f = format!("segments.{k}");
         let o = obj(v, &f)?;
         let kind = string(o, "type", &f)?.to_string();
-        let offset = u64str(o, "offset", &f)?;
-        if offset % 512 != 0 {
-            return Err(LuksError::field(
-                format!("{f}.offset"),
-                offset,
-                "must be a multiple of 512",
-            ));
-        }
-        let size_s = string(o, "size", &f)?;
-        let size = if size_s == "dynamic" {
-            None
-        } else {
-            let s = u64str(o, "size", &f)?;
-            if s == 0 || s % 512 != 0 {
-                return Err(LuksError::field(
-                    format!("{f}.size"),
-                    s,
-                    "must be non-zero and a multiple of 512",
-                ));
-            }
-            if offset.checked_add(s).is_none() {
-                return Err(LuksError::field(
-                    format!("{f}.size"),
-                    s,
-                    "offset + size overflows",
-                ));
-            }
-            Some(s)
-        };
-        let flags = strings(o, "flags", &f)?;
-        let mut seg = Segment {
-            kind: kind.clone(),
-            offset,
-            size,
-            iv_tweak: 0,
-            encryption: String::new(),
-            sector_size: 512,
-            integrity: false,
-            flags,
-        };
-        if kind == "crypt" {
-            seg.iv_tweak = u64str(o, "iv_tweak", &f)?;
-            seg.encryption = string(o, "encryption", &f)?.to_string();
-            if seg.encryption.is_empty() || seg.encryption.len() > 128 {
-                return Err(LuksError::field(
-                    format!("{f}.encryption"),
-                    &seg.encryption,
-                    "invalid cipher spec",
-                ));
-            }
-            seg.sector_size = int(o, "sector_size", &f, 512, 4096)?;
-            if !seg.sector_size.is_power_of_two() {
-                return Err(LuksError::field(
-                    format!("{f}.sector_size"),
-                    seg.sector_size,
-                    "must be 512, 1024, 2048 or 4096",
-                ));
-            }
-            if let Some(s) = size {
-                if s % u64::from(seg.sector_size) != 0 {
-                    return Err(LuksError::field(
-                        format!("{f}.size"),
-                        s,
-                        "not a multiple of sector_size",
-                    ));
-                }
-            }
-            if let Some(i) = o.get("integrity") {
-                obj(i, &format!("{f}.integrity"))?;
-                seg.integrity = true;
-            }
-        }
-        segments.insert(n, seg);
-    }
-    for (i, n) in segments.keys().enumerate() {
-        if *n as usize != i {
-            return Err(LuksError::field(
-                "segments",
-                n,
-                "segment numbers must be 0..N-1 without gaps",
-            ));
-        }
-    }
-    let regular: Vec<(&u32, &Segment)> = segments.iter().filter(|(_, s)| !s.is_backup()).collect();
-    let mut seen_backup = false;
-    for (n, s) in &segments {
-        if s.is_backup() {
-            seen_backup = true;
-        } else if seen_backup {
-            return Err(LuksError::field(
-                format!("segments.{n}"),
-                "",
-                "regular segment after a backup segment",
-            ));
-        }
-    }
-    for (i, (n, s)) in regular.iter().enumerate() {
-        if s.size.is_none() && i + 1 != regular.len() {
-            return Err(LuksError::field(
-                format!("segments.{n}.size"),
-                "dynamic",
-                "only the last segment may be dynamic",
-            ));
-        }
-        if let (Some(sz), Some((_, next))) = (s.size, regular.get(i + 1)) {
-            if s.offset + sz > next.offset && next.offset + next.size.unwrap_or(1) > s.offset {
-                return Err(LuksError::field(
-                    format!("segments.{n}"),
-                    s.offset,
-                    "overlaps the next segment",
-                ));
-            }
-        }
+        let crypt = kind == "crypt";
+        segments.insert(
+            n,
+            Segment {
+                offset: u(o, "offset").unwrap_or(0),
+                size: u(o, "size"),
+                iv_tweak: if crypt {
+                    u(o, "iv_tweak").unwrap_or(0)
+                } else {
+                    0
+                },
+                encryption: o
+                    .get("encryption")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                sector_size: o
+                    .get("sector_size")
+                    .and_then(Value::as_u64)
+                    .map_or(512, |s| s.min(u64::from(u32::MAX)) as u32),
+                integrity: crypt && o.get("integrity").is_some(),
+                flags: strings(o, "flags", &f)?,
+                kind,
+            },
+        );
     }
     Ok(segments)
 }
@@ -340,7 +272,10 @@ fn parse_digests(
     keyslots: &Keyslots,
     segments: &BTreeMap<u32, Segment>,
 ) -> Result<BTreeMap<u32, Digest>, LuksError> {
-    let (keyslots, other_keyslots) = keyslots;
+    let (keyslots, other_keyslots, unusable) = keyslots;
+    let exists = |k: &u32| {
+        keyslots.contains_key(k) || other_keyslots.contains_key(k) || unusable.contains_key(k)
+    };
     let mut digests = BTreeMap::new();
     for (k, v) in obj(member(top, "digests", "json")?, "digests")? {
         let n = id(k, "digests", MAX_KEYSLOTS)?;
@@ -357,7 +292,7 @@ fn parse_digests(
         let ks = id_list(o, "keyslots", &f, MAX_KEYSLOTS)?;
         let segs = id_list(o, "segments", &f, 1024)?;
         for k in &ks {
-            if !keyslots.contains_key(k) && !other_keyslots.contains_key(k) {
+            if !exists(k) {
                 return Err(LuksError::field(
                     format!("{f}.keyslots"),
                     k,
@@ -438,7 +373,10 @@ fn parse_tokens(
     top: &Map<String, Value>,
     keyslots: &Keyslots,
 ) -> Result<BTreeMap<u32, Vec<u32>>, LuksError> {
-    let (keyslots, other_keyslots) = keyslots;
+    let (keyslots, other_keyslots, unusable) = keyslots;
+    let exists = |k: &u32| {
+        keyslots.contains_key(k) || other_keyslots.contains_key(k) || unusable.contains_key(k)
+    };
     let mut tokens = BTreeMap::new();
     for (k, v) in obj(member(top, "tokens", "json")?, "tokens")? {
         let n = id(k, "tokens", MAX_TOKENS)?;
@@ -447,7 +385,7 @@ fn parse_tokens(
         string(o, "type", &f)?;
         let ks = id_list(o, "keyslots", &f, MAX_KEYSLOTS)?;
         for k in &ks {
-            if !keyslots.contains_key(k) && !other_keyslots.contains_key(k) {
+            if !exists(k) {
                 return Err(LuksError::field(
                     format!("{f}.keyslots"),
                     k,
@@ -463,6 +401,7 @@ fn parse_tokens(
 impl Metadata {
     /// Validate `value` as the JSON of a header with `hdr_size` bytes per copy.
     pub fn parse(value: Value, hdr_size: u64) -> Result<Metadata, LuksError> {
+        let value = super::validate::validate_or_repair(value, hdr_size.saturating_sub(4096))?;
         let top = obj(&value, "json")?;
         let (json_size, keyslots_size, flags, requirements) = parse_config(top, hdr_size)?;
         let areas_start = 2 * hdr_size;
@@ -471,11 +410,12 @@ impl Metadata {
         let segments = parse_segments(top)?;
         let digests = parse_digests(top, &ks, &segments)?;
         let tokens = parse_tokens(top, &ks)?;
-        let (keyslots, other_keyslots) = ks;
+        let (keyslots, other_keyslots, unusable) = ks;
         Ok(Metadata {
             value,
             keyslots,
             other_keyslots,
+            unusable,
             segments,
             digests,
             tokens,

@@ -60,14 +60,6 @@ fn rejects_named_fields() {
             "keyslots.0.area.offset",
         ),
         (
-            SAMPLE.replace("\"memory\":32", "\"memory\":99999999"),
-            "keyslots.0.kdf.memory",
-        ),
-        (
-            SAMPLE.replace("\"stripes\":4000", "\"stripes\":1"),
-            "keyslots.0.af.stripes",
-        ),
-        (
             SAMPLE.replace("\"json_size\":\"12288\"", "\"json_size\":\"4096\""),
             "config.json_size",
         ),
@@ -106,4 +98,82 @@ fn overlapping_areas_rejected() {
     let ks = m.value["keyslots"]["0"].clone();
     let e = m.with_keyslot(16384, 1, ks, 0).unwrap_err().to_string();
     assert!(e.contains("overlaps"), "{e}");
+}
+
+/// Values cryptsetup's validation accepts but udm cannot unlock with leave
+/// the header readable; the keyslot keeps why, which is the error when it
+/// is used.
+#[test]
+fn unusable_keyslots_fail_only_when_used() {
+    let cases = [
+        (
+            SAMPLE.replace("\"memory\":32", "\"memory\":99999999"),
+            "keyslots.0.kdf.memory",
+        ),
+        (
+            SAMPLE.replace("\"stripes\":4000", "\"stripes\":1"),
+            "keyslots.0.af.stripes",
+        ),
+        (
+            SAMPLE.replace("\"type\":\"argon2id\"", "\"type\":\"argon2\""),
+            "keyslots.0.kdf.type",
+        ),
+    ];
+    for (json, field) in cases {
+        let m = parse(&json).unwrap();
+        assert!(m.keyslots.is_empty(), "{field}");
+        let e = m.unusable[&0].error().to_string();
+        assert!(e.contains(field), "expected {field}: {e}");
+    }
+}
+
+/// cryptsetup's in-memory repair: KDF members another KDF left behind go,
+/// and only when the header fails validation without the repair.
+#[test]
+fn leftover_kdf_members_are_repaired_in_memory() {
+    let json = SAMPLE.replace(
+        "\"cpus\":2,",
+        "\"cpus\":2,\"iterations\":1000,\"hash\":\"sha256\",",
+    );
+    let m = parse(&json).unwrap();
+    let kdf = m.value["keyslots"]["0"]["kdf"].as_object().unwrap();
+    let keys: Vec<&str> = kdf.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["type", "time", "memory", "cpus", "salt"]);
+    assert!(m.keyslots.contains_key(&0));
+    // An unknown KDF type has no members to keep: left as it is, and the
+    // keyslot is unusable, not the header.
+    let odd = SAMPLE.replace("\"type\":\"argon2id\"", "\"type\":\"scrypt\"");
+    let m = parse(&odd).unwrap();
+    assert!(m.unusable.contains_key(&0));
+}
+
+/// cryptsetup's structural rules refuse the header itself.
+#[test]
+fn structural_faults_refuse_the_header() {
+    let cases = [
+        (
+            SAMPLE.replace("\"tokens\":{", "\"tokens\":{\"x\":{},"),
+            "tokens",
+        ),
+        (
+            SAMPLE.replace(
+                "\"digests\":{\"0\":{\"type\":\"pbkdf2\",\"keyslots\":[\"0\"]",
+                "\"digests\":{\"0\":{\"type\":\"pbkdf2\",\"keyslots\":[]",
+            ),
+            "keyslots.0",
+        ),
+        (
+            SAMPLE.replace("\"size\":\"dynamic\"", "\"size\":\"511\""),
+            "segments.0.size",
+        ),
+        (
+            SAMPLE.replace("\"af\":{\"type\":\"luks1\"", "\"af\":{\"type\":\"luks9\""),
+            "keyslots.0.af.type",
+        ),
+    ];
+    for (json, field) in cases {
+        assert_ne!(json, SAMPLE, "{field}: edit did not apply");
+        let e = parse(&json).unwrap_err().to_string();
+        assert!(e.contains(field), "expected {field}: {e}");
+    }
 }

@@ -2,6 +2,7 @@
 //! digests. They are read-only copies made by validation; edits go to the
 //! JSON value itself (see `edit`), so nothing udm does not model is lost.
 
+use crate::luks::error::LuksError;
 use crate::luks::hash::HashAlg;
 use crate::luks::kdf::Kdf;
 
@@ -51,4 +52,36 @@ pub struct Digest {
     pub iterations: u32,
     pub salt: Vec<u8>,
     pub digest: Vec<u8>,
+}
+
+/// A `luks2` keyslot cryptsetup's validation accepts but udm cannot
+/// unlock (an unknown KDF, limits udm keeps): why, to be the error when
+/// the keyslot is used, and its priority (where it stands in the order of
+/// keyslots tried).
+#[derive(Clone, Debug)]
+pub struct Unusable {
+    field: String,
+    value: String,
+    why: String,
+    pub priority: u32,
+}
+
+impl Unusable {
+    pub fn new(e: LuksError, priority: u32) -> Unusable {
+        let (field, value, why) = match e {
+            LuksError::Field { field, value, why } => (field, value, why),
+            e => (String::new(), String::new(), e.to_string()),
+        };
+        Unusable {
+            field,
+            value,
+            why,
+            priority,
+        }
+    }
+
+    /// The error of using this keyslot.
+    pub fn error(&self) -> LuksError {
+        LuksError::field(&self.field, &self.value, &self.why)
+    }
 }

@@ -1,0 +1,494 @@
+//! cryptsetup's own test scripts, run with udm as `cryptsetup`: the
+//! strongest check that udm behaves as the tool it replaces. The scripts
+//! and images are other projects' files kept beside the repository
+//! (`shared/upstream/cryptsetup-tests`, found in an ancestor folder of the
+//! crate or named by `UDM_UPSTREAM`); they are copied to a scratch folder
+//! and never into the repository. FAILS (never skips) when the folder, jq
+//! or xxd is missing.
+//!
+//! Each script's result is broken into cases (an image of
+//! `luks2-validation-test`, one volume of a `*-compat-test`), every case is
+//! printed, and the outcome is compared with [`EXPECTED_FAILURES`]: the
+//! test fails on a case that fails without being listed (a regression), and
+//! on a listed case that now passes (so the list only shrinks).
+//!
+//! What runs: `luks2-validation-test` whole; the passphrase and dump parts
+//! of `luks1-compat-test`, `tcrypt-compat-test`, `bitlk-compat-test` and
+//! `fvault2-compat-test`, one volume at a time (each script stops at its
+//! first failure, so a volume alone in its archive gives every volume a
+//! result of its own). The scripts' activation parts read
+//! `/dev/mapper/NAME` as a file; they run only as root, and here a fake
+//! `id` answering 1000 keeps them out until udm can show its devices under
+//! a mapper directory (`serve --mapper-dir`): then [`ACTIVATION`] is the
+//! hook that runs them in `unshare -m` with that directory on /dev/mapper.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Cases known to fail, each with why. Keys are `script/case`.
+const EXPECTED_FAILURES: &[(&str, &str)] = &[
+    // LUKS1 volumes whose hash or cipher mode udm lacks (the `ciphers`
+    // work adds them).
+    (
+        "luks1-compat-test/luks1_aes-xts-plain64-whirlpool.img",
+        "no whirlpool hash yet",
+    ),
+    (
+        "luks1-compat-test/luks1_aes-xts-essiv-wp256-whirlpool.img",
+        "no whirlpool hash yet",
+    ),
+    (
+        "luks1-compat-test/luks1_twofish-xts-plain64-whirlpool.img",
+        "no whirlpool hash yet",
+    ),
+    (
+        "luks1-compat-test/luks1_serpent-xts-plain64-whirlpool.img",
+        "no whirlpool hash yet",
+    ),
+    (
+        "luks1-compat-test/luks1_aes-lrw-plain64-sha1.img",
+        "no lrw mode yet",
+    ),
+];
+
+/// Scripts whose every case is expected to fail, with why (the
+/// TrueCrypt/VeraCrypt, BitLocker and FileVault2 readers are not in udm
+/// yet: `tcryptDump`, `bitlkDump`, `fvault2Dump` are unknown actions).
+const EXPECTED_FAILING_SCRIPTS: &[(&str, &str)] = &[
+    ("tcrypt-compat-test", "no TCRYPT support yet (tcryptDump)"),
+    ("bitlk-compat-test", "no BITLK support yet (bitlkDump)"),
+    (
+        "fvault2-compat-test",
+        "no FVAULT2 support yet (fvault2Dump)",
+    ),
+];
+
+/// The activation parts need `/dev/mapper/NAME` readable as a file. When
+/// udm can serve its devices as files under a directory, set this to run
+/// them: the scripts then run as root inside `unshare -m` with that
+/// directory mounted on /dev/mapper, and the fake `id` goes.
+const ACTIVATION: bool = false;
+
+/// One per-volume script: its archive, the folder the archive holds, and
+/// which of its files are volumes (the rest, key files and configs, go
+/// with every volume).
+struct PerVolume {
+    script: &'static str,
+    archive: &'static str,
+    dir: &'static str,
+    is_volume: fn(&str) -> bool,
+}
+
+const PER_VOLUME: &[PerVolume] = &[
+    PerVolume {
+        script: "luks1-compat-test",
+        archive: "luks1-images.tar.xz",
+        dir: "luks1-images",
+        is_volume: |f| f.starts_with("luks1_"),
+    },
+    PerVolume {
+        script: "tcrypt-compat-test",
+        archive: "tcrypt-images.tar.xz",
+        dir: "tcrypt-images",
+        is_volume: |f| !f.starts_with("keyfile") && f != "README",
+    },
+    PerVolume {
+        script: "bitlk-compat-test",
+        archive: "bitlk-images.tar.xz",
+        dir: "bitlk-images",
+        is_volume: |f| f.starts_with("bitlk-"),
+    },
+    PerVolume {
+        script: "fvault2-compat-test",
+        archive: "fvault2-images.tar.xz",
+        dir: "fvault2-images",
+        is_volume: |f| f == "small",
+    },
+];
+
+/// The upstream folder: `UDM_UPSTREAM`, else `shared/upstream/cryptsetup-tests`
+/// in the nearest ancestor of the crate that has one.
+fn upstream() -> PathBuf {
+    if let Some(p) = std::env::var_os("UDM_UPSTREAM") {
+        return PathBuf::from(p);
+    }
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    crate_dir
+        .ancestors()
+        .map(|a| a.join("shared/upstream/cryptsetup-tests"))
+        .find(|p| p.join("luks2-validation-test").is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "cryptsetup's test folder is missing: no shared/upstream/cryptsetup-tests \
+                 above {}; put it there or name it with UDM_UPSTREAM",
+                crate_dir.display()
+            )
+        })
+}
+
+fn write_exe(path: &Path, text: &str) {
+    fs::write(path, text).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A scratch copy of the folder, writable, with udm as cryptsetup,
+/// veritysetup and integritysetup in `bin/`, a `crypto-check` that says
+/// every algorithm exists (so no volume is dropped and a missing one shows
+/// as a failure) and, while [`ACTIVATION`] is off, a fake `id` in `fake/`.
+fn scratch(up: &Path) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().join("t");
+    common::run(Command::new("cp").arg("-r").arg(up).arg(&t));
+    common::run(Command::new("chmod").args(["-R", "u+w"]).arg(&t));
+    let bin = tmp.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    for name in ["cryptsetup", "veritysetup", "integritysetup"] {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_udm"), bin.join(name)).unwrap();
+    }
+    // Not in FIPS mode (that would change what the scripts expect); every
+    // hash, cipher and PBKDF asked about "exists".
+    write_exe(
+        &t.join("crypto-check"),
+        "#!/bin/sh\ncase \"$1\" in\n  fips_mode*) exit 1 ;;\n  version) echo udm; exit 0 ;;\n  *) exit 0 ;;\nesac\n",
+    );
+    let fake = tmp.path().join("fake");
+    fs::create_dir(&fake).unwrap();
+    if !ACTIVATION {
+        write_exe(
+            &fake.join("id"),
+            "#!/bin/sh\n[ \"$1\" = -u ] && { echo 1000; exit 0; }\nexec /usr/bin/id \"$@\"\n",
+        );
+    }
+    (tmp, t)
+}
+
+/// Run `script` in `t` with udm as cryptsetup; (exit code, stdout+stderr).
+fn run_script(tmp: &Path, t: &Path, script: &str) -> (i32, String) {
+    let path = format!(
+        "{}:{}",
+        tmp.join("fake").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let o = Command::new("bash")
+        .arg(t.join(script))
+        .current_dir(t)
+        .env("CRYPTSETUP_PATH", tmp.join("bin"))
+        .env("PATH", path)
+        .env("LANG", "C")
+        .env_remove("_DEBUG")
+        .env_remove("VALG")
+        .output()
+        .unwrap();
+    let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&o.stderr));
+    (o.status.code().unwrap_or(-1), text)
+}
+
+type Results = BTreeMap<String, Result<(), String>>;
+
+/// `luks2-validation-test` whole: one case per "Test image:" line.
+fn luks2_validation(tmp: &Path, t: &Path, out: &mut Results) {
+    let (code, text) = run_script(tmp, t, "luks2-validation-test");
+    let mut n = 0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("Test image: ") else {
+            continue;
+        };
+        let Some((img, verdict)) = rest.split_once("...") else {
+            continue;
+        };
+        n += 1;
+        let r = if verdict == "OK" {
+            Ok(())
+        } else {
+            Err(verdict.to_string())
+        };
+        out.insert(format!("luks2-validation-test/{img}"), r);
+    }
+    let all_ok = out.values().all(Result::is_ok);
+    // A script that stopped early (a generator failing, jq missing) or
+    // whose exit code disagrees with its lines is a failure of its own.
+    if n < 85 || (code == 0) != all_ok {
+        out.insert(
+            "luks2-validation-test/(script)".into(),
+            Err(format!("exit {code} after {n} images: {}", tail(&text, 15))),
+        );
+    }
+}
+
+/// The "non compact json" images, made by the suite's own generators:
+/// `token remove` through udm and through cryptsetup must leave the same
+/// bytes (udm rewrites the JSON area as cryptsetup does, salts kept).
+fn token_remove_matches_cryptsetup(t: &Path, out: &mut Results) {
+    let imgs = t.join("tr-images");
+    fs::create_dir_all(&imgs).unwrap();
+    let orig = imgs.join("luks2_valid_hdr.img");
+    let xz = Command::new("xz")
+        .arg("-dkc")
+        .arg(t.join("luks2_valid_hdr.img.xz"))
+        .output()
+        .unwrap();
+    assert!(xz.status.success(), "xz failed");
+    fs::write(&orig, xz.stdout).unwrap();
+    for name in [
+        "luks2-non-compact-json-token-0.img",
+        "luks2-non-compact-json-4k-token-0.img",
+    ] {
+        common::run(
+            Command::new(format!("./generate-{name}.sh"))
+                .arg(&imgs)
+                .arg(&orig)
+                .current_dir(t.join("generators")),
+        );
+        let theirs = imgs.join(format!("{name}.cs"));
+        fs::copy(imgs.join(name), &theirs).unwrap();
+        let remove = |cmd: &mut Command, img: &Path| {
+            cmd.args(["token", "remove", "--token-id", "0"])
+                .arg(img)
+                .output()
+                .unwrap()
+        };
+        let ours = remove(common::udm().arg("cryptsetup"), &imgs.join(name));
+        let cs = remove(&mut Command::new("cryptsetup"), &theirs);
+        let same = fs::read(imgs.join(name)).unwrap() == fs::read(&theirs).unwrap();
+        let r = if ours.status.success() && cs.status.success() && same {
+            Ok(())
+        } else {
+            Err(format!(
+                "udm {:?}, cryptsetup {:?}, same bytes: {same}",
+                ours.status.code(),
+                cs.status.code()
+            ))
+        };
+        out.insert(format!("token-remove-vs-cryptsetup/{name}"), r);
+    }
+    let _ = fs::remove_dir_all(&imgs);
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// Whether every line of `text` naming `dir/vol` ends in `[OK]` (the
+/// scripts print " DIR/VOLUME" and then " [OK]" or the failure), and
+/// there is one.
+fn volume_ok(text: &str, dir: &str, vol: &str) -> bool {
+    let needle = format!("{dir}/{vol}");
+    let named: Vec<&str> = text
+        .lines()
+        .filter(|l| l.split_whitespace().any(|w| w == needle))
+        .collect();
+    !named.is_empty() && named.iter().all(|l| l.ends_with("[OK]"))
+}
+
+/// A per-volume script: first whole; if that fails, once for each
+/// volume (in parallel, each in a folder of its own holding the script and
+/// an archive of that volume and the shared files), so that every volume
+/// gets a result. A script expected to fail whole that passes no volume
+/// at all is one case, to keep the test short.
+fn per_volume(tmp: &Path, t: &Path, pv: &PerVolume, out: &mut Results) {
+    let full = tmp.join(format!("{}.full", pv.dir));
+    fs::create_dir_all(&full).unwrap();
+    common::run(
+        Command::new("tar")
+            .arg("xJf")
+            .arg(t.join(pv.archive))
+            .arg("--no-same-owner")
+            .arg("-C")
+            .arg(&full),
+    );
+    let src = full.join(pv.dir);
+    let mut names: Vec<String> = fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let (volumes, shared): (Vec<String>, Vec<String>) =
+        names.into_iter().partition(|n| (pv.is_volume)(n));
+    assert!(
+        !volumes.is_empty(),
+        "{}: no volumes in {}",
+        pv.script,
+        pv.archive
+    );
+
+    let (code, text) = run_script(tmp, t, pv.script);
+    let listed = EXPECTED_FAILING_SCRIPTS
+        .iter()
+        .any(|(s, _)| *s == pv.script);
+    let prefix = format!(" {}/", pv.dir);
+    let some_ok = text
+        .lines()
+        .any(|l| l.starts_with(&prefix) && l.ends_with("[OK]"));
+    if code == 0 || (listed && !some_ok) {
+        if code != 0 {
+            out.insert(format!("{}/(script)", pv.script), Err(tail(&text, 6)));
+        } else {
+            for vol in &volumes {
+                let r = if volume_ok(&text, pv.dir, vol) {
+                    Ok(())
+                } else {
+                    Err("not checked by the script".into())
+                };
+                out.insert(format!("{}/{vol}", pv.script), r);
+            }
+        }
+        let _ = fs::remove_dir_all(&full);
+        return;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let found = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for w in 0..3 {
+            let (next, found, volumes, shared, src) = (&next, &found, &volumes, &shared, &src);
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(vol) = volumes.get(i) else { break };
+                let r = one_volume(
+                    tmp,
+                    t,
+                    pv,
+                    &tmp.join(format!("w{w}")),
+                    src,
+                    shared,
+                    volumes,
+                    vol,
+                );
+                found.lock().unwrap().push((vol.clone(), r));
+            });
+        }
+    });
+    for (vol, r) in found.into_inner().unwrap() {
+        out.insert(format!("{}/{vol}", pv.script), r);
+    }
+    let _ = fs::remove_dir_all(&full);
+}
+
+/// One run of `pv.script` in folder `w` with only `vol` (and the shared
+/// files) in its archive.
+#[allow(clippy::too_many_arguments)]
+fn one_volume(
+    tmp: &Path,
+    t: &Path,
+    pv: &PerVolume,
+    w: &Path,
+    src: &Path,
+    shared: &[String],
+    volumes: &[String],
+    vol: &str,
+) -> Result<(), String> {
+    let _ = fs::remove_dir_all(w);
+    let dir = w.join("stage").join(pv.dir);
+    fs::create_dir_all(&dir).unwrap();
+    for f in [pv.script, "crypto-check"] {
+        fs::copy(t.join(f), w.join(f)).unwrap();
+    }
+    // A TrueCrypt system volume alone makes the script skip ("No
+    // remaining images"): one ordinary volume keeps it company.
+    let mut with = vec![vol];
+    if vol.starts_with("sys_") {
+        with.extend(
+            volumes
+                .iter()
+                .map(String::as_str)
+                .find(|v| v.starts_with("tc_1-sha1-cbc-aes")),
+        );
+    }
+    for f in shared.iter().map(String::as_str).chain(with) {
+        fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    common::run(
+        Command::new("tar")
+            .env("XZ_OPT", "-0")
+            .arg("cJf")
+            .arg(w.join(pv.archive))
+            .arg("-C")
+            .arg(w.join("stage"))
+            .arg(pv.dir),
+    );
+    let (code, text) = run_script(tmp, w, pv.script);
+    let _ = fs::remove_dir_all(w);
+    if code == 0 && volume_ok(&text, pv.dir, vol) {
+        Ok(())
+    } else {
+        Err(format!("exit {code}: {}", tail(&text, 6)))
+    }
+}
+
+fn expected_failure(case: &str) -> Option<&'static str> {
+    EXPECTED_FAILURES
+        .iter()
+        .find(|(c, _)| *c == case)
+        .map(|(_, why)| *why)
+        .or_else(|| {
+            let script = case.split('/').next().unwrap_or("");
+            EXPECTED_FAILING_SCRIPTS
+                .iter()
+                .find(|(s, _)| *s == script)
+                .map(|(_, why)| *why)
+        })
+}
+
+#[test]
+fn cryptsetup_test_scripts_against_udm() {
+    common::need("jq");
+    common::need("xxd");
+    common::need("blkid");
+    let up = upstream();
+    let (tmp, t) = scratch(&up);
+    let mut results = Results::new();
+    luks2_validation(tmp.path(), &t, &mut results);
+    token_remove_matches_cryptsetup(&t, &mut results);
+    for pv in PER_VOLUME {
+        per_volume(tmp.path(), &t, pv, &mut results);
+    }
+
+    let mut bad = Vec::new();
+    let mut per_script: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (case, r) in &results {
+        let script = case.split('/').next().unwrap_or("");
+        let e = per_script.entry(script).or_default();
+        e.1 += 1;
+        let expected = expected_failure(case);
+        match (r, expected) {
+            (Ok(()), None) => {
+                e.0 += 1;
+                println!("PASS      {case}");
+            }
+            (Ok(()), Some(why)) => {
+                e.0 += 1;
+                println!("PASS (listed as failing: {why}) {case}");
+                // Whole-script entries shrink by hand once a script passes.
+                if EXPECTED_FAILURES.iter().any(|(c, _)| c == case) {
+                    bad.push(format!("{case}: passes now, take it off EXPECTED_FAILURES"));
+                }
+            }
+            (Err(msg), Some(why)) => println!("XFAIL     {case} ({why}): {msg}"),
+            (Err(msg), None) => {
+                println!("FAIL      {case}: {msg}");
+                bad.push(format!("{case}: {msg}"));
+            }
+        }
+    }
+    for (script, (pass, all)) in &per_script {
+        println!("{script}: {pass} of {all} pass");
+        let listed = EXPECTED_FAILING_SCRIPTS.iter().any(|(s, _)| s == script);
+        if listed && pass == all {
+            bad.push(format!(
+                "{script}: every case passes, take it off EXPECTED_FAILING_SCRIPTS"
+            ));
+        }
+    }
+    for (case, _) in EXPECTED_FAILURES {
+        if !results.contains_key(*case) {
+            bad.push(format!("{case}: listed as failing but never ran"));
+        }
+    }
+    assert!(bad.is_empty(), "upstream cases:\n{}", bad.join("\n"));
+}
