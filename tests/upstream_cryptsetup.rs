@@ -31,30 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Cases known to fail, each with why. Keys are `script/case`.
-const EXPECTED_FAILURES: &[(&str, &str)] = &[
-    // LUKS1 volumes whose hash or cipher mode udm lacks (the `ciphers`
-    // work adds them).
-    (
-        "luks1-compat-test/luks1_aes-xts-plain64-whirlpool.img",
-        "no whirlpool hash yet",
-    ),
-    (
-        "luks1-compat-test/luks1_aes-xts-essiv-wp256-whirlpool.img",
-        "no whirlpool hash yet",
-    ),
-    (
-        "luks1-compat-test/luks1_twofish-xts-plain64-whirlpool.img",
-        "no whirlpool hash yet",
-    ),
-    (
-        "luks1-compat-test/luks1_serpent-xts-plain64-whirlpool.img",
-        "no whirlpool hash yet",
-    ),
-    (
-        "luks1-compat-test/luks1_aes-lrw-plain64-sha1.img",
-        "no lrw mode yet",
-    ),
-];
+const EXPECTED_FAILURES: &[(&str, &str)] = &[];
 
 /// Scripts whose every case is expected to fail, with why (the
 /// TrueCrypt/VeraCrypt, BitLocker and FileVault2 readers are not in udm
