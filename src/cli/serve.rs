@@ -84,6 +84,11 @@ pub struct Args {
     /// to make room; a client is refused only when all are past it.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Most connections of one client: a TCP address (an IPv6 /64) or a
+    /// Unix uid other than root's and the server's (default: a quarter of
+    /// --max-connections).
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_client: Option<usize>,
     /// Seconds a client may take to finish the handshake.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub handshake_timeout: f64,
@@ -392,6 +397,8 @@ fn net_options(a: &Args, tls: crate::nbd::TlsMode) -> Result<crate::nbd::NetOpti
             .transpose()?,
         reply_timeout: seconds(a.reply_timeout, "--reply-timeout")?,
         payload_timeout: seconds(a.payload_timeout, "--payload-timeout")?,
+        max_connections_per_client: a.max_connections_per_client.map(|n| n.max(1)),
+        unused_timeout: crate::nbd::NetOptions::default().unused_timeout,
         client: crate::engine::ClientLimits {
             max_requests: a.max_inflight_requests.max(1),
             max_bytes: max_bytes.max(1),

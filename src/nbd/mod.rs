@@ -7,7 +7,7 @@
 //! changeable at runtime, with their allow-lists), [`handshake`] (option
 //! haggling, a state machine), [`conn`] (one connection: replies and their
 //! queue, the session state machine), [`reactor`] (the event loops that
-//! drive sessions), [`server`] (listen/accept/cap/shutdown). Request
+//! drive sessions), [`admission`] (the connection cap, per client), [`server`] (listen/accept/cap/shutdown). Request
 //! execution, ordering and fairness live in [`crate::engine`].
 //!
 //! Copies per byte (why the buffers are laid out as they are):
@@ -23,6 +23,7 @@
 //! - partial-block writes: only the padding bytes of the head/tail blocks
 //!   are copied (device → scratch → buffer); the client's bytes are not.
 
+pub mod admission;
 pub mod conn;
 pub mod export;
 pub mod handshake;

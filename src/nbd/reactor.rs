@@ -49,7 +49,7 @@ use std::os::unix::io::AsRawFd;
 
 use crate::engine::Waker;
 
-use super::conn::{Conn, Cx, Drive, Session};
+use super::conn::{Conn, Cx, Drive, NetOptions, Session};
 
 const WAKE: Token = Token(0);
 const SWEEP: Duration = Duration::from_millis(250);
@@ -143,6 +143,27 @@ pub fn run_one(cx: Arc<Cx>, conn: Arc<Conn>) {
         }
         Err(e) => tracing::warn!("cannot start an event loop: {e}"),
     }
+}
+
+/// Record how long a session in transmission has been idle (for the
+/// accept path's shedding) and say why it must go, if its idle time is
+/// past `--idle-timeout`, or past the unused deadline for a client that
+/// never sent a request.
+fn idle_verdict(s: &Session, cx: &Cx, o: &NetOptions, now: Instant) -> Option<&'static str> {
+    if s.input.eof || !s.idle(cx) {
+        s.conn.idle_ms.store(0, Ordering::Relaxed);
+        return None;
+    }
+    let idle = now.saturating_duration_since(s.last_active);
+    let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX).max(1);
+    s.conn.idle_ms.store(ms, Ordering::Relaxed);
+    if o.idle_timeout.is_some_and(|t| idle > t) {
+        return Some("idle for longer than --idle-timeout");
+    }
+    if s.unused() && idle > o.unused_timeout {
+        return Some("sent no request after its handshake; dropped after the unused deadline");
+    }
+    None
 }
 
 struct Slot {
@@ -338,14 +359,9 @@ impl Loop {
             if self.stopping.is_some() {
                 s.input.eof = true;
             }
-            if let Some(idle) = o.idle_timeout {
-                if !s.input.eof
-                    && s.idle(&self.cx)
-                    && now.saturating_duration_since(s.last_active) > idle
-                {
-                    self.close(idx, "idle for longer than --idle-timeout");
-                    continue;
-                }
+            if let Some(why) = idle_verdict(s, &self.cx, &o, now) {
+                self.close(idx, why);
+                continue;
             }
             if let Some(t0) = self.stopping {
                 if now.saturating_duration_since(t0) > DRAIN_LIMIT {

@@ -16,6 +16,9 @@ pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 /// Default of [`NetOptions::payload_timeout`] (`--payload-timeout`).
 pub const DEFAULT_PAYLOAD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Default of [`NetOptions::unused_timeout`].
+pub const DEFAULT_UNUSED_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Per-connection limits and deadlines of a server.
 #[derive(Debug, Clone)]
 pub struct NetOptions {
@@ -24,6 +27,16 @@ pub struct NetOptions {
     /// A client in transmission with nothing in flight and no request for
     /// this long is dropped (`None`: never).
     pub idle_timeout: Option<Duration>,
+    /// A client that finished the handshake and has sent no request for
+    /// this long is dropped, whatever `idle_timeout` says (or sooner, if
+    /// that is shorter): every real client (qemu, the kernel's driver,
+    /// libnbd tools) reads at once after it connects, while a connection
+    /// that negotiates and then sits only holds a slot of the cap.
+    pub unused_timeout: Duration,
+    /// Most open connections of one client address (IPv6: its /64) or
+    /// Unix uid other than root's and the server's (`None`: a quarter of
+    /// `--max-connections`). Enforced at accept (`nbd/admission.rs`).
+    pub max_connections_per_client: Option<usize>,
     /// A client whose queued replies make no progress for this long (it
     /// stopped reading) is dropped.
     pub reply_timeout: Duration,
@@ -44,6 +57,8 @@ impl Default for NetOptions {
         NetOptions {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: None,
+            unused_timeout: DEFAULT_UNUSED_TIMEOUT,
+            max_connections_per_client: None,
             reply_timeout: Duration::from_secs(30),
             payload_timeout: DEFAULT_PAYLOAD_TIMEOUT,
             client: ClientLimits::default(),

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -83,6 +83,13 @@ pub struct Conn {
     /// uncounts it first).
     counted: AtomicBool,
     live: Option<Arc<AtomicUsize>>,
+    /// The count of connections from the same address (or uid), for the
+    /// per-client cap; decremented with `live`.
+    source: OnceLock<Arc<AtomicUsize>>,
+    /// Milliseconds the connection had been idle in transmission at the
+    /// last sweep of its loop (0: busy or still negotiating): what the
+    /// accept path reads to pick an idle connection to shed.
+    pub idle_ms: AtomicU64,
     /// Ask the owning event loop to look at this connection.
     notify: OnceLock<Waker>,
     /// An extent list kept from the last BLOCK_STATUS reply, handed to the
@@ -120,6 +127,8 @@ impl Conn {
             queued: AtomicUsize::new(0),
             counted: AtomicBool::new(live.is_some()),
             live,
+            source: OnceLock::new(),
+            idle_ms: AtomicU64::new(0),
             notify: OnceLock::new(),
             spare_extents: Mutex::new(Vec::new()),
             failures: OnceLock::new(),
@@ -140,11 +149,20 @@ impl Conn {
         }
     }
 
+    /// Count the connection in its client's tally as well (the accept
+    /// path increments `c` before this; [`Conn::uncount`] decrements it).
+    pub fn count_source(&self, c: Arc<AtomicUsize>) {
+        let _ = self.source.set(c);
+    }
+
     /// Take the connection out of the server's count (once).
     pub fn uncount(&self) {
         if self.counted.swap(false, Ordering::AcqRel) {
             if let Some(l) = &self.live {
                 l.fetch_sub(1, Ordering::AcqRel);
+            }
+            if let Some(c) = self.source.get() {
+                c.fetch_sub(1, Ordering::AcqRel);
             }
         }
     }

@@ -46,6 +46,9 @@ pub struct Session {
     pub input: Input,
     pub accepted: Instant,
     pub last_active: Instant,
+    /// When transmission began (`None` before): a session whose
+    /// `last_active` is still this has sent no request yet.
+    tx_since: Option<Instant>,
     peer: Peer,
 }
 
@@ -65,6 +68,7 @@ impl Session {
             input: Input::default(),
             accepted: now,
             last_active: now,
+            tx_since: None,
             peer,
         }
     }
@@ -250,6 +254,12 @@ impl Session {
         );
         self.phase = Phase::Tx(Box::new(Tx::new(&self.conn, client, neg)));
         self.last_active = Instant::now();
+        self.tx_since = Some(self.last_active);
+    }
+
+    /// In transmission without a single request so far.
+    pub fn unused(&self) -> bool {
+        self.tx_since.is_some_and(|t| t == self.last_active)
     }
 
     /// Forget the session: give back what a half-parsed request holds and
