@@ -38,6 +38,11 @@ fn free_port() -> u16 {
 }
 
 fn serve_tcp(dir: &Path, args: &[String]) -> TcpServe {
+    serve_tcp_logging(dir, args, "warn")
+}
+
+/// [`serve_tcp`] with `UDM_LOG=level`; the log is `dir/serve.log`.
+fn serve_tcp_logging(dir: &Path, args: &[String], level: &str) -> TcpServe {
     let port = free_port();
     let ctl = dir.join("control");
     let log = std::fs::File::create(dir.join("serve.log")).unwrap();
@@ -46,7 +51,7 @@ fn serve_tcp(dir: &Path, args: &[String]) -> TcpServe {
         .arg("--control")
         .arg(&ctl)
         .args(args)
-        .env("UDM_LOG", "warn")
+        .env("UDM_LOG", level)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -676,4 +681,51 @@ fn cryptsetup_open_allow_narrows() {
         info.contains("NBD clients:       (127.0.0.1/32) and (10.0.0.0/8)"),
         "{info}"
     );
+}
+
+/// F15: `udm cryptsetup status` reports the key size without asking the
+/// server for the key: the log, which records every table request with
+/// keys, shows none until `dmsetup table --showkeys` asks for one.
+#[test]
+fn cryptsetup_status_requests_no_key() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "f.img", 1 << 20);
+    let srv = serve_tcp_logging(
+        d.path(),
+        &["--file".into(), format!("f={}", img.display())],
+        "info",
+    );
+    let key = "5eed".repeat(32);
+    srv.dm_ok(&["create", "z", "--table", "0 8192 zero"]);
+    srv.dm_ok(&[
+        "create",
+        "c",
+        "--table",
+        &format!("0 8192 crypt aes-xts-plain64 {key} 0 @z 0"),
+    ]);
+    let o = udm()
+        .args(["cryptsetup", "status", "c"])
+        .env("UDM_CONTROL", &srv.ctl)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("keysize: 512 bits"), "status: {text}");
+    assert!(!text.contains(&key), "status printed the key");
+    let log = || std::fs::read_to_string(srv_log(&d)).unwrap_or_default();
+    assert!(
+        !log().contains("--showkeys"),
+        "status asked the server for the key:\n{}",
+        log()
+    );
+    // The audit line exists, so its absence above means something.
+    let shown = srv.dm_ok(&["table", "--showkeys", "c"]);
+    assert!(shown.contains(&key));
+    wait_for("the audit line", Duration::from_secs(5), || {
+        log().contains("--showkeys")
+    });
+}
+
+fn srv_log(d: &tempfile::TempDir) -> PathBuf {
+    d.path().join("serve.log")
 }

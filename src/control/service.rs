@@ -415,6 +415,11 @@ impl Service {
     /// them behind in the memory it gave back.
     fn table(&self, req: &Request) -> OpResult {
         let devs = self.selected(&req.names)?;
+        if req.showkeys {
+            // An audit trail of every key that leaves the server.
+            let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
+            tracing::info!("control: table with keys (--showkeys) of {names:?}");
+        }
         let mut all = Vec::with_capacity(devs.len());
         for d in devs {
             let segs = self

@@ -234,11 +234,18 @@ pub(super) fn close(c: &Ctx) -> Outcome {
     Ok(())
 }
 
-/// The live crypt table of `name` with its key (`--showkeys`).
-fn live_table(c: &Ctx, name: &str) -> Result<(Value, Zeroizing<String>), LuksError> {
+/// The live crypt table of `name`, with its key (`--showkeys`) only when
+/// the caller must rebuild the table: keys leave the server only when
+/// asked for, and the masked key (zeros of the same length) still says the
+/// key size.
+fn live_table(
+    c: &Ctx,
+    name: &str,
+    showkeys: bool,
+) -> Result<(Value, Zeroizing<String>), LuksError> {
     let (info, _) = call(c, name, req("info", name), &[])?;
     let mut t = req("table", name);
-    t.showkeys = true;
+    t.showkeys = showkeys;
     let (_, payload) = call(c, name, t, &[])?;
     let text = Zeroizing::new(String::from_utf8_lossy(&payload).into_owned());
     Ok((info["devices"][0].clone(), text))
@@ -278,7 +285,7 @@ fn crypt_params(l: &TableLine) -> Option<CryptParams> {
 
 pub(super) fn status(c: &Ctx) -> Outcome {
     let name = &c.argv[0];
-    let (info, table) = match live_table(c, name) {
+    let (info, table) = match live_table(c, name, false) {
         Ok(x) => x,
         Err(LuksError::Device(_)) => {
             println!("/dev/mapper/{name} is inactive.");
@@ -338,7 +345,7 @@ pub(super) fn status(c: &Ctx) -> Outcome {
 
 pub(super) fn resize(c: &Ctx) -> Outcome {
     let name = &c.argv[0];
-    let (_, table) = live_table(c, name)?;
+    let (_, table) = live_table(c, name, true)?;
     let mut lines = lines_of(name, &table)?;
     if lines.0.len() != 1 {
         return Err(LuksError::Unsupported(
