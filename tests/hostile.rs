@@ -729,3 +729,56 @@ fn cryptsetup_status_requests_no_key() {
 fn srv_log(d: &tempfile::TempDir) -> PathBuf {
     d.path().join("serve.log")
 }
+
+/// A table of `n` one-sector `zero` segments.
+fn many_lines(n: u64) -> String {
+    let mut t = String::with_capacity(n as usize * 16);
+    for i in 0..n {
+        t.push_str(&format!("{i} 1 zero\n"));
+    }
+    t
+}
+
+/// F19: a device with a huge table made every listing of all devices
+/// (`dmsetup ls`, `info`) exceed the client's 1 MiB reply limit (one
+/// target type per segment). Listings now name each type once, a table
+/// over `--max-table-lines` is refused naming the option, and a device
+/// at the default cap still has a `status` that fits a reply.
+#[test]
+fn huge_tables_do_not_break_listings() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "f.img", 1 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("f={}", img.display()),
+            "--max-table-lines".into(),
+            "200000".into(),
+        ],
+    );
+    let big = d.path().join("big.table");
+    std::fs::write(&big, many_lines(200_000)).unwrap();
+    srv.dm_ok(&["create", "big", big.to_str().unwrap()]);
+    let ls = srv.dm_ok(&["ls"]);
+    assert!(ls.contains("big"), "ls: {ls}");
+    let info = srv.dm_ok(&["info"]);
+    assert!(info.contains("big"), "info: {info}");
+    let o = srv.dmsetup(&["info", "-c", "--target", "zero"]);
+    assert!(o.status.success(), "{}", show(&o));
+    drop(srv);
+
+    let srv = serve_tcp(d.path(), &["--file".into(), format!("f={}", img.display())]);
+    std::fs::write(&big, many_lines(16_385)).unwrap();
+    let o = srv.dmsetup(&["create", "big", big.to_str().unwrap()]);
+    assert!(!o.status.success(), "a table over the cap was loaded");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("16384") && err.contains("--max-table-lines"),
+        "the error names neither the cap nor the option: {err}"
+    );
+    std::fs::write(&big, many_lines(16_384)).unwrap();
+    srv.dm_ok(&["create", "big", big.to_str().unwrap()]);
+    let st = srv.dm_ok(&["status"]);
+    assert_eq!(st.lines().filter(|l| l.starts_with("big:")).count(), 16_384);
+}
