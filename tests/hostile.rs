@@ -782,3 +782,32 @@ fn huge_tables_do_not_break_listings() {
     let st = srv.dm_ok(&["status"]);
     assert_eq!(st.lines().filter(|l| l.starts_with("big:")).count(), 16_384);
 }
+
+/// F20: names with Unicode format characters (a right-to-left override,
+/// a zero-width space) look like other names in `ls`, NBD lists, metrics
+/// and logs: create and rename refuse them, naming the character.
+#[test]
+fn device_names_with_invisible_characters_are_refused() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "f.img", 1 << 20);
+    let srv = serve_tcp(d.path(), &["--file".into(), format!("f={}", img.display())]);
+    for bad in [
+        "vol\u{202E}gpj",
+        "v\u{200B}ol",
+        "\u{FEFF}vol",
+        "vol\u{2066}",
+    ] {
+        let o = srv.dmsetup(&["create", bad, "--table", "0 8 zero"]);
+        assert!(!o.status.success(), "created {bad:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("U+"),
+            "the error does not name the character: {err}"
+        );
+        assert!(!err.contains(bad), "the error echoes the raw name: {err}");
+    }
+    srv.dm_ok(&["create", "vol", "--table", "0 8 zero"]);
+    let o = srv.dmsetup(&["rename", "vol", "v\u{200D}ol"]);
+    assert!(!o.status.success(), "renamed to a zero-width-joined name");
+    assert!(srv.dm_ok(&["ls"]).contains("vol"));
+}

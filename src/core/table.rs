@@ -19,6 +19,43 @@ const MAX_SECTORS: u64 = (i64::MAX as u64) >> 9;
 /// Most segments a table may have (the kernel's DM_MAX_TARGETS).
 const MAX_SEGMENTS: usize = 1 << 20;
 
+/// Whether `c` would make a name look like another: Unicode format
+/// characters (general category Cf: bidirectional overrides and
+/// isolates, zero-width spaces and joiners, the BOM, soft hyphen, tag
+/// characters), variation selectors, the combining grapheme joiner and the
+/// Hangul fillers, which all show as nothing or reorder what follows.
+/// Control characters and whitespace are refused by the callers' own
+/// checks. Device names appear in `dmsetup ls`, NBD export lists, metrics
+/// and logs, where an administrator must be able to tell them apart.
+pub fn invisible_char(c: char) -> bool {
+    matches!(
+        c as u32,
+        0x00AD
+            | 0x034F
+            | 0x061C
+            | 0x115F..=0x1160
+            | 0x17B4..=0x17B5
+            | 0x180B..=0x180F
+            | 0x200B..=0x200F
+            | 0x202A..=0x202E
+            | 0x2060..=0x206F
+            | 0x3164
+            | 0xFE00..=0xFE0F
+            | 0xFEFF
+            | 0xFFA0
+            | 0xFFF9..=0xFFFB
+            | 0x110BD
+            | 0x110CD
+            | 0x13430..=0x1343F
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0000..=0xE0FFF
+    ) || (0x0600..=0x0605).contains(&(c as u32))
+        || c as u32 == 0x06DD
+        || c as u32 == 0x070F
+        || c as u32 == 0x08E2
+}
+
 /// One parsed table line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableLine {
@@ -248,6 +285,27 @@ fn strip_comment(line: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn format_and_invisible_characters_are_named() {
+        for c in [
+            '\u{202E}',
+            '\u{200B}',
+            '\u{200D}',
+            '\u{2066}',
+            '\u{FEFF}',
+            '\u{00AD}',
+            '\u{E0041}',
+            '\u{FE0F}',
+            '\u{3164}',
+            '\u{061C}',
+        ] {
+            assert!(invisible_char(c), "U+{:04X} passed", c as u32);
+        }
+        for c in ['a', 'Z', '0', '-', '_', '.', 'é', 'ж', '中'] {
+            assert!(!invisible_char(c), "{c} refused");
+        }
+    }
 
     #[test]
     fn parses_comments_blank_lines_and_escapes() {
