@@ -6,7 +6,8 @@
 //! (rustls configuration), [`export`] (the named devices a server offers,
 //! changeable at runtime, with their allow-lists), [`handshake`] (option
 //! haggling, a state machine), [`conn`] (one connection: replies and their
-//! queue, the session state machine), [`reactor`] (the event loops that
+//! queue, the session state machine), [`handshaker`] (the thread that runs TLS handshakes off
+//! the loops), [`reactor`] (the event loops that
 //! drive sessions), [`admission`] (the connection cap, per client), [`server`] (listen/accept/cap/shutdown). Request
 //! execution, ordering and fairness live in [`crate::engine`].
 //!
@@ -27,6 +28,7 @@ pub mod admission;
 pub mod conn;
 pub mod export;
 pub mod handshake;
+pub mod handshaker;
 /// The wire format, shared with the NBD client store (see [`crate::protocol`]).
 pub use crate::protocol::nbd as proto;
 pub mod reactor;

@@ -177,8 +177,9 @@ impl Session {
         };
         let mut out = Vec::new();
         loop {
-            // A client that does not read its option replies gets no more.
-            if self.conn.queued() > 64 << 10 {
+            // A client that does not read its option replies gets no more;
+            // nothing is read while the handshake thread runs TLS.
+            if self.conn.queued() > 64 << 10 || self.conn.tls_offloaded.load(Ordering::Acquire) {
                 return Ok(None);
             }
             if !Self::gather(hs, &mut self.input, &self.conn)? {
@@ -230,6 +231,10 @@ impl Session {
                     }
                     self.conn.start_tls(cfg)?;
                     hs.neg.tls_active = true;
+                    // Stop here: the loop hands the TLS handshake to the
+                    // handshake thread before anything of it is read (or,
+                    // without one, drives the session again at once).
+                    return Err(io::Error::from(io::ErrorKind::Interrupted));
                 }
                 Step::Done(neg) => return Ok(Some(neg)),
             }
