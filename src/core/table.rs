@@ -66,7 +66,16 @@ pub struct TableLine {
     /// Length, in 512-byte sectors.
     pub len: u64,
     pub target: String,
+    /// The words after the target type; a crypt line's key among them,
+    /// so they are wiped when the line is dropped.
     pub args: Vec<String>,
+}
+
+impl Drop for TableLine {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        self.args.iter_mut().for_each(Zeroize::zeroize);
+    }
 }
 
 impl TableLine {
@@ -121,10 +130,22 @@ impl std::error::Error for TableError {}
 
 /// Split a line into words the way the kernel's `dm_split_args` does:
 /// whitespace separates, a backslash escapes the next character.
+///
+/// A word may be a key: each is built in one scratch buffer sized for the
+/// whole line (it never grows, so never frees key bytes) and copied into a
+/// string of exactly its size; the scratch is wiped before it is dropped.
 pub fn split_args(line: &str) -> Vec<String> {
+    use zeroize::Zeroize;
     let mut out = Vec::new();
-    let mut cur = String::new();
+    let mut cur = String::with_capacity(line.len());
     let mut in_word = false;
+    // Zeroizing a string wipes its whole capacity and keeps it.
+    let finish = |cur: &mut String, out: &mut Vec<String>| {
+        let mut w = String::with_capacity(cur.len());
+        w.push_str(cur);
+        out.push(w);
+        cur.zeroize();
+    };
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
         if c == '\\' {
@@ -134,7 +155,7 @@ pub fn split_args(line: &str) -> Vec<String> {
             }
         } else if c.is_whitespace() {
             if in_word {
-                out.push(std::mem::take(&mut cur));
+                finish(&mut cur, &mut out);
                 in_word = false;
             }
         } else {
@@ -143,8 +164,9 @@ pub fn split_args(line: &str) -> Vec<String> {
         }
     }
     if in_word {
-        out.push(cur);
+        finish(&mut cur, &mut out);
     }
+    cur.zeroize();
     out
 }
 
@@ -188,7 +210,8 @@ pub fn parse(text: &str) -> Result<Vec<TableLine>, TableError> {
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
-        let words = split_args(strip_comment(raw));
+        // Wiped on every way out, errors included.
+        let mut words = zeroize::Zeroizing::new(split_args(strip_comment(raw)));
         if words.is_empty() {
             continue;
         }
@@ -202,6 +225,9 @@ pub fn parse(text: &str) -> Result<Vec<TableLine>, TableError> {
         let start = parse_u64(&words[0], line_no, "start")?;
         let len = parse_u64(&words[1], line_no, "length")?;
         let target = words[2].clone();
+        // The arguments are moved, not copied: a copy would leave the
+        // key's bytes in `words`, freed unwiped.
+        let args: Vec<String> = words.drain(3..).collect();
         if len == 0 {
             return Err(TableError::new(
                 line_no,
@@ -250,7 +276,7 @@ pub fn parse(text: &str) -> Result<Vec<TableLine>, TableError> {
             start,
             len,
             target,
-            args: words[3..].to_vec(),
+            args,
         });
     }
     if lines.is_empty() {
@@ -285,6 +311,19 @@ fn strip_comment(line: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn words_are_exact_copies_and_lines_wipe_their_arguments() {
+        let w = split_args(r"0 8 crypt aes-xts-plain64 00ff\ ee 0 /dev/a\ b 0");
+        assert_eq!(w[4], "00ff ee");
+        assert_eq!(w[6], "/dev/a b");
+        // Each word in a string of its own size, not the line's.
+        assert!(w.iter().all(|x| x.capacity() == x.len()), "{w:?}");
+        let l = parse("0 8 crypt aes-xts-plain64 00112233 0 /dev/a 0\n").unwrap();
+        assert_eq!(l[0].args[1], "00112233");
+        // That dropping a line leaves no key bytes behind is checked with a
+        // watching allocator: tests/hostile_keys.rs.
+    }
 
     #[test]
     fn format_and_invisible_characters_are_named() {
