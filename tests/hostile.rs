@@ -811,3 +811,88 @@ fn device_names_with_invisible_characters_are_refused() {
     assert!(!o.status.success(), "renamed to a zero-width-joined name");
     assert!(srv.dm_ok(&["ls"]).contains("vol"));
 }
+
+/// F16 (server side): `udm serve` refuses a control socket in a directory
+/// others may write to (also a sticky one like /tmp) or that another user
+/// owns: they could plant or replace the socket. Clients already refuse to
+/// talk to such a socket; now the server does not offer one.
+#[test]
+fn control_socket_directory_must_be_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "f.img", 1 << 20);
+    let refused = |dir: &Path| -> String {
+        let mut child = udm()
+            .args(["serve", "--listen", "127.0.0.1:0", "--file"])
+            .arg(format!("f={}", img.display()))
+            .arg("--control")
+            .arg(dir.join("control"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        let st = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if t.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "udm serve started with its control socket in {}",
+                    dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        use std::io::Read;
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!st.success(), "{err}");
+        assert!(!dir.join("control").exists(), "the socket was created");
+        err
+    };
+    for mode in [0o777, 0o1777, 0o770] {
+        let dir = d.path().join(format!("m{mode:o}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let err = refused(&dir);
+        assert!(
+            err.contains("refusing the control socket") && err.contains("may write"),
+            "mode {mode:o}: {err}"
+        );
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let dir = d.path().join("theirs");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        let err = refused(&dir);
+        assert!(err.contains("belongs to uid 65534"), "{err}");
+    }
+    // A directory that does not exist yet is made private and used.
+    let fresh = d.path().join("new").join("sub");
+    let mut child = udm()
+        .args(["serve", "--listen", "127.0.0.1:0", "--file"])
+        .arg(format!("f={}", img.display()))
+        .arg("--control")
+        .arg(fresh.join("control"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the control socket", Duration::from_secs(30), || {
+        fresh.join("control").exists()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+}
