@@ -205,7 +205,7 @@ impl Admission {
             .map(|(s, t)| (t.count.load(Ordering::Acquire), *s))
             .filter(|(n, _)| *n > 0)
             .collect();
-        order.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        order.sort_unstable_by_key(|o| std::cmp::Reverse(o.0));
         for (n, source) in order {
             let Some(t) = self.tallies.get_mut(&source) else {
                 continue;
