@@ -17,6 +17,15 @@ use std::time::{Duration, Instant};
 use common::nbd::request;
 use common::*;
 
+/// The tests of this file run one at a time: the p99 test compares
+/// latencies, and another test's clients on the same two cores would be
+/// measured as the flood's doing.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct Serve {
     child: Child,
     port: u16,
@@ -159,6 +168,7 @@ fn closed_by_server(s: &mut TcpStream) -> bool {
 /// squatters got in and 127.0.0.2 was refused.
 #[test]
 fn one_address_cannot_take_every_slot() {
+    let _serial = one_at_a_time();
     let d = scratch("udm-slots-");
     let srv = serve_tcp(d.path(), &["--max-connections", "40"]);
     let held = squatters(srv.port, 40);
@@ -182,6 +192,7 @@ fn one_address_cannot_take_every_slot() {
 /// newcomer was refused.
 #[test]
 fn a_full_table_sheds_the_oldest_idle_connection_of_the_biggest_holder() {
+    let _serial = one_at_a_time();
     let d = scratch("udm-slots-");
     let srv = serve_tcp(
         d.path(),
@@ -307,6 +318,7 @@ fn p99(s: &mut TcpStream, n: usize) -> Duration {
 /// are noise on a shared VM).
 #[test]
 fn a_tls_handshake_flood_does_not_slow_established_clients() {
+    let _serial = one_at_a_time();
     let d = scratch("udm-slots-");
     let certs = rsa_certs(d.path());
     let srv = serve_tcp(
