@@ -312,10 +312,11 @@ fn p99(s: &mut TcpStream, n: usize) -> Duration {
 
 /// F26: TLS handshakes (an RSA-3072 signature each) used to run on the
 /// event loops that serve established clients, so a flood of ClientHellos
-/// queued their requests behind signatures. Now a handshake thread at the
-/// lowest priority runs them: an established client's p99 stays within
-/// twice its quiet figure (counted as at least 1 ms: sub-millisecond p99s
-/// are noise on a shared VM).
+/// queued their requests behind signatures. Now a handshake thread at a
+/// low priority runs them: an established client's p99 under the flood
+/// stays within twice its quiet figure (the best of three alternating
+/// windows each; the quiet one counted as at least 1 ms: sub-millisecond
+/// p99s are noise on a shared VM).
 #[test]
 fn a_tls_handshake_flood_does_not_slow_established_clients() {
     let _serial = one_at_a_time();
@@ -330,36 +331,51 @@ fn a_tls_handshake_flood_does_not_slow_established_clients() {
     let mut good = connect_from([127, 0, 0, 2], srv.port).unwrap();
     negotiate(&mut good).unwrap();
     p99(&mut good, 300);
-    let quiet = p99(&mut good, 1000);
+    use std::sync::atomic::Ordering::Relaxed;
+    let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let flood: Vec<_> = (0..8)
         .map(|_| {
-            let (stop, done, hello, port) = (stop.clone(), done.clone(), hello.clone(), srv.port);
+            let (paused, stop, done) = (paused.clone(), stop.clone(), done.clone());
+            let (hello, port) = (hello.clone(), srv.port);
             std::thread::spawn(move || {
                 nice_thread();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    if flood_once(port, &hello).is_ok() {
-                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                while !stop.load(Relaxed) {
+                    if paused.load(Relaxed) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    } else if flood_once(port, &hello).is_ok() {
+                        done.fetch_add(1, Relaxed);
                     }
                 }
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
-    let before = done.load(std::sync::atomic::Ordering::Relaxed);
-    let t = Instant::now();
-    let loaded = p99(&mut good, 2000);
-    let rate = (done.load(std::sync::atomic::Ordering::Relaxed) - before) as f64
-        / t.elapsed().as_secs_f64();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Quiet and flooded windows alternate, and each side keeps its best:
+    // a flood that slows the server does so in every flooded window, while
+    // other work on a shared VM comes and goes over both.
+    let (mut quiet, mut loaded) = (Duration::MAX, Duration::MAX);
+    let mut flooded = Duration::ZERO;
+    for _ in 0..3 {
+        quiet = quiet.min(p99(&mut good, 500));
+        paused.store(false, Relaxed);
+        let t = Instant::now();
+        std::thread::sleep(Duration::from_millis(300));
+        loaded = loaded.min(p99(&mut good, 500));
+        flooded += t.elapsed();
+        paused.store(true, Relaxed);
+        // Handshakes already queued drain before the next quiet window.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let rate = done.load(Relaxed) as f64 / flooded.as_secs_f64();
+    stop.store(true, Relaxed);
     for f in flood {
         f.join().unwrap();
     }
     println!(
         "4 KiB read p99: quiet {quiet:?}, under a TLS handshake flood ({rate:.0}/s) {loaded:?}"
     );
-    assert!(rate > 0.0, "the flood made no handshake");
+    assert!(rate > 0.0, "the flood never reached the server");
     let base = quiet.max(Duration::from_millis(1));
     assert!(
         loaded <= base * 2,

@@ -15,46 +15,16 @@
 //! shed for others, so an administrator's tools keep what they opened.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::conn::Conn;
-use super::sock::{Peer, PeerKind, Sock};
+use super::sock::{Sock, Source};
 
 /// How long a connection must have been idle before it can be shed for a
 /// newcomer: a client between two requests is not idle.
 pub const SHED_IDLE: Duration = Duration::from_secs(1);
-
-/// Who a connection counts against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    Ip(IpAddr),
-    Uid(u32),
-    /// A peer whose address or credentials could not be read: all such
-    /// share one tally.
-    Unknown,
-}
-
-impl Source {
-    /// The tally of `peer`; IPv6 addresses count by their /64 (one host
-    /// usually holds a whole /64), IPv4-mapped ones as IPv4.
-    pub fn of(peer: &Peer) -> Source {
-        match (peer.kind, peer.ip, peer.uid) {
-            (PeerKind::Unix, _, Some(uid)) => Source::Uid(uid),
-            (PeerKind::Tcp, Some(IpAddr::V6(v6)), _) => match v6.to_ipv4_mapped() {
-                Some(v4) => Source::Ip(IpAddr::V4(v4)),
-                None => {
-                    let bits = u128::from(v6) & !((1u128 << 64) - 1);
-                    Source::Ip(IpAddr::V6(bits.into()))
-                }
-            },
-            (PeerKind::Tcp, Some(ip), _) => Source::Ip(ip),
-            _ => Source::Unknown,
-        }
-    }
-}
 
 #[derive(Default)]
 struct Tally {
@@ -101,7 +71,7 @@ enum Refusal {
 
 impl Admission {
     /// `per_client` of 0: a quarter of `max_conns` (at least 1).
-    pub fn new(max_conns: usize, per_client: usize) -> Admission {
+    pub fn new(max_conns: usize, per_client: usize, live: Arc<AtomicUsize>) -> Admission {
         let per_client = if per_client == 0 {
             (max_conns / 4).max(1)
         } else {
@@ -110,7 +80,7 @@ impl Admission {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let me = unsafe { libc::geteuid() };
         Admission {
-            live: Arc::new(AtomicUsize::new(0)),
+            live,
             max_conns,
             per_client,
             handshaking: VecDeque::new(),
@@ -260,6 +230,7 @@ fn describe(s: &Source) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nbd::sock::{Peer, PeerKind};
 
     fn tcp(ip: &str) -> Peer {
         Peer {
@@ -294,8 +265,9 @@ mod tests {
 
     #[test]
     fn the_per_client_cap_defaults_to_a_quarter() {
-        assert_eq!(Admission::new(100, 0).per_client(), 25);
-        assert_eq!(Admission::new(2, 0).per_client(), 1);
-        assert_eq!(Admission::new(100, 7).per_client(), 7);
+        let live = || Arc::new(AtomicUsize::new(0));
+        assert_eq!(Admission::new(100, 0, live()).per_client(), 25);
+        assert_eq!(Admission::new(2, 0, live()).per_client(), 1);
+        assert_eq!(Admission::new(100, 7, live()).per_client(), 7);
     }
 }

@@ -159,7 +159,7 @@ pub fn run_one(cx: Arc<Cx>, conn: Arc<Conn>) {
 /// Record how long a session in transmission has been idle (for the
 /// accept path's shedding) and say why it must go, if its idle time is
 /// past `--idle-timeout`, or past the unused deadline for a client that
-/// never sent a request.
+/// never sent a request while the server is crowded.
 fn idle_verdict(s: &Session, cx: &Cx, o: &NetOptions, now: Instant) -> Option<&'static str> {
     if s.input.eof || !s.idle(cx) {
         s.conn.idle_ms.store(0, Ordering::Relaxed);
@@ -171,8 +171,11 @@ fn idle_verdict(s: &Session, cx: &Cx, o: &NetOptions, now: Instant) -> Option<&'
     if o.idle_timeout.is_some_and(|t| idle > t) {
         return Some("idle for longer than --idle-timeout");
     }
-    if s.unused() && idle > o.unused_timeout {
-        return Some("sent no request after its handshake; dropped after the unused deadline");
+    if s.unused() && idle > o.unused_timeout && cx.crowded() {
+        return Some(
+            "sent no request after its handshake; dropped after the unused deadline \
+             (over half of --max-connections open)",
+        );
     }
     None
 }

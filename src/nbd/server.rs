@@ -342,15 +342,21 @@ fn run(
     listener.set_nonblocking()?;
     let mut net_opts = opts.net.clone();
     net_opts.tls = opts.tls.mode;
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let cx = Arc::new(Cx {
         exports: exports.clone(),
         engine: engine.clone(),
         opts: net_opts,
         tls: tls_config,
         shutting_down: AtomicBool::new(false),
+        conns: Some((live.clone(), max_conns)),
     });
     let mut net = Net::start(cx.clone(), opts.net_threads)?;
-    let mut admit = Admission::new(max_conns, opts.net.max_connections_per_client.unwrap_or(0));
+    let mut admit = Admission::new(
+        max_conns,
+        opts.net.max_connections_per_client.unwrap_or(0),
+        live,
+    );
     tracing::info!(
         "serving {} export(s) on {} (at most {max_conns} connections, {} per client)",
         exports.list().len(),
@@ -514,6 +520,7 @@ pub fn serve_connection(sock: Sock, exports: &Arc<ExportSet>, shutting_down: &At
         opts: NetOptions::default(),
         tls: None,
         shutting_down: AtomicBool::new(shutting_down.load(Ordering::Relaxed)),
+        conns: None,
     });
     super::reactor::run_one(cx, Arc::new(Conn::new(sock, None)));
 }

@@ -1,7 +1,7 @@
 //! What a session needs from its server: the per-connection limits and
 //! deadlines ([`NetOptions`]) and the shared context ([`Cx`]).
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,11 +27,12 @@ pub struct NetOptions {
     /// A client in transmission with nothing in flight and no request for
     /// this long is dropped (`None`: never).
     pub idle_timeout: Option<Duration>,
-    /// A client that finished the handshake and has sent no request for
-    /// this long is dropped, whatever `idle_timeout` says (or sooner, if
-    /// that is shorter): every real client (qemu, the kernel's driver,
-    /// libnbd tools) reads at once after it connects, while a connection
-    /// that negotiates and then sits only holds a slot of the cap.
+    /// While more than half of `--max-connections` are open, a client
+    /// that finished the handshake and has sent no request for this long
+    /// is dropped, whatever `idle_timeout` says: such a connection only
+    /// holds a slot. Not otherwise: the kernel's driver with several
+    /// connections, or nbdfuse before its file is read, may leave one
+    /// unused for a long time, and lose the device if it is dropped.
     pub unused_timeout: Duration,
     /// Most open connections of one client address (IPv6: its /64) or
     /// Unix uid other than root's and the server's (`None`: a quarter of
@@ -75,4 +76,15 @@ pub struct Cx {
     pub opts: NetOptions,
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub shutting_down: AtomicBool,
+    /// Open connections and the cap (`None`: not counted, never crowded).
+    pub conns: Option<(Arc<AtomicUsize>, usize)>,
+}
+
+impl Cx {
+    /// More than half of the connection cap is in use.
+    pub fn crowded(&self) -> bool {
+        self.conns
+            .as_ref()
+            .is_some_and(|(live, max)| live.load(Ordering::Relaxed).saturating_mul(2) > *max)
+    }
 }
