@@ -149,6 +149,7 @@ fn run(rx: Receiver<Arc<Conn>>) {
 
 /// Keep `c` for its handshake, or close it if its client is over the rate.
 fn take(conns: &mut Vec<Arc<Conn>>, limiter: &mut Limiter, c: Arc<Conn>) {
+    tracing::debug!("client {}: TLS handshake taken", c.sock.peer());
     if limiter.allow(&c) {
         conns.push(c);
     } else {
@@ -186,7 +187,9 @@ fn step(c: &Conn) -> bool {
         c.tls_offloaded.store(false, Ordering::Release);
         return true;
     }
-    match c.tls_handshake_step() {
+    let r = c.tls_handshake_step();
+    tracing::debug!("client {}: TLS handshake step: {r:?}", c.sock.peer());
+    match r {
         Ok(false) => false,
         Ok(true) => {
             c.tls_offloaded.store(false, Ordering::Release);

@@ -31,6 +31,8 @@ struct Hs {
     neg: Negotiation,
     flags_done: bool,
     msg: Vec<u8>,
+    /// The TLS handshake went to the handshake thread.
+    tls_away: bool,
 }
 
 enum Phase {
@@ -64,6 +66,7 @@ impl Session {
                 neg: Negotiation::default(),
                 flags_done: false,
                 msg: Vec::new(),
+                tls_away: false,
             })),
             input: Input::default(),
             accepted: now,
@@ -179,7 +182,16 @@ impl Session {
         loop {
             // A client that does not read its option replies gets no more;
             // nothing is read while the handshake thread runs TLS.
-            if self.conn.queued() > 64 << 10 || self.conn.tls_offloaded.load(Ordering::Acquire) {
+            if self.conn.tls_offloaded.load(Ordering::Acquire) {
+                hs.tls_away = true;
+                return Ok(None);
+            }
+            if std::mem::take(&mut hs.tls_away) {
+                // The handshake thread read the socket meanwhile: whatever
+                // said it was drained before is stale.
+                self.input.drained = false;
+            }
+            if self.conn.queued() > 64 << 10 {
                 return Ok(None);
             }
             if !Self::gather(hs, &mut self.input, &self.conn)? {
@@ -231,6 +243,7 @@ impl Session {
                     }
                     self.conn.start_tls(cfg)?;
                     hs.neg.tls_active = true;
+                    hs.tls_away = true;
                     // Stop here: the loop hands the TLS handshake to the
                     // handshake thread before anything of it is read (or,
                     // without one, drives the session again at once).
