@@ -38,6 +38,11 @@ fn free_port() -> u16 {
 }
 
 fn serve_tcp(dir: &Path, args: &[String]) -> TcpServe {
+    serve_tcp_logging(dir, args, "warn")
+}
+
+/// [`serve_tcp`] with `UDM_LOG=level`; the log is `dir/serve.log`.
+fn serve_tcp_logging(dir: &Path, args: &[String], level: &str) -> TcpServe {
     let port = free_port();
     let ctl = dir.join("control");
     let log = std::fs::File::create(dir.join("serve.log")).unwrap();
@@ -46,7 +51,7 @@ fn serve_tcp(dir: &Path, args: &[String]) -> TcpServe {
         .arg("--control")
         .arg(&ctl)
         .args(args)
-        .env("UDM_LOG", "warn")
+        .env("UDM_LOG", level)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -676,4 +681,218 @@ fn cryptsetup_open_allow_narrows() {
         info.contains("NBD clients:       (127.0.0.1/32) and (10.0.0.0/8)"),
         "{info}"
     );
+}
+
+/// F15: `udm cryptsetup status` reports the key size without asking the
+/// server for the key: the log, which records every table request with
+/// keys, shows none until `dmsetup table --showkeys` asks for one.
+#[test]
+fn cryptsetup_status_requests_no_key() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "f.img", 1 << 20);
+    let srv = serve_tcp_logging(
+        d.path(),
+        &["--file".into(), format!("f={}", img.display())],
+        "info",
+    );
+    let key = "5eed".repeat(32);
+    srv.dm_ok(&["create", "z", "--table", "0 8192 zero"]);
+    srv.dm_ok(&[
+        "create",
+        "c",
+        "--table",
+        &format!("0 8192 crypt aes-xts-plain64 {key} 0 @z 0"),
+    ]);
+    let o = udm()
+        .args(["cryptsetup", "status", "c"])
+        .env("UDM_CONTROL", &srv.ctl)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("keysize: 512 bits"), "status: {text}");
+    assert!(!text.contains(&key), "status printed the key");
+    let log = || std::fs::read_to_string(srv_log(&d)).unwrap_or_default();
+    assert!(
+        !log().contains("--showkeys"),
+        "status asked the server for the key:\n{}",
+        log()
+    );
+    // The audit line exists, so its absence above means something.
+    let shown = srv.dm_ok(&["table", "--showkeys", "c"]);
+    assert!(shown.contains(&key));
+    wait_for("the audit line", Duration::from_secs(5), || {
+        log().contains("--showkeys")
+    });
+}
+
+fn srv_log(d: &tempfile::TempDir) -> PathBuf {
+    d.path().join("serve.log")
+}
+
+/// A table of `n` one-sector `zero` segments.
+fn many_lines(n: u64) -> String {
+    let mut t = String::with_capacity(n as usize * 16);
+    for i in 0..n {
+        t.push_str(&format!("{i} 1 zero\n"));
+    }
+    t
+}
+
+/// F19: a device with a huge table made every listing of all devices
+/// (`dmsetup ls`, `info`) exceed the client's 1 MiB reply limit (one
+/// target type per segment). Listings now name each type once, a table
+/// over `--max-table-lines` is refused naming the option, and a device
+/// at the default cap still has a `status` that fits a reply.
+#[test]
+fn huge_tables_do_not_break_listings() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "f.img", 1 << 20);
+    let srv = serve_tcp(
+        d.path(),
+        &[
+            "--file".into(),
+            format!("f={}", img.display()),
+            "--max-table-lines".into(),
+            "200000".into(),
+        ],
+    );
+    let big = d.path().join("big.table");
+    std::fs::write(&big, many_lines(200_000)).unwrap();
+    srv.dm_ok(&["create", "big", big.to_str().unwrap()]);
+    let ls = srv.dm_ok(&["ls"]);
+    assert!(ls.contains("big"), "ls: {ls}");
+    let info = srv.dm_ok(&["info"]);
+    assert!(info.contains("big"), "info: {info}");
+    let o = srv.dmsetup(&["info", "-c", "--target", "zero"]);
+    assert!(o.status.success(), "{}", show(&o));
+    drop(srv);
+
+    let srv = serve_tcp(d.path(), &["--file".into(), format!("f={}", img.display())]);
+    std::fs::write(&big, many_lines(16_385)).unwrap();
+    let o = srv.dmsetup(&["create", "big", big.to_str().unwrap()]);
+    assert!(!o.status.success(), "a table over the cap was loaded");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("16384") && err.contains("--max-table-lines"),
+        "the error names neither the cap nor the option: {err}"
+    );
+    std::fs::write(&big, many_lines(16_384)).unwrap();
+    srv.dm_ok(&["create", "big", big.to_str().unwrap()]);
+    let st = srv.dm_ok(&["status"]);
+    assert_eq!(st.lines().filter(|l| l.starts_with("big:")).count(), 16_384);
+}
+
+/// F20: names with Unicode format characters (a right-to-left override,
+/// a zero-width space) look like other names in `ls`, NBD lists, metrics
+/// and logs: create and rename refuse them, naming the character.
+#[test]
+fn device_names_with_invisible_characters_are_refused() {
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "f.img", 1 << 20);
+    let srv = serve_tcp(d.path(), &["--file".into(), format!("f={}", img.display())]);
+    for bad in [
+        "vol\u{202E}gpj",
+        "v\u{200B}ol",
+        "\u{FEFF}vol",
+        "vol\u{2066}",
+    ] {
+        let o = srv.dmsetup(&["create", bad, "--table", "0 8 zero"]);
+        assert!(!o.status.success(), "created {bad:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("U+"),
+            "the error does not name the character: {err}"
+        );
+        assert!(!err.contains(bad), "the error echoes the raw name: {err}");
+    }
+    srv.dm_ok(&["create", "vol", "--table", "0 8 zero"]);
+    let o = srv.dmsetup(&["rename", "vol", "v\u{200D}ol"]);
+    assert!(!o.status.success(), "renamed to a zero-width-joined name");
+    assert!(srv.dm_ok(&["ls"]).contains("vol"));
+}
+
+/// F16 (server side): `udm serve` refuses a control socket in a directory
+/// others may write to (also a sticky one like /tmp) or that another user
+/// owns: they could plant or replace the socket. Clients already refuse to
+/// talk to such a socket; now the server does not offer one.
+#[test]
+fn control_socket_directory_must_be_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = scratch("udm-hostile-");
+    let img = sparse(d.path(), "f.img", 1 << 20);
+    let refused = |dir: &Path| -> String {
+        let mut child = udm()
+            .args(["serve", "--listen", "127.0.0.1:0", "--file"])
+            .arg(format!("f={}", img.display()))
+            .arg("--control")
+            .arg(dir.join("control"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        let st = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if t.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "udm serve started with its control socket in {}",
+                    dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        use std::io::Read;
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!st.success(), "{err}");
+        assert!(!dir.join("control").exists(), "the socket was created");
+        err
+    };
+    for mode in [0o777, 0o1777, 0o770] {
+        let dir = d.path().join(format!("m{mode:o}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let err = refused(&dir);
+        assert!(
+            err.contains("refusing the control socket") && err.contains("may write"),
+            "mode {mode:o}: {err}"
+        );
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let dir = d.path().join("theirs");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        let err = refused(&dir);
+        assert!(err.contains("belongs to uid 65534"), "{err}");
+    }
+    // A directory that does not exist yet is made private and used.
+    let fresh = d.path().join("new").join("sub");
+    let mut child = udm()
+        .args(["serve", "--listen", "127.0.0.1:0", "--file"])
+        .arg(format!("f={}", img.display()))
+        .arg("--control")
+        .arg(fresh.join("control"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the control socket", Duration::from_secs(30), || {
+        fresh.join("control").exists()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
 }

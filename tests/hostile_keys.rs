@@ -92,6 +92,7 @@ fn showkeys_reply_leaves_no_key_copy_behind() {
         ));
     }
     service.activate("c", Zeroizing::new(table), false).unwrap();
+    let _serial = ONE.lock().unwrap_or_else(|p| p.into_inner());
     let req = Request {
         op: "table".into(),
         names: vec!["c".into()],
@@ -111,3 +112,33 @@ fn showkeys_reply_leaves_no_key_copy_behind() {
         "blocks holding the key were freed unwiped while the reply was built"
     );
 }
+
+/// F6: a table line holding a key, parsed and dropped (also when the line
+/// is refused half-way), gives back no block that still holds the key:
+/// words are built in a scratch buffer that never grows and is wiped,
+/// moved rather than copied, and wiped when the line is dropped.
+#[test]
+fn parsed_table_words_leave_no_key_copy_behind() {
+    let key = "f00dfacecafe5eed".repeat(4);
+    let good = format!("0 64 crypt aes-xts-plain64 {key} 0 /dev/x 0\n");
+    let bad = format!("0 x64 crypt aes-xts-plain64 {key} 0 /dev/x 0\n");
+    let escaped = format!("0 64 crypt aes-xts-plain64 {key}\\ \\ {key} 0 /dev/x 0\n");
+    let _serial = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    LEAKS.store(0, Ordering::SeqCst);
+    ARMED.store(true, Ordering::SeqCst);
+    let lines = udm::core::table::parse(&good).unwrap();
+    let n = lines[0].args[1].len();
+    drop(lines);
+    let refused = udm::core::table::parse(&bad).is_err();
+    drop(udm::core::table::parse(&escaped));
+    ARMED.store(false, Ordering::SeqCst);
+    assert_eq!(n, 64);
+    assert!(refused);
+    assert_eq!(
+        LEAKS.load(Ordering::SeqCst),
+        0,
+        "blocks holding the key were freed unwiped by the table parser"
+    );
+}
+
+static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());

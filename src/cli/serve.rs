@@ -88,6 +88,15 @@ pub struct Args {
     /// to make room; a client is refused only when all are past it.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Most lines of a table created or loaded through the control socket
+    /// (default 16384).
+    #[arg(long, value_name = "N")]
+    pub max_table_lines: Option<usize>,
+    /// Most connections of one client: a TCP address (an IPv6 /64) or a
+    /// Unix uid other than root's and the server's (default: a quarter of
+    /// --max-connections).
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_client: Option<usize>,
     /// Seconds a client may take to finish the handshake.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub handshake_timeout: f64,
@@ -286,6 +295,7 @@ fn serve(a: Args) -> Result<(), String> {
             policy,
             socket_mode,
             max_connections: a.max_connections,
+            max_table_lines: a.max_table_lines,
             net_threads: a.net_threads,
             net,
             tls,
@@ -457,6 +467,8 @@ fn net_options(a: &Args, tls: crate::nbd::TlsMode) -> Result<crate::nbd::NetOpti
             .transpose()?,
         reply_timeout: seconds(a.reply_timeout, "--reply-timeout")?,
         payload_timeout: seconds(a.payload_timeout, "--payload-timeout")?,
+        max_connections_per_client: a.max_connections_per_client.map(|n| n.max(1)),
+        unused_timeout: crate::nbd::NetOptions::default().unused_timeout,
         client: crate::engine::ClientLimits {
             max_requests: a.max_inflight_requests.max(1),
             max_bytes: max_bytes.max(1),
@@ -556,6 +568,8 @@ pub struct Settings {
     /// `--socket-mode`.
     pub socket_mode: Option<u32>,
     pub max_connections: Option<usize>,
+    /// `--max-table-lines` (`None`: the service's default).
+    pub max_table_lines: Option<usize>,
     pub net_threads: usize,
     pub net: crate::nbd::NetOptions,
     pub tls: crate::nbd::TlsOptions,
@@ -606,6 +620,7 @@ impl Default for Settings {
             policy: AccessPolicy::default(),
             socket_mode: None,
             max_connections: None,
+            max_table_lines: None,
             net_threads: 0,
             net: crate::nbd::NetOptions::default(),
             tls: crate::nbd::TlsOptions::default(),
@@ -835,6 +850,9 @@ pub fn serve_specs(
     // created later, gets the rules of its name.
     exports.set_policy(st.policy.clone());
     let service = Arc::new(Service::new(devices.clone(), exports.clone(), st.read_only));
+    if let Some(n) = st.max_table_lines {
+        service.set_max_table_lines(n);
+    }
     let order = build_devices(&service, specs, st)?;
     reorder_exports(&exports, &devices, &order)?;
     bind_default_export(&exports, &order, st.default_export.as_deref())?;

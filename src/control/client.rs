@@ -72,7 +72,7 @@ impl Client {
         // A server that refuses the peer answers before reading, then
         // closes: the write may fail while its reply waits to be read.
         let sent = proto::write_message(&mut self.s, &json, payload);
-        let msg = proto::read_message(&mut self.s, || {});
+        let msg = proto::read_reply(&mut self.s);
         if let (Err(e), Err(_)) = (&sent, &msg) {
             return Err(io_err(io::Error::new(e.kind(), e.to_string()), &self.path));
         }

@@ -21,6 +21,9 @@ pub const VERSION: u32 = 1;
 pub const MAGIC: [u8; 4] = *b"UDMC";
 /// Largest JSON part accepted.
 pub const MAX_JSON: u32 = 1 << 20;
+/// Largest JSON part a client accepts in a reply: a server it trusts may
+/// list many devices, or one with a long table.
+pub const MAX_REPLY_JSON: u32 = 16 << 20;
 /// Largest payload accepted (a table of ~100 000 lines).
 pub const MAX_PAYLOAD: u32 = 16 << 20;
 pub const HEADER_LEN: usize = 12;
@@ -157,6 +160,11 @@ pub struct Message {
 
 /// Check a header; the JSON and payload lengths.
 pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(u32, u32), String> {
+    parse_header_with(h, MAX_JSON)
+}
+
+/// [`parse_header`] with a JSON limit of `max_json`.
+fn parse_header_with(h: &[u8; HEADER_LEN], max_json: u32) -> Result<(u32, u32), String> {
     if h[0..4] != MAGIC {
         return Err(format!(
             "not a udm control message (first bytes {:02x?}, expected \"UDMC\"); \
@@ -166,9 +174,9 @@ pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(u32, u32), String> {
     }
     let json = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
     let payload = u32::from_be_bytes([h[8], h[9], h[10], h[11]]);
-    if json > MAX_JSON {
+    if json > max_json {
         return Err(format!(
-            "request JSON of {json} bytes is over the {MAX_JSON}-byte limit"
+            "message JSON of {json} bytes is over the {max_json}-byte limit"
         ));
     }
     if payload > MAX_PAYLOAD {
@@ -182,7 +190,20 @@ pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(u32, u32), String> {
 
 /// Read one message. `first` is called after the first byte arrived (the
 /// server then tightens its timeout: a started message must complete).
-pub fn read_message(r: &mut impl Read, mut first: impl FnMut()) -> Result<Message, ReadError> {
+pub fn read_message(r: &mut impl Read, first: impl FnMut()) -> Result<Message, ReadError> {
+    read_limited(r, first, MAX_JSON)
+}
+
+/// Read a server's reply (JSON up to [`MAX_REPLY_JSON`]).
+pub fn read_reply(r: &mut impl Read) -> Result<Message, ReadError> {
+    read_limited(r, || {}, MAX_REPLY_JSON)
+}
+
+fn read_limited(
+    r: &mut impl Read,
+    mut first: impl FnMut(),
+    max_json: u32,
+) -> Result<Message, ReadError> {
     let mut h = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -199,7 +220,7 @@ pub fn read_message(r: &mut impl Read, mut first: impl FnMut()) -> Result<Messag
             Err(e) => return Err(ReadError::Io(e)),
         }
     }
-    let (jl, pl) = parse_header(&h).map_err(ReadError::Bad)?;
+    let (jl, pl) = parse_header_with(&h, max_json).map_err(ReadError::Bad)?;
     let mut json = vec![0u8; jl as usize];
     r.read_exact(&mut json)?;
     let mut payload = Zeroizing::new(vec![0u8; pl as usize]);

@@ -75,6 +75,11 @@ impl ControlServer {
                 let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
             }
         }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        check_dir(dir, path)?;
         if let Ok(m) = std::fs::symlink_metadata(path) {
             if m.file_type().is_socket() {
                 if UnixStream::connect(path).is_ok() {
@@ -136,6 +141,50 @@ impl ControlServer {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Refuse to serve keys from a socket others could replace: its directory
+/// must belong to root or to us, and nobody else may write to it. A
+/// sticky world-writable directory such as /tmp is refused too (there
+/// another user could have planted the path, or the directory we meant to
+/// create, first); a directory udm creates itself is 0700. See
+/// docs/SECURITY.md, F16.
+fn check_dir(dir: &Path, path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("control socket directory {}: {e}", dir.display()),
+        )
+    })?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let refuse = |why: String| {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "refusing the control socket {}: {why}; give --control a path in a directory \
+                 only you (or root) own and may write to, e.g. $XDG_RUNTIME_DIR/udm/control, or \
+                 a directory that does not exist yet (udm creates it with mode 0700)",
+                path.display()
+            ),
+        ))
+    };
+    if m.uid() != 0 && m.uid() != me {
+        return refuse(format!(
+            "{} belongs to uid {}, who could replace the socket",
+            dir.display(),
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        return refuse(format!(
+            "others may write to {} (mode {:o}) and so plant or replace what is in it",
+            dir.display(),
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 impl Drop for ControlServer {

@@ -70,6 +70,23 @@ pub struct Service {
     narrow: Mutex<std::collections::HashMap<String, Vec<Allow>>>,
     /// Where clients reach the devices, for `info` and `status`.
     locations: std::sync::RwLock<Locations>,
+    /// Most lines a table sent over the control socket may have.
+    max_table_lines: std::sync::atomic::AtomicUsize,
+}
+
+/// Default of `udm serve --max-table-lines`: far more than any real
+/// device needs (LVM volumes have a handful of segments), few enough that
+/// one device's `status` fits a reply and listings stay small.
+pub const DEFAULT_MAX_TABLE_LINES: usize = 16384;
+
+/// Lines of a table text that are segments (not blank, not comments).
+fn table_lines(text: &str) -> usize {
+    text.lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            !t.is_empty() && !t.starts_with('#')
+        })
+        .count()
 }
 
 /// Where a server's devices can be reached, shown by `info` and
@@ -129,7 +146,13 @@ impl Service {
             stopping: AtomicBool::new(false),
             narrow: Mutex::default(),
             locations: Default::default(),
+            max_table_lines: DEFAULT_MAX_TABLE_LINES.into(),
         }
+    }
+
+    /// `udm serve --max-table-lines`.
+    pub fn set_max_table_lines(&self, n: usize) {
+        self.max_table_lines.store(n.max(1), Ordering::Relaxed);
     }
 
     /// Tell `info` and `status` where clients reach the devices.
@@ -235,7 +258,14 @@ impl Service {
             open_count: self.open_count(&d.name),
             event_nr: d.event_nr,
             target_count: d.targets as u32,
-            target_types: d.target_types.clone(),
+            // One entry per type, not per segment: a listing of every
+            // device must stay small whatever their tables.
+            target_types: d.target_types.iter().fold(Vec::new(), |mut v, t| {
+                if !v.contains(t) {
+                    v.push(t.clone());
+                }
+                v
+            }),
             size_sectors: d.size / 512,
             deps: d
                 .deps
@@ -287,9 +317,22 @@ impl Service {
         alive: &dyn Fn() -> bool,
     ) -> OpResult {
         let table = || -> Result<Zeroizing<String>, OpError> {
-            std::str::from_utf8(&payload)
-                .map(|s| Zeroizing::new(s.to_string()))
-                .map_err(|_| err(Code::Einval, "the table is not UTF-8 text"))
+            let text = std::str::from_utf8(&payload)
+                .map_err(|_| err(Code::Einval, "the table is not UTF-8 text"))?;
+            let (n, max) = (
+                table_lines(text),
+                self.max_table_lines.load(Ordering::Relaxed),
+            );
+            if n > max {
+                return Err(err(
+                    Code::Einval,
+                    format!(
+                        "the table has {n} lines, over the limit of {max} per device \
+                         (raise it with `udm serve --max-table-lines`)"
+                    ),
+                ));
+            }
+            Ok(Zeroizing::new(text.to_string()))
         };
         match req.op.as_str() {
             "version" => ok(json!({
@@ -474,6 +517,11 @@ impl Service {
     /// them behind in the memory it gave back.
     fn table(&self, req: &Request) -> OpResult {
         let devs = self.selected(&req.names)?;
+        if req.showkeys {
+            // An audit trail of every key that leaves the server.
+            let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
+            tracing::info!("control: table with keys (--showkeys) of {names:?}");
+        }
         let mut all = Vec::with_capacity(devs.len());
         for d in devs {
             let segs = self

@@ -19,6 +19,43 @@ const MAX_SECTORS: u64 = (i64::MAX as u64) >> 9;
 /// Most segments a table may have (the kernel's DM_MAX_TARGETS).
 const MAX_SEGMENTS: usize = 1 << 20;
 
+/// Whether `c` would make a name look like another: Unicode format
+/// characters (general category Cf: bidirectional overrides and
+/// isolates, zero-width spaces and joiners, the BOM, soft hyphen, tag
+/// characters), variation selectors, the combining grapheme joiner and the
+/// Hangul fillers, which all show as nothing or reorder what follows.
+/// Control characters and whitespace are refused by the callers' own
+/// checks. Device names appear in `dmsetup ls`, NBD export lists, metrics
+/// and logs, where an administrator must be able to tell them apart.
+pub fn invisible_char(c: char) -> bool {
+    matches!(
+        c as u32,
+        0x00AD
+            | 0x034F
+            | 0x061C
+            | 0x115F..=0x1160
+            | 0x17B4..=0x17B5
+            | 0x180B..=0x180F
+            | 0x200B..=0x200F
+            | 0x202A..=0x202E
+            | 0x2060..=0x206F
+            | 0x3164
+            | 0xFE00..=0xFE0F
+            | 0xFEFF
+            | 0xFFA0
+            | 0xFFF9..=0xFFFB
+            | 0x110BD
+            | 0x110CD
+            | 0x13430..=0x1343F
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0000..=0xE0FFF
+    ) || (0x0600..=0x0605).contains(&(c as u32))
+        || c as u32 == 0x06DD
+        || c as u32 == 0x070F
+        || c as u32 == 0x08E2
+}
+
 /// One parsed table line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableLine {
@@ -29,7 +66,16 @@ pub struct TableLine {
     /// Length, in 512-byte sectors.
     pub len: u64,
     pub target: String,
+    /// The words after the target type; a crypt line's key among them,
+    /// so they are wiped when the line is dropped.
     pub args: Vec<String>,
+}
+
+impl Drop for TableLine {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        self.args.iter_mut().for_each(Zeroize::zeroize);
+    }
 }
 
 impl TableLine {
@@ -84,10 +130,22 @@ impl std::error::Error for TableError {}
 
 /// Split a line into words the way the kernel's `dm_split_args` does:
 /// whitespace separates, a backslash escapes the next character.
+///
+/// A word may be a key: each is built in one scratch buffer sized for the
+/// whole line (it never grows, so never frees key bytes) and copied into a
+/// string of exactly its size; the scratch is wiped before it is dropped.
 pub fn split_args(line: &str) -> Vec<String> {
+    use zeroize::Zeroize;
     let mut out = Vec::new();
-    let mut cur = String::new();
+    let mut cur = String::with_capacity(line.len());
     let mut in_word = false;
+    // Zeroizing a string wipes its whole capacity and keeps it.
+    let finish = |cur: &mut String, out: &mut Vec<String>| {
+        let mut w = String::with_capacity(cur.len());
+        w.push_str(cur);
+        out.push(w);
+        cur.zeroize();
+    };
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
         if c == '\\' {
@@ -97,7 +155,7 @@ pub fn split_args(line: &str) -> Vec<String> {
             }
         } else if c.is_whitespace() {
             if in_word {
-                out.push(std::mem::take(&mut cur));
+                finish(&mut cur, &mut out);
                 in_word = false;
             }
         } else {
@@ -106,8 +164,9 @@ pub fn split_args(line: &str) -> Vec<String> {
         }
     }
     if in_word {
-        out.push(cur);
+        finish(&mut cur, &mut out);
     }
+    cur.zeroize();
     out
 }
 
@@ -151,7 +210,8 @@ pub fn parse(text: &str) -> Result<Vec<TableLine>, TableError> {
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
-        let words = split_args(strip_comment(raw));
+        // Wiped on every way out, errors included.
+        let mut words = zeroize::Zeroizing::new(split_args(strip_comment(raw)));
         if words.is_empty() {
             continue;
         }
@@ -165,6 +225,9 @@ pub fn parse(text: &str) -> Result<Vec<TableLine>, TableError> {
         let start = parse_u64(&words[0], line_no, "start")?;
         let len = parse_u64(&words[1], line_no, "length")?;
         let target = words[2].clone();
+        // The arguments are moved, not copied: a copy would leave the
+        // key's bytes in `words`, freed unwiped.
+        let args: Vec<String> = words.drain(3..).collect();
         if len == 0 {
             return Err(TableError::new(
                 line_no,
@@ -213,7 +276,7 @@ pub fn parse(text: &str) -> Result<Vec<TableLine>, TableError> {
             start,
             len,
             target,
-            args: words[3..].to_vec(),
+            args,
         });
     }
     if lines.is_empty() {
@@ -248,6 +311,40 @@ fn strip_comment(line: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn words_are_exact_copies_and_lines_wipe_their_arguments() {
+        let w = split_args(r"0 8 crypt aes-xts-plain64 00ff\ ee 0 /dev/a\ b 0");
+        assert_eq!(w[4], "00ff ee");
+        assert_eq!(w[6], "/dev/a b");
+        // Each word in a string of its own size, not the line's.
+        assert!(w.iter().all(|x| x.capacity() == x.len()), "{w:?}");
+        let l = parse("0 8 crypt aes-xts-plain64 00112233 0 /dev/a 0\n").unwrap();
+        assert_eq!(l[0].args[1], "00112233");
+        // That dropping a line leaves no key bytes behind is checked with a
+        // watching allocator: tests/hostile_keys.rs.
+    }
+
+    #[test]
+    fn format_and_invisible_characters_are_named() {
+        for c in [
+            '\u{202E}',
+            '\u{200B}',
+            '\u{200D}',
+            '\u{2066}',
+            '\u{FEFF}',
+            '\u{00AD}',
+            '\u{E0041}',
+            '\u{FE0F}',
+            '\u{3164}',
+            '\u{061C}',
+        ] {
+            assert!(invisible_char(c), "U+{:04X} passed", c as u32);
+        }
+        for c in ['a', 'Z', '0', '-', '_', '.', 'é', 'ж', '中'] {
+            assert!(!invisible_char(c), "{c} refused");
+        }
+    }
 
     #[test]
     fn parses_comments_blank_lines_and_escapes() {

@@ -306,6 +306,17 @@ fn uppers(devs: &[Dev], name: &str) -> Vec<String> {
 }
 
 fn check_name(name: &str) -> Result<(), String> {
+    if let Some(c) = name
+        .chars()
+        .find(|&c| crate::core::table::invisible_char(c))
+    {
+        return Err(format!(
+            "invalid device name '{}': it holds U+{:04X}, a Unicode format or invisible \
+             character that makes one name look like another; use visible characters only",
+            name.escape_debug(),
+            c as u32
+        ));
+    }
     if name.is_empty()
         || name.len() > MAX_NAME
         || name.contains(|c: char| c.is_whitespace() || c == '/' || c.is_control())

@@ -6,8 +6,9 @@
 //! (rustls configuration), [`export`] (the named devices a server offers,
 //! changeable at runtime, with their allow-lists), [`handshake`] (option
 //! haggling, a state machine), [`conn`] (one connection: replies and their
-//! queue, the session state machine), [`reactor`] (the event loops that
-//! drive sessions), [`server`] (listen/accept/cap/shutdown). Request
+//! queue, the session state machine), [`handshaker`] (the thread that runs TLS handshakes off
+//! the loops), [`reactor`] (the event loops that
+//! drive sessions), [`admission`] (the connection cap, per client), [`server`] (listen/accept/cap/shutdown). Request
 //! execution, ordering and fairness live in [`crate::engine`].
 //!
 //! Copies per byte (why the buffers are laid out as they are):
@@ -23,9 +24,11 @@
 //! - partial-block writes: only the padding bytes of the head/tail blocks
 //!   are copied (device → scratch → buffer); the client's bytes are not.
 
+pub mod admission;
 pub mod conn;
 pub mod export;
 pub mod handshake;
+pub mod handshaker;
 /// The wire format, shared with the NBD client store (see [`crate::protocol`]).
 pub use crate::protocol::nbd as proto;
 pub mod reactor;

@@ -38,6 +38,7 @@
 //! thousand connections, and no timer structure to keep consistent.
 
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -49,7 +50,8 @@ use std::os::unix::io::AsRawFd;
 
 use crate::engine::Waker;
 
-use super::conn::{Conn, Cx, Drive, Session};
+use super::conn::{Conn, Cx, Drive, NetOptions, Session};
+use super::handshaker::Handshaker;
 
 const WAKE: Token = Token(0);
 const SWEEP: Duration = Duration::from_millis(250);
@@ -86,6 +88,7 @@ pub struct Net {
     handles: Vec<Arc<Handle>>,
     threads: Vec<JoinHandle<()>>,
     next: usize,
+    handshaker: Option<Handshaker>,
 }
 
 impl Net {
@@ -100,9 +103,14 @@ impl Net {
             handles: Vec::new(),
             threads: Vec::new(),
             next: 0,
+            handshaker: match cx.tls {
+                Some(_) => Some(Handshaker::start()?),
+                None => None,
+            },
         };
         for i in 0..n {
             let mut lp = Loop::new(cx.clone())?;
+            lp.tls_handshakes = net.handshaker.as_ref().map(Handshaker::sender);
             net.handles.push(lp.handle.clone());
             net.threads.push(
                 std::thread::Builder::new()
@@ -129,6 +137,9 @@ impl Net {
         for t in self.threads {
             let _ = t.join();
         }
+        if let Some(h) = self.handshaker {
+            h.stop();
+        }
     }
 }
 
@@ -143,6 +154,30 @@ pub fn run_one(cx: Arc<Cx>, conn: Arc<Conn>) {
         }
         Err(e) => tracing::warn!("cannot start an event loop: {e}"),
     }
+}
+
+/// Record how long a session in transmission has been idle (for the
+/// accept path's shedding) and say why it must go, if its idle time is
+/// past `--idle-timeout`, or past the unused deadline for a client that
+/// never sent a request while the server is crowded.
+fn idle_verdict(s: &Session, cx: &Cx, o: &NetOptions, now: Instant) -> Option<&'static str> {
+    if s.input.eof || !s.idle(cx) {
+        s.conn.idle_ms.store(0, Ordering::Relaxed);
+        return None;
+    }
+    let idle = now.saturating_duration_since(s.last_active);
+    let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX).max(1);
+    s.conn.idle_ms.store(ms, Ordering::Relaxed);
+    if o.idle_timeout.is_some_and(|t| idle > t) {
+        return Some("idle for longer than --idle-timeout");
+    }
+    if s.unused() && idle > o.unused_timeout && cx.crowded() {
+        return Some(
+            "sent no request after its handshake; dropped after the unused deadline \
+             (over half of --max-connections open)",
+        );
+    }
+    None
 }
 
 struct Slot {
@@ -168,6 +203,9 @@ struct Loop {
     /// A session driven in this round left requests on the engine's
     /// workers (see busy polling in the module doc).
     workers_busy: bool,
+    /// Where TLS handshakes go (`None`: run here, as without TLS there are
+    /// none).
+    tls_handshakes: Option<Sender<Arc<Conn>>>,
 }
 
 fn token(idx: usize, gen: u32) -> usize {
@@ -195,6 +233,7 @@ impl Loop {
             stopping: None,
             single: false,
             workers_busy: false,
+            tls_handshakes: None,
         })
     }
 
@@ -265,7 +304,20 @@ impl Loop {
             let h = h.clone();
             Arc::new(move || h.post(|i| i.wakes.push(tok)))
         };
-        match slot.s.drive(&self.cx, &make_waker) {
+        let d = slot.s.drive(&self.cx, &make_waker);
+        if let Some(tx) = &self.tls_handshakes {
+            let c = &slot.s.conn;
+            if slot.s.in_handshake()
+                && !c.tls_offloaded.load(Ordering::Acquire)
+                && c.tls_handshaking()
+            {
+                c.tls_offloaded.store(true, Ordering::Release);
+                if tx.send(c.clone()).is_err() {
+                    c.tls_offloaded.store(false, Ordering::Release);
+                }
+            }
+        }
+        match d {
             Drive::Wait => {}
             Drive::Yield => self.pending.push(tok),
             Drive::Close => return self.close(idx, ""),
@@ -338,14 +390,9 @@ impl Loop {
             if self.stopping.is_some() {
                 s.input.eof = true;
             }
-            if let Some(idle) = o.idle_timeout {
-                if !s.input.eof
-                    && s.idle(&self.cx)
-                    && now.saturating_duration_since(s.last_active) > idle
-                {
-                    self.close(idx, "idle for longer than --idle-timeout");
-                    continue;
-                }
+            if let Some(why) = idle_verdict(s, &self.cx, &o, now) {
+                self.close(idx, why);
+                continue;
             }
             if let Some(t0) = self.stopping {
                 if now.saturating_duration_since(t0) > DRAIN_LIMIT {
@@ -403,7 +450,9 @@ impl Loop {
                     // Always under the connection's lock, never judged by
                     // the lock-free byte count: a worker may be queueing a
                     // reply right now, and this edge may be the only one.
-                    if ev.is_writable() || ev.is_error() {
+                    if (ev.is_writable() || ev.is_error())
+                        && !slot.s.conn.tls_offloaded.load(Ordering::Acquire)
+                    {
                         slot.s.conn.flush();
                     }
                 }

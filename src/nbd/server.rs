@@ -5,29 +5,31 @@
 //! shared [`Engine`] executes them. So the accept path never waits behind
 //! a handshake, and threads do not grow with connections.
 //!
-//! Connection cap (`--max-connections`): at the cap, the oldest connection
-//! still in its handshake is shed to make room; only when every connection
-//! is past its handshake is a new client refused. A flood of sockets that
-//! never negotiate therefore cannot lock real clients out, and the
-//! handshake deadline clears them anyway.
+//! Connection cap (`--max-connections`, `admission.rs`): one client holds
+//! at most `--max-connections-per-client`; at the cap, the oldest
+//! connection still in its handshake is shed to make room, else the oldest
+//! idle one of the client holding the most; only when none is either is a
+//! new client refused. A flood of sockets that never negotiate, or that
+//! negotiate and sit, therefore cannot lock other clients out, and the
+//! handshake and unused deadlines clear them anyway.
 //!
 //! Shutdown (SIGINT/SIGTERM, or a flag for embedders and tests): stop
 //! accepting, stop reading new requests, let every admitted request finish
 //! and be answered, flush every export, return.
 
-use std::collections::VecDeque;
 use std::io;
 use std::net::{TcpListener, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::engine::Engine;
 
+use super::admission::Admission;
 use super::conn::{Conn, Cx, NetOptions};
 use super::export::{AccessPolicy, BudgetPolicy, Export, ExportSet};
 use super::reactor::Net;
@@ -382,24 +384,26 @@ fn run(
     listener.set_nonblocking()?;
     let mut net_opts = opts.net.clone();
     net_opts.tls = opts.tls.mode;
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let cx = Arc::new(Cx {
         exports: exports.clone(),
         engine: engine.clone(),
         opts: net_opts,
         tls: tls_config,
         shutting_down: AtomicBool::new(false),
+        conns: Some((live.clone(), max_conns)),
     });
     let mut net = Net::start(cx.clone(), opts.net_threads)?;
-    let mut admit = Admission {
-        live: Arc::new(AtomicUsize::new(0)),
+    let mut admit = Admission::new(
         max_conns,
-        handshaking: VecDeque::new(),
-        last_refusal_log: None,
-    };
+        opts.net.max_connections_per_client.unwrap_or(0),
+        live,
+    );
     tracing::info!(
-        "serving {} export(s) on {} (at most {max_conns} connections)",
+        "serving {} export(s) on {} (at most {max_conns} connections, {} per client)",
         exports.list().len(),
-        listener.describe()
+        listener.describe(),
+        admit.per_client()
     );
     if let (Some(hook), Some(b)) = (&opts.events, listener.bound()) {
         hook(ServerEvent::Listening(b));
@@ -522,71 +526,6 @@ fn exports_of(
     Ok(exports)
 }
 
-/// The connection cap: who gets in, and who makes room.
-struct Admission {
-    live: Arc<AtomicUsize>,
-    max_conns: usize,
-    /// Connections in accept order, for shedding the oldest handshake.
-    handshaking: VecDeque<Weak<Conn>>,
-    last_refusal_log: Option<Instant>,
-}
-
-impl Admission {
-    /// The connection for `sock`, or `None` if it is refused (at the cap
-    /// with every connection past its handshake).
-    fn admit(&mut self, sock: Sock) -> Option<Arc<Conn>> {
-        let still_negotiating =
-            |c: &Arc<Conn>| c.in_handshake.load(Ordering::Acquire) && !c.is_closed();
-        while self
-            .handshaking
-            .front()
-            .is_some_and(|w| w.upgrade().is_none_or(|c| !still_negotiating(&c)))
-        {
-            self.handshaking.pop_front();
-        }
-        if self.live.load(Ordering::Acquire) >= self.max_conns && !self.shed_oldest() {
-            self.log_refusal();
-            drop(sock);
-            return None;
-        }
-        self.live.fetch_add(1, Ordering::AcqRel);
-        let conn = Arc::new(Conn::new(sock, Some(self.live.clone())));
-        self.handshaking.push_back(Arc::downgrade(&conn));
-        Some(conn)
-    }
-
-    /// Make room: the oldest connection still negotiating goes.
-    fn shed_oldest(&mut self) -> bool {
-        while let Some(w) = self.handshaking.pop_front() {
-            if let Some(c) = w.upgrade() {
-                if c.in_handshake.load(Ordering::Acquire) && !c.is_closed() {
-                    tracing::debug!(
-                        "at the connection cap: shedding the oldest unfinished handshake"
-                    );
-                    c.shed();
-                    return true;
-                }
-            }
-        }
-        false
-    }
-
-    fn log_refusal(&mut self) {
-        let now = Instant::now();
-        if self
-            .last_refusal_log
-            .is_none_or(|t| now.duration_since(t) > Duration::from_secs(5))
-        {
-            self.last_refusal_log = Some(now);
-            tracing::warn!(
-                "refusing a client: {} connections are open and all are past their handshake \
-                 (raise --max-connections)",
-                self.max_conns
-            );
-        }
-    }
-}
-
 /// An engine with `threads` workers and a set holding `exports`, with the
 /// memory budget shared among them.
 pub fn export_set(
@@ -629,6 +568,7 @@ pub fn serve_connection(sock: Sock, exports: &Arc<ExportSet>, shutting_down: &At
         opts: NetOptions::default(),
         tls: None,
         shutting_down: AtomicBool::new(shutting_down.load(Ordering::Relaxed)),
+        conns: None,
     });
     super::reactor::run_one(cx, Arc::new(Conn::new(sock, None)));
 }

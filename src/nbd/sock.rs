@@ -263,3 +263,32 @@ pub struct Peer {
     /// The client's user id (Unix socket, from SO_PEERCRED).
     pub uid: Option<u32>,
 }
+
+/// Who a connection counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    Ip(std::net::IpAddr),
+    Uid(u32),
+    /// A peer whose address or credentials could not be read: all such
+    /// share one tally.
+    Unknown,
+}
+
+impl Source {
+    /// The tally of `peer`; IPv6 addresses count by their /64 (one host
+    /// usually holds a whole /64), IPv4-mapped ones as IPv4.
+    pub fn of(peer: &Peer) -> Source {
+        match (peer.kind, peer.ip, peer.uid) {
+            (PeerKind::Unix, _, Some(uid)) => Source::Uid(uid),
+            (PeerKind::Tcp, Some(std::net::IpAddr::V6(v6)), _) => match v6.to_ipv4_mapped() {
+                Some(v4) => Source::Ip(std::net::IpAddr::V4(v4)),
+                None => {
+                    let bits = u128::from(v6) & !((1u128 << 64) - 1);
+                    Source::Ip(std::net::IpAddr::V6(bits.into()))
+                }
+            },
+            (PeerKind::Tcp, Some(ip), _) => Source::Ip(ip),
+            _ => Source::Unknown,
+        }
+    }
+}

@@ -234,11 +234,18 @@ pub(super) fn close(c: &Ctx) -> Outcome {
     Ok(())
 }
 
-/// The live crypt table of `name` with its key (`--showkeys`).
-fn live_table(c: &Ctx, name: &str) -> Result<(Value, Zeroizing<String>), LuksError> {
+/// The live crypt table of `name`, with its key (`--showkeys`) only when
+/// the caller must rebuild the table: keys leave the server only when
+/// asked for, and the masked key (zeros of the same length) still says the
+/// key size.
+fn live_table(
+    c: &Ctx,
+    name: &str,
+    showkeys: bool,
+) -> Result<(Value, Zeroizing<String>), LuksError> {
     let (info, _) = call(c, name, req("info", name), &[])?;
     let mut t = req("table", name);
-    t.showkeys = true;
+    t.showkeys = showkeys;
     let (_, payload) = call(c, name, t, &[])?;
     let text = Zeroizing::new(String::from_utf8_lossy(&payload).into_owned());
     Ok((info["devices"][0].clone(), text))
@@ -280,7 +287,7 @@ pub(super) fn status(c: &Ctx) -> Outcome {
     let arg = c.argv[0].as_str();
     // cryptsetup takes a name or a /dev/mapper path.
     let name = arg.strip_prefix("/dev/mapper/").unwrap_or(arg);
-    let (info, table) = match live_table(c, name) {
+    let (info, table) = match live_table(c, name, false) {
         Ok(x) => x,
         Err(LuksError::Device(_)) => {
             println!("{} is inactive.", super::status::head(arg));
@@ -337,7 +344,7 @@ fn in_reencryption(c: &Ctx, device: &str) -> bool {
 
 pub(super) fn resize(c: &Ctx) -> Outcome {
     let name = &c.argv[0];
-    let (_, table) = live_table(c, name)?;
+    let (_, table) = live_table(c, name, true)?;
     let mut lines = lines_of(name, &table)?;
     if lines.0.len() != 1 {
         return Err(LuksError::Unsupported(

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -83,6 +83,17 @@ pub struct Conn {
     /// uncounts it first).
     counted: AtomicBool,
     live: Option<Arc<AtomicUsize>>,
+    /// The count of connections from the same address (or uid), for the
+    /// per-client cap; decremented with `live`.
+    source: OnceLock<Arc<AtomicUsize>>,
+    /// Milliseconds the connection had been idle in transmission at the
+    /// last sweep of its loop (0: busy or still negotiating): what the
+    /// accept path reads to pick an idle connection to shed.
+    pub idle_ms: AtomicU64,
+    /// The TLS handshake is being run by the handshake thread
+    /// (`nbd/handshaker.rs`), which holds the TLS session meanwhile: the
+    /// session and the loop leave the connection alone until it is done.
+    pub tls_offloaded: AtomicBool,
     /// Ask the owning event loop to look at this connection.
     notify: OnceLock<Waker>,
     /// An extent list kept from the last BLOCK_STATUS reply, handed to the
@@ -120,6 +131,9 @@ impl Conn {
             queued: AtomicUsize::new(0),
             counted: AtomicBool::new(live.is_some()),
             live,
+            source: OnceLock::new(),
+            idle_ms: AtomicU64::new(0),
+            tls_offloaded: AtomicBool::new(false),
             notify: OnceLock::new(),
             spare_extents: Mutex::new(Vec::new()),
             failures: OnceLock::new(),
@@ -134,10 +148,17 @@ impl Conn {
         let _ = self.notify.set(w);
     }
 
-    fn notify(&self) {
+    /// Ask the owning event loop to look at this connection.
+    pub fn notify(&self) {
         if let Some(w) = self.notify.get() {
             w();
         }
+    }
+
+    /// Count the connection in its client's tally as well (the accept
+    /// path increments `c` before this; [`Conn::uncount`] decrements it).
+    pub fn count_source(&self, c: Arc<AtomicUsize>) {
+        let _ = self.source.set(c);
     }
 
     /// Take the connection out of the server's count (once).
@@ -145,6 +166,9 @@ impl Conn {
         if self.counted.swap(false, Ordering::AcqRel) {
             if let Some(l) = &self.live {
                 l.fetch_sub(1, Ordering::AcqRel);
+            }
+            if let Some(c) = self.source.get() {
+                c.fetch_sub(1, Ordering::AcqRel);
             }
         }
     }
@@ -311,6 +335,29 @@ impl Conn {
             .is_some_and(|t| !t.is_handshaking() && t.peer_certificates().is_some())
     }
 
+    /// Whether a TLS session is set up and still in its handshake.
+    pub fn tls_handshaking(&self) -> bool {
+        self.out().tls.as_ref().is_some_and(|t| t.is_handshaking())
+    }
+
+    /// Run the TLS handshake as far as the socket allows, off the event
+    /// loop (`nbd/handshaker.rs`): `Ok(true)` once it is over. The session
+    /// is taken out of the lock meanwhile, so the server's signature never
+    /// holds up a loop that looks at this connection (nothing else uses
+    /// the session while [`Conn::tls_offloaded`] is set).
+    pub fn tls_handshake_step(&self) -> io::Result<bool> {
+        let Some(mut tls) = self.out().tls.take() else {
+            return Ok(true);
+        };
+        let r = tls_handshake(&self.sock, &mut tls);
+        let mut out = self.out();
+        if out.dead {
+            return Err(io::Error::other("closed during the TLS handshake"));
+        }
+        out.tls = Some(tls);
+        r
+    }
+
     pub fn is_tls(&self) -> bool {
         self.out().tls.is_some()
     }
@@ -456,6 +503,43 @@ fn encode_extents(extents: &[Extent], out: &mut [u8]) -> usize {
 }
 
 /// Send queued replies until the socket is full or the queue empty.
+/// Read, process and answer handshake records until the socket has no
+/// more or the handshake is over (what is left to send then goes out with
+/// the connection's next flush).
+fn tls_handshake(sock: &Sock, tls: &mut rustls::ServerConnection) -> io::Result<bool> {
+    loop {
+        while tls.wants_write() {
+            match tls.write_tls(&mut &*sock) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if !tls.is_handshaking() {
+            return Ok(true);
+        }
+        match tls.read_tls(&mut &*sock) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "closed during the TLS handshake",
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        if let Err(e) = tls.process_new_packets() {
+            // The alert, if the socket takes it.
+            let _ = tls.write_tls(&mut &*sock);
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("TLS: {e}"),
+            ));
+        }
+    }
+}
+
 fn flush_locked(sock: &Sock, out: &mut Out) -> io::Result<()> {
     let before = out.bytes;
     let r = if out.tls.is_some() {

@@ -31,6 +31,8 @@ struct Hs {
     neg: Negotiation,
     flags_done: bool,
     msg: Vec<u8>,
+    /// The TLS handshake went to the handshake thread.
+    tls_away: bool,
 }
 
 enum Phase {
@@ -46,6 +48,9 @@ pub struct Session {
     pub input: Input,
     pub accepted: Instant,
     pub last_active: Instant,
+    /// When transmission began (`None` before): a session whose
+    /// `last_active` is still this has sent no request yet.
+    tx_since: Option<Instant>,
     peer: Peer,
 }
 
@@ -61,10 +66,12 @@ impl Session {
                 neg: Negotiation::default(),
                 flags_done: false,
                 msg: Vec::new(),
+                tls_away: false,
             })),
             input: Input::default(),
             accepted: now,
             last_active: now,
+            tx_since: None,
             peer,
         }
     }
@@ -173,7 +180,17 @@ impl Session {
         };
         let mut out = Vec::new();
         loop {
-            // A client that does not read its option replies gets no more.
+            // A client that does not read its option replies gets no more;
+            // nothing is read while the handshake thread runs TLS.
+            if self.conn.tls_offloaded.load(Ordering::Acquire) {
+                hs.tls_away = true;
+                return Ok(None);
+            }
+            if std::mem::take(&mut hs.tls_away) {
+                // The handshake thread read the socket meanwhile: whatever
+                // said it was drained before is stale.
+                self.input.drained = false;
+            }
             if self.conn.queued() > 64 << 10 {
                 return Ok(None);
             }
@@ -226,6 +243,11 @@ impl Session {
                     }
                     self.conn.start_tls(cfg)?;
                     hs.neg.tls_active = true;
+                    hs.tls_away = true;
+                    // Stop here: the loop hands the TLS handshake to the
+                    // handshake thread before anything of it is read (or,
+                    // without one, drives the session again at once).
+                    return Err(io::Error::from(io::ErrorKind::Interrupted));
                 }
                 Step::Done(neg) => return Ok(Some(neg)),
             }
@@ -250,6 +272,12 @@ impl Session {
         );
         self.phase = Phase::Tx(Box::new(Tx::new(&self.conn, client, neg)));
         self.last_active = Instant::now();
+        self.tx_since = Some(self.last_active);
+    }
+
+    /// In transmission without a single request so far.
+    pub fn unused(&self) -> bool {
+        self.tx_since.is_some_and(|t| t == self.last_active)
     }
 
     /// Forget the session: give back what a half-parsed request holds and

@@ -332,18 +332,36 @@ impl Target for Crypt {
     /// dm-crypt's STATUSTYPE_TABLE order: cipher, key, iv_offset, device,
     /// offset, then the feature args in the kernel's canonical order.
     ///
-    /// With `show_keys` the key is written straight into a string sized
-    /// beforehand (the caller wipes it): a temporary hex copy, or a string
-    /// that grew, would free key bytes unwiped.
+    /// With `show_keys` the key is written straight into a zeroizing
+    /// buffer of exactly the line's size, then handed over without a copy
+    /// (the caller wipes it): a temporary hex copy, or a buffer that grew,
+    /// would free key bytes unwiped.
     fn table_params(&self, show_keys: bool) -> String {
         use std::fmt::Write;
         let keyed = self.keyed.load();
         let cipher = crate::core::table::escape_arg(&self.cipher);
-        let name = self.area.table_name();
-        let mut s = String::with_capacity(
-            cipher.len() + 2 * self.key_len.max(1) + name.len() + 3 * 20 + 8 + 200,
+        // Everything after the key holds no secret: rendered first, so
+        // the buffer's size is known exactly.
+        let mut tail = format!(
+            " {} {} {}",
+            self.iv_offset,
+            self.area.table_name(),
+            self.area.table_offset()
         );
-        let _ = write!(s, "{cipher} ");
+        let feats = self.opts.words();
+        if !feats.is_empty() {
+            let _ = write!(tail, " {} {}", feats.len(), feats.join(" "));
+        }
+        let key_len = if self.key_len == 0 {
+            1
+        } else {
+            2 * self.key_len
+        };
+        let mut s = zeroize::Zeroizing::new(String::with_capacity(
+            cipher.len() + 1 + key_len + tail.len(),
+        ));
+        s.push_str(&cipher);
+        s.push(' ');
         // A wiped key prints as zeros, as the kernel's zeroed key does.
         match keyed.as_deref() {
             _ if self.key_len == 0 => s.push('-'),
@@ -354,12 +372,8 @@ impl Target for Crypt {
             }
             _ => s.extend(std::iter::repeat_n('0', self.key_len * 2)),
         }
-        let _ = write!(s, " {} {name} {}", self.iv_offset, self.area.table_offset());
-        let feats = self.opts.words();
-        if !feats.is_empty() {
-            let _ = write!(s, " {} {}", feats.len(), feats.join(" "));
-        }
-        s
+        s.push_str(&tail);
+        std::mem::take(&mut *s)
     }
 
     /// dm-crypt's messages: `key wipe` and `key set <key>`, only while

@@ -52,6 +52,13 @@ fn table_output_is_canonical_and_hides_the_key() {
     .unwrap();
     let shown = t.table_params(true);
     let hidden = t.table_params(false);
+    // Sized exactly before the key went in: it never grew, so no freed
+    // buffer held the key (F6).
+    assert_eq!(
+        shown.capacity(),
+        shown.len(),
+        "the key line was reallocated"
+    );
     assert_eq!(
         shown,
         format!("aes-xts-plain64 {KEY} 16 mem 8 6 allow_discards same_cpu_crypt high_priority no_write_workqueue sector_size:4096 iv_large_sectors")
