@@ -23,7 +23,9 @@
 
 pub mod build;
 pub mod cache;
+pub mod fec;
 pub mod params;
+pub mod rs;
 pub mod tree;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
