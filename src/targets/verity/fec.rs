@@ -226,17 +226,18 @@ mod tests {
             Ok(())
         };
         assert_eq!(check(&l, &mut read, &mut pr), Ok(Check::Repairable(2)));
-        // A whole block wrong is beyond 2 roots without erasures, but
-        // within them when the block is known bad.
+        // Two whole blocks of a round wrong are beyond 2 roots without
+        // erasures, but within them when both are known bad.
         bad[201].fill(0xee);
+        bad[203].fill(0x11);
         let mut read = |m: u64, b: &mut [u8]| -> Result<bool, ()> {
             b.copy_from_slice(&bad[m as usize]);
             Ok(true)
         };
         let guess = repair(&l, 201, &mut read, par, &[]).unwrap();
         assert_ne!(guess.as_ref(), Some(&data[201]));
-        let (_, i) = l.place(201);
-        let fixed = repair(&l, 201, &mut read, par, &[i]).unwrap().unwrap();
+        let eras = [l.place(201).1, l.place(203).1];
+        let fixed = repair(&l, 201, &mut read, par, &eras).unwrap().unwrap();
         assert_eq!(fixed, data[201]);
     }
 }
