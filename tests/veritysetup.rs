@@ -373,7 +373,7 @@ fn fec_parity_is_byte_identical_and_each_repairs_with_the_others() {
         assert_eq!(text(&du, &hu), text(&dv, &hv), "{opts:?}: dump");
         let bad = d.join(format!("bad{i}.img"));
         // Three bytes: repairable, and `verify` succeeds saying so; every
-        // byte: beyond repair.
+        // byte: whatever veritysetup says (beyond repair with 24 roots).
         for (damage, code) in [(3usize, 0), (bytes.len() - 4096 * 7, 2)] {
             let mut b = bytes.clone();
             for x in &mut b[4096 * 7..4096 * 7 + damage] {
@@ -383,6 +383,11 @@ fn fec_parity_is_byte_identical_and_each_repairs_with_the_others() {
             let mut a = vec!["verify", s(&bad), s(&hu), root.as_str()];
             a.extend_from_slice(&fo);
             same(&a);
+            // With 2 roots nearly any garbage is within one symbol of
+            // some codeword, so only 24 roots call the wreck unrepairable.
+            if damage != 3 && !opts.contains(&"24") {
+                continue;
+            }
             let o = out(&mut uvs(), &a);
             assert_eq!(
                 o.status.code(),
@@ -457,7 +462,7 @@ fn fec_repairs_corrupt_blocks_through_the_server() {
     }
     open("w");
     assert_eq!(failing_blocks(&srv.uri("w")), [100, 105, 110]);
-    assert!(srv.ok(&["status", "w"]).trim_end().ends_with(" verity C 2"));
+    assert!(srv.ok(&["status", "w"]).trim_end().ends_with(" verity C 0"));
     for n in ["v", "w"] {
         let o = out(&mut uvs(), &["close", n, "--control", &ctl]);
         assert!(o.status.success(), "{}", show(&o));
