@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 
 use super::args::Args;
-use super::offline::{load, open_dev, root_hash, size_data};
+use super::files::open_dev;
+use super::offline::{load, root_hash, size_data};
 use super::{Fail, Outcome};
 use crate::control::proto::{Code, Request};
 use crate::control::{Client, ClientError};

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use super::args::Args;
-use super::offline::{open_dev, same_file, size_of, Setup};
+use super::files::{open_dev, same_file, size_of, Setup};
 use super::{Fail, Outcome};
 use crate::targets::verity::fec::{self, Check, Layout, MAX_ROOTS, MIN_ROOTS};
 

@@ -12,6 +12,7 @@
 mod active;
 mod args;
 mod fec;
+mod files;
 mod offline;
 mod superblock;
 

@@ -104,6 +104,9 @@ pub fn encode<E>(
     Ok(())
 }
 
+/// Reads round `n`'s parity into the buffer.
+pub type ReadParity<'a, E> = dyn FnMut(u64, &mut [u8]) -> Result<(), E> + 'a;
+
 /// How decoding every codeword went, as veritysetup's `verify` reports it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Check {
@@ -118,7 +121,7 @@ pub enum Check {
 pub fn check<E>(
     l: &Layout,
     read: &mut ReadBlock<'_, E>,
-    parity: &mut dyn FnMut(u64, &mut [u8]) -> Result<(), E>,
+    parity: &mut ReadParity<'_, E>,
 ) -> Result<Check, E> {
     let rs = Rs::new(l.roots as usize);
     let mut par = vec![0u8; l.round_parity_len()];
