@@ -325,10 +325,15 @@ impl Verity {
             .alg
             .block_digest(self.p.version, &self.p.salt, data, &mut got[..ds]);
         if got[..ds] != want[..ds] {
-            match self.fec_repair("data", block, block, &want[..ds]) {
-                Some(fixed) => data.copy_from_slice(&fixed),
-                None => return self.corrupt("data", block),
-            }
+            // A repaired block is not marked verified: the bytes on disk
+            // are still wrong, and the next read must repair them again.
+            return match self.fec_repair("data", block, block, &want[..ds]) {
+                Some(fixed) => {
+                    data.copy_from_slice(&fixed);
+                    Ok(())
+                }
+                None => self.corrupt("data", block),
+            };
         }
         if let Some(v) = self.bitmap() {
             v[(block / 64) as usize].fetch_or(1 << (block % 64), Ordering::Relaxed);

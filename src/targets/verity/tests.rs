@@ -340,6 +340,18 @@ fn fec_repairs_data_and_hash_blocks_and_counts_them() {
     let all = read(&*t, 0, 300).unwrap();
     assert!(all == f.data, "repaired blocks read back other bytes");
     assert_eq!(t.status(), "V 2");
+    // check_at_most_once must not take a repaired block as verified: the
+    // disk still holds the bad bytes.
+    let t = f
+        .target(&format!(
+            "{} check_at_most_once",
+            opts.replacen('8', "9", 1)
+        ))
+        .unwrap();
+    for _ in 0..2 {
+        assert!(read(&*t, 10, 1).unwrap() == f.data[10 * 4096..11 * 4096]);
+    }
+    assert_eq!(t.status(), "V 2");
     assert_eq!(f.events.load(Ordering::Relaxed), 0);
 
     // Three whole blocks of one round (302 covered blocks, 2 rounds) are
