@@ -232,8 +232,7 @@ mod tests {
                 assert_eq!(s, 0, "roots {roots}: syndrome {j}");
             }
         }
-        // RS(255,253): parity of data [1, 0, 0, ...] is x^254 mod g, with
-        // g = (x - 1)(x - α) = x^2 + 3x + 2.
+        // RS(255,253): g = (x - 1)(x - α) = x^2 + 3x + 2 (α = 2).
         let rs = Rs::new(2);
         assert_eq!(rs.gen, [3, 2]);
     }
