@@ -286,3 +286,185 @@ fn veritysetup_image_reads_through_the_server_and_corruption_fails_its_blocks() 
         "/dev/mapper/v is inactive.\n"
     );
 }
+
+#[test]
+fn fec_parity_is_byte_identical_and_each_repairs_with_the_others() {
+    let dir = scratch("verity-fec");
+    let d = dir.path();
+    let bytes = fast_bytes(13, (1 << 20) + 4096 * 5);
+    let data = write_file(d, "d.img", &bytes);
+    // Options of `format` besides the FEC device; whether the parity goes
+    // on the hash device (after a pre-sized tree area).
+    let cases: &[(&[&str], bool)] = &[
+        (&[], false),
+        (
+            &[
+                "--fec-roots",
+                "24",
+                "--hash",
+                "sha1",
+                "--data-block-size",
+                "512",
+                "--hash-block-size",
+                "512",
+            ],
+            false,
+        ),
+        (&["--fec-roots", "5", "--fec-offset", "65536"], true),
+    ];
+    for (i, (opts, on_hash)) in cases.iter().enumerate() {
+        let (hv, hu) = (d.join(format!("hv{i}")), d.join(format!("hu{i}")));
+        let (fv, fu) = if *on_hash {
+            for h in [&hv, &hu] {
+                std::fs::write(h, vec![0u8; 96 << 10]).unwrap();
+            }
+            (hv.clone(), hu.clone())
+        } else {
+            (d.join(format!("fv{i}")), d.join(format!("fu{i}")))
+        };
+        let base = |h: &Path, f: &Path| -> Vec<String> {
+            let mut a: Vec<String> = ["format", s(&data), s(h), "--fec-device", s(f)]
+                .iter()
+                .map(|x| x.to_string())
+                .collect();
+            a.extend(["--salt", "0a0b", "--uuid", UUID].map(String::from));
+            a.extend(opts.iter().map(|x| x.to_string()));
+            a
+        };
+        let ov = vs().args(base(&hv, &fv)).output().unwrap();
+        let ou = uvs().args(base(&hu, &fu)).output().unwrap();
+        assert!(ov.status.success(), "{opts:?}: {}", show(&ov));
+        assert!(ou.status.success(), "{opts:?}: {}", show(&ou));
+        assert_eq!(text(&ou, &hu), text(&ov, &hv), "{opts:?}: format output");
+        assert!(
+            std::fs::read(&hu).unwrap() == std::fs::read(&hv).unwrap(),
+            "{opts:?}: hash device differs"
+        );
+        assert!(
+            std::fs::read(&fu).unwrap() == std::fs::read(&fv).unwrap(),
+            "{opts:?}: FEC parity differs from veritysetup's"
+        );
+        let root = root_of(&ou);
+        let fo: Vec<&str> = {
+            let mut v = vec!["--fec-device", if *on_hash { s(&hu) } else { s(&fu) }];
+            let mut it = opts.iter();
+            while let Some(o) = it.next() {
+                if o.starts_with("--fec") {
+                    v.push(o);
+                    v.push(it.next().unwrap());
+                }
+            }
+            v
+        };
+        // veritysetup reads udm's tree and parity, and udm reads
+        // veritysetup's (the same bytes, so one direction per program
+        // on a damaged copy shows both decoders agree).
+        let dump = |c: &mut Command, h: &Path| {
+            let mut a = vec!["dump", s(h)];
+            a.extend_from_slice(&fo);
+            if *on_hash {
+                let at = a.iter().position(|x| *x == s(&hu)).unwrap();
+                a[at] = s(h);
+            }
+            out(c, &a)
+        };
+        let (dv, du) = (dump(&mut vs(), &hv), dump(&mut uvs(), &hu));
+        assert!(du.status.success(), "{}", show(&du));
+        assert_eq!(text(&du, &hu), text(&dv, &hv), "{opts:?}: dump");
+        let bad = d.join(format!("bad{i}.img"));
+        // Three bytes: repairable, and `verify` succeeds saying so; every
+        // byte: whatever veritysetup says (beyond repair with 24 roots).
+        for (damage, code) in [(3usize, 0), (bytes.len() - 4096 * 7, 2)] {
+            let mut b = bytes.clone();
+            for x in &mut b[4096 * 7..4096 * 7 + damage] {
+                *x ^= 0x5a;
+            }
+            std::fs::write(&bad, &b).unwrap();
+            let mut a = vec!["verify", s(&bad), s(&hu), root.as_str()];
+            a.extend_from_slice(&fo);
+            same(&a);
+            // With 2 roots nearly any garbage is within one symbol of
+            // some codeword, so only 24 roots call the wreck unrepairable.
+            if damage != 3 && !opts.contains(&"24") {
+                continue;
+            }
+            let o = out(&mut uvs(), &a);
+            assert_eq!(
+                o.status.code(),
+                Some(code),
+                "{opts:?} {damage}: {}",
+                show(&o)
+            );
+        }
+    }
+}
+
+#[test]
+fn fec_repairs_corrupt_blocks_through_the_server() {
+    let dir = scratch("verity-fec-open");
+    let d = dir.path();
+    let bytes = fast_bytes(17, 4 << 20);
+    let data = write_file(d, "d.img", &bytes);
+    let (hash, fec) = (d.join("h.img"), d.join("f.img"));
+    let o = out(
+        &mut vs(),
+        &["format", s(&data), s(&hash), "--fec-device", s(&fec)],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let root = root_of(&o);
+    let srv = dm::DmServer::start(d, &[]);
+    let ctl = s(&srv.ctl).to_string();
+    let open = |name: &str| {
+        let o = out(
+            &mut uvs(),
+            &[
+                "open",
+                s(&data),
+                name,
+                s(&hash),
+                &root,
+                "--fec-device",
+                s(&fec),
+                "--control",
+                &ctl,
+            ],
+        );
+        assert!(o.status.success(), "{}", show(&o));
+    };
+    // A few bytes of one block, and a whole block of the same round
+    // (blocks 300 and 600 share round 0): two errors in some codewords,
+    // beyond 2 roots until the hashes mark both blocks as erasures.
+    pwrite(&data, 300 * 4096 + 10, b"\x00\x01\x02\x03");
+    pwrite(&data, 600 * 4096, &vec![0xaa; 4096]);
+    open("v");
+    assert!(srv.ok(&["table", "v"]).contains(&format!(
+        "use_fec_from_device {} fec_blocks 1033 fec_start 0 fec_roots 2",
+        s(&fec)
+    )));
+    let copy = d.join("copy.img");
+    run(Command::new(need("nbdcopy")).args([&srv.uri("v"), s(&copy)]));
+    assert!(
+        std::fs::read(&copy).unwrap() == bytes,
+        "the repaired blocks read back other bytes"
+    );
+    assert!(srv.ok(&["status", "v"]).trim_end().ends_with(" verity V 2"));
+    let st = out(&mut uvs(), &["status", "v", "--control", &ctl]);
+    let st = String::from_utf8_lossy(&st.stdout).into_owned();
+    assert!(st.contains("  status:      verified\n"), "{st}");
+    assert!(st.contains("  FEC roots:   2\n"), "{st}");
+
+    // Three whole blocks of one round (1033 covered blocks, 5 rounds):
+    // more than 2 roots can rebuild. Those fail, the rest still reads.
+    pwrite(&data, 300 * 4096, &bytes[300 * 4096..301 * 4096]);
+    pwrite(&data, 600 * 4096, &bytes[600 * 4096..601 * 4096]);
+    for b in [100u64, 105, 110] {
+        pwrite(&data, b * 4096, &vec![0x55; 4096]);
+    }
+    open("w");
+    assert_eq!(failing_blocks(&srv.uri("w")), [100, 105, 110]);
+    assert!(srv.ok(&["status", "w"]).trim_end().ends_with(" verity C 0"));
+    for n in ["v", "w"] {
+        let o = out(&mut uvs(), &["close", n, "--control", &ctl]);
+        assert!(o.status.success(), "{}", show(&o));
+    }
+}

@@ -6,12 +6,13 @@
 use std::path::PathBuf;
 
 use super::args::Args;
-use super::offline::{load, open_dev, root_hash, size_data};
+use super::files::open_dev;
+use super::offline::{load, root_hash, size_data};
 use super::{Fail, Outcome};
 use crate::control::proto::{Code, Request};
 use crate::control::{Client, ClientError};
 use crate::core::table;
-use crate::targets::verity::params::{Mode, Options, VerityParams};
+use crate::targets::verity::params::{Fec, Mode, Options, VerityParams};
 use serde_json::Value;
 
 fn socket(a: &Args) -> Result<PathBuf, Fail> {
@@ -77,12 +78,8 @@ fn options(a: &Args) -> Result<Options, Fail> {
 }
 
 pub(super) fn open(a: &Args) -> Outcome {
-    if a.str("fec-device").is_some() {
-        return Err(Fail::usage(
-            "udm veritysetup does not support FEC (--fec-device) yet.",
-        ));
-    }
     let (data_path, name, hash_path) = (&a.pos[1], &a.pos[2], &a.pos[3]);
+    let fec_opts = super::fec::options(a)?;
     let hash = open_dev(hash_path, false)?;
     let use_sb = !a.has("no-superblock");
     let mut s = load(a, &hash, hash_path, use_sb)?;
@@ -97,6 +94,16 @@ pub(super) fn open(a: &Args) -> Outcome {
     if a.str("root-hash-signature").is_some() {
         eprintln!("udm does not check root hash signatures: the root hash given is trusted as is.");
     }
+    let mut opts = options(a)?;
+    if let Some(f) = &fec_opts {
+        let plan = super::fec::plan(&s, f, &hash, hash_path)?;
+        opts.fec = Some(Fec {
+            dev: f.path.clone(),
+            roots: f.roots,
+            blocks: plan.layout.blocks,
+            start: f.offset / u64::from(s.hash_block_size),
+        });
+    }
     let p = VerityParams {
         version: s.hash_type,
         data_dev: data_path.clone(),
@@ -108,7 +115,7 @@ pub(super) fn open(a: &Args) -> Outcome {
         alg: s.alg,
         root,
         salt: s.salt.clone(),
-        opts: options(a)?,
+        opts,
     };
     let sectors = s.data_blocks * u64::from(s.data_block_size) / 512;
     let line = format!("0 {sectors} verity {}", p.table_args());
@@ -164,7 +171,9 @@ pub(super) fn status(a: &Args) -> Outcome {
     else {
         return Ok(());
     };
-    let corrupt = dev["targets"][0]["status"].as_str() == Some("C");
+    let corrupt = dev["targets"][0]["status"]
+        .as_str()
+        .is_some_and(|st| st.starts_with('C'));
     print_status(&p, lines.iter().map(|l| l.len).sum(), corrupt);
     Ok(())
 }
@@ -193,6 +202,14 @@ fn print_status(p: &VerityParams, sectors: u64, corrupt: bool) {
         "  hash offset: {} sectors",
         p.hash_start * u64::from(p.hash_block_size) / 512
     );
+    if let Some(f) = &p.opts.fec {
+        println!("  FEC device:  {}", f.dev);
+        println!(
+            "  FEC offset:  {} sectors",
+            f.start * u64::from(p.hash_block_size) / 512
+        );
+        println!("  FEC roots:   {}", f.roots);
+    }
     println!("  root hash:   {}", hex::encode(&p.root));
     let o = &p.opts;
     let mut flags = String::new();

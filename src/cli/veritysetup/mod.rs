@@ -11,6 +11,8 @@
 
 mod active;
 mod args;
+mod fec;
+mod files;
 mod offline;
 mod superblock;
 
@@ -64,8 +66,7 @@ const HELP: &str = "\
 
 udm: open, close and status act on a running `udm serve` (its control
 socket from --control PATH or $UDM_CONTROL); the device is its NBD export.
-FEC (--fec-device) is not supported yet; root hash signatures are not
-checked.";
+Root hash signatures are not checked.";
 
 /// An action: its name, the positional arguments it takes, its usage.
 struct Action {

@@ -2,80 +2,16 @@
 //! as veritysetup writes and checks them in userspace (no device-mapper
 //! needed, for veritysetup either).
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 
 use super::args::Args;
+use super::fec::{self, FecOpts, FecPlan};
+use super::files::{open_dev, same_file, size_of, Setup};
 use super::superblock::{block_size_ok, Superblock, SB_SIZE};
 use super::{Fail, Outcome};
 use crate::targets::verity::build::{build, compare_level, Mismatch, Tree};
 use crate::targets::verity::tree::{Geometry, HashAlg};
-
-/// The parameters of a tree, from the command line or a superblock.
-pub(super) struct Setup {
-    pub hash_type: u32,
-    pub alg: HashAlg,
-    pub data_block_size: u32,
-    pub hash_block_size: u32,
-    /// 0: not known yet (taken from the data device's size).
-    pub data_blocks: u64,
-    pub salt: Vec<u8>,
-    pub uuid: Option<[u8; 16]>,
-    pub hash_offset: u64,
-    pub no_superblock: bool,
-}
-
-impl Setup {
-    /// The first hash block of the tree: after the superblock, rounded up
-    /// to a hash block (veritysetup's `VERITY_hash_offset_block`).
-    pub fn hash_start(&self) -> u64 {
-        let hbs = u64::from(self.hash_block_size);
-        if self.no_superblock {
-            self.hash_offset / hbs
-        } else {
-            (self.hash_offset + SB_SIZE as u64).div_ceil(hbs)
-        }
-    }
-
-    pub fn geometry(&self) -> Result<Geometry, Fail> {
-        Geometry::new(
-            self.hash_type,
-            self.data_block_size,
-            self.hash_block_size,
-            self.data_blocks,
-            self.hash_start(),
-            self.alg,
-        )
-        .map_err(Fail::usage)
-    }
-}
-
-pub(super) fn open_dev(path: &str, write: bool) -> Result<File, Fail> {
-    let mut o = OpenOptions::new();
-    o.read(true);
-    if write {
-        o.write(true).create(true).mode(0o600);
-    }
-    o.open(path)
-        .map_err(|_| Fail::new(4, format!("Device {path} does not exist or access denied.")))
-}
-
-fn size_of(f: &File, path: &str) -> Result<u64, Fail> {
-    use std::io::{Seek, SeekFrom};
-    let mut f = f;
-    f.seek(SeekFrom::End(0))
-        .map_err(|e| Fail::new(4, format!("Cannot get the size of device {path}: {e}.")))
-}
-
-fn no_fec(a: &Args) -> Outcome {
-    if a.str("fec-device").is_some() {
-        return Err(Fail::usage(
-            "udm veritysetup does not support FEC (--fec-device) yet.",
-        ));
-    }
-    Ok(())
-}
 
 /// The tree's parameters from the options; `format` picks a random salt
 /// and UUID where none is given.
@@ -180,7 +116,13 @@ pub(super) fn size_data(s: &mut Setup, data: &File, path: &str, too_small: &str)
     Ok(())
 }
 
-fn print_header(hash_dev: &str, s: &Setup, geo: &Geometry, root: Option<&[u8]>) {
+fn print_header(
+    hash_dev: &str,
+    s: &Setup,
+    geo: &Geometry,
+    root: Option<&[u8]>,
+    fec: Option<&FecPlan>,
+) {
     let uuid = match (s.no_superblock, s.uuid) {
         (false, Some(u)) => uuid::Uuid::from_bytes(u).hyphenated().to_string(),
         _ => String::new(),
@@ -198,14 +140,30 @@ fn print_header(hash_dev: &str, s: &Setup, geo: &Geometry, root: Option<&[u8]>) 
     println!("Hash blocks:     \t{}", geo.hash_blocks());
     println!("Hash block size: \t{}", s.hash_block_size);
     println!("Hash algorithm:  \t{}", s.alg.name());
+    let fec = fec.filter(|f| f.layout.blocks > 0);
+    if let Some(f) = fec {
+        println!("FEC RS roots:   \t{}", f.layout.roots);
+        println!("FEC blocks:     \t{}", f.layout.parity_blocks());
+    }
     println!("Salt:            \t{salt}");
     if let Some(r) = root {
         println!("Root hash:      \t{}", hex::encode(r));
     }
+    // As veritysetup: with the parity on the hash device, it is taken to
+    // follow the tree directly.
+    let parity_here = fec
+        .filter(|f| f.on_hash_device)
+        .map_or(0, |f| f.layout.parity_blocks());
     if s.hash_offset == 0 {
         println!(
             "Hash device size: \t{} [bytes]",
-            geo.end * u64::from(s.hash_block_size)
+            (geo.end + parity_here) * u64::from(s.hash_block_size)
+        );
+    }
+    if let Some(f) = fec.filter(|f| !f.on_hash_device && f.offset == 0) {
+        println!(
+            "FEC device size: \t{} [bytes]",
+            f.layout.parity_blocks() * u64::from(s.data_block_size)
         );
     }
 }
@@ -218,15 +176,21 @@ fn tree_of(s: &Setup, geo: &Geometry, data: &File, path: &str) -> Result<Tree, F
     })
 }
 
-fn same_file(a: &str, b: &str) -> bool {
-    match (Path::new(a).canonicalize(), Path::new(b).canonicalize()) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
+/// veritysetup's refusals of a FEC area on the data or hash device that
+/// would overlap what is there.
+fn fec_overlaps(s: &Setup, f: &FecOpts, data_path: &str, hash_path: &str) -> Outcome {
+    let geo = s.geometry()?;
+    let tree_end = s.hash_offset + geo.hash_blocks() * u64::from(s.hash_block_size);
+    if same_file(hash_path, &f.path) && tree_end > f.offset {
+        return Err(Fail::usage("Hash area overlaps with FEC area."));
     }
+    if same_file(data_path, &f.path) && s.data_blocks * u64::from(s.data_block_size) > f.offset {
+        return Err(Fail::usage("Data area overlaps with FEC area."));
+    }
+    Ok(())
 }
 
 pub(super) fn format(a: &Args) -> Outcome {
-    no_fec(a)?;
     let (data_path, hash_path) = (&a.pos[1], &a.pos[2]);
     let mut s = from_options(a, true, hash_path)?;
     let data = open_dev(data_path, false)?;
@@ -241,6 +205,10 @@ pub(super) fn format(a: &Args) -> Outcome {
         && s.data_blocks * u64::from(s.data_block_size) > s.hash_offset
     {
         return Err(Fail::usage("Data area overlaps with hash area."));
+    }
+    let fec = fec::options(a)?;
+    if let Some(f) = &fec {
+        fec_overlaps(&s, f, data_path, hash_path)?;
     }
     let geo = s.geometry()?;
     let tree = tree_of(&s, &geo, &data, data_path)?;
@@ -272,11 +240,15 @@ pub(super) fn format(a: &Args) -> Outcome {
         hash.set_len(end).map_err(werr)?;
     }
     hash.sync_all().map_err(werr)?;
+    let plan = match &fec {
+        Some(f) => Some(fec::write_parity(&s, f, &data, &hash, hash_path)?),
+        None => None,
+    };
     if let Some(f) = a.str("root-hash-file") {
         std::fs::write(f, hex::encode(&tree.root))
             .map_err(|e| Fail::usage(format!("Cannot write root hash file {f}: {e}.")))?;
     }
-    print_header(hash_path, &s, &geo, Some(&tree.root));
+    print_header(hash_path, &s, &geo, Some(&tree.root), plan.as_ref());
     Ok(())
 }
 
@@ -301,8 +273,8 @@ pub(super) fn root_hash(a: &Args, arg: Option<&String>, alg: HashAlg) -> Result<
 }
 
 pub(super) fn verify(a: &Args) -> Outcome {
-    no_fec(a)?;
     let (data_path, hash_path) = (&a.pos[1], &a.pos[2]);
+    let fec = fec::options(a)?;
     let hash = open_dev(hash_path, false)?;
     let mut s = load(a, &hash, hash_path, !a.has("no-superblock"))?;
     let root = root_hash(a, a.pos.get(3), s.alg)?;
@@ -315,12 +287,32 @@ pub(super) fn verify(a: &Args) -> Outcome {
     )?;
     let geo = s.geometry()?;
     let tree = tree_of(&s, &geo, &data, data_path)?;
+    match (compare_tree(&s, &geo, &tree, &root, &hash, hash_path), fec) {
+        (Err(e), Some(f)) if e.code == 2 || e.msg == ROOT_MISMATCH => {
+            fec::verify_after_failure(&s, &f, &data, &hash, hash_path, e)
+        }
+        (r, _) => r,
+    }
+}
+
+const ROOT_MISMATCH: &str = "Verification of root hash failed.";
+
+/// The tree on the hash device against the one built from the data, and
+/// its root against the one given: veritysetup's messages and codes.
+fn compare_tree(
+    s: &Setup,
+    geo: &Geometry,
+    tree: &Tree,
+    root: &[u8],
+    hash: &File,
+    hash_path: &str,
+) -> Outcome {
     let hbs = u64::from(s.hash_block_size);
     for i in 0..geo.levels() {
         let mut disk = vec![0u8; (geo.level_blocks[i] * hbs) as usize];
         hash.read_exact_at(&mut disk, geo.level_start[i] * hbs)
             .map_err(|e| Fail::usage(format!("Cannot read hash device {hash_path}: {e}.")))?;
-        let what = match compare_level(&geo, &tree, i, &disk) {
+        let what = match compare_level(geo, tree, i, &disk) {
             None => continue,
             Some(Mismatch::Digest(p)) => format!("Verification failed at position {p}."),
             Some(Mismatch::Spare(p)) => format!("Spare area is not zeroed at position {p}."),
@@ -331,17 +323,22 @@ pub(super) fn verify(a: &Args) -> Outcome {
         ));
     }
     if tree.root != root {
-        return Err(Fail::usage("Verification of root hash failed."));
+        return Err(Fail::usage(ROOT_MISMATCH));
     }
     Ok(())
 }
 
 pub(super) fn dump(a: &Args) -> Outcome {
     let hash_path = &a.pos[1];
+    let fec = fec::options(a)?;
     let hash = open_dev(hash_path, false)?;
     let mut s = load(a, &hash, hash_path, true)?;
     s.no_superblock = false;
     let geo = s.geometry()?;
-    print_header(hash_path, &s, &geo, None);
+    let plan = match &fec {
+        Some(f) => Some(fec::plan(&s, f, &hash, hash_path)?),
+        None => None,
+    };
+    print_header(hash_path, &s, &geo, None, plan.as_ref());
     Ok(())
 }

@@ -14,16 +14,22 @@
 //! `restart_on_corruption` and `panic_on_corruption`, which reboot a
 //! kernel, fail the whole device here until its table is reloaded.
 //!
+//! With `use_fec_from_device` ([`repair`]), a block that fails its hash
+//! is first rebuilt from the Reed–Solomon parity and re-checked against
+//! the tree; only a block the parity cannot rebuild counts as corrupt.
+//! The status then ends with the number of blocks repaired.
+//!
 //! Accepted and printed back, but not acted on (said in a warning when the
-//! table is loaded): `use_fec_from_device`/`fec_*` (udm does not repair
-//! blocks with FEC yet; a corrupt block fails as without it) and
-//! `root_hash_sig_key_desc` (udm does not check the root hash's signature:
-//! the root digest in the table is trusted as given, so whoever writes the
-//! table decides what is verified).
+//! table is loaded): `root_hash_sig_key_desc` (udm does not check the root
+//! hash's signature: the root digest in the table is trusted as given, so
+//! whoever writes the table decides what is verified).
 
 pub mod build;
 pub mod cache;
+pub mod fec;
 pub mod params;
+mod repair;
+pub mod rs;
 pub mod tree;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -71,6 +77,8 @@ pub struct Verity {
     /// `restart_on_corruption` / `panic_on_corruption` tripped.
     dead: AtomicBool,
     corrupted_errs: AtomicU64,
+    /// `use_fec_from_device`: the parity that repairs corrupt blocks.
+    fec: Option<repair::FecDev>,
     options: TargetOptions,
 }
 
@@ -128,19 +136,8 @@ fn devices(
 }
 
 /// Says plainly, once per table load, what udm accepts in the table but
-/// does not do (FEC repair, the root hash signature check).
-fn warn_unacted(a: &mut TargetArgs<'_>, p: &VerityParams) -> Result<(), TargetError> {
-    if let Some(f) = &p.opts.fec {
-        a.resolver
-            .resolve(&f.dev)
-            .map_err(|e| TargetError::line(format!("use_fec_from_device {}: {e}", f.dev)))?;
-        tracing::warn!(
-            "verity on {}: udm does not repair blocks with FEC yet; \
-             use_fec_from_device {} is kept in the table but a corrupt block fails as without it",
-            p.data_dev,
-            f.dev
-        );
-    }
+/// does not do (the root hash signature check).
+fn warn_unacted(p: &VerityParams) {
     if let Some(k) = &p.opts.root_hash_sig_key_desc {
         tracing::warn!(
             "verity on {}: udm does not check root hash signatures (root_hash_sig_key_desc {k}); \
@@ -148,7 +145,6 @@ fn warn_unacted(a: &mut TargetArgs<'_>, p: &VerityParams) -> Result<(), TargetEr
             p.data_dev
         );
     }
-    Ok(())
 }
 
 pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
@@ -175,7 +171,11 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         ));
     }
     let [data, hash] = devices(&mut a, &p, &geo)?;
-    warn_unacted(&mut a, &p)?;
+    warn_unacted(&p);
+    let fec = match &p.opts.fec {
+        Some(f) => Some(repair::open(&mut a, &p, &geo, &*hash, f)?),
+        None => None,
+    };
     let zero_digest = p.opts.ignore_zero_blocks.then(|| {
         let mut d = vec![0; p.alg.digest_size()];
         let zeros = vec![0; p.data_block_size as usize];
@@ -206,6 +206,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         hash_failed: AtomicBool::new(false),
         dead: AtomicBool::new(false),
         corrupted_errs: AtomicU64::new(0),
+        fec,
         options: a.options.clone(),
         p,
     }))
@@ -242,6 +243,13 @@ impl Verity {
     /// The digest data block `block` must have, taken down the tree from
     /// the root through verified (or cached) hash blocks.
     fn want_digest(&self, block: u64, out: &mut [u8]) -> DevResult<()> {
+        self.want_digest_with(block, out, true)
+    }
+
+    /// [`Self::want_digest`]; with `repair` false a corrupt hash block is
+    /// neither repaired nor reported, only an error (FEC's own search
+    /// for bad blocks reads the tree that way, so it never recurses).
+    fn want_digest_with(&self, block: u64, out: &mut [u8], repair: bool) -> DevResult<()> {
         out.copy_from_slice(&self.p.root);
         let hbs = self.p.hash_block_size as usize;
         let ds = out.len();
@@ -255,11 +263,28 @@ impl Verity {
                 self.p
                     .alg
                     .block_digest(self.p.version, &self.p.salt, &buf, &mut got[..ds]);
+                let mut good = got[..ds] == *out;
+                if !good {
+                    if !repair {
+                        return Err(DevError::Target(format!(
+                            "verity: metadata block {hb} of {} is corrupt",
+                            self.p.data_dev
+                        )));
+                    }
+                    let idx = hb - self.p.hash_start + self.p.data_blocks;
+                    match self.fec_repair("metadata", hb, idx, out) {
+                        Some(fixed) => {
+                            buf = fixed;
+                            good = true;
+                        }
+                        None => {
+                            self.corrupt("metadata", hb)?;
+                        }
+                    }
+                }
                 next[..ds].copy_from_slice(&buf[at..at + ds]);
-                if got[..ds] == *out {
+                if good {
                     self.cache.insert(hb, buf);
-                } else {
-                    self.corrupt("metadata", hb)?;
                 }
             }
             out.copy_from_slice(&next[..ds]);
@@ -300,7 +325,15 @@ impl Verity {
             .alg
             .block_digest(self.p.version, &self.p.salt, data, &mut got[..ds]);
         if got[..ds] != want[..ds] {
-            return self.corrupt("data", block);
+            // A repaired block is not marked verified: the bytes on disk
+            // are still wrong, and the next read must repair them again.
+            return match self.fec_repair("data", block, block, &want[..ds]) {
+                Some(fixed) => {
+                    data.copy_from_slice(&fixed);
+                    Ok(())
+                }
+                None => self.corrupt("data", block),
+            };
         }
         if let Some(v) = self.bitmap() {
             v[(block / 64) as usize].fetch_or(1 << (block % 64), Ordering::Relaxed);
@@ -348,7 +381,22 @@ impl BlockDevice for Verity {
                 self.p.data_dev
             )));
         }
-        self.data.read(offset, buf)?;
+        if let Err(e) = self.data.read(offset, buf) {
+            // With FEC a block that cannot be read is repaired like a
+            // corrupt one: read block by block, the failing ones zeroed.
+            if self.fec.is_none() {
+                return Err(e);
+            }
+            for (i, b) in buf.chunks_mut(dbs as usize).enumerate() {
+                if self
+                    .data
+                    .read(offset + (i as u64) * u64::from(dbs), b)
+                    .is_err()
+                {
+                    b.fill(0);
+                }
+            }
+        }
         let first = offset / u64::from(dbs);
         for (i, block) in buf.chunks_mut(dbs as usize).enumerate() {
             self.check_block(first + i as u64, block)?;
@@ -377,10 +425,16 @@ impl Target for Verity {
         self.p.table_args()
     }
     fn status(&self) -> String {
-        if self.hash_failed.load(Ordering::Relaxed) {
-            "C".into()
+        let v = if self.hash_failed.load(Ordering::Relaxed) {
+            "C"
         } else {
-            "V".into()
+            "V"
+        };
+        // With FEC, the blocks it repaired follow (as the kernel's
+        // proposed `fec_corrected` count).
+        match self.fec_corrected() {
+            Some(n) => format!("{v} {n}"),
+            None => v.into(),
         }
     }
 }

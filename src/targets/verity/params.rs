@@ -235,10 +235,11 @@ impl VerityParams {
         if let Some(f) = &o.fec {
             words.push("use_fec_from_device".into());
             words.push(escape_arg(&f.dev).into_owned());
+            // The kernel's order.
             for (k, v) in [
-                ("fec_roots", u64::from(f.roots)),
                 ("fec_blocks", f.blocks),
                 ("fec_start", f.start),
+                ("fec_roots", u64::from(f.roots)),
             ] {
                 words.push(k.into());
                 words.push(v.to_string());
@@ -379,8 +380,8 @@ mod tests {
             format!("0 d.img h.img 512 1024 7 0 sha256 {ROOT} -"),
             format!(
                 "1 d h 4096 4096 256 1 sha256 {ROOT} - 13 restart_on_corruption \
-                 ignore_zero_blocks check_at_most_once use_fec_from_device f fec_roots 2 \
-                 fec_blocks 300 fec_start 0 root_hash_sig_key_desc key:1"
+                 ignore_zero_blocks check_at_most_once use_fec_from_device f fec_blocks 300 \
+                 fec_start 0 fec_roots 2 root_hash_sig_key_desc key:1"
             ),
         ] {
             let p = VerityParams::parse(&words(&line)).unwrap();

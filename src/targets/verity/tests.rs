@@ -287,8 +287,84 @@ fn bad_tables_are_refused_with_the_reason() {
     assert!(f
         .target("8 use_fec_from_device nodev fec_roots 2 fec_blocks 1 fec_start 0")
         .is_err());
-    let t = f
+    let e = f
         .target("10 use_fec_from_device hash fec_roots 2 fec_blocks 1 fec_start 0 root_hash_sig_key_desc k")
-        .unwrap();
+        .err()
+        .expect("fec_blocks 1 accepted");
+    assert!(e.msg.contains("fec_blocks 1 is fewer than"), "{}", e.msg);
+    let t = f.target("2 root_hash_sig_key_desc k").unwrap();
     assert!(read(&*t, 0, 1).is_ok());
+}
+
+/// Writes the FEC parity (`roots`) of the fixture's data and tree to a
+/// new device `fec`; the table options that use it.
+fn with_fec(f: &mut Fixture, roots: u32) -> String {
+    use super::fec::{encode, Layout};
+    let blocks = f.geo.data_blocks + f.geo.end - 1;
+    let l = Layout::new(roots, 4096, blocks);
+    let hash = f.mem.0["hash"].clone();
+    let data = f.data.clone();
+    let mut parity = Vec::new();
+    encode::<()>(
+        &l,
+        &mut |m, b| {
+            if m < f.geo.data_blocks {
+                b.copy_from_slice(&data[m as usize * 4096..][..4096]);
+            } else {
+                hash.read((m - f.geo.data_blocks + 1) * 4096, b).unwrap();
+            }
+            Ok(true)
+        },
+        &mut |p| {
+            parity.extend_from_slice(p);
+            Ok(())
+        },
+    )
+    .unwrap();
+    let dev = MemStore::new(parity.len() as u64);
+    dev.write(0, WriteBuf::Borrowed(&parity), false).unwrap();
+    f.mem.0.insert("fec".into(), Arc::new(dev));
+    format!("8 use_fec_from_device fec fec_blocks {blocks} fec_start 0 fec_roots {roots}")
+}
+
+#[test]
+fn fec_repairs_data_and_hash_blocks_and_counts_them() {
+    let mut f = fixture(300, HashAlg::Sha256, 1);
+    let opts = with_fec(&mut f, 2);
+    f.poke("data", 10 * 4096 + 5);
+    f.poke("data", 10 * 4096 + 4000);
+    // The second level-0 hash block (hash blocks: superblock slot, top,
+    // then level 0), which covers data blocks 128..255.
+    f.poke("hash", f.geo.level_start[0] * 4096 + 4096 + 40);
+    let t = f.target(&opts).unwrap();
+    let all = read(&*t, 0, 300).unwrap();
+    assert!(all == f.data, "repaired blocks read back other bytes");
+    assert_eq!(t.status(), "V 2");
+    // check_at_most_once must not take a repaired block as verified: the
+    // disk still holds the bad bytes.
+    let t = f
+        .target(&format!(
+            "{} check_at_most_once",
+            opts.replacen('8', "9", 1)
+        ))
+        .unwrap();
+    for _ in 0..2 {
+        assert!(read(&*t, 10, 1).unwrap() == f.data[10 * 4096..11 * 4096]);
+    }
+    assert_eq!(t.status(), "V 2");
+    assert_eq!(f.events.load(Ordering::Relaxed), 0);
+
+    // Three whole blocks of one round (302 covered blocks, 2 rounds) are
+    // more than 2 roots rebuild: those blocks fail, the others read.
+    let t = f.target(&opts).unwrap();
+    for b in [20u64, 22, 24] {
+        let d = &f.mem.0["data"];
+        d.write(b * 4096, WriteBuf::Borrowed(&[0x77; 4096]), false)
+            .unwrap();
+    }
+    for b in [20u64, 22, 24] {
+        assert!(read(&*t, b, 1).is_err(), "block {b}");
+    }
+    assert!(read(&*t, 21, 1).is_ok());
+    assert!(t.status().starts_with("C "), "{}", t.status());
 }
