@@ -14,6 +14,7 @@
 mod active;
 mod args;
 mod ctx;
+mod foreign;
 mod offline;
 mod reencrypt;
 mod verify;
@@ -36,6 +37,9 @@ struct Action {
 
 /// `open`: the offline checks (and `--test-passphrase`), then the mapping.
 fn open(c: &Ctx) -> Outcome {
+    if foreign::handles_open(c) {
+        return foreign::open(c);
+    }
     if offline::open_checks(c)? {
         return Ok(());
     }
@@ -53,7 +57,7 @@ const ACTIONS: &[Action] = &[
         name: "close",
         min_args: 1,
         usage: "<name>",
-        run: active::close,
+        run: foreign::close,
     },
     Action {
         name: "resize",
@@ -182,6 +186,12 @@ const ACTIONS: &[Action] = &[
         run: offline::header_restore,
     },
     Action {
+        name: "tcryptDump",
+        min_args: 1,
+        usage: "<device>",
+        run: foreign::tcrypt_dump,
+    },
+    Action {
         name: "token",
         min_args: 2,
         usage: "<add|remove|import|export> <device>",
@@ -220,6 +230,7 @@ const ALIASES: &[(&str, &str, Option<&str>)] = &[
     ("luksOpen", "open", Some("luks")),
     ("loopaesOpen", "open", Some("loopaes")),
     ("tcryptOpen", "open", Some("tcrypt")),
+    ("tcryptDump", "tcryptDump", Some("tcrypt")),
     ("bitlkOpen", "open", Some("bitlk")),
     ("fvault2Open", "open", Some("fvault2")),
     ("remove", "close", None),
