@@ -300,6 +300,8 @@ pub(super) fn status(c: &Ctx) -> Outcome {
         "PLAIN"
     } else if uuid.starts_with("CRYPT-TCRYPT") {
         "TCRYPT"
+    } else if uuid.starts_with("CRYPT-BITLK") {
+        "BITLK"
     } else {
         "n/a"
     };

@@ -135,7 +135,7 @@ pub(super) fn tcrypt_dump(c: &Ctx) -> Outcome {
             l.hdr.data_offset(&l.p, l.meta_size),
             key.len() * 8
         )?;
-        t.hex(&key, " ", 16, "\n\t\t")?;
+        t.hex(&key, " ", 16, "\t\t")?;
         t.write_str("\n")
     })();
     text.map_err(|_| LuksError::Usage("volume key dump does not fit its buffer".into()))?;

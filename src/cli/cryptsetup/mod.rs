@@ -13,6 +13,7 @@
 
 mod active;
 mod args;
+mod bitlk;
 mod ctx;
 mod foreign;
 mod offline;
@@ -39,6 +40,9 @@ struct Action {
 fn open(c: &Ctx) -> Outcome {
     if foreign::handles_open(c) {
         return foreign::open(c);
+    }
+    if c.device_type.as_deref() == Some("bitlk") {
+        return bitlk::open(c);
     }
     if offline::open_checks(c)? {
         return Ok(());
@@ -186,6 +190,12 @@ const ACTIONS: &[Action] = &[
         run: offline::header_restore,
     },
     Action {
+        name: "bitlkDump",
+        min_args: 1,
+        usage: "<device>",
+        run: bitlk::dump,
+    },
+    Action {
         name: "tcryptDump",
         min_args: 1,
         usage: "<device>",
@@ -231,6 +241,7 @@ const ALIASES: &[(&str, &str, Option<&str>)] = &[
     ("loopaesOpen", "open", Some("loopaes")),
     ("tcryptOpen", "open", Some("tcrypt")),
     ("tcryptDump", "tcryptDump", Some("tcrypt")),
+    ("bitlkDump", "bitlkDump", Some("bitlk")),
     ("bitlkOpen", "open", Some("bitlk")),
     ("fvault2Open", "open", Some("fvault2")),
     ("remove", "close", None),

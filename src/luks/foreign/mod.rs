@@ -7,6 +7,7 @@
 //! format reads and decrypts its own header and turns it into crypt table
 //! lines; nothing outside these files knows the formats' layouts.
 
+pub mod bitlk;
 pub mod tcrypt;
 
 /// CRC-32 (IEEE 802.3, reflected), the running register without the

@@ -951,6 +951,7 @@ mod tests {
         let p = Params {
             hash: Some("sha".into()),
             veracrypt: true,
+            legacy: true,
             ..Params::default()
         };
         let n = KDFS.iter().filter(|k| kdf_allowed(k, &p)).count();
