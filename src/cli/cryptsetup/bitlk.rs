@@ -130,7 +130,7 @@ fn table(c: &Ctx, m: &Metadata, key: &[u8], sectors: u64) -> Result<Zeroizing<St
     } else {
         format!(" {} {}", opts.len(), opts.join(" "))
     };
-    let dev = crate::core::table::escape_arg(&c.argv[0]).to_string();
+    let dev = crate::core::table::escape_arg(&super::foreign::server_path(&c.argv[0])).to_string();
     let hex_key = Zeroizing::new(hex::encode(key));
     let mut t = Zeroizing::new(String::new());
     for (start, len, iv) in m.segments(sectors)? {

@@ -550,12 +550,12 @@ impl Metadata {
         }
     }
 
-    /// `bitlkDump`'s text, as cryptsetup prints it.
+    /// `bitlkDump`'s text, as cryptsetup 2.6 prints it.
     pub fn dump_text(&self, device: &str) -> String {
         let mut t = format!(
             "Info for BITLK{} device {device}.\nVersion:      \t{}\nGUID:         \t{}\n\
-             Sector size:  \t{} [bytes]\nVolume size:  \t{} [bytes]\nCreated:      \t{}\n\
-             Description:  \t{}\nCipher name:  \taes\nCipher mode:  \t{}\nCipher key:   \t{} [bits]\n\nKeyslots:\n",
+             Sector size:  \t{} [bytes]\nVolume size:  \t{} [bytes]\nCreated:      \t{}\
+             Description:  \t{}\nCipher name:  \taes\nCipher mode:  \t{}\nCipher key:   \t{} bits\n\nKeyslots:\n",
             if self.togo { " To Go" } else { "" },
             self.version,
             self.guid,
