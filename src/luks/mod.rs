@@ -16,6 +16,7 @@ pub mod disk;
 pub mod dump;
 pub mod error;
 pub mod feedback;
+pub mod foreign;
 pub mod format;
 pub mod hash;
 pub mod header;

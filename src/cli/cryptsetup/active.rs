@@ -42,7 +42,7 @@ fn client_err(name: &str, e: ClientError) -> LuksError {
     }
 }
 
-fn call(
+pub(super) fn call(
     c: &Ctx,
     name: &str,
     req: Request,
@@ -52,7 +52,7 @@ fn call(
     cl.call(req, payload).map_err(|e| client_err(name, e))
 }
 
-fn req(op: &str, name: &str) -> Request {
+pub(super) fn req(op: &str, name: &str) -> Request {
     Request {
         op: op.into(),
         names: vec![name.to_string()],
@@ -62,7 +62,7 @@ fn req(op: &str, name: &str) -> Request {
 
 /// dm-crypt flags from `--allow-discards` and the `--perf-*` options, in
 /// cryptsetup's order.
-fn flags(c: &Ctx) -> Vec<&'static str> {
+pub(super) fn flags(c: &Ctx) -> Vec<&'static str> {
     let mut f = Vec::new();
     for (opt, flag) in [
         ("allow-discards", "allow_discards"),
@@ -307,6 +307,10 @@ pub(super) fn status(c: &Ctx) -> Outcome {
         "LUKS1"
     } else if uuid.starts_with("CRYPT-PLAIN") {
         "PLAIN"
+    } else if uuid.starts_with("CRYPT-TCRYPT") {
+        "TCRYPT"
+    } else if uuid.starts_with("CRYPT-BITLK") {
+        "BITLK"
     } else {
         "n/a"
     };

@@ -223,6 +223,9 @@ pub struct Args {
     pub pos: Vec<String>,
     /// Key files given (cryptsetup allows one, except for tcrypt).
     pub key_files: usize,
+    /// Every `-d`/`--key-file` in order: TCRYPT mixes them all into its
+    /// keyfile pool (`key-file` in `opts` holds the last).
+    pub key_file_list: Vec<String>,
 }
 
 impl Args {
@@ -349,6 +352,9 @@ pub fn parse(argv: &[OsString]) -> Result<Args, String> {
     let set = |a: &mut Args, spec: &'static Spec, v: Val| {
         if spec.name == "key-file" {
             a.key_files += 1;
+            if let Val::Str(f) = &v {
+                a.key_file_list.push(f.clone());
+            }
         }
         a.opts.insert(spec.name, v);
     };

@@ -13,7 +13,9 @@
 
 mod active;
 mod args;
+mod bitlk;
 mod ctx;
+mod foreign;
 mod offline;
 mod progress;
 mod reencrypt;
@@ -38,6 +40,12 @@ struct Action {
 
 /// `open`: the offline checks (and `--test-passphrase`), then the mapping.
 fn open(c: &Ctx) -> Outcome {
+    if foreign::handles_open(c) {
+        return foreign::open(c);
+    }
+    if c.device_type.as_deref() == Some("bitlk") {
+        return bitlk::open(c);
+    }
     if offline::open_checks(c)? {
         return Ok(());
     }
@@ -55,7 +63,7 @@ const ACTIONS: &[Action] = &[
         name: "close",
         min_args: 1,
         usage: "<name>",
-        run: active::close,
+        run: foreign::close,
     },
     Action {
         name: "resize",
@@ -184,6 +192,18 @@ const ACTIONS: &[Action] = &[
         run: offline::header_restore,
     },
     Action {
+        name: "bitlkDump",
+        min_args: 1,
+        usage: "<device>",
+        run: bitlk::dump,
+    },
+    Action {
+        name: "tcryptDump",
+        min_args: 1,
+        usage: "<device>",
+        run: foreign::tcrypt_dump,
+    },
+    Action {
         name: "token",
         min_args: 2,
         usage: "<add|remove|import|export> <device>",
@@ -229,6 +249,8 @@ const ALIASES: &[(&str, &str, Option<&str>)] = &[
     ("luksOpen", "open", Some("luks")),
     ("loopaesOpen", "open", Some("loopaes")),
     ("tcryptOpen", "open", Some("tcrypt")),
+    ("tcryptDump", "tcryptDump", Some("tcrypt")),
+    ("bitlkDump", "bitlkDump", Some("bitlk")),
     ("bitlkOpen", "open", Some("bitlk")),
     ("fvault2Open", "open", Some("fvault2")),
     ("remove", "close", None),

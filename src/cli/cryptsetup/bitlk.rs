@@ -1,0 +1,191 @@
+//! cryptsetup's verbs for BitLocker volumes: `bitlkDump` and
+//! `open --type bitlk` (`bitlkOpen`). The metadata is read by
+//! `luks::foreign::bitlk`; this file asks for the secret as cryptsetup
+//! does (a clear key first, then a passphrase, recovery password or
+//! startup key file) and creates the device on a running server.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::active::{call, flags, req};
+use super::ctx::{key_source, ui, Ctx, Outcome};
+use crate::luks::disk::Disk;
+use crate::luks::error::LuksError;
+use crate::luks::foreign::bitlk::{self, Metadata};
+use crate::luks::secret::SecretText;
+use zeroize::Zeroizing;
+
+fn load(c: &Ctx) -> Result<Metadata, LuksError> {
+    let disk = Disk::open(Path::new(&c.argv[0]), false)?;
+    bitlk::read(&disk).map_err(|e| {
+        eprintln!("Device {} is not a valid BITLK device.", c.argv[0]);
+        match e {
+            LuksError::Usage(_) => LuksError::Silent(1),
+            e => e,
+        }
+    })
+}
+
+/// The FVEK: through a clear key if there is one, else from the
+/// passphrase, recovery password or key file (`--tries` times on a
+/// terminal).
+fn unlock(c: &Ctx, m: &Metadata) -> Result<Zeroizing<Vec<u8>>, LuksError> {
+    match m.volume_key(None) {
+        Err(LuksError::WrongPassphrase) => {}
+        other => return other,
+    }
+    let src = key_source(c, c.a.str("key-file"));
+    let tries = if src.interactive() {
+        c.a.u32("tries").unwrap_or(3).max(1)
+    } else {
+        1
+    };
+    let prompt = format!("Enter passphrase for {}: ", c.argv[0]);
+    for _ in 0..tries {
+        let pass = src.read(&prompt, false)?;
+        match m.volume_key(Some(&pass)) {
+            Err(LuksError::WrongPassphrase) => eprintln!("No key available with this passphrase."),
+            other => return other,
+        }
+    }
+    Err(LuksError::Silent(2))
+}
+
+fn write_key_file(p: &str, key: &[u8]) -> Outcome {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .open(p)
+        .map_err(|e| LuksError::io(format!("Cannot create volume key file {p}"), e))?;
+    f.write_all(key)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| LuksError::io(format!("Cannot write volume key file {p}"), e))
+}
+
+/// `bitlkDump [--dump-volume-key [--volume-key-file F]]`.
+pub(super) fn dump(c: &Ctx) -> Outcome {
+    let m = load(c)?;
+    if !c.a.has("dump-volume-key") {
+        print!("{}", m.dump_text(&c.argv[0]));
+        return Ok(());
+    }
+    use crate::luks::feedback::Feedback;
+    if !ui(c).confirm(
+        "The header dump with volume key is sensitive information\nthat allows access to encrypted partition without a passphrase.\nThis dump should be stored encrypted in a safe place.",
+    )? {
+        return Err(LuksError::Denied("Operation aborted.".into()));
+    }
+    let key = unlock(c, &m)?;
+    let file = c.a.str("volume-key-file");
+    if let Some(f) = file {
+        write_key_file(f, &key)?;
+    }
+    let mut t = SecretText::with_capacity(1024 + key.len() * 4);
+    let text = (|| -> std::fmt::Result {
+        use std::fmt::Write;
+        write!(
+            t,
+            "BITLK header information for {}\nCipher name:   \taes\nCipher mode:   \t{}\n\
+             UUID:          \t{}\nMK bits:       \t{}\n",
+            c.argv[0],
+            m.cipher_mode,
+            m.guid,
+            key.len() * 8
+        )?;
+        if let Some(f) = file {
+            return writeln!(t, "Key stored to file {f}.");
+        }
+        t.write_str("MK dump:\t")?;
+        t.hex(&key, " ", 16, "\t\t")?;
+        t.write_str("\n")
+    })();
+    text.map_err(|_| LuksError::Usage("volume key dump does not fit its buffer".into()))?;
+    print!("{}", t.as_str());
+    Ok(())
+}
+
+/// The table cryptsetup loads for the volume over a device of `sectors`.
+fn table(c: &Ctx, m: &Metadata, key: &[u8], sectors: u64) -> Result<Zeroizing<String>, LuksError> {
+    let spec = format!("aes-{}", m.cipher_mode);
+    if let Err(e) = crate::crypto::SectorCrypt::new(&spec, key, m.sector_size, m.sector_size != 512)
+    {
+        eprintln!("udm cannot map {spec}: {e}");
+        let what = if m.cipher_mode.contains("elephant") {
+            "BITLK Elephant diffuser"
+        } else {
+            "BITLK IV"
+        };
+        eprintln!("Cannot activate device, kernel dm-crypt is missing support for {what}.");
+        return Err(LuksError::Silent(1));
+    }
+    let mut opts: Vec<String> = flags(c).iter().map(|f| f.to_string()).collect();
+    if m.sector_size != 512 {
+        opts.push(format!("sector_size:{}", m.sector_size));
+        opts.push("iv_large_sectors".into());
+    }
+    let tail = if opts.is_empty() {
+        String::new()
+    } else {
+        format!(" {} {}", opts.len(), opts.join(" "))
+    };
+    let dev = crate::core::table::escape_arg(&super::foreign::server_path(&c.argv[0])).to_string();
+    let hex_key = Zeroizing::new(hex::encode(key));
+    let mut t = Zeroizing::new(String::new());
+    for (start, len, iv) in m.segments(sectors)? {
+        match iv {
+            None => t.push_str(&format!("{start} {len} zero\n")),
+            Some(iv) => {
+                t.push_str(&format!("{start} {len} crypt {spec} "));
+                t.push_str(&hex_key);
+                t.push_str(&format!(" {iv} {dev} {iv}{tail}\n"));
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// `open --type bitlk DEVICE NAME` (and `--test-passphrase`).
+pub(super) fn open(c: &Ctx) -> Outcome {
+    let m = load(c)?;
+    let key = match c.a.str("volume-key-file") {
+        Some(f) => {
+            let len = (m.key_bits / 8) as usize;
+            let k = crate::luks::ops::read_volume_key_file(Path::new(f), len)?;
+            if c.a.has("test-passphrase") {
+                // cryptsetup cannot check a volume key against BITLK metadata.
+                eprintln!("This operation is not supported.");
+                return Err(LuksError::Silent(1));
+            }
+            Zeroizing::new(k.to_vec())
+        }
+        None => unlock(c, &m)?,
+    };
+    if c.a.has("test-passphrase") {
+        return Ok(());
+    }
+    if let Some(why) = m.activation_refusal() {
+        eprintln!("{why}");
+        return Err(LuksError::Silent(1));
+    }
+    let name = c
+        .argv
+        .get(1)
+        .ok_or_else(|| LuksError::Usage("Argument <name> missing.".into()))?;
+    let size = Disk::open(&PathBuf::from(&c.argv[0]), false)?.size()?;
+    if size != m.volume_size {
+        print!(
+            "WARNING: BitLocker volume size {} does not match the underlying device size {size}",
+            m.volume_size
+        );
+    }
+    let t = table(c, &m, &key, size / 512)?;
+    let mut r = req("create", name);
+    r.has_table = true;
+    r.readonly = c.a.has("readonly");
+    r.allow = c.a.str("allow").map(str::to_string);
+    r.uuid = Some(format!("CRYPT-BITLK-{}-{name}", m.guid.replace('-', "")));
+    call(c, name, r, t.as_bytes())?;
+    Ok(())
+}
