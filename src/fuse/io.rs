@@ -357,6 +357,31 @@ mod tests {
     }
 
     #[test]
+    fn a_closed_front_refuses_new_requests_after_the_running_ones() {
+        let engine = Arc::new(Engine::start(2).unwrap());
+        let q = queue(&engine, 1 << 20);
+        let f = Front::new(engine.clone());
+        let data = vec![1u8; 4096];
+        let call = |data| Call {
+            op: Op::Write,
+            offset: 0,
+            len: 4096,
+            fua: false,
+            data,
+        };
+        f.run(&q, call(Some(&data))).0.unwrap();
+        assert!(
+            f.replies().close(Duration::from_secs(5)),
+            "nothing was running"
+        );
+        let (r, _) = f.run(&q, call(Some(&data)));
+        match r {
+            Err(DevError::Io(e)) => assert_eq!(e.raw_os_error(), Some(libc::EIO)),
+            other => panic!("a request after close: {other:?}"),
+        }
+    }
+
+    #[test]
     fn device_errors_become_errnos() {
         let oor = DevError::OutOfRange {
             offset: 0,
