@@ -233,7 +233,7 @@ fn options_that_cannot_work_are_refused_by_name() {
         "{cookie}"
     );
     srv.ok(&["udevreleasecookie", cookie.trim()]);
-    // dm-stats regions do not exist in udm: said, not ignored.
-    let e = srv.fails(&["stats", "create", "x"]);
-    assert!(e.contains("stats create") && e.contains("regions"), "{e}");
+    // dmstats' group commands do not exist in udm: said, not ignored.
+    let e = srv.fails(&["stats", "group", "x"]);
+    assert!(e.contains("stats group") && e.contains("create"), "{e}");
 }

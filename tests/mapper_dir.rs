@@ -535,3 +535,110 @@ fn the_allow_rules_decide_who_opens_a_file() {
     });
     m.stop();
 }
+
+/// Shutdown closes the mapper directory before the server's final flush:
+/// a process writing through the file while SIGTERM arrives sees every
+/// write it was told succeeded in the backing store, covered by that
+/// flush. The device is a log-writes target, so the log shows the order:
+/// each acknowledged write is logged before the last flush entry.
+#[test]
+fn writes_through_the_file_during_sigterm_precede_the_final_flush() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use udm::store::file::{FileStore, OpenFlags};
+    use udm::targets::log_replay::LogReader;
+
+    const SIZE: u64 = 64 << 20;
+    const BLOCK: u64 = 4096;
+    let dir = scratch("mapper-stop");
+    let d = dir.path();
+    let data = d.join("data.img");
+    let log = d.join("log.img");
+    std::fs::File::create(&data).unwrap().set_len(SIZE).unwrap();
+    std::fs::File::create(&log)
+        .unwrap()
+        .set_len(4 * SIZE)
+        .unwrap();
+    let table = write_file(
+        d,
+        "lw.table",
+        format!(
+            "0 {} log-writes {} {}\n",
+            SIZE / 512,
+            path(&data),
+            path(&log)
+        )
+        .as_bytes(),
+    );
+    let mut m = Mapper::start(
+        "mapper-stop-srv",
+        &["--table", &format!("lw={}", path(&table))],
+    );
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.file("lw"))
+        .unwrap();
+    // Blocks written in order, each filled with its number + 1; `acked`
+    // counts the ones whose write returned success.
+    let acked = Arc::new(AtomicU64::new(0));
+    let a = acked.clone();
+    let writer = std::thread::spawn(move || {
+        for i in 0..SIZE / BLOCK {
+            let b = vec![(i % 251) as u8 + 1; BLOCK as usize];
+            if file.write_at(&b, i * BLOCK).is_err() {
+                break;
+            }
+            a.store(i + 1, Ordering::SeqCst);
+        }
+    });
+    wait_for("writes through the file", Duration::from_secs(20), || {
+        acked.load(Ordering::SeqCst) >= 200
+    });
+    m.stop();
+    writer.join().unwrap();
+    let n = acked.load(Ordering::SeqCst);
+    assert!(n < SIZE / BLOCK, "the writer never saw the mount close");
+
+    // Every acknowledged block is in the backing file...
+    let got = std::fs::read(&data).unwrap();
+    for i in 0..n {
+        let at = (i * BLOCK) as usize;
+        let want = (i % 251) as u8 + 1;
+        assert!(
+            got[at..at + BLOCK as usize].iter().all(|&x| x == want),
+            "block {i} of {n} acknowledged writes is missing from the backing file"
+        );
+    }
+    // ...and was logged before the server's last flush.
+    let store = FileStore::open(
+        &log,
+        OpenFlags {
+            read_only: true,
+            ..OpenFlags::default()
+        },
+    )
+    .unwrap();
+    let mut r = LogReader::open(Arc::new(store)).unwrap();
+    let ss = u64::from(r.sectorsize);
+    let mut written = vec![false; (SIZE / BLOCK) as usize];
+    let mut before_flush = Vec::new();
+    while let Some(e) = r.next_entry().unwrap() {
+        if e.is_flush() {
+            before_flush = written.clone();
+        }
+        if e.nr_sectors > 0 && !e.is_discard() && !e.is_mark() {
+            let first = e.sector * ss / BLOCK;
+            let end = ((e.sector + e.nr_sectors) * ss).div_ceil(BLOCK);
+            for b in first..end.min(SIZE / BLOCK) {
+                written[b as usize] = true;
+            }
+        }
+    }
+    let late: Vec<u64> = (0..n).filter(|&i| !before_flush[i as usize]).collect();
+    assert!(
+        late.is_empty(),
+        "{} of {n} acknowledged writes came after the final flush (first: block {})",
+        late.len(),
+        late[0]
+    );
+}

@@ -96,6 +96,7 @@ dmsetup
         message <dev_name> <sector> <message>
         wait <dev_name> [<event_nr>]
         stats clear|print [<dev_name>...]
+        stats create|delete|list|report ... (dmstats's options: dmstats --help)
         splitname <dev_name> [<subsystem>]
         udevcreatecookie
         targets
@@ -288,6 +289,15 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    // dmstats' region verbs take dmstats' own options.
+    let region_verb = |w: Option<&String>| {
+        w.is_some_and(|v| matches!(v.as_str(), "create" | "delete" | "list" | "report"))
+    };
+    if let Some(i) = (0..argv.len()).find(|&i| argv[i] == "stats" && region_verb(argv.get(i + 1))) {
+        let mut rest = argv;
+        rest.remove(i);
+        return super::dmstats::main(rest.into_iter().map(Into::into).collect());
+    }
     let o = match parse(&argv) {
         Ok(o) => o,
         Err(e) => {
@@ -786,7 +796,7 @@ fn stats(o: &Opts, args: &[String]) -> Result<(), Failure> {
             client(o)?.call(req("stats_clear", &args[1..]), &[])?;
             Ok(())
         }
-        "print" | "report" | "list" => {
+        "print" => {
             let (v, _) = client(o)?.call(req("status", &args[1..]), &[])?;
             let devs: Vec<DeviceStatus> = devices_of(&v)?;
             if o.json {
@@ -799,9 +809,8 @@ fn stats(o: &Opts, args: &[String]) -> Result<(), Failure> {
             Ok(())
         }
         other => Err(Failure::Usage(format!(
-            "stats {other}: udm keeps one set of counters per device, not dm-stats \
-             regions; 'stats print' (also 'list' and 'report', in udm's format) shows them \
-             and 'stats clear' resets them"
+            "stats {other}: udm takes dmstats' create, delete, list and report (regions), \
+             and 'stats print' and 'stats clear' for its per-device counters"
         ))),
     }
 }

@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod demo;
 pub mod dmsetup;
 pub mod dmsetup_report;
+pub mod dmstats;
 pub mod luks;
 pub mod manpages;
 pub mod replay_log;
@@ -117,6 +118,7 @@ pub type Personality = fn(Vec<std::ffi::OsString>) -> i32;
 pub const PERSONALITIES: &[(&str, Personality)] = &[
     ("cryptsetup", cryptsetup::main),
     ("dmsetup", dmsetup::main),
+    ("dmstats", dmstats::main),
     ("veritysetup", veritysetup::main),
 ];
 

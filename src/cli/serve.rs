@@ -878,7 +878,11 @@ pub fn serve_specs(
     });
     let reloader = Reloader::start(service.clone(), st.service.crypttab.clone())
         .map_err(|e| format!("cannot catch SIGHUP: {e}"))?;
-    let events = service_events(st, &exports, pidfile);
+    // Unmounted when the server starts stopping, before its final flush
+    // (the hook runs then): a write through a file after that flush would
+    // be acknowledged but not synced.
+    let mapper = Arc::new(std::sync::Mutex::new(mapper));
+    let events = service_events(st, &exports, pidfile, mapper.clone());
     let r = crate::nbd::server::serve_with(
         ServerConfig {
             listen,
@@ -898,7 +902,7 @@ pub fn serve_specs(
         },
     )
     .map_err(|e| e.to_string());
-    drop(mapper);
+    drop(mapper.lock().unwrap_or_else(|p| p.into_inner()).take());
     drop(reloader);
     service.stop();
     drop(control);
@@ -913,6 +917,7 @@ fn service_events(
     st: &Settings,
     exports: &Arc<ExportSet>,
     pidfile: Option<Pidfile>,
+    mapper: Arc<std::sync::Mutex<Option<crate::fuse::MapperDir>>>,
 ) -> crate::nbd::server::EventHook {
     let pidfile = std::sync::Mutex::new(pidfile);
     let exports = Arc::downgrade(exports);
@@ -944,9 +949,12 @@ fn service_events(
                 sd_notify::NotifyState::Status(&status),
             ]);
         }
-        crate::nbd::ServerEvent::Stopping => super::daemon::notify(&[
-            sd_notify::NotifyState::Stopping,
-            sd_notify::NotifyState::Status("stopping: finishing in-flight requests"),
-        ]),
+        crate::nbd::ServerEvent::Stopping => {
+            super::daemon::notify(&[
+                sd_notify::NotifyState::Stopping,
+                sd_notify::NotifyState::Status("stopping: finishing in-flight requests"),
+            ]);
+            drop(mapper.lock().unwrap_or_else(|p| p.into_inner()).take());
+        }
     })
 }

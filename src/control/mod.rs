@@ -6,12 +6,15 @@
 //!
 //! Files: [`proto`] (the wire format) → [`model`] (the results) →
 //! [`service`] (what each request does) → [`server`] (the socket, peers,
-//! limits), [`client`] (the other end), [`metrics`] (Prometheus text).
+//! limits), [`client`] (the other end), [`metrics`] (Prometheus text);
+//! `regions` (dm-stats regions: `dmstats create/delete/list/report`) sits
+//! beside `model`, used by `service`.
 
 pub mod client;
 pub mod metrics;
 pub mod model;
 pub mod proto;
+mod regions;
 pub mod server;
 pub mod service;
 

@@ -388,6 +388,9 @@ impl Service {
             "status" => self.status(req),
             "message" => self.message_op(req, &payload),
             "wait" => self.wait(req, alive),
+            "stats_create" | "stats_delete" | "stats_list" => {
+                super::regions::run(req, &self.selected(&req.names)?).and_then(ok)
+            }
             "stats_clear" => {
                 for d in self.selected(&req.names)? {
                     d.device.stats().clear();

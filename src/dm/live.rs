@@ -80,7 +80,7 @@ impl BlockDevice for LiveDevice {
         let t = self.stats.start();
         let n = buf.len() as u64;
         let r = self.routes.load().read(offset, buf);
-        self.stats.done(t, StatOp::Read, n, r.is_ok());
+        self.stats.done_at(t, StatOp::Read, offset, n, r.is_ok());
         r
     }
 
@@ -92,7 +92,7 @@ impl BlockDevice for LiveDevice {
         let t = self.stats.start();
         let n = data.len() as u64;
         let r = self.routes.load().write(offset, data, fua);
-        self.stats.done(t, StatOp::Write, n, r.is_ok());
+        self.stats.done_at(t, StatOp::Write, offset, n, r.is_ok());
         r
     }
 
@@ -118,6 +118,7 @@ impl BlockDevice for LiveDevice {
         } else {
             (StatOp::Read, io.len as u64)
         };
+        let at = io.offset;
         let stats = StatsRef(&self.stats);
         let keep = routes.clone();
         let done = io.done;
@@ -128,7 +129,7 @@ impl BlockDevice for LiveDevice {
                 // its statistics) alive until `done` has run.
                 let s = unsafe { &*stats.0 };
                 match &r {
-                    Some(res) => s.done(t, op, n, res.is_ok()),
+                    Some(res) => s.done_at(t, op, at, n, res.is_ok()),
                     // Not started here: the synchronous retry counts it.
                     None => s.cancel(t),
                 }
@@ -170,7 +171,7 @@ impl BlockDevice for LiveDevice {
         }
         let t = self.stats.start();
         let r = self.routes.load().write_zeroes(offset, len, fua);
-        self.stats.done(t, StatOp::Write, len, r.is_ok());
+        self.stats.done_at(t, StatOp::Write, offset, len, r.is_ok());
         r
     }
 

@@ -11,11 +11,18 @@
 //! `hdrhistogram` crate: fixed memory, 2 significant digits, merging is
 //! exact), one per shard and operation behind a mutex that only threads
 //! of the same CPU share; the two clock reads per request are skipped
-//! when histograms are off.
+//! when histograms are off and the device has no regions.
+//!
+//! dm-stats regions (`dmstats create`) sit beside the counters: a few
+//! sector ranges cut into areas, each area with its own atomics. They are
+//! rare, so a request checks one flag, and only with regions binary
+//! searches the list (swapped whole, never locked by a request).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use arc_swap::ArcSwap;
 
 use hdrhistogram::Histogram;
 
@@ -66,6 +73,60 @@ pub struct Stats {
     mask: usize,
     histograms: AtomicBool,
     since: Mutex<Instant>,
+    /// dm-stats regions (`dmstats create`), sorted by start. Empty for
+    /// almost every device, so requests look at `regions_on` only.
+    regions: ArcSwap<Vec<Arc<Region>>>,
+    regions_on: AtomicBool,
+    /// Serialises region changes (create picks the lowest free id).
+    region_edit: Mutex<()>,
+}
+
+/// Most regions one device keeps, and most areas one region has: a
+/// request looks at every region that starts before its end.
+pub const MAX_REGIONS: usize = 64;
+pub const MAX_AREAS: u64 = 4096;
+
+/// One dm-stats region: a byte range of the device cut into areas of
+/// `area` bytes (the last may be shorter), with counters per area.
+struct Region {
+    id: u64,
+    start: u64,
+    len: u64,
+    area: u64,
+    program_id: String,
+    created: Instant,
+    areas: Box<[Area]>,
+}
+
+/// An area's counters: what dmstats' report needs (requests, sectors and
+/// time spent per direction).
+#[derive(Default)]
+struct Area {
+    c: [AtomicU64; 6],
+}
+
+/// An area's counters as read back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AreaCounters {
+    pub reads: u64,
+    pub read_sectors: u64,
+    pub read_ns: u64,
+    pub writes: u64,
+    pub write_sectors: u64,
+    pub write_ns: u64,
+}
+
+/// A region as `dmstats list` and `report` show it (512-byte sectors).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct RegionInfo {
+    pub id: u64,
+    pub start: u64,
+    pub len: u64,
+    pub area_len: u64,
+    pub program_id: String,
+    /// Seconds since the region was created.
+    pub interval_s: f64,
+    pub areas: Vec<AreaCounters>,
 }
 
 /// A request being timed: returned by [`Stats::start`], given back to
@@ -140,6 +201,9 @@ impl Stats {
             mask: n - 1,
             histograms: AtomicBool::new(histograms),
             since: Mutex::new(Instant::now()),
+            regions: ArcSwap::from_pointee(Vec::new()),
+            regions_on: AtomicBool::new(false),
+            region_edit: Mutex::new(()),
         }
     }
 
@@ -155,7 +219,8 @@ impl Stats {
     pub fn start(&self) -> Timing {
         let shard = self.shard();
         self.shards[shard].started.fetch_add(1, Relaxed);
-        let t0 = self.histograms.load(Relaxed).then(Instant::now);
+        let timed = self.histograms.load(Relaxed) || self.regions_on.load(Relaxed);
+        let t0 = timed.then(Instant::now);
         Timing { shard, t0 }
     }
 
@@ -172,12 +237,144 @@ impl Stats {
             s.errors[i].fetch_add(1, Relaxed);
         }
         s.finished.fetch_add(1, Relaxed);
-        if let Some(t0) = t.t0 {
+        if let Some(t0) = t.t0.filter(|_| self.histograms.load(Relaxed)) {
             let ns = (t0.elapsed().as_nanos() as u64).clamp(1, HIST_MAX_NS);
             let mut h = s.hist.lock().unwrap_or_else(|p| p.into_inner());
             let hs = h.get_or_insert_with(|| Box::new(std::array::from_fn(|_| new_hist())));
             hs[i].saturating_record(ns);
         }
+    }
+
+    /// [`Stats::done`] for a request at `offset`, also counted in the
+    /// regions it overlaps (reads and writes only, as dm-stats).
+    #[inline]
+    pub fn done_at(&self, t: Timing, op: StatOp, offset: u64, bytes: u64, ok: bool) {
+        if self.regions_on.load(Relaxed) && bytes > 0 {
+            if let (StatOp::Read | StatOp::Write, Some(t0)) = (op, t.t0) {
+                let ns = t0.elapsed().as_nanos() as u64;
+                self.count_in_regions(op == StatOp::Write, offset, bytes, ns);
+            }
+        }
+        self.done(t, op, bytes, ok);
+    }
+
+    /// Each region overlapping the request counts it once, in the area
+    /// holding the overlap's first byte, with the overlap's sectors.
+    fn count_in_regions(&self, write: bool, offset: u64, bytes: u64, ns: u64) {
+        let rs = self.regions.load();
+        let end = offset.saturating_add(bytes);
+        let before_end = rs.partition_point(|r| r.start < end);
+        for r in &rs[..before_end] {
+            let r_end = r.start + r.len;
+            if r_end <= offset {
+                continue;
+            }
+            let from = offset.max(r.start);
+            let sectors = (end.min(r_end) - from) >> 9;
+            let a = &r.areas[((from - r.start) / r.area) as usize];
+            let base = if write { 3 } else { 0 };
+            a.c[base].fetch_add(1, Relaxed);
+            a.c[base + 1].fetch_add(sectors, Relaxed);
+            a.c[base + 2].fetch_add(ns, Relaxed);
+        }
+    }
+
+    /// Add a region of `len` bytes at `start` cut into areas of `area`
+    /// bytes (0: one area); returns its id, the lowest free one as dm's.
+    /// The caller checks the range against the device's size.
+    pub fn create_region(
+        &self,
+        start: u64,
+        len: u64,
+        area: u64,
+        program_id: &str,
+    ) -> Result<u64, String> {
+        if len == 0 || start % 512 != 0 || len % 512 != 0 || area % 512 != 0 {
+            return Err(
+                "a region needs a non-empty length, and it, its start and its \
+                        area size must be whole 512-byte sectors"
+                    .into(),
+            );
+        }
+        let area = if area == 0 { len } else { area };
+        let count = len.div_ceil(area);
+        if count > MAX_AREAS {
+            return Err(format!(
+                "{count} areas in one region; udm keeps at most {MAX_AREAS}: give a larger \
+                 --areasize or fewer --areas"
+            ));
+        }
+        let _g = self.region_edit.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.regions.load_full();
+        if old.len() >= MAX_REGIONS {
+            return Err(format!(
+                "the device has {MAX_REGIONS} regions, as many as udm keeps: delete one first"
+            ));
+        }
+        let id = (0..).find(|i| old.iter().all(|r| r.id != *i)).unwrap_or(0);
+        let mut next: Vec<Arc<Region>> = old.iter().cloned().collect();
+        next.push(Arc::new(Region {
+            id,
+            start,
+            len,
+            area,
+            program_id: program_id.to_string(),
+            created: Instant::now(),
+            areas: (0..count).map(|_| Area::default()).collect(),
+        }));
+        next.sort_by_key(|r| (r.start, r.id));
+        self.regions.store(Arc::new(next));
+        self.regions_on.store(true, Relaxed);
+        Ok(id)
+    }
+
+    /// Delete region `id` (`None`: all); false if there was no such one.
+    pub fn delete_region(&self, id: Option<u64>) -> bool {
+        let _g = self.region_edit.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.regions.load_full();
+        let next: Vec<Arc<Region>> = old
+            .iter()
+            .filter(|r| id.is_some_and(|i| r.id != i))
+            .cloned()
+            .collect();
+        let found = next.len() != old.len();
+        self.regions_on.store(!next.is_empty(), Relaxed);
+        self.regions.store(Arc::new(next));
+        found
+    }
+
+    /// The regions and their counters, by id.
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        let mut out: Vec<RegionInfo> = self
+            .regions
+            .load()
+            .iter()
+            .map(|r| RegionInfo {
+                id: r.id,
+                start: r.start >> 9,
+                len: r.len >> 9,
+                area_len: r.area >> 9,
+                program_id: r.program_id.clone(),
+                interval_s: r.created.elapsed().as_secs_f64(),
+                areas: r
+                    .areas
+                    .iter()
+                    .map(|a| {
+                        let v = |i: usize| a.c[i].load(Relaxed);
+                        AreaCounters {
+                            reads: v(0),
+                            read_sectors: v(1),
+                            read_ns: v(2),
+                            writes: v(3),
+                            write_sectors: v(4),
+                            write_ns: v(5),
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        out.sort_by_key(|r| r.id);
+        out
     }
 
     /// A request counted by [`Stats::start`] did not run after all (an
@@ -301,5 +498,41 @@ mod tests {
         let snap = s.snapshot();
         assert_eq!(snap.flush.ios, 1);
         assert!(snap.flush.latency.is_none());
+    }
+
+    #[test]
+    fn regions_count_the_requests_that_overlap_them_per_area() {
+        let s = Stats::new(false);
+        // Sectors 0..16 in areas of 8, and a second region over 8..24.
+        assert_eq!(s.create_region(0, 16 << 9, 8 << 9, "p").unwrap(), 0);
+        assert_eq!(s.create_region(8 << 9, 16 << 9, 0, "").unwrap(), 1);
+        let io = |op, off: u64, len: u64| {
+            let t = s.start();
+            s.done_at(t, op, off << 9, len << 9, true);
+        };
+        io(StatOp::Read, 0, 4); // region 0 area 0
+        io(StatOp::Write, 9, 2); // region 0 area 1, region 1
+        io(StatOp::Write, 30, 2); // neither
+        io(StatOp::Flush, 0, 0); // not counted in regions
+        let r = s.regions();
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].id, r[0].start, r[0].len, r[0].area_len),
+            (0, 0, 16, 8)
+        );
+        assert_eq!(r[0].areas.len(), 2);
+        assert_eq!((r[0].areas[0].reads, r[0].areas[0].read_sectors), (1, 4));
+        assert_eq!((r[0].areas[1].writes, r[0].areas[1].write_sectors), (1, 2));
+        assert_eq!(r[1].areas.len(), 1);
+        assert_eq!((r[1].areas[0].writes, r[1].areas[0].reads), (1, 0));
+        // Ids are reused lowest first; deleting all turns counting off.
+        assert!(s.delete_region(Some(0)));
+        assert!(!s.delete_region(Some(0)));
+        assert_eq!(s.create_region(0, 8 << 9, 0, "").unwrap(), 0);
+        assert!(s.delete_region(None));
+        assert!(s.regions().is_empty());
+        assert!(!s.regions_on.load(Relaxed));
+        assert!(s.create_region(0, 0, 0, "").is_err());
+        assert!(s.create_region(0, 1 << 30, 512, "").is_err());
     }
 }

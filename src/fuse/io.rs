@@ -95,20 +95,73 @@ impl Waiter {
     }
 }
 
+/// Replies waiting for their request, by tag, and whether new requests
+/// are still taken.
+#[derive(Default)]
+struct InFlight {
+    pending: HashMap<u64, Pending>,
+    closed: bool,
+}
+
 /// The front end's [`Sink`]: replies waiting for their request, by tag.
+/// Also what shutdown waits on: the server's final flush must come after
+/// every write a process was told succeeded, so the mount is closed (new
+/// requests fail) and drained before it ([`Replies::close`]).
 #[derive(Default)]
 pub(super) struct Replies {
-    pending: Mutex<HashMap<u64, Pending>>,
+    state: Mutex<InFlight>,
+    idle: Condvar,
+}
+
+impl Replies {
+    fn lock(&self) -> std::sync::MutexGuard<'_, InFlight> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keep `p` under `tag` until the request completes; hands it back
+    /// when the mount no longer takes requests.
+    fn hold(&self, tag: u64, p: Pending) -> Result<(), Pending> {
+        let mut g = self.lock();
+        if g.closed {
+            return Err(p);
+        }
+        g.pending.insert(tag, p);
+        Ok(())
+    }
+
+    fn take(&self, tag: u64) -> Option<Pending> {
+        let mut g = self.lock();
+        let p = g.pending.remove(&tag);
+        if g.pending.is_empty() {
+            self.idle.notify_all();
+        }
+        p
+    }
+
+    /// Refuse new requests (EIO) and wait up to `limit` for those in
+    /// flight to complete; false if some are still running then.
+    pub(super) fn close(&self, limit: Duration) -> bool {
+        let mut g = self.lock();
+        g.closed = true;
+        let until = std::time::Instant::now() + limit;
+        while !g.pending.is_empty() {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            g = self
+                .idle
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
 }
 
 impl Sink for Replies {
     fn complete(&self, req: &mut Request, result: DevResult<()>) {
-        let p = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&req.tag);
-        if let Some(p) = p {
+        if let Some(p) = self.take(req.tag) {
             p.finish(result, req);
         }
     }
@@ -194,6 +247,12 @@ impl Front {
             fua,
             data,
         } = call;
+        // Held before admission, so that a request waiting to be admitted
+        // counts as in flight for shutdown.
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        if let Err(then) = self.replies.hold(tag, then) {
+            return then.fail(Errno::from_i32(libc::EIO));
+        }
         let data_op = matches!(op, Op::Read | Op::Write);
         let mem = if data_op {
             self.engine.mem_cost(q, offset, len)
@@ -202,7 +261,10 @@ impl Front {
         };
         if mem > self.engine.mem_limit(q) {
             // Never admitted: the export's budget is smaller than one request.
-            return then.fail(Errno::from_i32(libc::ENOMEM));
+            if let Some(then) = self.replies.take(tag) {
+                then.fail(Errno::from_i32(libc::ENOMEM));
+            }
+            return;
         }
         let work = match op {
             Op::WriteZeroes => len.min(crate::engine::MAX_CLIENT_BYTES),
@@ -219,12 +281,6 @@ impl Front {
         if let Some(d) = data {
             buf[head..head + d.len()].copy_from_slice(d);
         }
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        self.replies
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(tag, then);
         let req = Request {
             op,
             tag,
@@ -241,6 +297,11 @@ impl Front {
         } else {
             self.engine.submit(t, q, req);
         }
+    }
+
+    /// What shutdown closes and drains (see [`Replies::close`]).
+    pub(super) fn replies(&self) -> Arc<Replies> {
+        self.replies.clone()
     }
 
     /// Run `call` on `q` and wait for it: the result and, for
@@ -293,6 +354,31 @@ mod tests {
         let mut b = vec![0u8; 8192];
         q.device().read(4096, &mut b).unwrap();
         assert_eq!(b, data);
+    }
+
+    #[test]
+    fn a_closed_front_refuses_new_requests_after_the_running_ones() {
+        let engine = Arc::new(Engine::start(2).unwrap());
+        let q = queue(&engine, 1 << 20);
+        let f = Front::new(engine.clone());
+        let data = vec![1u8; 4096];
+        let call = |data| Call {
+            op: Op::Write,
+            offset: 0,
+            len: 4096,
+            fua: false,
+            data,
+        };
+        f.run(&q, call(Some(&data))).0.unwrap();
+        assert!(
+            f.replies().close(Duration::from_secs(5)),
+            "nothing was running"
+        );
+        let (r, _) = f.run(&q, call(Some(&data)));
+        match r {
+            Err(DevError::Io(e)) => assert_eq!(e.raw_os_error(), Some(libc::EIO)),
+            other => panic!("a request after close: {other:?}"),
+        }
     }
 
     #[test]

@@ -26,10 +26,14 @@ use crate::nbd::ExportSet;
 
 pub use fs::MAX_IO;
 
-/// A mounted mapper directory. Dropping it detaches the mount.
+/// A mounted mapper directory. Dropping it detaches the mount and waits
+/// for the requests in flight, so the server drops it before its final
+/// flush (`cli/serve.rs`, on `ServerEvent::Stopping`).
 pub struct MapperDir {
     dir: PathBuf,
     unmounter: fuser::SessionUnmounter,
+    engine: Arc<crate::engine::Engine>,
+    replies: Arc<io::Replies>,
     session: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
 
@@ -43,13 +47,19 @@ fn session_threads() -> usize {
         .clamp(4, 16)
 }
 
+/// How long shutdown waits for the file requests in flight (a store that
+/// stopped answering must not keep the server from exiting).
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
 impl MapperDir {
     /// Mount the files of `exports` at `dir` (created if missing; a dead
     /// mount from a killed server is detached first).
     pub fn mount(dir: &Path, exports: Arc<ExportSet>) -> Result<MapperDir, String> {
         mount::prepare(dir)?;
         let engine = exports.engine().clone();
-        let fs = fs::MapperFs::new(files::Files::new(exports), io::Front::new(engine));
+        let front = io::Front::new(engine.clone());
+        let replies = front.replies();
+        let fs = fs::MapperFs::new(files::Files::new(exports), front);
         let mut config = fuser::Config::default();
         config.mount_options = vec![
             fuser::MountOption::FSName(mount::FS_SOURCE.into()),
@@ -83,6 +93,8 @@ impl MapperDir {
         Ok(MapperDir {
             dir: dir.to_path_buf(),
             unmounter,
+            engine,
+            replies,
             session: Some(thread),
         })
     }
@@ -117,6 +129,19 @@ impl Drop for MapperDir {
             if let Err(e) = mount::detach(&self.dir) {
                 tracing::warn!("--mapper-dir {}: unmount failed: {e}", self.dir.display());
             }
+        }
+        // A file still open keeps sending requests after a detach: from
+        // here they fail, and those already taken finish, so the flush
+        // that follows covers every write a process saw succeed. Requests
+        // parked behind a suspended device are let go first, as the NBD
+        // side's shutdown does, or they would never finish.
+        self.engine.release_all();
+        if !self.replies.close(DRAIN_LIMIT) {
+            tracing::warn!(
+                "--mapper-dir {}: requests still running after {DRAIN_LIMIT:?}; \
+                 the final flush may not cover them",
+                self.dir.display()
+            );
         }
         let Some(s) = self.session.take() else {
             return;
