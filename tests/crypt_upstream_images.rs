@@ -5,25 +5,15 @@
 //! filesystem UUID `luks1-compat-test` expects, read by blkid. FAILS if
 //! ../shared/upstream/cryptsetup-tests is missing.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use udm::crypto::SectorCrypt;
 
 fn upstream() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/upstream/cryptsetup-tests/luks1-images.tar.xz");
-    let alt = Path::new("/work/shared/upstream/cryptsetup-tests/luks1-images.tar.xz");
-    if p.exists() {
-        p
-    } else if alt.exists() {
-        alt.to_path_buf()
-    } else {
-        panic!(
-            "cryptsetup's test images are missing: expected {} (see ../shared/upstream/README.md)",
-            p.display()
-        )
-    }
+    common::upstream_cryptsetup_tests().join("luks1-images.tar.xz")
 }
 
 /// Decrypt the first MiB of the payload into a file and ask blkid for its

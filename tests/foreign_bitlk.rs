@@ -18,21 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn upstream() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cands = [
-        root.join("../shared/upstream/cryptsetup-tests"),
-        root.join("../../shared/upstream/cryptsetup-tests"),
-    ];
-    cands
-        .iter()
-        .find(|p| p.join("bitlk-images.tar.xz").is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "cryptsetup's upstream tests are missing: expected bitlk-images.tar.xz in {}",
-                cands[0].display()
-            )
-        })
+    common::upstream_cryptsetup_tests()
 }
 
 /// Why a volume is expected not to open; None for volumes that must.

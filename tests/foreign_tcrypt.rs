@@ -49,21 +49,7 @@ fn expected_failure(file: &str) -> Option<&'static str> {
 /// The upstream folder: beside the repository (CI) or beside the folder
 /// of worktrees.
 fn upstream() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cands = [
-        root.join("../shared/upstream/cryptsetup-tests"),
-        root.join("../../shared/upstream/cryptsetup-tests"),
-    ];
-    cands
-        .iter()
-        .find(|p| p.join("tcrypt-images.tar.xz").is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "cryptsetup's upstream tests are missing: expected tcrypt-images.tar.xz in {}",
-                cands[0].display()
-            )
-        })
+    common::upstream_cryptsetup_tests()
 }
 
 /// The images unpacked into a scratch folder.

@@ -103,21 +103,7 @@ const PER_VOLUME: &[PerVolume] = &[
 /// The upstream folder: `UDM_UPSTREAM`, else `shared/upstream/cryptsetup-tests`
 /// in the nearest ancestor of the crate that has one.
 fn upstream() -> PathBuf {
-    if let Some(p) = std::env::var_os("UDM_UPSTREAM") {
-        return PathBuf::from(p);
-    }
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    crate_dir
-        .ancestors()
-        .map(|a| a.join("shared/upstream/cryptsetup-tests"))
-        .find(|p| p.join("luks2-validation-test").is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "cryptsetup's test folder is missing: no shared/upstream/cryptsetup-tests \
-                 above {}; put it there or name it with UDM_UPSTREAM",
-                crate_dir.display()
-            )
-        })
+    common::upstream_cryptsetup_tests()
 }
 
 fn write_exe(path: &Path, text: &str) {

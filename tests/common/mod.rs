@@ -351,3 +351,30 @@ pub fn report(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
+
+/// cryptsetup's own `tests/` folder with its images (read-only data from
+/// `../shared/upstream/`, never copied into the repository). Looked for in
+/// `UDM_UPSTREAM`, then as `shared/upstream/cryptsetup-tests` above the
+/// crate (a checkout beside `shared/`, or a worktree one level deeper),
+/// then at the machines' fixed place `/work/shared/...`, so a clean clone
+/// elsewhere (CI's scratch folder) finds it too. Missing: the test fails
+/// and says where it looked.
+pub fn upstream_cryptsetup_tests() -> PathBuf {
+    const REL: &str = "shared/upstream/cryptsetup-tests";
+    if let Some(p) = std::env::var_os("UDM_UPSTREAM") {
+        return PathBuf::from(p);
+    }
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    crate_dir
+        .ancestors()
+        .map(|a| a.join(REL))
+        .chain(std::iter::once(Path::new("/work").join(REL)))
+        .find(|p| p.join("luks2-validation-test").is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "cryptsetup's test folder is missing: no {REL} above {} nor in /work; \
+                 put it there or name it with UDM_UPSTREAM",
+                crate_dir.display()
+            )
+        })
+}
