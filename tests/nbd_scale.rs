@@ -163,13 +163,17 @@ fn at_the_cap_the_oldest_unfinished_handshake_makes_room() {
     first
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-    let mut g = [0u8; 18];
-    first.read_exact(&mut g).unwrap();
-    let mut b = [0u8; 1];
-    assert_eq!(
-        first.read(&mut b).unwrap_or(0),
-        0,
-        "oldest idle client still open"
+    // It may be shed before or after its greeting was written (a loaded
+    // server can accept all 41 before it greets the first): either way the
+    // stream ends, with at most the 18-byte greeting in it.
+    let mut got = Vec::new();
+    first
+        .read_to_end(&mut got)
+        .expect("oldest idle client still open");
+    assert!(
+        got.is_empty() || got.len() == 18,
+        "{} bytes before the end",
+        got.len()
     );
     // With every connection past its handshake, a newcomer is refused
     // rather than an active client dropped.
