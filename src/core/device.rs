@@ -344,6 +344,30 @@ pub fn drop_outside_callback<T: Send + 'static>(a: std::sync::Arc<T>) {
     }
 }
 
+/// How a device that keeps per-sector metadata lays it out: `tag_size`
+/// bytes beside every `sector_size` bytes of data. Why it exists: dm-crypt
+/// with `integrity:<bytes>:<type>` (authenticated LUKS2) stores each
+/// sector's authentication tag and random IV in the tag area of the
+/// dm-integrity device below it; the kernel passes them as the bio's
+/// integrity payload, udm as the `tags` slice of [`BlockDevice::read_tagged`]
+/// and [`BlockDevice::write_tagged`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TagLayout {
+    /// Data bytes covered by one tag (the integrity sector size).
+    pub sector_size: u32,
+    /// Tag bytes per sector.
+    pub tag_size: u32,
+}
+
+impl TagLayout {
+    /// Tag bytes that go with `data_len` bytes of data, or `None` when
+    /// `data_len` is not whole sectors.
+    pub fn tags_for(&self, data_len: usize) -> Option<usize> {
+        let s = self.sector_size as usize;
+        (s != 0 && data_len % s == 0).then(|| data_len / s * self.tag_size as usize)
+    }
+}
+
 /// A block device: anything that serves reads and writes by byte offset.
 ///
 /// Contract for implementors:
@@ -440,6 +464,34 @@ pub trait BlockDevice: Send + Sync {
         t: &dyn Transform,
     ) -> DevResult<()> {
         write_transformed_by_writing(self, offset, src, fua, t)
+    }
+
+    /// The per-sector metadata this device keeps, if any ([`TagLayout`]).
+    /// A method, not a [`Limits`] field, for the reason given at
+    /// [`BlockDevice::direct_access`]: only a device that implements the
+    /// tagged calls (or forwards them whole) may say `Some`.
+    fn tag_layout(&self) -> Option<TagLayout> {
+        None
+    }
+
+    /// Read `buf.len()` bytes at `offset` and the tags that go with them
+    /// into `tags` (`tag_layout().tags_for(buf.len())` bytes). The default
+    /// refuses: the device keeps no tags.
+    fn read_tagged(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> DevResult<()> {
+        let _ = (offset, buf, tags);
+        Err(DevError::NotSupported(
+            "tagged read: the device keeps no integrity tags",
+        ))
+    }
+
+    /// Write `data` at `offset` with its tags, both durable on return when
+    /// `fua`. Data and tags of a sector must never be seen out of step
+    /// after a crash (the integrity target's journal gives that).
+    fn write_tagged(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
+        let _ = (offset, data, tags, fua);
+        Err(DevError::NotSupported(
+            "tagged write: the device keeps no integrity tags",
+        ))
     }
 
     /// Make every completed write durable.
@@ -545,5 +597,26 @@ pub(crate) mod testing {
             .enumerate()
             .map(|(i, b)| b ^ Xor::ks(i))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tag_tests {
+    use super::TagLayout;
+
+    #[test]
+    fn tags_go_with_whole_sectors_only() {
+        let l = TagLayout {
+            sector_size: 4096,
+            tag_size: 28,
+        };
+        assert_eq!(l.tags_for(3 * 4096), Some(3 * 28));
+        assert_eq!(l.tags_for(0), Some(0));
+        assert_eq!(l.tags_for(4096 + 512), None);
+        let bad = TagLayout {
+            sector_size: 0,
+            tag_size: 28,
+        };
+        assert_eq!(bad.tags_for(4096), None);
     }
 }

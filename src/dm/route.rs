@@ -282,6 +282,32 @@ impl BlockDevice for Routes {
         write_transformed_by_writing(self, offset, src, fua, t)
     }
 
+    /// Tags exist only where one device serves the whole table (the
+    /// integrity device under an authenticated crypt target is one target
+    /// over its whole length); a request is then forwarded whole.
+    fn tag_layout(&self) -> Option<crate::core::device::TagLayout> {
+        match self.routes.as_slice() {
+            [r] if r.start == 0 && r.len == self.size => r.dev.tag_layout(),
+            _ => None,
+        }
+    }
+
+    fn read_tagged(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> DevResult<()> {
+        self.check(offset, buf.len() as u64)?;
+        match self.whole(offset, buf.len() as u64) {
+            Some((r, at)) => r.dev.read_tagged(at, buf, tags),
+            None => Err(DevError::NotSupported("tagged read across targets")),
+        }
+    }
+
+    fn write_tagged(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
+        self.check(offset, data.len() as u64)?;
+        match self.whole(offset, data.len() as u64) {
+            Some((r, at)) => r.dev.write_tagged(at, data, tags, fua),
+            None => Err(DevError::NotSupported("tagged write across targets")),
+        }
+    }
+
     fn flush(&self) -> DevResult<()> {
         // Each distinct device once: a striped table's legs appear in one
         // route, a compiled stack may route many ranges to one file.

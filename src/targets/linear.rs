@@ -90,6 +90,19 @@ impl BlockDevice for Linear {
             .dev
             .write_transformed(self.area.offset + offset, src, fua, t)
     }
+    fn tag_layout(&self) -> Option<crate::core::device::TagLayout> {
+        self.area.dev.tag_layout()
+    }
+    fn read_tagged(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> DevResult<()> {
+        self.area
+            .dev
+            .read_tagged(self.area.offset + offset, buf, tags)
+    }
+    fn write_tagged(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
+        self.area
+            .dev
+            .write_tagged(self.area.offset + offset, data, tags, fua)
+    }
     fn flush(&self) -> DevResult<()> {
         self.area.dev.flush()
     }
