@@ -120,8 +120,13 @@ impl Session {
             Phase::Done => return Drive::Close,
         };
         match r {
-            Ok(Some(neg)) => {
+            Ok(Some((neg, reply))) => {
+                // Attached (counted in the export's open count) before the
+                // client can read the reply that ends its handshake, so a
+                // `dmsetup remove` racing with the client's first request
+                // sees the device in use.
                 self.enter_tx(cx, neg, make_waker);
+                self.conn.send_bytes(&reply);
                 Drive::Yield
             }
             Ok(None) => {
@@ -174,7 +179,7 @@ impl Session {
         }
     }
 
-    fn drive_hs(&mut self, cx: &Cx) -> io::Result<Option<Negotiated>> {
+    fn drive_hs(&mut self, cx: &Cx) -> io::Result<Option<(Negotiated, Vec<u8>)>> {
         let Phase::Hs(hs) = &mut self.phase else {
             return Ok(None);
         };
@@ -227,7 +232,9 @@ impl Session {
                 // must never pick one whose client already has its reply.
                 self.conn.in_handshake.store(false, Ordering::Release);
             }
-            self.conn.send_bytes(&out);
+            if !matches!(step, Step::Done(_)) {
+                self.conn.send_bytes(&out);
+            }
             match step {
                 Step::Continue => {}
                 Step::Close => {
@@ -249,7 +256,7 @@ impl Session {
                     // without one, drives the session again at once).
                     return Err(io::Error::from(io::ErrorKind::Interrupted));
                 }
-                Step::Done(neg) => return Ok(Some(neg)),
+                Step::Done(neg) => return Ok(Some((neg, out))),
             }
         }
     }
