@@ -35,13 +35,8 @@ fn key(e: &Exported) -> usize {
 /// `unix` in each); `uid:N`, network and `tls` rules leave the file to its
 /// owner (the open check then admits the users the rules name).
 pub(super) fn mode_of(e: &Exported) -> u16 {
-    let anyone = Peer {
-        kind: PeerKind::Unix,
-        ip: None,
-        uid: None,
-    };
     let owner = if e.export.is_read_only() { 0o4 } else { 0o6 };
-    if e.allows(&anyone, false) {
+    if local_user_allowed(e, None) {
         owner * 0o111
     } else {
         owner * 0o100
@@ -52,12 +47,18 @@ pub(super) fn mode_of(e: &Exported) -> u16 {
 /// user always (it can reach the device anyway), anyone else as a Unix
 /// socket client of that user would be admitted over NBD.
 pub(super) fn admits(e: &Exported, uid: u32, server_uid: u32) -> bool {
+    uid == server_uid || local_user_allowed(e, Some(uid))
+}
+
+/// Whether the export's rules admit a Unix socket client of user `uid`
+/// (`None`: a user no `uid:` rule names), as the NBD handshake would.
+fn local_user_allowed(e: &Exported, uid: Option<u32>) -> bool {
     let peer = Peer {
         kind: PeerKind::Unix,
         ip: None,
-        uid: Some(uid),
+        uid,
     };
-    uid == server_uid || e.allows(&peer, false)
+    e.allows(&peer, false)
 }
 
 /// Inode numbers of the exports seen so far.
@@ -178,21 +179,12 @@ impl Files {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Engine;
-    use crate::nbd::export::{parse_allow_list, AccessPolicy, BudgetPolicy};
+    use crate::nbd::export::{parse_allow_list, AccessPolicy};
     use crate::nbd::Export;
     use crate::store::MemStore;
 
     fn files(policy: AccessPolicy) -> Files {
-        let s = ExportSet::new(
-            Arc::new(Engine::start(1).unwrap()),
-            BudgetPolicy {
-                total: Some(16 << 20),
-                exports: 1,
-            },
-        );
-        s.set_policy(policy);
-        Files::new(Arc::new(s))
+        Files::new(Arc::new(policy.test_set()))
     }
 
     fn add(f: &Files, name: &str, ro: bool) -> Arc<Exported> {

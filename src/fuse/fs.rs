@@ -25,13 +25,11 @@ use fuser::{
 
 use super::files::{admits, Files, ROOT};
 use super::io::{Call, Front, Pending};
+use super::tuning::Tuning;
 use crate::core::Extent;
 use crate::engine::Op;
 use crate::nbd::export::ConnectionGuard;
 use crate::nbd::Exported;
-
-/// Largest FUSE read or write: requests as large as NBD clients send.
-pub const MAX_IO: u32 = 1 << 20;
 
 /// Attributes and entries are never cached: a resize, a removal or a new
 /// device shows at the next `stat`.
@@ -60,6 +58,7 @@ pub(super) struct MapperFs {
     front: Front,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
+    tuning: Tuning,
 }
 
 fn errno(n: i32) -> Errno {
@@ -67,12 +66,13 @@ fn errno(n: i32) -> Errno {
 }
 
 impl MapperFs {
-    pub(super) fn new(files: Files, front: Front) -> MapperFs {
+    pub(super) fn new(files: Files, front: Front, tuning: Tuning) -> MapperFs {
         MapperFs {
             files,
             front,
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            tuning,
         }
     }
 
@@ -216,22 +216,26 @@ fn first_of(extents: &[Extent], pos: u64, want_data: bool) -> Found {
 
 impl Filesystem for MapperFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_write(MAX_IO);
-        let _ = config.set_max_readahead(MAX_IO);
+        let t = &self.tuning;
+        let _ = config.set_max_write(t.max_write);
+        let _ = config.set_max_readahead(t.max_write);
         // Each only where the kernel offers it: parallel direct I/O of one
         // file (libaio, io_uring), parallel lookups, an O_TRUNC open that
-        // does not truncate a device, mmap of a direct-I/O file.
-        for cap in [
-            InitFlags::FUSE_ASYNC_DIO,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
-            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
-            InitFlags::FUSE_MAX_PAGES,
+        // does not truncate a device, mmap of a direct-I/O file, requests
+        // past 128 KiB. The benchmark knobs (`tuning.rs`) leave some out.
+        for (on, cap) in [
+            (t.async_dio, InitFlags::FUSE_ASYNC_DIO),
+            (true, InitFlags::FUSE_PARALLEL_DIROPS),
+            (true, InitFlags::FUSE_ATOMIC_O_TRUNC),
+            (true, InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP),
+            (t.max_pages, InitFlags::FUSE_MAX_PAGES),
         ] {
-            let _ = config.add_capabilities(cap);
+            if on {
+                let _ = config.add_capabilities(cap);
+            }
         }
         // Background requests (async direct I/O) in flight at once.
-        let _ = config.set_max_background(128);
+        let _ = config.set_max_background(t.max_background);
         Ok(())
     }
 
@@ -306,10 +310,16 @@ impl Filesystem for MapperFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.open_file(req, ino.0, flags) {
-            Ok(fh) => reply.opened(
-                FileHandle(fh),
-                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
-            ),
+            Ok(fh) => {
+                let mut f = FopenFlags::empty();
+                if self.tuning.direct_io {
+                    f |= FopenFlags::FOPEN_DIRECT_IO;
+                }
+                if self.tuning.parallel_writes {
+                    f |= FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+                }
+                reply.opened(FileHandle(fh), f)
+            }
             Err(e) => reply.error(e),
         }
     }

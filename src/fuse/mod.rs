@@ -5,7 +5,8 @@
 //! point: stale mounts, detaching), `io` (file operations into the engine
 //! as `engine::Request`s, and the `Sink` that answers them), `files` (what
 //! the directory shows: inodes, sizes, modes from the allow rules), `fs`
-//! (the FUSE operations).
+//! (the FUSE operations); `tuning` (the FUSE choices, each a `UDM_FUSE_*`
+//! knob so a benchmark can turn it off) uses none of them.
 //!
 //! It sits above `nbd` because the export set it shows (names, devices,
 //! allow rules, the connection count that makes `dmsetup remove` see a
@@ -17,6 +18,7 @@ mod files;
 mod fs;
 mod io;
 pub mod mount;
+mod tuning;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,7 +26,7 @@ use std::time::Duration;
 
 use crate::nbd::ExportSet;
 
-pub use fs::MAX_IO;
+pub use tuning::MAX_IO;
 
 /// A mounted mapper directory. Dropping it detaches the mount and waits
 /// for the requests in flight, so the server drops it before its final
@@ -35,16 +37,6 @@ pub struct MapperDir {
     engine: Arc<crate::engine::Engine>,
     replies: Arc<io::Replies>,
     session: Option<std::thread::JoinHandle<std::io::Result<()>>>,
-}
-
-/// FUSE threads reading requests: each hands a request to the engine and
-/// goes back to read (replies come from the engine's completion), so a few
-/// are enough to keep every core busy; more keep small requests that run
-/// inline from waiting behind each other.
-fn session_threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(4, 16)
 }
 
 /// How long shutdown waits for the file requests in flight (a store that
@@ -59,7 +51,13 @@ impl MapperDir {
         let engine = exports.engine().clone();
         let front = io::Front::new(engine.clone());
         let replies = front.replies();
-        let fs = fs::MapperFs::new(files::Files::new(exports), front);
+        let tuning = tuning::Tuning::from_env()
+            .map_err(|e| format!("--mapper-dir {}: {e}", dir.display()))?;
+        if !tuning.changed().is_empty() {
+            tracing::info!("FUSE tuning (UDM_FUSE_*): {}", tuning.changed().join(" "));
+        }
+        let (threads, clone_fd) = (tuning.threads, tuning.clone_fd);
+        let fs = fs::MapperFs::new(files::Files::new(exports), front, tuning);
         let mut config = fuser::Config::default();
         config.mount_options = vec![
             fuser::MountOption::FSName(mount::FS_SOURCE.into()),
@@ -80,8 +78,8 @@ impl MapperDir {
         } else {
             fuser::SessionACL::Owner
         };
-        config.n_threads = Some(session_threads());
-        config.clone_fd = true;
+        config.n_threads = Some(threads);
+        config.clone_fd = clone_fd;
         let mut session =
             fuser::Session::new(fs, dir, &config).map_err(|e| mount_error(dir, &e))?;
         let unmounter = session.unmount_callable();

@@ -386,6 +386,23 @@ impl AccessPolicy {
     pub fn is_read_only(&self, name: &str) -> bool {
         self.read_only.iter().any(|n| n == name)
     }
+
+    /// An export set under this policy on a one-worker engine with a
+    /// 16 MiB budget: the one fixture of the access-rule tests, here and
+    /// in the mapper directory's (`fuse/files.rs`), so both front ends'
+    /// rules are checked against the same set-up.
+    #[cfg(test)]
+    pub(crate) fn test_set(self) -> ExportSet {
+        let s = ExportSet::new(
+            Arc::new(Engine::start(1).expect("a one-worker engine starts")),
+            BudgetPolicy {
+                total: Some(16 << 20),
+                exports: 1,
+            },
+        );
+        s.set_policy(self);
+        s
+    }
 }
 
 /// The exports of one server, changeable while it runs.
@@ -636,15 +653,7 @@ mod tests {
     use crate::store::MemStore;
 
     fn set(policy: AccessPolicy) -> ExportSet {
-        let s = ExportSet::new(
-            Arc::new(Engine::start(1).unwrap()),
-            BudgetPolicy {
-                total: Some(16 << 20),
-                exports: 1,
-            },
-        );
-        s.set_policy(policy);
-        s
+        policy.test_set()
     }
 
     fn export(name: &str) -> Export {

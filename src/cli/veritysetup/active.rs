@@ -6,8 +6,7 @@
 use std::path::PathBuf;
 
 use super::args::Args;
-use super::files::open_dev;
-use super::offline::{load, root_hash, size_data};
+use super::offline::{open_checked, Checked};
 use super::{Fail, Outcome};
 use crate::control::proto::{Code, Request};
 use crate::control::{Client, ClientError};
@@ -80,17 +79,9 @@ fn options(a: &Args) -> Result<Options, Fail> {
 pub(super) fn open(a: &Args) -> Outcome {
     let (data_path, name, hash_path) = (&a.pos[1], &a.pos[2], &a.pos[3]);
     let fec_opts = super::fec::options(a)?;
-    let hash = open_dev(hash_path, false)?;
     let use_sb = !a.has("no-superblock");
-    let mut s = load(a, &hash, hash_path, use_sb)?;
-    let root = root_hash(a, a.pos.get(4), s.alg)?;
-    let data = open_dev(data_path, false)?;
-    size_data(
-        &mut s,
-        &data,
-        data_path,
-        &format!("Device {data_path} is too small."),
-    )?;
+    let Checked { s, root, hash, .. } =
+        open_checked(a, data_path, hash_path, a.pos.get(4), use_sb)?;
     if a.str("root-hash-signature").is_some() {
         eprintln!("udm does not check root hash signatures: the root hash given is trusted as is.");
     }

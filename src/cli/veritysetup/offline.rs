@@ -82,7 +82,7 @@ fn from_options(a: &Args, format: bool, hash_dev: &str) -> Result<Setup, Fail> {
 
 /// The tree's parameters of an existing hash device: its superblock at
 /// `--hash-offset`, or the options with `--no-superblock`.
-pub(super) fn load(a: &Args, hash: &File, hash_dev: &str, use_sb: bool) -> Result<Setup, Fail> {
+fn load(a: &Args, hash: &File, hash_dev: &str, use_sb: bool) -> Result<Setup, Fail> {
     let mut s = from_options(a, false, hash_dev)?;
     if !use_sb {
         return Ok(s);
@@ -253,7 +253,7 @@ pub(super) fn format(a: &Args) -> Outcome {
 }
 
 /// The root hash from the command line or `--root-hash-file`.
-pub(super) fn root_hash(a: &Args, arg: Option<&String>, alg: HashAlg) -> Result<Vec<u8>, Fail> {
+fn root_hash(a: &Args, arg: Option<&String>, alg: HashAlg) -> Result<Vec<u8>, Fail> {
     let text = match (arg, a.str("root-hash-file")) {
         (Some(r), _) => r.clone(),
         (None, Some(f)) => std::fs::read_to_string(f)
@@ -272,12 +272,31 @@ pub(super) fn root_hash(a: &Args, arg: Option<&String>, alg: HashAlg) -> Result<
         .ok_or_else(|| Fail::usage("Invalid root hash string specified."))
 }
 
-pub(super) fn verify(a: &Args) -> Outcome {
-    let (data_path, hash_path) = (&a.pos[1], &a.pos[2]);
-    let fec = fec::options(a)?;
+/// What `verify` and `open` start from: the hash device and the tree's
+/// parameters on it, the root hash, and the data device holding the
+/// blocks the tree covers.
+pub(super) struct Checked {
+    pub s: Setup,
+    pub root: Vec<u8>,
+    pub hash: File,
+    pub data: File,
+}
+
+/// Opens the hash device, reads the tree's parameters (its superblock
+/// unless `use_sb` is false), takes the root hash (`root_arg` or
+/// `--root-hash-file`) and opens the data device, refusing one too small
+/// for the tree: the common start of `verify` and `open`, with
+/// veritysetup's messages and codes.
+pub(super) fn open_checked(
+    a: &Args,
+    data_path: &str,
+    hash_path: &str,
+    root_arg: Option<&String>,
+    use_sb: bool,
+) -> Result<Checked, Fail> {
     let hash = open_dev(hash_path, false)?;
-    let mut s = load(a, &hash, hash_path, !a.has("no-superblock"))?;
-    let root = root_hash(a, a.pos.get(3), s.alg)?;
+    let mut s = load(a, &hash, hash_path, use_sb)?;
+    let root = root_hash(a, root_arg, s.alg)?;
     let data = open_dev(data_path, false)?;
     size_data(
         &mut s,
@@ -285,6 +304,24 @@ pub(super) fn verify(a: &Args) -> Outcome {
         data_path,
         &format!("Device {data_path} is too small."),
     )?;
+    Ok(Checked {
+        s,
+        root,
+        hash,
+        data,
+    })
+}
+
+pub(super) fn verify(a: &Args) -> Outcome {
+    let (data_path, hash_path) = (&a.pos[1], &a.pos[2]);
+    let fec = fec::options(a)?;
+    let use_sb = !a.has("no-superblock");
+    let Checked {
+        s,
+        root,
+        hash,
+        data,
+    } = open_checked(a, data_path, hash_path, a.pos.get(3), use_sb)?;
     let geo = s.geometry()?;
     let tree = tree_of(&s, &geo, &data, data_path)?;
     match (compare_tree(&s, &geo, &tree, &root, &hash, hash_path), fec) {
