@@ -240,3 +240,38 @@ fn constructor_errors_name_the_argument() {
     let x = e("snapshot", &format!("@{t}-o @{t}-c P 8"), &mut m);
     assert!(x.msg.contains("zero its first chunk"), "{}", x.msg);
 }
+
+#[test]
+fn concurrent_origin_writes_never_show_through_the_snapshot() {
+    let t = "race";
+    let mut m = devices(t, 4 << 20);
+    let snap = build("snapshot", &format!("@{t}-o @{t}-c P 8"), &mut m);
+    let origin = build("snapshot-origin", &format!("@{t}-o"), &mut m);
+    let before = Arc::new(read(snap.as_ref(), 0, 1 << 20));
+    std::thread::scope(|s| {
+        for w in 0..4u64 {
+            let origin = origin.clone();
+            s.spawn(move || {
+                // Each writer its own 512-byte slots of the same chunks.
+                for i in 0..200u64 {
+                    let off = (i * 7 % 256) * 4096 + w * 512;
+                    write(origin.as_ref(), off, 0xf0 | w as u8, 512);
+                }
+            });
+        }
+        for _ in 0..2 {
+            let (snap, before) = (snap.clone(), before.clone());
+            s.spawn(move || {
+                for _ in 0..20 {
+                    assert!(read(snap.as_ref(), 0, 1 << 20) == *before);
+                }
+            });
+        }
+    });
+    assert!(read(snap.as_ref(), 0, 1 << 20) == *before);
+    // Every writer's last bytes are in the origin: none was lost to a copy.
+    for w in 0..4u64 {
+        let off = (199 * 7 % 256) * 4096 + w * 512;
+        assert_eq!(read(origin.as_ref(), off, 512), vec![0xf0 | w as u8; 512]);
+    }
+}
