@@ -133,9 +133,10 @@ impl Store {
             ));
         }
         let disk_chunk = u64::from(le32(&hdr, 12));
-        if !disk_chunk.is_power_of_two() {
+        if !disk_chunk.is_power_of_two() || disk_chunk > (i32::MAX as u64) >> 9 {
             return Err(format!(
-                "the snapshot header's chunk size {disk_chunk} is not a power of two"
+                "the snapshot header's chunk size {disk_chunk} is not a power of two of at most \
+                 4194303 sectors: the header is corrupt"
             ));
         }
         if disk_chunk * 512 != self.chunk {
@@ -219,25 +220,35 @@ impl Store {
             let mut area = std::mem::take(&mut self.area);
             self.cow.read(at, &mut area)?;
             self.area = area;
-            if !self.insert_area() {
+            if !self.insert_area()? {
                 return Ok(());
             }
             self.current_area += 1;
         }
     }
 
-    /// Take the pairs of the in-memory area; false at the terminator.
-    fn insert_area(&mut self) -> bool {
+    /// Take the pairs of the in-memory area; false at the terminator. A
+    /// pair pointing outside the COW device or the origin's chunk range
+    /// is corrupt metadata, refused rather than followed.
+    fn insert_area(&mut self) -> DevResult<bool> {
+        let chunks = self.cow.size() / self.chunk;
         for i in 0..self.per_area {
             let (old, new) = self.pair(i);
             if new == 0 {
                 self.committed = i;
-                return false;
+                return Ok(false);
+            }
+            if new >= chunks || old > u64::MAX / self.chunk {
+                return Err(DevError::Target(format!(
+                    "exception {i} of metadata area {} ({old} -> {new}) points outside \
+                     the devices: the snapshot's metadata is corrupt",
+                    self.current_area
+                )));
             }
             self.next_free = self.next_free.max(new + 1);
             self.map.insert(old, new);
         }
-        true
+        Ok(true)
     }
 
     fn pair(&self, i: u64) -> (u64, u64) {
@@ -468,6 +479,17 @@ mod tests {
         assert!(r.is_empty());
         let (a, _, m) = r.usage();
         assert_eq!(a, m, "allocated equals metadata once merged, as lvm checks");
+    }
+
+    #[test]
+    fn a_pair_pointing_beyond_the_cow_is_refused() {
+        let c = cow(64 << 10);
+        Store::open(c.clone(), Kind::Persistent, 8).unwrap();
+        let mut pair = [0u8; 16];
+        pair[8..].copy_from_slice(&u64::MAX.to_le_bytes());
+        c.write(4096, WriteBuf::Borrowed(&pair), false).unwrap();
+        let e = Store::open(c, Kind::Persistent, 8).err().unwrap();
+        assert!(e.contains("corrupt"), "{e}");
     }
 
     #[test]
