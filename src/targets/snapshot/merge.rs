@@ -7,7 +7,7 @@
 //! and writes its area (flush + FUA): a crash at any point leaves either
 //! the exception (merged again on restart, same bytes) or the merged chunk.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -19,9 +19,10 @@ use crate::core::{DevResult, WriteBuf};
 /// kill the server in the middle of a merge. Unset in normal use.
 const DELAY_ENV: &str = "UDM_SNAPSHOT_MERGE_DELAY_MS";
 
-/// Start the merge thread on `snap` unless one runs; `paused` holds it
-/// while the device is suspended (the kernel stops merging on suspend).
-pub fn start(snap: &Arc<Snap>, paused: Arc<AtomicBool>) -> Result<(), String> {
+/// Start the merge thread on `snap` unless one runs; `Snap::merge_paused`
+/// holds it while the device is suspended (the kernel stops merging on
+/// suspend).
+pub fn start(snap: &Arc<Snap>) -> Result<(), String> {
     if snap.merging.swap(true, Ordering::AcqRel) {
         return Ok(());
     }
@@ -32,21 +33,19 @@ pub fn start(snap: &Arc<Snap>, paused: Arc<AtomicBool>) -> Result<(), String> {
     let weak = Arc::downgrade(snap);
     std::thread::Builder::new()
         .name("udm-snap-merge".into())
-        .spawn(move || run(weak, paused, delay))
+        .spawn(move || run(weak, delay))
         .map(|_| ())
         .map_err(|e| format!("cannot start the snapshot merge thread: {e}"))
 }
 
-fn run(weak: Weak<Snap>, paused: Arc<AtomicBool>, delay: Option<Duration>) {
+fn run(weak: Weak<Snap>, delay: Option<Duration>) {
     loop {
-        if paused.load(Ordering::Acquire) {
+        let Some(s) = weak.upgrade() else { return };
+        if s.merge_paused.load(Ordering::Acquire) {
+            drop(s);
             std::thread::sleep(Duration::from_millis(20));
-            if weak.strong_count() == 0 {
-                return;
-            }
             continue;
         }
-        let Some(s) = weak.upgrade() else { return };
         match step(&s) {
             Ok(true) => {}
             Ok(false) => {

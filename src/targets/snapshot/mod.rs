@@ -23,7 +23,7 @@ mod registry;
 mod snap;
 pub mod store;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{parse_number, Target, TargetArgs, TargetError};
@@ -69,8 +69,6 @@ pub struct Snapshot {
     store_arg: &'static str,
     len: u64,
     merge: bool,
-    /// Holds the merge while the device is suspended.
-    paused: Arc<AtomicBool>,
 }
 
 /// The store type word: `P`, `N` or `PO`, in either case, as the kernel.
@@ -197,7 +195,6 @@ fn build(a: &mut TargetArgs<'_>, merge: bool) -> Result<Snapshot, TargetError> {
         store_arg,
         len: a.len,
         merge,
-        paused: Arc::new(AtomicBool::new(false)),
     })
 }
 
@@ -208,7 +205,7 @@ pub fn new_snapshot(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetErro
 pub fn new_merge(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     let t = build(&mut a, true)?;
     if !unopened(t.snap.cow.as_ref()) {
-        merge::start(&t.snap, t.paused.clone()).map_err(TargetError::line)?;
+        merge::start(&t.snap).map_err(TargetError::line)?;
     }
     Ok(Arc::new(t))
 }
@@ -289,10 +286,14 @@ impl Target for Snapshot {
         self.snap.status()
     }
     fn postsuspend(&self) {
-        self.paused.store(true, Ordering::Release);
+        if self.merge {
+            self.snap.merge_paused.store(true, Ordering::Release);
+        }
     }
     fn resume(&self) {
-        self.paused.store(false, Ordering::Release);
+        if self.merge {
+            self.snap.merge_paused.store(false, Ordering::Release);
+        }
     }
 }
 

@@ -40,6 +40,9 @@ pub struct Snap {
     /// A merge runs (or ran) on this state: origin writes pass it by, and
     /// the `snapshot` target refuses writes.
     pub merging: AtomicBool,
+    /// The merging device is suspended: the merge waits (shared here so a
+    /// reloaded `snapshot-merge` table pauses the one merge thread).
+    pub merge_paused: AtomicBool,
     /// Raised on invalidation and at the end of a merge (`dmsetup wait`).
     events: Mutex<Vec<crate::targets::EventHook>>,
 }
@@ -80,6 +83,7 @@ impl Snap {
             overflowed: AtomicBool::new(false),
             merge_failed: AtomicBool::new(false),
             merging: AtomicBool::new(false),
+            merge_paused: AtomicBool::new(false),
             events: Mutex::new(Vec::new()),
         })
     }

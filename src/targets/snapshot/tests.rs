@@ -275,3 +275,32 @@ fn concurrent_origin_writes_never_show_through_the_snapshot() {
         assert_eq!(read(origin.as_ref(), off, 512), vec![0xf0 | w as u8; 512]);
     }
 }
+
+#[test]
+fn a_suspended_merge_waits_and_goes_on_at_resume() {
+    let t = "pause";
+    let mut m = devices(t, 1 << 20);
+    let args = format!("@{t}-o @{t}-c P 8");
+    let snap = build("snapshot", &args, &mut m);
+    for i in 0..50u64 {
+        write(snap.as_ref(), i * 4096, 0x5a, 512);
+    }
+    // As if the merging device were suspended from the start: the merge
+    // holds; a reloaded table takes it over and its resume lets it go.
+    let shared = super::registry::by_cow(&format!("@{t}-c")).unwrap();
+    shared.merge_paused.store(true, Ordering::SeqCst);
+    let merged = build("snapshot-merge", &args, &mut m);
+    drop((snap, shared));
+    let held = merged.status();
+    assert_eq!(held, "416/2048 16", "50 exceptions left");
+    let again = build("snapshot-merge", &args, &mut m);
+    drop(merged);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(again.status(), held, "no progress while suspended");
+    again.resume();
+    let t0 = Instant::now();
+    while again.status() != "16/2048 16" {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", again.status());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
