@@ -18,6 +18,7 @@ pub mod flakey;
 pub mod linear;
 pub mod log_replay;
 pub mod log_writes;
+pub mod snapshot;
 pub mod striped;
 pub mod verity;
 pub mod zero;
@@ -134,6 +135,9 @@ pub static TYPES: &[&TargetType] = &[
     &dust::TYPE,
     &log_writes::TYPE,
     &verity::TYPE,
+    &snapshot::TYPE,
+    &snapshot::ORIGIN_TYPE,
+    &snapshot::MERGE_TYPE,
 ];
 
 /// The target type a table names, if udm has it.
