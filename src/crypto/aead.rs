@@ -263,6 +263,14 @@ impl SectorAead {
     ) -> Result<(), CryptoError> {
         let ss = self.sector_size as usize;
         let step = u64::from(self.sector_size / 512);
+        if !self.fits(data.len(), tags.len(), stride) {
+            return Err(CryptoError::new(format!(
+                "AEAD seal: {} data bytes need {} tag bytes at a stride of {stride}, got {}",
+                data.len(),
+                data.len() / ss * stride,
+                tags.len()
+            )));
+        }
         for (k, (sector, tuple)) in data
             .chunks_exact_mut(ss)
             .zip(tags.chunks_exact_mut(stride))
@@ -298,6 +306,9 @@ impl SectorAead {
     ) -> Result<(), AuthFailed> {
         let ss = self.sector_size as usize;
         let step = u64::from(self.sector_size / 512);
+        if !self.fits(data.len(), tags.len(), stride) {
+            return Err(AuthFailed(0));
+        }
         for (k, (sector, tuple)) in data
             .chunks_exact_mut(ss)
             .zip(tags.chunks_exact(stride))
@@ -319,6 +330,12 @@ impl SectorAead {
             }
         }
         Ok(())
+    }
+
+    /// Whole sectors, a stride that holds the tuple, and a tag for each.
+    fn fits(&self, data: usize, tags: usize, stride: usize) -> bool {
+        let ss = self.sector_size as usize;
+        data % ss == 0 && stride >= self.tuple && tags == data / ss * stride
     }
 
     fn make_iv(&self, iv: &mut [u8; 16], cc_sector: u64) -> Result<(), CryptoError> {

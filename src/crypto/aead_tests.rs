@@ -140,6 +140,13 @@ fn bad_specs_keys_and_tag_sizes_name_the_problem() {
     )
     .unwrap_err();
     assert!(e.about_key() && e.to_string().contains("HMAC key"), "{e}");
+    // Two sectors with one tuple: refused, not half done.
+    let a = SectorAead::new("capi:gcm(aes)-random", &k32, 28, 512, false).expect("keyed");
+    let mut d = [0u8; 1024];
+    let mut t = [0u8; 28];
+    assert!(a.seal(&mut d, &mut t, 28, 0, 0).is_err());
+    assert_eq!(d, [0u8; 1024]);
+    assert_eq!(a.open(&mut d, &t, 28, 0, 0), Err(AuthFailed(0)));
     assert!(!is_aead_spec("aes-xts-plain64"));
     assert!(is_aead_spec("capi:rfc7539(chacha20,poly1305)-random"));
 }
