@@ -43,6 +43,9 @@
 //!   submits a write from the thread that received it, after encryption.
 //! - `high_priority`: accepted, no userspace meaning: udm's threads run at
 //!   the server's scheduling priority.
+//! - `integrity:<bytes>:aead`: authenticated encryption (`aead_io`), the
+//!   tags and random IVs kept by the integrity device below, as in the
+//!   kernel; `integrity:<bytes>:none` is refused.
 //!
 //! Key hygiene: the key bytes and the cipher schedules live on pages of
 //! their own that are locked into RAM where permitted and wiped on drop
