@@ -23,6 +23,7 @@
 //! ```
 
 mod adiantum;
+pub mod aead;
 mod block;
 mod block64;
 mod elephant;
@@ -45,6 +46,7 @@ mod vectors;
 #[allow(clippy::incompatible_msrv)]
 mod xts_vaes;
 
+pub use aead::SectorAead;
 pub use sector::SectorCrypt;
 pub use spec::CipherSpec;
 

@@ -42,9 +42,69 @@ pub fn is_weak(spec: &str) -> bool {
         || iv == "null"
 }
 
+/// The dm-crypt cipher spec and `integrity:` option of an authenticated
+/// LUKS2 segment (`encryption` `CIPHER-MODE-IV` or `CIPHER-IV`, integrity
+/// type from the segment), as libcryptsetup's `cipher_dm2c` builds them for
+/// the crypt target over `NAME_dif`; `tag` is the integrity device's tag
+/// size (the format's [`super::format::integrity_tag_size`]).
+pub fn authenticated_dm_cipher(encryption: &str, integrity: &str, tag: u32) -> Option<String> {
+    let (cipher, rest) = encryption.split_once('-')?;
+    let (capi, iv) = match rest.split_once('-') {
+        Some((mode, iv)) => (format!("{mode}({cipher})"), iv),
+        None => (cipher.to_string(), rest),
+    };
+    let spec = match integrity {
+        "aead" => format!("capi:{capi}-{iv}"),
+        "poly1305" => format!("capi:rfc7539({capi},poly1305)-{iv}"),
+        "none" => return None,
+        mac => format!("capi:authenc({mac},{capi})-{iv}"),
+    };
+    Some(format!("{spec} integrity:{tag}:aead"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn authenticated_segments_map_as_cryptsetup_maps_them() {
+        for (enc, int, tag, want) in [
+            (
+                "aes-gcm-random",
+                "aead",
+                28,
+                "capi:gcm(aes)-random integrity:28:aead",
+            ),
+            (
+                "chacha20-random",
+                "poly1305",
+                28,
+                "capi:rfc7539(chacha20,poly1305)-random integrity:28:aead",
+            ),
+            (
+                "aes-xts-plain64",
+                "hmac(sha256)",
+                32,
+                "capi:authenc(hmac(sha256),xts(aes))-plain64 integrity:32:aead",
+            ),
+            (
+                "aes-xts-random",
+                "hmac(sha512)",
+                80,
+                "capi:authenc(hmac(sha512),xts(aes))-random integrity:80:aead",
+            ),
+        ] {
+            assert_eq!(
+                authenticated_dm_cipher(enc, int, tag).as_deref(),
+                Some(want)
+            );
+            let spec = want.split(' ').next().unwrap_or("");
+            assert!(crate::crypto::aead::is_aead_spec(spec), "{spec} runs");
+            assert_eq!(super::super::format::integrity_tag_size(int, enc), tag);
+        }
+        assert_eq!(authenticated_dm_cipher("aes", "aead", 28), None);
+        assert_eq!(authenticated_dm_cipher("aes-cbc-random", "none", 16), None);
+    }
 
     #[test]
     fn weak_specs_are_named_weak_and_usual_ones_are_not() {

@@ -46,6 +46,49 @@ pub struct FormatParams {
     pub align: Option<u64>,
     /// Keyslot for the first passphrase (`--key-slot`; 0).
     pub key_slot: Option<u32>,
+    /// LUKS2 authenticated encryption: the segment's `integrity.type`
+    /// (`hmac(sha256)`, `aead`, `poly1305`; see [`integrity_mode`]).
+    /// `key_bytes` then includes the integrity key.
+    pub integrity: Option<String>,
+}
+
+/// cryptsetup's `--integrity` word as the segment's `integrity.type` and
+/// the bytes of integrity key it adds to the volume key
+/// (`crypt_parse_integrity_mode`).
+pub fn integrity_mode(word: &str) -> Result<(&'static str, u32), LuksError> {
+    Ok(match word {
+        "aead" => ("aead", 0),
+        "poly1305" => ("poly1305", 0),
+        "hmac-sha256" => ("hmac(sha256)", 32),
+        "hmac-sha512" => ("hmac(sha512)", 64),
+        _ => {
+            return Err(LuksError::Usage(format!(
+                "No known integrity specification pattern detected ('{word}'; udm supports \
+                 aead, poly1305, hmac-sha256, hmac-sha512)."
+            )))
+        }
+    })
+}
+
+/// Bytes per sector an integrity device must keep for `cipher` with
+/// `integrity` (the segment's `integrity.type`): the auth tag, plus the
+/// IV when it is random. cryptsetup's `INTEGRITY_tag_size` for the modes
+/// udm runs; 0 for a combination it cannot run.
+pub fn integrity_tag_size(integrity: &str, cipher: &str) -> u32 {
+    let mode = cipher.split_once('-').map_or("", |(_, m)| m);
+    let iv = match mode {
+        "xts-random" => 16,
+        "gcm-random" => 12,
+        "random" => 16,
+        _ => 0,
+    };
+    match (integrity, mode) {
+        ("aead", "gcm-random") => iv + 16,
+        ("poly1305", "random") => 12 + 16,
+        ("hmac(sha256)", "xts-random" | "xts-plain64") => iv + 32,
+        ("hmac(sha512)", "xts-random" | "xts-plain64") => iv + 64,
+        _ => 0,
+    }
 }
 
 impl Default for FormatParams {
@@ -71,6 +114,7 @@ impl Default for FormatParams {
             data_offset: None,
             align: None,
             key_slot: None,
+            integrity: None,
         }
     }
 }
@@ -226,6 +270,12 @@ pub fn format(
         fresh.luks1(meta_len, &mut meta)?
     } else {
         let sector = sector_size(p, data_size, data_off)?;
+        if p.integrity.is_some() && data_size > data_off {
+            // cryptsetup clears the first 8 sectors of the data area, where
+            // the dm-integrity superblock goes, before formatting it.
+            let len = 4096.min(data_size - data_off);
+            Disk::open(image, true)?.zero(data_off, len, &mut |_| {})?;
+        }
         fresh.luks2(ks_size, sector, &mut meta)?
     };
     let mut vol = Volume {
@@ -460,6 +510,16 @@ impl Fresh<'_> {
             }},
             "config": {"json_size": (p.metadata_size - 4096).to_string(), "keyslots_size": ks_size.to_string()},
         });
+        let mut value = value;
+        if let Some(i) = &p.integrity {
+            // cryptsetup 2.6 writes the journal fields as "none": LUKS2
+            // does not yet carry journal encryption or MAC.
+            value["segments"]["0"]["integrity"] = json!({
+                "type": i,
+                "journal_encryption": "none",
+                "journal_integrity": "none",
+            });
+        }
         let meta_json = Metadata::parse(value, p.metadata_size)?;
         let mut salts = [[0u8; 64]; 2];
         for s in &mut salts {

@@ -656,7 +656,14 @@ fn seal_luks2(
                 .segments
                 .get(&0)
                 .ok_or_else(|| LuksError::field("segments.0", "(missing)", "no segment"))?;
-            (seg.encryption.clone(), new.key.len() as u32)
+            if seg.integrity {
+                // libcryptsetup's fallback when the segment's cipher cannot
+                // encrypt a keyslot (an authenticated one cannot: there are
+                // no tags there): AES-XTS with a 512-bit key.
+                ("aes-xts-plain64".to_string(), 64)
+            } else {
+                (seg.encryption.clone(), new.key.len() as u32)
+            }
         }
     };
     let key_size = new.key.len();

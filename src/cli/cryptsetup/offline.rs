@@ -68,13 +68,8 @@ pub(super) fn format(c: &Ctx) -> Outcome {
         volume_key_file: c.a.str("volume-key-file").map(PathBuf::from),
         pbkdf: pbkdf(c),
         create_size: None,
+        integrity: c.a.str("integrity").map(str::to_string),
     };
-    if c.a.has("integrity") {
-        return Err(LuksError::Unsupported(
-            "--integrity (authenticated encryption needs dm-integrity, which udm does not implement)"
-                .into(),
-        ));
-    }
     let slot = ops::format::luks_format(&o, &ui(c))?;
     slot_msg(c, slot, "created");
     Ok(())

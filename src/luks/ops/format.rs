@@ -36,6 +36,37 @@ pub struct FormatOpts {
     pub pbkdf: PbkdfChoice,
     /// udm's `--size`: create or grow the image file to this many bytes.
     pub create_size: Option<u64>,
+    /// `--integrity` as given (`aead`, `poly1305`, `hmac-sha256`,
+    /// `hmac-sha512`): authenticated encryption over dm-integrity.
+    pub integrity: Option<String>,
+}
+
+/// `--integrity`: the segment's integrity type and the integrity key's
+/// bytes (added to the cipher key, as cryptsetup's
+/// `get_adjusted_key_size`), checked against the cipher.
+fn integrity_of(o: &FormatOpts, cipher: &str) -> Result<(Option<&'static str>, u32), LuksError> {
+    let Some(word) = &o.integrity else {
+        return Ok((None, 0));
+    };
+    if o.version == 1 {
+        return Err(LuksError::Usage(
+            "Integrity option can be used only for LUKS2 format.".into(),
+        ));
+    }
+    let (kind, key) = format::integrity_mode(word)?;
+    if format::integrity_tag_size(kind, cipher) == 0 {
+        let hint = if cipher.starts_with("chacha20-poly1305") {
+            " (cryptsetup spells ChaCha20-Poly1305 --cipher chacha20-random --integrity poly1305)"
+        } else {
+            ""
+        };
+        return Err(LuksError::Usage(format!(
+            "Cipher {cipher} with integrity {kind} is not supported by udm{hint}; use \
+             aes-gcm-random with aead, chacha20-random with poly1305, or aes-xts-plain64 / \
+             aes-xts-random with hmac-sha256 or hmac-sha512."
+        )));
+    }
+    Ok((Some(kind), key))
 }
 
 /// cryptsetup's default: 512-bit keys for XTS (two AES-256 keys), 256 otherwise.
@@ -74,6 +105,7 @@ pub fn luks_format(o: &FormatOpts, fb: &dyn Feedback) -> Result<u32, LuksError> 
             "Key size must be a multiple of 8 bits".into(),
         ));
     }
+    let (integrity, integrity_key) = integrity_of(o, &cipher)?;
     let image = &o.dev.path;
     if let Some(size) = o.create_size {
         Disk::create(image)?.grow_to(size)?;
@@ -106,7 +138,7 @@ pub fn luks_format(o: &FormatOpts, fb: &dyn Feedback) -> Result<u32, LuksError> 
         &format!("Enter passphrase for {}: ", o.dev.meta_path().display()),
         true,
     )?;
-    let key_len = (key_bits / 8) as usize;
+    let key_len = (key_bits / 8 + integrity_key) as usize;
     let vk = match &o.volume_key_file {
         Some(p) => Some(read_volume_key_file(p, key_len)?),
         None => None,
@@ -119,7 +151,7 @@ pub fn luks_format(o: &FormatOpts, fb: &dyn Feedback) -> Result<u32, LuksError> 
     let p = FormatParams {
         version,
         cipher,
-        key_bytes: key_bits / 8,
+        key_bytes: key_len as u32,
         sector_size: o.sector_size,
         kdf,
         digest_iterations,
@@ -132,6 +164,7 @@ pub fn luks_format(o: &FormatOpts, fb: &dyn Feedback) -> Result<u32, LuksError> 
         data_offset: o.offset_sectors.map(|s| s * 512),
         align: o.align_sectors.map(|s| s * 512),
         key_slot: o.key_slot,
+        integrity: integrity.map(str::to_string),
     };
     if version == 1 && (o.label.is_some() || o.subsystem.is_some()) {
         return Err(LuksError::Usage(

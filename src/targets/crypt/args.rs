@@ -18,7 +18,14 @@ pub struct CryptOptions {
     pub no_write_workqueue: bool,
     pub sector_size: u32,
     pub iv_large_sectors: bool,
+    /// `integrity:<bytes>:<type>`: tag-area bytes per sector (0: none).
+    pub integrity_tag: u32,
+    /// The `<type>` is `aead` (false: `none`, an IV-only tag area).
+    pub integrity_aead: bool,
 }
+
+/// dm-crypt's largest `integrity:` tag (`MAX_TAG_SIZE`).
+const MAX_TAG_SIZE: u64 = 480;
 
 /// Parse the feature args group starting at `args[5]`.
 pub(super) fn parse_options(args: &[String]) -> Result<CryptOptions, TargetError> {
@@ -71,11 +78,17 @@ pub(super) fn parse_options(args: &[String]) -> Result<CryptOptions, TargetError
                         )
                     })?;
             }
-            s if s.starts_with("integrity:") || s.starts_with("integrity_key_size:") => {
+            s if s.starts_with("integrity:") => {
+                let (n, kind) = parse_integrity(&word["integrity:".len()..], idx)?;
+                o.integrity_tag = n;
+                o.integrity_aead = kind;
+            }
+            s if s.starts_with("integrity_key_size:") => {
                 return Err(TargetError::at(
                     idx,
                     format!(
-                        "'{word}': authenticated encryption (dm-integrity) is not supported by udm"
+                        "'{word}' is not supported by udm (the HMAC key size follows from the \
+                         authenc cipher, as in kernels before 6.12)"
                     ),
                 ));
             }
@@ -84,13 +97,40 @@ pub(super) fn parse_options(args: &[String]) -> Result<CryptOptions, TargetError
                     idx,
                     format!(
                         "unknown optional parameter '{word}' (allow_discards, same_cpu_crypt, high_priority, \
-                         submit_from_crypt_cpus, no_read_workqueue, no_write_workqueue, sector_size:N, iv_large_sectors)"
+                         submit_from_crypt_cpus, no_read_workqueue, no_write_workqueue, sector_size:N, iv_large_sectors, \
+                         integrity:<bytes>:aead)"
                     ),
                 ))
             }
         }
     }
     Ok(o)
+}
+
+/// `<bytes>:<type>` of `integrity:`, as `crypt_ctr_optional`: 1 to 480
+/// bytes, `aead` or `none` (any case).
+fn parse_integrity(v: &str, idx: usize) -> Result<(u32, bool), TargetError> {
+    let bad = |why: &str| {
+        TargetError::at(
+            idx,
+            format!("invalid integrity arguments 'integrity:{v}': {why}"),
+        )
+    };
+    let (n, kind) = v
+        .split_once(':')
+        .ok_or_else(|| bad("expected integrity:<bytes>:<type>"))?;
+    let n = parse_decimal(n)
+        .ok()
+        .filter(|n| (1..=MAX_TAG_SIZE).contains(n))
+        .ok_or_else(|| bad("<bytes> must be 1 to 480"))?;
+    let aead = if kind.eq_ignore_ascii_case("aead") {
+        true
+    } else if kind.eq_ignore_ascii_case("none") {
+        false
+    } else {
+        return Err(bad("unknown integrity profile (aead or none)"));
+    };
+    Ok((n as u32, aead))
 }
 
 /// Decode a dm-crypt key argument: hex (key size = length / 2, a trailing

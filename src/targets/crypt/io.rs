@@ -5,7 +5,7 @@
 //! bounce pages from one bulk mempool allocation (borrowed buffers).
 
 use super::split::{part, CryptIo};
-use super::Crypt;
+use super::{Crypt, Mode};
 use crate::core::device::{whole_units, write_zeroes_by_writing, Transform};
 use crate::core::{
     extents_of, AsyncIo, BlockDevice, DevError, DevResult, Extent, Limits, WriteBuf,
@@ -57,8 +57,12 @@ impl BlockDevice for Crypt {
         self.check(offset, buf.len())?;
         tracing::trace!(offset, len = buf.len(), "crypt read");
         let keyed = self.keyed.load();
-        let Some(sc) = keyed.as_deref().map(|k| &k.sc) else {
+        let Some(k) = keyed.as_deref() else {
             return Err(self.wiped());
+        };
+        let sc = match &k.mode {
+            Mode::Sector(sc) => sc,
+            Mode::Aead(a) => return self.read_aead(a, offset, buf),
         };
         let (per, n) = self.plan(buf.len(), !self.opts.no_read_workqueue);
         let direct = self.area.dev.direct_access();
@@ -88,8 +92,12 @@ impl BlockDevice for Crypt {
         self.check(offset, data.len())?;
         tracing::trace!(offset, len = data.len(), fua, "crypt write");
         let keyed = self.keyed.load();
-        let Some(sc) = keyed.as_deref().map(|k| &k.sc) else {
+        let Some(k) = keyed.as_deref() else {
             return Err(self.wiped());
+        };
+        let sc = match &k.mode {
+            Mode::Sector(sc) => sc,
+            Mode::Aead(a) => return self.write_aead(a, offset, data, fua),
         };
         let (per, n) = self.plan(data.len(), !self.opts.no_write_workqueue);
         if self.area.dev.direct_access() {
@@ -128,7 +136,7 @@ impl BlockDevice for Crypt {
     }
 
     fn can_submit(&self) -> bool {
-        self.area.dev.can_submit() && !self.area.dev.direct_access()
+        self.opts.integrity_tag == 0 && self.area.dev.can_submit() && !self.area.dev.direct_access()
     }
 
     /// A request of up to 1 MiB over a device that takes submissions
@@ -147,18 +155,20 @@ impl BlockDevice for Crypt {
         let Some(keyed) = self.keyed.load_full() else {
             return io.decline();
         };
+        // An AEAD's tags go through the tagged calls, never a submission.
+        if keyed.sector().is_none() {
+            return io.decline();
+        }
         let sector = self.cc_sector(io.offset);
         let at = self.area.offset + io.offset;
         let (buf, len, write) = (io.buf, io.len, io.write);
         let done = io.done;
         let plain = SendPtr(buf);
-        if write {
+        if let (true, Some(sc)) = (write, keyed.sector()) {
             // SAFETY: the caller's buffer, valid for reads and writes and
             // ours alone until `done` (the contract): an engine-owned
             // payload, encrypted in place as an owned write.
-            keyed
-                .sc
-                .encrypt(unsafe { std::slice::from_raw_parts_mut(buf, len) }, sector);
+            sc.encrypt(unsafe { std::slice::from_raw_parts_mut(buf, len) }, sector);
         }
         let io = AsyncIo {
             offset: at,
@@ -167,12 +177,12 @@ impl BlockDevice for Crypt {
                 // SAFETY: still the caller's buffer: `done` below has not
                 // run, and the lower device is finished with it.
                 let b = unsafe { std::slice::from_raw_parts_mut(plain.0, len) };
-                match (&r, write) {
+                match (&r, write, keyed.sector()) {
                     // Read: decrypt what arrived.
-                    (Some(Ok(())), false) => keyed.sc.decrypt(b, sector),
+                    (Some(Ok(())), false, Some(sc)) => sc.decrypt(b, sector),
                     // Not taken below: give the plaintext back for the
                     // synchronous retry, which encrypts it again.
-                    (None, true) => keyed.sc.decrypt(b, sector),
+                    (None, true, Some(sc)) => sc.decrypt(b, sector),
                     _ => {}
                 }
                 done(r)

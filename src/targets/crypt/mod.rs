@@ -43,6 +43,9 @@
 //!   submits a write from the thread that received it, after encryption.
 //! - `high_priority`: accepted, no userspace meaning: udm's threads run at
 //!   the server's scheduling priority.
+//! - `integrity:<bytes>:aead`: authenticated encryption (`aead_io`), the
+//!   tags and random IVs kept by the integrity device below, as in the
+//!   kernel; `integrity:<bytes>:none` is refused.
 //!
 //! Key hygiene: the key bytes and the cipher schedules live on pages of
 //! their own that are locked into RAM where permitted and wiped on drop
@@ -71,10 +74,13 @@ use arc_swap::ArcSwapOption;
 use super::{parse_number, parse_sectors, resolve_area, Area, Target, TargetArgs, TargetError};
 use crate::core::{DevError, DevResult};
 use crate::crypto::pool::CryptPool;
-use crate::crypto::SectorCrypt;
+use crate::crypto::{aead, SectorAead, SectorCrypt};
 use crate::mem::blockpool::BlockPool;
 use crate::mem::{mempool, Budget, MemPool, PageList, SecretBytes};
 
+mod aead_io;
+#[cfg(test)]
+mod aead_tests;
 mod args;
 mod io;
 mod params;
@@ -92,7 +98,24 @@ use split::CryptIo;
 pub(super) struct Keyed {
     /// Kept only for `table --showkeys`; on locked pages, wiped on drop.
     key: SecretBytes,
-    pub(super) sc: SectorCrypt,
+    pub(super) mode: Mode,
+}
+
+/// The keyed cipher: a plain sector transform, or an AEAD whose tags live
+/// on the integrity device below (`integrity:<bytes>:aead`).
+pub(super) enum Mode {
+    Sector(SectorCrypt),
+    Aead(SectorAead),
+}
+
+impl Keyed {
+    /// The plain sector transform, or `None` for an AEAD.
+    pub(super) fn sector(&self) -> Option<&SectorCrypt> {
+        match &self.mode {
+            Mode::Sector(sc) => Some(sc),
+            Mode::Aead(_) => None,
+        }
+    }
 }
 
 /// A `crypt` segment.
@@ -204,8 +227,7 @@ fn construct(mut a: TargetArgs<'_>) -> Result<Crypt, TargetError> {
         ));
     }
     let cipher = a.args[0].clone();
-    let sc = SectorCrypt::new(&cipher, &key, ss, opts.iv_large_sectors)
-        .map_err(|e| TargetError::at(if e.about_key() { 1 } else { 0 }, e.to_string()))?;
+    let mode = keyed_mode(&cipher, &key, &opts, a.args.len())?;
     if key.is_empty() && a.args[1] != "-" {
         return Err(TargetError::at(
             1,
@@ -214,6 +236,9 @@ fn construct(mut a: TargetArgs<'_>) -> Result<Crypt, TargetError> {
     }
     let len = a.len;
     let area = resolve_area(&mut a, 3, len)?;
+    if let Mode::Aead(ae) = &mode {
+        aead_io::check_layout(&area, ae)?;
+    }
     let threads = if opts.same_cpu_crypt || (opts.no_read_workqueue && opts.no_write_workqueue) {
         1
     } else {
@@ -225,14 +250,17 @@ fn construct(mut a: TargetArgs<'_>) -> Result<Crypt, TargetError> {
         sector_size = ss,
         iv_offset,
         device = %area.name,
-        vector_kernel = sc.vector_kernel().unwrap_or("portable"),
+        vector_kernel = match &mode {
+            Mode::Sector(sc) => sc.vector_kernel().unwrap_or("portable"),
+            Mode::Aead(_) => "aead",
+        },
         threads,
         "crypt target created"
     );
     Ok(Crypt {
         cipher,
         key_len: key.len(),
-        keyed: ArcSwapOption::from_pointee(Keyed { key, sc }),
+        keyed: ArcSwapOption::from_pointee(Keyed { key, mode }),
         suspended: AtomicBool::new(false),
         iv_offset,
         area,
@@ -244,6 +272,50 @@ fn construct(mut a: TargetArgs<'_>) -> Result<Crypt, TargetError> {
         io_pool: BlockPool::new(),
         bulk_bounce: mempool::bulk_bounce_default(),
     })
+}
+
+/// Key the cipher of a line: an AEAD when the line has
+/// `integrity:<bytes>:aead`, else a sector transform (an AEAD spec without
+/// that option is refused, as the kernel cannot allocate it as a skcipher).
+fn keyed_mode(
+    cipher: &str,
+    key: &[u8],
+    opts: &CryptOptions,
+    nargs: usize,
+) -> Result<Mode, TargetError> {
+    let at = |e: crate::crypto::CryptoError| {
+        TargetError::at(if e.about_key() { 1 } else { 0 }, e.to_string())
+    };
+    if opts.integrity_tag == 0 {
+        if aead::is_aead_spec(cipher) {
+            return Err(TargetError::at(
+                0,
+                format!(
+                    "'{cipher}' is an authenticated cipher: the line needs the option \
+                     integrity:<bytes>:aead over an integrity device"
+                ),
+            ));
+        }
+        let sc =
+            SectorCrypt::new(cipher, key, opts.sector_size, opts.iv_large_sectors).map_err(at)?;
+        return Ok(Mode::Sector(sc));
+    }
+    if !opts.integrity_aead {
+        return Err(TargetError::at(
+            nargs - 1,
+            "integrity:<bytes>:none (a stored IV without authentication) is not supported by \
+             udm; use an AEAD cipher with integrity:<bytes>:aead",
+        ));
+    }
+    let a = SectorAead::new(
+        cipher,
+        key,
+        opts.integrity_tag as usize,
+        opts.sector_size,
+        opts.iv_large_sectors,
+    )
+    .map_err(at)?;
+    Ok(Mode::Aead(a))
 }
 
 impl Crypt {
@@ -312,14 +384,10 @@ impl Crypt {
         }
         let secret = SecretBytes::new(&key)
             .ok_or_else(|| "key set: the key is longer than udm supports".to_string())?;
-        let sc = SectorCrypt::new(
-            &self.cipher,
-            &secret,
-            self.opts.sector_size,
-            self.opts.iv_large_sectors,
-        )
-        .map_err(|e| format!("key set: {e}"))?;
-        self.keyed.store(Some(Arc::new(Keyed { key: secret, sc })));
+        let mode = keyed_mode(&self.cipher, &secret, &self.opts, 6)
+            .map_err(|e| format!("key set: {}", e.msg))?;
+        self.keyed
+            .store(Some(Arc::new(Keyed { key: secret, mode })));
         Ok(())
     }
 }

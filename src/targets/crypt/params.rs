@@ -88,11 +88,17 @@ impl CryptOptions {
 
 impl CryptOptions {
     /// The feature words of a table line in the kernel's order: the flags,
-    /// with `sector_size:N` (when not 512) before `iv_large_sectors`.
+    /// then `integrity:N:TYPE` and `sector_size:N` (when not 512) before
+    /// `iv_large_sectors`.
     pub fn words(&self) -> Vec<String> {
         let mut w: Vec<String> = self.flags().into_iter().map(str::to_string).collect();
+        let mut at = w.len() - usize::from(self.iv_large_sectors);
+        if self.integrity_tag != 0 {
+            let kind = if self.integrity_aead { "aead" } else { "none" };
+            w.insert(at, format!("integrity:{}:{kind}", self.integrity_tag));
+            at += 1;
+        }
         if self.sector_size != 512 {
-            let at = w.len() - usize::from(self.iv_large_sectors);
             w.insert(at, format!("sector_size:{}", self.sector_size));
         }
         w

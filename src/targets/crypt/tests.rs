@@ -120,8 +120,28 @@ fn constructor_errors_name_the_argument() {
         ),
         (
             &format!("aes-xts-plain64 {KEY} 0 mem 0 1 integrity:28:aead"),
+            Some(0),
+            "not an AEAD",
+        ),
+        (
+            &format!("capi:gcm(aes)-random {KEY} 0 mem 0"),
+            Some(0),
+            "integrity:<bytes>:aead",
+        ),
+        (
+            &format!("capi:gcm(aes)-random {KEY} 0 mem 0 1 integrity:0:aead"),
             Some(6),
-            "integrity",
+            "1 to 480",
+        ),
+        (
+            &format!("capi:gcm(aes)-random {KEY} 0 mem 0 1 integrity:28:hmac"),
+            Some(6),
+            "unknown integrity profile",
+        ),
+        (
+            &format!("aes-cbc-random {KEY} 0 mem 0 1 integrity:16:none"),
+            Some(6),
+            "not supported",
         ),
         (
             &format!("aes-cbc-random {KEY} 0 mem 0"),
