@@ -14,7 +14,11 @@
 //! completed by then: a 4 KiB read at QD1 is answered on the reader
 //! without any thread switch. Everything else is reaped by the ring's
 //! completion thread, which sleeps in `io_uring_enter` until a completion
-//! arrives. Synchronous calls (the [`crate::core::BlockDevice`] methods run
+//! arrives; it waits there only while an entry is outstanding (else on a
+//! condition variable, woken by a submitter whose entry did not complete
+//! at once), because a thread asleep in the ring is woken by every
+//! completion, also those the submitter reaps itself: at QD1 that was one
+//! useless thread switch per request. Synchronous calls (the [`crate::core::BlockDevice`] methods run
 //! by the engine's workers) submit the same way and park until their
 //! entry completes.
 //!
@@ -28,8 +32,8 @@
 
 use std::io;
 use std::os::unix::io::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{JoinHandle, Thread};
 
 use io_uring::{opcode, squeue, types, IoUring};
@@ -63,6 +67,12 @@ struct Inner {
     /// run): the completion queue has one consumer at a time.
     cq: Mutex<()>,
     stop: AtomicBool,
+    /// Entries pushed and not yet reaped.
+    pending: AtomicUsize,
+    /// The completion thread waits on `wake` (true) rather than in the
+    /// ring, because nothing was outstanding.
+    idle: Mutex<bool>,
+    wake: Condvar,
     /// Whether the file is registered (fixed file 0).
     fixed: bool,
     fd: RawFd,
@@ -121,6 +131,9 @@ impl Ring {
             sq: Mutex::new(()),
             cq: Mutex::new(()),
             stop: AtomicBool::new(false),
+            pending: AtomicUsize::new(0),
+            idle: Mutex::new(false),
+            wake: Condvar::new(),
             fixed,
             fd,
         });
@@ -145,13 +158,16 @@ impl Ring {
     /// until `done` runs.
     pub unsafe fn start(&self, op: Op, offset: u64, done: Done) {
         let tag = Box::into_raw(Box::new(done)) as u64;
+        self.inner.pending.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = self.inner.push(op, offset, tag) {
+            self.inner.pending.fetch_sub(1, Ordering::SeqCst);
             // SAFETY: the entry was not queued, so the box is still ours.
             let done = unsafe { Box::from_raw(tag as *mut Done) };
             done(-e.raw_os_error().unwrap_or(libc::EIO));
             return;
         }
         self.inner.reap();
+        self.inner.kick();
     }
 
     /// Run `op` at `offset` and wait for it: the result of the CQE.
@@ -166,10 +182,13 @@ impl Ring {
             thread: std::thread::current(),
         };
         let tag = &w as *const Waiter as u64 | WAITER;
+        self.inner.pending.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = self.inner.push(op, offset, tag) {
+            self.inner.pending.fetch_sub(1, Ordering::SeqCst);
             return -e.raw_os_error().unwrap_or(libc::EIO);
         }
         self.inner.reap();
+        self.inner.kick();
         while !w.done.load(Ordering::Acquire) {
             std::thread::park();
         }
@@ -191,6 +210,7 @@ impl Drop for Ring {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
         let entry = opcode::Nop::new().build().user_data(0);
+        self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let woke = {
             let _g = self.inner.sq.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: pushes are serialised by `sq`; a no-op refers to no
@@ -198,6 +218,7 @@ impl Drop for Ring {
             let pushed = unsafe { self.inner.ring.submission_shared().push(&entry) }.is_ok();
             pushed && self.inner.ring.submit().is_ok()
         };
+        self.inner.kick();
         if let Some(t) = self.thread.take() {
             if woke && t.thread().id() != std::thread::current().id() {
                 let _ = t.join();
@@ -274,6 +295,19 @@ impl Inner {
         }
     }
 
+    /// Make sure the completion thread waits in the ring when something
+    /// is outstanding (wake it from its condition variable).
+    fn kick(&self) {
+        if self.pending.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if *idle {
+            *idle = false;
+            self.wake.notify_one();
+        }
+    }
+
     /// Take every completion there is and finish each (outside the lock).
     /// Returns how many there were.
     fn reap(&self) -> usize {
@@ -297,6 +331,7 @@ impl Inner {
             if n == 0 {
                 return total;
             }
+            self.pending.fetch_sub(n, Ordering::SeqCst);
             for &(tag, res) in &got[..n] {
                 finish(tag, res);
             }
@@ -333,6 +368,18 @@ fn completion_loop(inner: &Inner) {
         if inner.reap() == 0 {
             if inner.stop.load(Ordering::Acquire) {
                 return;
+            }
+            if inner.pending.load(Ordering::SeqCst) == 0 {
+                let mut idle = inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+                *idle = true;
+                while *idle
+                    && inner.pending.load(Ordering::SeqCst) == 0
+                    && !inner.stop.load(Ordering::Acquire)
+                {
+                    idle = inner.wake.wait(idle).unwrap_or_else(|p| p.into_inner());
+                }
+                *idle = false;
+                continue;
             }
             match inner.ring.submitter().submit_and_wait(1) {
                 Ok(_) => {}
