@@ -83,6 +83,13 @@ pub struct Args {
     /// target encrypts straight into the file's pages).
     #[arg(long)]
     pub no_mmap: bool,
+    /// How files on a disk filesystem and block devices are read and
+    /// written: `uring` (one io_uring per file, no thread waits for the
+    /// disk; the default where the kernel has it) or `pwrite` (the
+    /// syscalls, on workers sized from the queue depth). Default: the
+    /// `UDM_FILE_IO` environment variable, else `uring`.
+    #[arg(long, value_name = "uring|pwrite")]
+    pub file_io: Option<crate::store::FileIo>,
     /// Most open client connections (default 16384, or what the descriptor
     /// limit allows). At the cap the oldest unfinished handshake is dropped
     /// to make room; a client is refused only when all are past it.
@@ -251,6 +258,9 @@ pub fn run(a: Args) -> i32 {
 type Specs = (Vec<(usize, String, DeviceSpec)>, Vec<String>);
 
 fn serve(a: Args) -> Result<(), String> {
+    if let Some(io) = a.file_io {
+        crate::store::file_io::set_default_io(io);
+    }
     let (mut specs, mut read_only_exports) = table_and_file_specs(&a)?;
     let crypttab = crypttab_specs(&a, &mut specs, &mut read_only_exports)?;
     if specs.is_empty() && a.no_control {

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::dm::stats::Snapshot;
+pub use crate::store::file_io::IoReport;
 
 /// udm devices have no block device node; their "major" is 0, which no
 /// kernel block device uses, so a script cannot mistake one for a real
@@ -79,6 +80,15 @@ pub struct DeviceStatus {
     pub event_nr: u32,
     pub targets: Vec<TargetStatus>,
     pub stats: Snapshot,
+    /// Requests the engine keeps in flight for the device (its stack's
+    /// largest `queue_depth`: workers of its own, or ring submissions);
+    /// 0: its requests run inline on the connection's reader.
+    #[serde(default)]
+    pub queue_depth: u32,
+    /// The files and block devices of the live table, each with the I/O
+    /// path it uses (`uring`, `pwrite`, `mmap`).
+    #[serde(default)]
+    pub files: Vec<IoReport>,
 }
 
 /// One device of a `table` reply; its lines are in the payload, in the

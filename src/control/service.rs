@@ -459,6 +459,8 @@ impl Service {
                     })
                     .collect(),
                 stats: d.device.stats().snapshot(),
+                queue_depth: d.device.limits().queue_depth,
+                files: file_reports(&d.deps),
             });
         }
         ok(json!({ "devices": out }))
@@ -971,4 +973,15 @@ impl Service {
     pub fn release_all(&self) {
         self.exports.engine().release_all();
     }
+}
+
+/// The open file stores a table names by path, with their I/O paths.
+fn file_reports(deps: &[Dep]) -> Vec<IoReport> {
+    deps.iter()
+        .filter_map(|d| match d {
+            Dep::Path(p) => Some(crate::store::file_io::reports_for(p)),
+            Dep::Device(_) => None,
+        })
+        .flatten()
+        .collect()
 }
