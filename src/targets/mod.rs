@@ -15,6 +15,7 @@ pub mod delay;
 pub mod dust;
 pub mod error;
 pub mod flakey;
+pub mod integrity;
 pub mod linear;
 pub mod log_replay;
 pub mod log_writes;
@@ -134,6 +135,7 @@ pub static TYPES: &[&TargetType] = &[
     &dust::TYPE,
     &log_writes::TYPE,
     &verity::TYPE,
+    &integrity::TYPE,
 ];
 
 /// The target type a table names, if udm has it.
