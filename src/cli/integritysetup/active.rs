@@ -104,7 +104,10 @@ pub(super) fn open(a: &Args) -> Outcome {
     let (path, name) = (&a.pos[1], &a.pos[2]);
     let dev = open_dev(path, true)?;
     let sb = read_superblock(&*dev, path)?;
-    let p = params(a, path, &sb)?;
+    // The server resolves the path from its own directory.
+    let full =
+        std::fs::canonicalize(path).map_or_else(|_| path.clone(), |f| f.display().to_string());
+    let p = params(a, &full, &sb)?;
     let line = format!(
         "0 {} integrity {}",
         sb.provided_data_sectors,

@@ -192,20 +192,18 @@ pub(super) fn dump(a: &Args) -> Outcome {
     let path = &a.pos[1];
     let dev = open_dev(path, true)?;
     let sb = read_superblock(&*dev, path)?;
-    println!("INTEGRITY header information for {path}.");
-    println!("version: {}", sb.version);
-    println!("tag size: {}", sb.tag_size);
-    println!("sector size: {} bytes", sb.sector_size());
+    println!("Info for integrity device {path}.");
+    println!("superblock_version {}", sb.version);
+    println!("log2_interleave_sectors {}", sb.log2_interleave_sectors);
+    println!("integrity_tag_size {}", sb.tag_size);
+    println!("journal_sections {}", sb.journal_sections);
+    println!("provided_data_sectors {}", sb.provided_data_sectors);
+    println!("sector_size {}", sb.sector_size());
     if sb.version >= 2 && sb.has(flags::RECALCULATING) {
-        println!("recalculate sector: {}", sb.recalc_sector);
+        println!("recalc_sector {}", sb.recalc_sector);
     }
-    println!("log2 interleave sectors: {}", sb.log2_interleave_sectors);
-    println!("journal sections: {}", sb.journal_sections);
-    println!("provided data sectors: {}", sb.provided_data_sectors);
-    if sb.version >= 3 && sb.has(flags::DIRTY_BITMAP) {
-        println!("log2 blocks per bitmap: {}", sb.log2_blocks_per_bitmap_bit);
-    }
-    println!("flags: {}", flag_words(&sb));
+    println!("log2_blocks_per_bitmap {}", sb.log2_blocks_per_bitmap_bit);
+    println!("flags {}", flag_words(&sb));
     Ok(())
 }
 
