@@ -188,8 +188,15 @@ fn written_data_survives_a_restart_and_a_flipped_bit_fails_its_sector_only() {
     pwrite(&img, at as u64 + 100, &b);
     let srv = serve(d.path());
     ok(uis().args(["open", p, "vol", "--control", ctl]));
-    let probe = "bad = []\nfor s in range(16):\n    try:\n        h.pread(512, s * 512)\n\
-                 except nbd.Error as e:\n        bad.append((s, e.errnum))\nprint(bad)";
+    let probe = concat!(
+        "bad = []\n",
+        "for s in range(16):\n",
+        "    try:\n",
+        "        h.pread(512, s * 512)\n",
+        "    except nbd.Error as e:\n",
+        "        bad.append((s, e.errnum))\n",
+        "print(bad)",
+    );
     let o = nbd_py(&srv.sock, "vol", probe);
     assert!(o.status.success(), "{}", show(&o));
     assert_eq!(

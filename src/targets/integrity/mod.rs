@@ -50,6 +50,8 @@ pub static TYPE: super::TargetType = super::TargetType {
 /// Where journal commits go next, and which sections' in-place writes
 /// are not yet known durable (a section is not reused before they are).
 struct State {
+    /// A commit went to the journal since the device was opened.
+    wrote: bool,
     next_section: u64,
     seq: u8,
     unsynced: Vec<bool>,
@@ -226,6 +228,7 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     }
     let t = Integrity {
         state: Mutex::new(State {
+            wrote: false,
             next_section: 0,
             seq: 0,
             unsynced: vec![false; g.journal_sections as usize],
@@ -437,6 +440,34 @@ impl Integrity {
         )?;
         self.dev.flush()?;
         st.unsynced.fill(false);
+        st.wrote = true;
+        Ok(())
+    }
+
+    /// The kernel's `postsuspend` in J mode: once every in-place write
+    /// is durable the journal is rewritten empty (sections from the next
+    /// one on with the current sequence number, the ones before with the
+    /// next), so the next open has nothing to replay.
+    fn retire_journal(&self) -> DevResult<()> {
+        let mut st = self.lock();
+        if !st.wrote {
+            return Ok(());
+        }
+        self.dev.flush()?;
+        let g = &self.g;
+        let (next, seq) = (st.next_section, st.seq);
+        for i in 0..g.journal_sections {
+            let s = if i >= next {
+                seq
+            } else {
+                journal::next_seq(seq)
+            };
+            journal::fill_section(g, &mut st.section, i, s, &[]);
+            let at = g.journal_sector(i, 0) * 512;
+            self.dev.write(at, WriteBuf::Borrowed(&st.section), false)?;
+        }
+        self.dev.flush()?;
+        st.wrote = false;
         Ok(())
     }
 
@@ -557,6 +588,14 @@ impl BlockDevice for Integrity {
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         write_zeroes_by_writing(self, offset, len, fua)
+    }
+}
+
+impl Drop for Integrity {
+    fn drop(&mut self) {
+        if let Err(e) = self.retire_journal() {
+            tracing::warn!("integrity {}: cannot empty the journal at close ({e}); it is replayed at the next open", self.p.dev);
+        }
     }
 }
 
