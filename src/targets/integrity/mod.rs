@@ -104,8 +104,10 @@ fn refuse_unsupported(p: &IntegrityParams, alg: &Option<Alg>) -> Result<(), Targ
             "bitmap mode (B) is not supported by udm yet: use J or D",
         ));
     }
-    if p.opts.recalculate {
-        return Err(TargetError::line("recalculate is not supported by udm yet"));
+    if p.opts.recalculate || p.opts.allow_discards {
+        return Err(TargetError::line(
+            "recalculate and allow_discards are not supported by udm yet; leave them out",
+        ));
     }
     Ok(())
 }
