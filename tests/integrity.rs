@@ -35,13 +35,15 @@ fn field<'a>(dump: &'a str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no '{name}' in:\n{dump}"))
 }
 
+/// `format` options, then the dump fields they must give.
+type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)]);
+
 #[test]
 fn integritysetup_dump_reads_udms_format_with_the_parameters_asked() {
     let d = scratch("integrity-fmt");
     let key = write_file(d.path(), "key", &[0x42; 32]);
     let key = key.to_str().unwrap();
-    // Options, then the dump fields they must give.
-    let cases: &[(&[&str], &[(&str, &str)])] = &[
+    let cases: &[Case] = &[
         (
             &[],
             &[
