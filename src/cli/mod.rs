@@ -10,6 +10,7 @@ pub mod demo;
 pub mod dmsetup;
 pub mod dmsetup_report;
 pub mod dmstats;
+pub mod integritysetup;
 pub mod luks;
 pub mod manpages;
 pub mod replay_log;
@@ -119,6 +120,7 @@ pub const PERSONALITIES: &[(&str, Personality)] = &[
     ("cryptsetup", cryptsetup::main),
     ("dmsetup", dmsetup::main),
     ("dmstats", dmstats::main),
+    ("integritysetup", integritysetup::main),
     ("veritysetup", veritysetup::main),
 ];
 

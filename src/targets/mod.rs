@@ -15,6 +15,7 @@ pub mod delay;
 pub mod dust;
 pub mod error;
 pub mod flakey;
+pub mod integrity;
 pub mod linear;
 pub mod log_replay;
 pub mod log_writes;
@@ -138,6 +139,7 @@ pub static TYPES: &[&TargetType] = &[
     &snapshot::TYPE,
     &snapshot::ORIGIN_TYPE,
     &snapshot::MERGE_TYPE,
+    &integrity::TYPE,
 ];
 
 /// The target type a table names, if udm has it.

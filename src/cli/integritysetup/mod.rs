@@ -1,0 +1,177 @@
+//! `udm integritysetup` (or udm run through a link named
+//! `integritysetup`): integritysetup 2.6's command line, output and exit
+//! codes. `format` and `dump` work on the device itself (the superblock
+//! and journal are the kernel's byte for byte, so the real
+//! `integritysetup dump` reads udm's format); `open`, `close` and
+//! `status` act on a running `udm serve` through its control socket, as
+//! `udm cryptsetup` does, where integritysetup would talk to the kernel.
+//!
+//! Exit codes are integritysetup's: 1 wrong parameters, 2 no permission,
+//! 3 out of memory, 4 wrong device, 5 busy or exists.
+
+mod active;
+mod args;
+mod offline;
+
+use args::Args;
+
+/// The version line: integritysetup's command line, served by udm.
+pub const VERSION: &str = concat!("integritysetup 2.6.1 (udm ", env!("CARGO_PKG_VERSION"), ")");
+
+/// A failed command: its exit code and what to print on stderr.
+#[derive(Debug)]
+pub(crate) struct Fail {
+    pub code: i32,
+    pub msg: String,
+}
+
+impl Fail {
+    pub fn new(code: i32, msg: impl Into<String>) -> Fail {
+        Fail {
+            code,
+            msg: msg.into(),
+        }
+    }
+    pub fn usage(msg: impl Into<String>) -> Fail {
+        Fail::new(1, msg)
+    }
+}
+
+pub(crate) type Outcome = Result<(), Fail>;
+
+const USAGE: &str = "\
+Usage: integritysetup [-?VqDBRv] [-?|--help] [--usage] [-V|--version]
+        [--allow-discards] [-q|--batch-mode] [--buffer-sectors=SECTORS]
+        [--bitmap-flush-time=ms] [--bitmap-sectors-per-bit=INT]
+        [-I|--integrity=STRING] [--integrity-key-file=STRING]
+        [--integrity-key-size=BITS] [-D|--integrity-no-journal]
+        [--interleave-sectors=SECTORS] [--journal-commit-time=ms]
+        [-j|--journal-size=bytes] [--journal-watermark=percent] [--no-wipe]
+        [-B|--integrity-bitmap-mode] [-R|--integrity-recovery-mode]
+        [-s|--sector-size=bytes] [-t|--tag-size=bytes] [-v|--verbose]
+        [OPTION...] <action> <action-specific>";
+
+const HELP: &str = "\
+<action> is one of:
+\tformat <integrity_device> - format device
+\topen <integrity_device> <name> - open device as <name>
+\tclose <name> - close device (remove mapping)
+\tstatus <name> - show active device status
+\tdump <integrity_device> - show on-disk information
+
+udm: open, close and status act on a running `udm serve` (its control
+socket from --control PATH or $UDM_CONTROL); the device is its NBD export.";
+
+struct Action {
+    name: &'static str,
+    args: usize,
+    usage: &'static str,
+    run: fn(&Args) -> Outcome,
+}
+
+const ACTIONS: &[Action] = &[
+    Action {
+        name: "format",
+        args: 1,
+        usage: "<integrity_device>",
+        run: offline::format,
+    },
+    Action {
+        name: "open",
+        args: 2,
+        usage: "<integrity_device> <name>",
+        run: active::open,
+    },
+    Action {
+        name: "close",
+        args: 1,
+        usage: "<name>",
+        run: active::close,
+    },
+    Action {
+        name: "status",
+        args: 1,
+        usage: "<name>",
+        run: active::status,
+    },
+    Action {
+        name: "dump",
+        args: 1,
+        usage: "<integrity_device>",
+        run: offline::dump,
+    },
+];
+
+fn code_text(code: i32) -> &'static str {
+    match code {
+        2 => "no permission or bad passphrase",
+        3 => "out of memory",
+        4 => "wrong device or file specified",
+        5 => "device already exists or device is busy",
+        _ => "wrong or missing parameters",
+    }
+}
+
+fn usage_error(msg: &str) -> i32 {
+    eprintln!("{USAGE}");
+    eprintln!("{msg}");
+    1
+}
+
+/// Entry point: integritysetup's argv (without the program name).
+pub fn main(argv: Vec<std::ffi::OsString>) -> i32 {
+    let a = match Args::parse(argv) {
+        Ok(a) => a,
+        Err(e) => return usage_error(&e),
+    };
+    if a.has("help") {
+        println!("{VERSION}\n{USAGE}\n\n{HELP}");
+        return 0;
+    }
+    if a.has("usage") {
+        println!("{USAGE}");
+        return 0;
+    }
+    if a.has("version") {
+        println!("{VERSION}");
+        return 0;
+    }
+    let Some(name) = a.pos.first() else {
+        return usage_error("integritysetup: Argument <action> missing.");
+    };
+    let name = match name.as_str() {
+        "create" => "open",
+        "remove" => "close",
+        n => n,
+    };
+    let Some(act) = ACTIONS.iter().find(|x| x.name == name) else {
+        return usage_error("integritysetup: Unknown action.");
+    };
+    if a.pos.len() - 1 != act.args {
+        return usage_error(&format!(
+            "integritysetup: {}: requires {} as arguments",
+            act.name, act.usage
+        ));
+    }
+    match (act.run)(&a) {
+        Ok(()) => {
+            if a.has("verbose") {
+                println!("Command successful.");
+            }
+            0
+        }
+        Err(f) => {
+            if !f.msg.is_empty() {
+                eprintln!("{}", f.msg);
+            }
+            if a.has("verbose") {
+                println!(
+                    "Command failed with code -{} ({}).",
+                    f.code,
+                    code_text(f.code)
+                );
+            }
+            f.code
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! `format` and `dump`: the superblock, journal and wipe written straight
+//! to the device, and the superblock read back in integritysetup's words.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::Arc;
+
+use zeroize::Zeroizing;
+
+use super::args::Args;
+use super::{Fail, Outcome};
+use crate::core::BlockDevice;
+use crate::store::OpenFlags;
+use crate::targets::integrity::format::{self, Spec};
+use crate::targets::integrity::layout::Geometry;
+use crate::targets::integrity::superblock::{flags, Superblock, SALT_SIZE};
+use crate::targets::integrity::tags::Alg;
+
+/// The kernel's name of an `--integrity` algorithm (`hmac-sha256` is
+/// `hmac(sha256)`), or `None` for `none`.
+pub(super) fn kernel_alg(name: &str) -> Result<Option<String>, Fail> {
+    let n = match name {
+        "none" => return Ok(None),
+        "crc32c" | "sha1" | "sha256" => name.to_string(),
+        "hmac-sha256" | "hmac(sha256)" => "hmac(sha256)".into(),
+        "hmac-sha512" | "hmac(sha512)" => "hmac(sha512)".into(),
+        _ => {
+            return Err(Fail::usage(format!(
+                "Integrity algorithm {name} is not supported: use crc32c, sha1, sha256, \
+                 hmac-sha256 or hmac-sha512."
+            )))
+        }
+    };
+    Ok(Some(n))
+}
+
+/// `--integrity-key-file` (at most `--integrity-key-size` bits of it).
+pub(super) fn key(a: &Args) -> Result<Option<Zeroizing<Vec<u8>>>, Fail> {
+    let Some(path) = a.str("integrity-key-file") else {
+        return Ok(None);
+    };
+    let mut k = Zeroizing::new(
+        std::fs::read(path)
+            .map_err(|e| Fail::new(4, format!("Cannot read keyfile {path}: {e}.")))?,
+    );
+    if let Some(bits) = a.u64("integrity-key-size")? {
+        let n = (bits / 8) as usize;
+        if n == 0 || n > k.len() {
+            return Err(Fail::usage(format!(
+                "Cannot read {n} bytes from keyfile {path} ({} bytes).",
+                k.len()
+            )));
+        }
+        k.truncate(n);
+    }
+    Ok(Some(k))
+}
+
+/// The internal hash of `--integrity` with its key.
+pub(super) fn alg(a: &Args) -> Result<Option<Alg>, Fail> {
+    let Some(name) = kernel_alg(a.str("integrity").unwrap_or("crc32c"))? else {
+        return Ok(None);
+    };
+    Alg::new(&name, key(a)?)
+        .map(Some)
+        .map_err(|e| Fail::usage(format!("{e}: give it with --integrity-key-file.")))
+}
+
+pub(super) fn open_dev(path: &str, read_only: bool) -> Result<Arc<dyn BlockDevice>, Fail> {
+    let flags = OpenFlags {
+        read_only,
+        ..OpenFlags::default()
+    };
+    crate::store::open(path, flags)
+        .map_err(|_| Fail::new(4, format!("Device {path} does not exist or access denied.")))
+}
+
+pub(super) fn read_superblock(dev: &dyn BlockDevice, path: &str) -> Result<Superblock, Fail> {
+    let mut b = vec![0u8; 512];
+    dev.read(0, &mut b)
+        .map_err(|e| Fail::new(4, format!("Cannot read superblock on device {path}: {e}.")))?;
+    match Superblock::parse(&b) {
+        Ok(Some(sb)) => Ok(sb),
+        Ok(None) | Err(_) => Err(Fail::usage(format!(
+            "No integrity superblock detected on {path}."
+        ))),
+    }
+}
+
+fn confirm(path: &str) -> Outcome {
+    let q = format!(
+        "\nWARNING!\n========\nThis will overwrite data on {path} irrevocably.\n\n\
+         Are you sure? (Type 'yes' in capital letters): "
+    );
+    print!("{q}");
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() && stdin.lock().read_line(&mut line).unwrap_or(0) == 0 {
+        return Err(Fail::usage("\nOperation aborted."));
+    }
+    if line.is_empty() {
+        let _ = stdin.lock().read_line(&mut line);
+    }
+    if line.trim_end() != "YES" {
+        return Err(Fail::usage("Operation aborted."));
+    }
+    Ok(())
+}
+
+fn spec(a: &Args, alg: &Option<Alg>) -> Result<Spec, Fail> {
+    let tag_size = match a.u32("tag-size")? {
+        Some(t) => t,
+        None => alg.as_ref().map_or(0, |h| h.digest_size() as u32),
+    };
+    if tag_size == 0 {
+        return Err(Fail::usage("Tag size must be given with --integrity none."));
+    }
+    Ok(Spec {
+        start: 0,
+        tag_size,
+        sector_size: a.u32("sector-size")?.unwrap_or(512),
+        journal_sectors: a.u64("journal-size")?.map(|b| b / 512),
+        interleave_sectors: a.u32("interleave-sectors")?,
+        journal_mac: false,
+        fix_padding: !a.has("integrity-legacy-padding"),
+        fix_hmac: !a.has("integrity-legacy-hmac"),
+        has_hash: alg.is_some(),
+        bitmap_mode: a.has("integrity-bitmap-mode"),
+        sectors_per_bit: a.u64("bitmap-sectors-per-bit")?,
+    })
+}
+
+/// The options `format` takes but udm cannot act on yet, refused by name.
+fn refuse_unsupported(a: &Args) -> Outcome {
+    for o in ["journal-crypt", "journal-integrity", "data-device"] {
+        if a.str(o).is_some() {
+            return Err(Fail::usage(format!("--{o} is not supported by udm yet.")));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn format(a: &Args) -> Outcome {
+    let path = &a.pos[1];
+    refuse_unsupported(a)?;
+    let alg = alg(a)?;
+    let spec = spec(a, &alg)?;
+    let dev = open_dev(path, false)?;
+    if !a.has("batch-mode") {
+        confirm(path)?;
+    }
+    let mut salt = [0u8; SALT_SIZE];
+    getrandom::fill(&mut salt).map_err(|e| Fail::new(3, format!("No random salt: {e}.")))?;
+    let (sb, g) = format::superblock(&spec, dev.size() / 512, salt)
+        .map_err(|e| Fail::usage(format!("Cannot format integrity for device {path}: {e}.")))?;
+    let io = |e| Fail::new(4, format!("Cannot write to device {path}: {e}."));
+    format::format(&*dev, &sb, &g, None, None).map_err(io)?;
+    println!(
+        "Formatted with tag size {}, internal integrity {}.",
+        sb.tag_size,
+        alg.as_ref().map_or("none", |h| h.name())
+    );
+    if a.has("no-wipe") {
+        return Ok(());
+    }
+    println!(
+        "Wiping device to initialize integrity checksum.\n\
+         You can interrupt this by pressing CTRL+c (rest of not wiped device will contain \
+         invalid checksum)."
+    );
+    let salt = sb.has(flags::FIXED_HMAC).then_some(&sb.salt[..]);
+    format::wipe(&*dev, &g, alg.as_ref(), salt).map_err(io)
+}
+
+fn flag_words(sb: &Superblock) -> String {
+    let mut s = String::new();
+    for (f, w) in [
+        (flags::HAVE_JOURNAL_MAC, "have_journal_mac "),
+        (flags::RECALCULATING, "recalculating "),
+        (flags::DIRTY_BITMAP, "dirty_bitmap "),
+        (flags::FIXED_PADDING, "fix_padding "),
+        (flags::FIXED_HMAC, "fix_hmac "),
+    ] {
+        if sb.has(f) {
+            s.push_str(w);
+        }
+    }
+    s
+}
+
+pub(super) fn dump(a: &Args) -> Outcome {
+    let path = &a.pos[1];
+    let dev = open_dev(path, true)?;
+    let sb = read_superblock(&*dev, path)?;
+    println!("Info for integrity device {path}.");
+    println!("superblock_version {}", sb.version);
+    println!("log2_interleave_sectors {}", sb.log2_interleave_sectors);
+    println!("integrity_tag_size {}", sb.tag_size);
+    println!("journal_sections {}", sb.journal_sections);
+    println!("provided_data_sectors {}", sb.provided_data_sectors);
+    println!("sector_size {}", sb.sector_size());
+    if sb.version >= 2 && sb.has(flags::RECALCULATING) {
+        println!("recalc_sector {}", sb.recalc_sector);
+    }
+    println!("log2_blocks_per_bitmap {}", sb.log2_blocks_per_bitmap_bit);
+    println!("flags {}", flag_words(&sb));
+    Ok(())
+}
+
+/// The journal size in bytes of a formatted device.
+pub(super) fn journal_bytes(sb: &Superblock, dev: &dyn BlockDevice) -> u64 {
+    Geometry::of(sb, 0, dev.size() / 512).map_or(0, |g| (g.initial_sectors - 8) * 512)
+}

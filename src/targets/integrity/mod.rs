@@ -1,0 +1,631 @@
+//! `integrity <dev> <offset> <tag_size> <mode> [<#opt_params>
+//! <opt_params>]`: dm-integrity, a device that keeps a tag (a checksum or
+//! keyed MAC of the sector, or bytes the layer above hands it) beside
+//! every sector, in the kernel's on-disk format, so a device moves
+//! between udm and the kernel unchanged.
+//!
+//! Reads check every sector against its tag: a sector whose tag does not
+//! match fails its request with EIO and is counted in the status (the
+//! rest of the device keeps working). Writes go, in `J` mode, first to
+//! the journal ([`journal`]), made durable, then to their places, so a
+//! crash at any point leaves each sector and its tag in step: the journal
+//! is replayed when the device is opened. `D` writes straight to the
+//! places (a crash can leave a sector that fails its check), `R` is
+//! read-only and checks nothing (recovery).
+//!
+//! Without an internal hash the tags are the caller's: the layer above
+//! (authenticated dm-crypt) stores its per-sector authentication tag and
+//! IV through [`BlockDevice::write_tagged`] and reads them back with
+//! [`BlockDevice::read_tagged`].
+
+pub mod format;
+mod io;
+pub mod journal;
+pub mod layout;
+pub mod params;
+pub mod superblock;
+pub mod tags;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{Target, TargetArgs, TargetError, TargetOptions};
+use crate::core::device::{write_zeroes_by_writing, TagLayout};
+use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use journal::Block;
+use layout::Geometry;
+use params::{IntegrityParams, Mode};
+use superblock::{flags, Superblock, SB_SECTORS};
+use tags::Alg;
+
+/// The `integrity` target type, for the table of [`super::TYPES`].
+pub static TYPE: super::TargetType = super::TargetType {
+    name: "integrity",
+    version: [1, 13, 0],
+    new,
+    args: params::ARGS,
+    more_args: None,
+};
+
+/// Where journal commits go next, and which sections' in-place writes
+/// are not yet known durable (a section is not reused before they are).
+struct State {
+    /// A commit went to the journal since the device was opened.
+    wrote: bool,
+    next_section: u64,
+    seq: u8,
+    unsynced: Vec<bool>,
+    section: Vec<u8>,
+}
+
+pub struct Integrity {
+    p: IntegrityParams,
+    dev: Arc<dyn BlockDevice>,
+    sb: Superblock,
+    g: Geometry,
+    alg: Option<Alg>,
+    len: u64,
+    /// Serialises writes: journal commits and the read-modify-write of
+    /// tag sectors shared by neighbouring blocks.
+    state: Mutex<State>,
+    mismatches: AtomicU64,
+    options: TargetOptions,
+}
+
+fn alg_of(p: &IntegrityParams) -> Result<Option<Alg>, TargetError> {
+    p.opts
+        .internal_hash
+        .as_ref()
+        .map(|h| Alg::new(&h.name, h.key.clone()))
+        .transpose()
+        .map_err(TargetError::line)
+}
+
+/// What the line asks for that udm does not do, refused by name.
+fn refuse_unsupported(p: &IntegrityParams, alg: &Option<Alg>) -> Result<(), TargetError> {
+    if p.opts.meta_device.is_some() {
+        return Err(TargetError::line(
+            "meta_device: udm keeps tags on the data device only; leave meta_device out",
+        ));
+    }
+    if p.opts.journal_crypt.is_some() || p.opts.journal_mac.is_some() {
+        return Err(TargetError::line(
+            "journal_crypt and journal_mac are not supported by udm yet; leave them out",
+        ));
+    }
+    if alg.is_none() && (p.mode == Mode::Bitmap || p.opts.allow_discards || p.opts.recalculate) {
+        return Err(TargetError::line(
+            "bitmap mode, allow_discards and recalculate need an internal_hash",
+        ));
+    }
+    if p.mode == Mode::Bitmap {
+        return Err(TargetError::at(
+            3,
+            "bitmap mode (B) is not supported by udm yet: use J or D",
+        ));
+    }
+    if p.opts.recalculate || p.opts.allow_discards {
+        return Err(TargetError::line(
+            "recalculate and allow_discards are not supported by udm yet; leave them out",
+        ));
+    }
+    Ok(())
+}
+
+/// The format the kernel gives a zeroed device this line maps.
+fn spec_of(p: &IntegrityParams, tag_size: u32, has_hash: bool) -> format::Spec {
+    format::Spec {
+        start: p.offset,
+        tag_size,
+        sector_size: p.opts.block_size.unwrap_or(512),
+        journal_sectors: p.opts.journal_sectors,
+        interleave_sectors: p.opts.interleave_sectors,
+        journal_mac: p.opts.journal_mac.is_some(),
+        fix_padding: p.opts.fix_padding,
+        fix_hmac: p.opts.fix_hmac,
+        has_hash,
+        bitmap_mode: p.mode == Mode::Bitmap,
+        sectors_per_bit: p.opts.sectors_per_bit,
+    }
+}
+
+/// Reads the superblock, formatting a zeroed device as the kernel does.
+fn load_superblock(
+    dev: &dyn BlockDevice,
+    p: &IntegrityParams,
+    tag_size: u32,
+    has_hash: bool,
+) -> Result<Superblock, TargetError> {
+    let mut area = vec![0u8; 512];
+    io::read_bytes(dev, p.offset * 512, &mut area)
+        .map_err(|e| TargetError::at(0, format!("cannot read the superblock of {}: {e}", p.dev)))?;
+    if let Some(sb) =
+        Superblock::parse(&area).map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?
+    {
+        return Ok(sb);
+    }
+    if p.mode == Mode::Recovery {
+        return Err(TargetError::at(
+            0,
+            format!("{} is not formatted (no superblock)", p.dev),
+        ));
+    }
+    let dev_sectors = dev.size() / 512;
+    let mut salt = [0u8; superblock::SALT_SIZE];
+    getrandom::fill(&mut salt).map_err(|e| TargetError::line(format!("no random salt: {e}")))?;
+    let (sb, g) = format::superblock(&spec_of(p, tag_size, has_hash), dev_sectors, salt)
+        .map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?;
+    format::format(dev, &sb, &g, None, None)
+        .map_err(|e| TargetError::at(0, format!("cannot format {}: {e}", p.dev)))?;
+    Ok(sb)
+}
+
+fn check_superblock(
+    sb: &Superblock,
+    p: &IntegrityParams,
+    tag_size: u32,
+) -> Result<(), TargetError> {
+    if u32::from(sb.tag_size) != tag_size {
+        return Err(TargetError::at(
+            2,
+            format!(
+                "tag size {tag_size} does not match the superblock's {}",
+                sb.tag_size
+            ),
+        ));
+    }
+    let bs = p.opts.block_size.unwrap_or(512);
+    if sb.sector_size() != bs {
+        return Err(TargetError::line(format!(
+            "block_size {bs} does not match the superblock's sector size {}: add block_size:{}",
+            sb.sector_size(),
+            sb.sector_size()
+        )));
+    }
+    if sb.has(flags::HAVE_JOURNAL_MAC) != p.opts.journal_mac.is_some() {
+        return Err(TargetError::line(
+            "journal_mac does not match the superblock (journal mac mismatch)",
+        ));
+    }
+    Ok(())
+}
+
+pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
+    let p = IntegrityParams::parse(a.args)?;
+    let alg = alg_of(&p)?;
+    refuse_unsupported(&p, &alg)?;
+    let tag_size = match (p.tag_size, &alg) {
+        (Some(t), _) => t,
+        (None, Some(h)) => h.digest_size() as u32,
+        (None, None) => {
+            return Err(TargetError::at(
+                2,
+                "unknown tag size: give a size or an internal_hash",
+            ))
+        }
+    };
+    if tag_size as usize > layout::MAX_TAG_SIZE {
+        return Err(TargetError::at(
+            2,
+            format!(
+                "tag size {tag_size} is larger than {}",
+                layout::MAX_TAG_SIZE
+            ),
+        ));
+    }
+    let dev = a
+        .resolver
+        .resolve(&p.dev)
+        .map_err(|e| TargetError::at(0, e))?;
+    let sb = load_superblock(&*dev, &p, tag_size, alg.is_some())?;
+    check_superblock(&sb, &p, tag_size)?;
+    let g = Geometry::of(&sb, p.offset, dev.size() / 512).map_err(TargetError::line)?;
+    if a.len > g.provided_data_sectors * 512 {
+        return Err(TargetError::line(format!(
+            "not enough provided sectors for the mapping: {} has {}, the segment {}",
+            p.dev,
+            g.provided_data_sectors,
+            a.len / 512
+        )));
+    }
+    let t = Integrity {
+        state: Mutex::new(State {
+            wrote: false,
+            next_section: 0,
+            seq: 0,
+            unsynced: vec![false; g.journal_sections as usize],
+            section: vec![0u8; (g.section_sectors * 512) as usize],
+        }),
+        p,
+        dev,
+        sb,
+        g,
+        alg,
+        len: a.len,
+        mismatches: AtomicU64::new(0),
+        options: a.options.clone(),
+    };
+    if t.p.mode != Mode::Recovery {
+        t.replay()
+            .map_err(|e| TargetError::line(format!("journal replay on {}: {e}", t.p.dev)))?;
+    }
+    Ok(Arc::new(t))
+}
+
+impl Integrity {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn salt(&self) -> Option<&[u8]> {
+        self.sb.has(flags::FIXED_HMAC).then_some(&self.sb.salt[..])
+    }
+
+    /// The kernel's `replay_journal`: committed sections go to their
+    /// places, oldest first; then the journal goes on where it was, or is
+    /// rewritten empty when it was torn.
+    fn replay(&self) -> DevResult<()> {
+        let g = &self.g;
+        let mut j = vec![0u8; (g.journal_sections * g.section_sectors * 512) as usize];
+        self.dev.read(g.journal_sector(0, 0) * 512, &mut j)?;
+        let plan = journal::plan(g, &j, self.p.mode == Mode::Journal);
+        let ss = (g.section_sectors * 512) as usize;
+        let mut replayed = 0;
+        for &i in &plan.replay {
+            for e in journal::entries(g, &j[i as usize * ss..(i as usize + 1) * ss]) {
+                if e.sector >= g.provided_data_sectors || e.sector % g.sectors_per_block() != 0 {
+                    tracing::warn!(
+                        "integrity {}: journal entry for invalid sector {} skipped",
+                        self.p.dev,
+                        e.sector
+                    );
+                    continue;
+                }
+                if let Some(a) = &self.alg {
+                    let mut want = vec![0u8; g.tag_size as usize];
+                    a.tag(self.salt(), e.sector, &e.data, &mut want);
+                    if want != e.tag {
+                        tracing::error!(
+                            "integrity {}: tag mismatch when replaying the journal at sector {}",
+                            self.p.dev,
+                            e.sector
+                        );
+                        continue;
+                    }
+                }
+                self.place(e.sector, &e.data, &e.tag)?;
+                replayed += 1;
+            }
+        }
+        if replayed > 0 {
+            tracing::info!(
+                "integrity {}: replayed {replayed} journal entries",
+                self.p.dev
+            );
+        }
+        self.dev.flush()?;
+        let mut st = self.lock();
+        if let Some(seq) = plan.clear_with {
+            format::write_empty_journal(&*self.dev, g, seq, None)?;
+            self.dev.flush()?;
+        }
+        st.next_section = plan.next_section;
+        st.seq = plan.seq;
+        Ok(())
+    }
+
+    /// Data and tags of whole blocks from logical sector `s` to their
+    /// places, area by area.
+    fn place(&self, mut s: u64, data: &[u8], tags: &[u8]) -> DevResult<()> {
+        let g = &self.g;
+        let (mut d, mut t) = (data, tags);
+        while !d.is_empty() {
+            let n = g.left_in_area(s).min(d.len() as u64 / 512);
+            let blocks = n >> g.log2_spb;
+            let (dh, dt) = d.split_at((n * 512) as usize);
+            let (th, tt) = t.split_at((blocks * g.tag_size) as usize);
+            self.dev
+                .write(g.data_sector(s) * 512, WriteBuf::Borrowed(dh), false)?;
+            io::write_bytes(&*self.dev, g.tag_byte(s), th)?;
+            s += n;
+            d = dt;
+            t = tt;
+        }
+        Ok(())
+    }
+
+    /// Tags of `data` (whole blocks from logical sector `s`).
+    fn compute_tags(&self, s: u64, data: &[u8], out: &mut [u8]) {
+        let Some(a) = &self.alg else {
+            out.fill(0);
+            return;
+        };
+        let bb = self.g.block_bytes();
+        let ts = self.g.tag_size as usize;
+        for (k, (blk, t)) in data.chunks(bb).zip(out.chunks_mut(ts)).enumerate() {
+            a.tag(self.salt(), s + ((k as u64) << self.g.log2_spb), blk, t);
+        }
+    }
+
+    fn check_range(&self, offset: u64, len: usize) -> DevResult<()> {
+        let bb = self.g.block_bytes() as u64;
+        if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return Err(DevError::OutOfRange {
+                offset,
+                len: len as u64,
+                size: self.len,
+            });
+        }
+        if offset % bb != 0 || len as u64 % bb != 0 {
+            return Err(DevError::Misaligned {
+                offset,
+                len: len as u64,
+                align: bb as u32,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads data and tags of `buf` (whole blocks at `offset`).
+    fn read_raw(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> DevResult<()> {
+        let g = &self.g;
+        let mut s = offset / 512;
+        let (mut d, mut t) = (buf, tags);
+        while !d.is_empty() {
+            let n = g.left_in_area(s).min(d.len() as u64 / 512);
+            let blocks = n >> g.log2_spb;
+            let (dh, dt) = std::mem::take(&mut d).split_at_mut((n * 512) as usize);
+            let (th, tt) = std::mem::take(&mut t).split_at_mut((blocks * g.tag_size) as usize);
+            self.dev.read(g.data_sector(s) * 512, dh)?;
+            io::read_bytes(&*self.dev, g.tag_byte(s), th)?;
+            s += n;
+            d = dt;
+            t = tt;
+        }
+        Ok(())
+    }
+
+    /// Writes through the journal (`J`) or straight (`D`).
+    fn write_blocks(&self, offset: u64, data: &[u8], tags: &[u8]) -> DevResult<()> {
+        let mut st = self.lock();
+        let s0 = offset / 512;
+        if self.p.mode != Mode::Journal {
+            return self.place(s0, data, tags);
+        }
+        let g = &self.g;
+        let per = g.section_entries as usize;
+        let bb = g.block_bytes();
+        let ts = g.tag_size as usize;
+        for (c, (dchunk, tchunk)) in data.chunks(per * bb).zip(tags.chunks(per * ts)).enumerate() {
+            let s = s0 + (((c * per) as u64) << g.log2_spb);
+            self.commit(&mut st, s, dchunk, tchunk)?;
+            self.place(s, dchunk, tchunk)?;
+            let i = st.next_section as usize;
+            st.unsynced[i] = true;
+            st.next_section += 1;
+            if st.next_section == g.journal_sections {
+                st.next_section = 0;
+                st.seq = journal::next_seq(st.seq);
+            }
+        }
+        Ok(())
+    }
+
+    /// One journal section holding these blocks, durable on return.
+    fn commit(&self, st: &mut State, s: u64, data: &[u8], tags: &[u8]) -> DevResult<()> {
+        let g = &self.g;
+        let i = st.next_section;
+        if st.unsynced[i as usize] {
+            // Its last contents' in-place copies must be durable before
+            // the journal forgets them.
+            self.dev.flush()?;
+            st.unsynced.fill(false);
+        }
+        let bb = g.block_bytes();
+        let ts = g.tag_size as usize;
+        let blocks: Vec<Block<'_>> = data
+            .chunks(bb)
+            .zip(tags.chunks(ts))
+            .enumerate()
+            .map(|(k, (d, t))| Block {
+                sector: s + ((k as u64) << g.log2_spb),
+                data: d,
+                tag: t,
+            })
+            .collect();
+        let seq = st.seq;
+        journal::fill_section(g, &mut st.section, i, seq, &blocks);
+        self.dev.write(
+            g.journal_sector(i, 0) * 512,
+            WriteBuf::Borrowed(&st.section),
+            false,
+        )?;
+        self.dev.flush()?;
+        st.unsynced.fill(false);
+        st.wrote = true;
+        Ok(())
+    }
+
+    /// The kernel's `postsuspend` in J mode: once every in-place write
+    /// is durable the journal is rewritten empty (sections from the next
+    /// one on with the current sequence number, the ones before with the
+    /// next), so the next open has nothing to replay.
+    fn retire_journal(&self) -> DevResult<()> {
+        let mut st = self.lock();
+        if !st.wrote {
+            return Ok(());
+        }
+        self.dev.flush()?;
+        let g = &self.g;
+        let (next, seq) = (st.next_section, st.seq);
+        for i in 0..g.journal_sections {
+            let s = if i >= next {
+                seq
+            } else {
+                journal::next_seq(seq)
+            };
+            journal::fill_section(g, &mut st.section, i, s, &[]);
+            let at = g.journal_sector(i, 0) * 512;
+            self.dev.write(at, WriteBuf::Borrowed(&st.section), false)?;
+        }
+        self.dev.flush()?;
+        st.wrote = false;
+        Ok(())
+    }
+
+    fn mismatch(&self, sector: u64) -> DevError {
+        self.mismatches.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            "integrity {}: checksum failed at sector {sector:#x}",
+            self.p.dev
+        );
+        self.options.raise_event();
+        DevError::Target(format!(
+            "integrity: checksum failed at sector {sector} of {} (data and tag do not match)",
+            self.p.dev
+        ))
+    }
+}
+
+impl BlockDevice for Integrity {
+    fn size(&self) -> u64 {
+        self.len
+    }
+    fn limits(&self) -> Limits {
+        let bb = self.g.block_bytes() as u32;
+        let own = Limits {
+            logical_block_size: bb,
+            optimal_io_size: bb.max(4096),
+            read_only: self.p.mode == Mode::Recovery,
+            discard: false,
+            write_zeroes: false,
+            ..Limits::default()
+        };
+        own.stack(self.dev.limits())
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        self.check_range(offset, buf.len())?;
+        let g = &self.g;
+        let ts = g.tag_size as usize;
+        let bb = g.block_bytes();
+        let mut tags = vec![0u8; buf.len() / bb * ts];
+        self.read_raw(offset, buf, &mut tags)?;
+        let Some(a) = self.alg.as_ref().filter(|_| self.p.mode != Mode::Recovery) else {
+            return Ok(());
+        };
+        let mut want = vec![0u8; ts];
+        for (k, (blk, t)) in buf.chunks(bb).zip(tags.chunks(ts)).enumerate() {
+            let s = offset / 512 + ((k as u64) << g.log2_spb);
+            a.tag(self.salt(), s, blk, &mut want);
+            if want != t {
+                return Err(self.mismatch(s));
+            }
+        }
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: WriteBuf<'_>, _fua: bool) -> DevResult<()> {
+        if self.p.mode == Mode::Recovery {
+            return Err(DevError::ReadOnly);
+        }
+        let data = data.as_slice();
+        self.check_range(offset, data.len())?;
+        let mut tags = vec![0u8; data.len() / self.g.block_bytes() * self.g.tag_size as usize];
+        self.compute_tags(offset / 512, data, &mut tags);
+        self.write_blocks(offset, data, &tags)
+    }
+    fn tag_layout(&self) -> Option<TagLayout> {
+        self.alg.is_none().then(|| TagLayout {
+            sector_size: self.g.block_bytes() as u32,
+            tag_size: self.g.tag_size as u32,
+        })
+    }
+    fn read_tagged(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> DevResult<()> {
+        let l = self.tag_layout().ok_or(DevError::NotSupported(
+            "tagged read: this integrity device computes its own tags (internal_hash)",
+        ))?;
+        self.check_range(offset, buf.len())?;
+        if l.tags_for(buf.len()) != Some(tags.len()) {
+            return Err(DevError::Target(format!(
+                "integrity: {} tag bytes given for {} data bytes (want {} per {}-byte sector)",
+                tags.len(),
+                buf.len(),
+                l.tag_size,
+                l.sector_size
+            )));
+        }
+        self.read_raw(offset, buf, tags)
+    }
+    fn write_tagged(&self, offset: u64, data: &[u8], tags: &[u8], _fua: bool) -> DevResult<()> {
+        let l = self.tag_layout().ok_or(DevError::NotSupported(
+            "tagged write: this integrity device computes its own tags (internal_hash)",
+        ))?;
+        if self.p.mode == Mode::Recovery {
+            return Err(DevError::ReadOnly);
+        }
+        self.check_range(offset, data.len())?;
+        if l.tags_for(data.len()) != Some(tags.len()) {
+            return Err(DevError::Target(format!(
+                "integrity: {} tag bytes given for {} data bytes (want {} per {}-byte sector)",
+                tags.len(),
+                data.len(),
+                l.tag_size,
+                l.sector_size
+            )));
+        }
+        self.write_blocks(offset, data, tags)
+    }
+    fn flush(&self) -> DevResult<()> {
+        if self.p.mode == Mode::Recovery {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        self.dev.flush()?;
+        st.unsynced.fill(false);
+        Ok(())
+    }
+    fn discard(&self, _offset: u64, _len: u64) -> DevResult<()> {
+        Err(DevError::NotSupported(
+            "integrity: discards are not enabled (allow_discards)",
+        ))
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        write_zeroes_by_writing(self, offset, len, fua)
+    }
+}
+
+impl Drop for Integrity {
+    fn drop(&mut self) {
+        if let Err(e) = self.retire_journal() {
+            tracing::warn!("integrity {}: cannot empty the journal at close ({e}); it is replayed at the next open", self.p.dev);
+        }
+    }
+}
+
+impl Target for Integrity {
+    fn type_name(&self) -> &'static str {
+        TYPE.name
+    }
+    fn table_params(&self, show_keys: bool) -> String {
+        self.p.table_args(show_keys)
+    }
+    /// The kernel's: mismatches, provided data sectors, and the
+    /// recalculation position or `-`.
+    fn status(&self) -> String {
+        let recalc = if self.sb.has(flags::RECALCULATING) {
+            self.sb.recalc_sector.to_string()
+        } else {
+            "-".into()
+        };
+        format!(
+            "{} {} {recalc}",
+            self.mismatches.load(Ordering::Relaxed),
+            self.g.provided_data_sectors
+        )
+    }
+}
+
+/// The superblock area's size in bytes.
+pub const SB_BYTES: u64 = SB_SECTORS * 512;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,176 @@
+//! The integrity target over an in-memory device: format at first map,
+//! writes that read back (also after a reopen), a flipped bit that fails
+//! exactly its sector, journal replay after a write that never reached
+//! its place, and the tagged I/O of a device without an internal hash.
+
+use std::sync::Arc;
+
+use super::journal;
+use super::layout::Geometry;
+use super::superblock::Superblock;
+use crate::core::{BlockDevice, WriteBuf};
+use crate::store::MemStore;
+use crate::targets::{DeviceResolver, Target, TargetArgs, TargetOptions};
+
+struct One(Arc<MemStore>);
+
+impl DeviceResolver for One {
+    fn resolve(&mut self, _spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+const DEV: u64 = 8 << 20;
+
+fn open(m: &Arc<MemStore>, line: &str, len: u64) -> Result<Arc<dyn Target>, String> {
+    let args: Vec<String> = line.split_whitespace().map(Into::into).collect();
+    let opts = TargetOptions::default();
+    let mut r = One(m.clone());
+    super::new(TargetArgs {
+        args: &args,
+        len,
+        resolver: &mut r,
+        options: &opts,
+    })
+    .map_err(|e| e.msg)
+}
+
+fn geometry(m: &MemStore) -> Geometry {
+    let mut b = vec![0u8; 512];
+    m.read(0, &mut b).unwrap();
+    let sb = Superblock::parse(&b).unwrap().unwrap();
+    Geometry::of(&sb, 0, DEV / 512).unwrap()
+}
+
+const CRC: &str = "d 0 4 J 2 fix_padding internal_hash:crc32c";
+
+#[test]
+fn formats_writes_reads_back_and_survives_a_reopen() {
+    let m = Arc::new(MemStore::new(DEV));
+    let t = open(&m, CRC, 4 << 20).unwrap();
+    let g = geometry(&m);
+    assert!(g.provided_data_sectors * 512 >= 4 << 20);
+    let data: Vec<u8> = (0..64 * 1024).map(|i| (i * 7 + i / 513) as u8).collect();
+    t.write(4096, WriteBuf::Borrowed(&data), false).unwrap();
+    let mut back = vec![0u8; data.len()];
+    t.read(4096, &mut back).unwrap();
+    assert_eq!(back, data);
+    drop(t);
+    let t = open(&m, CRC, 4 << 20).unwrap();
+    t.read(4096, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(t.status(), format!("0 {} -", g.provided_data_sectors));
+}
+
+#[test]
+fn a_flipped_bit_fails_its_sector_only() {
+    let m = Arc::new(MemStore::new(DEV));
+    let t = open(&m, CRC, 1 << 20).unwrap();
+    let g = geometry(&m);
+    t.write(0, WriteBuf::Borrowed(&vec![0x5a; 8192]), false)
+        .unwrap();
+    let at = g.data_sector(5) * 512 + 100;
+    let mut b = [0u8; 512];
+    let base = at / 512 * 512;
+    m.read(base, &mut b).unwrap();
+    b[100] ^= 1;
+    m.write(base, WriteBuf::Borrowed(&b), false).unwrap();
+    let mut s = [0u8; 512];
+    for k in 0..16u64 {
+        let r = t.read(k * 512, &mut s);
+        assert_eq!(r.is_err(), k == 5, "sector {k}: {r:?}");
+    }
+    assert!(t.status().starts_with("1 "), "{}", t.status());
+}
+
+#[test]
+fn a_committed_section_is_replayed_at_open() {
+    let m = Arc::new(MemStore::new(DEV));
+    drop(open(&m, CRC, 1 << 20).unwrap());
+    let g = geometry(&m);
+    // A commit that reached the journal but not its place: section 0
+    // with the sequence number a fresh journal continues with.
+    let data = vec![0xc3u8; 512];
+    let mut tag = [0u8; 4];
+    let mut b = vec![0u8; 512];
+    m.read(0, &mut b).unwrap();
+    let sb = Superblock::parse(&b).unwrap().unwrap();
+    assert!(!sb.has(super::superblock::flags::FIXED_HMAC));
+    super::tags::Alg::Crc32c.tag(None, 24, &data, &mut tag);
+    let mut sec = vec![0u8; (g.section_sectors * 512) as usize];
+    let blk = [journal::Block {
+        sector: 24,
+        data: &data,
+        tag: &tag,
+    }];
+    journal::fill_section(&g, &mut sec, 0, 1, &blk);
+    m.write(
+        g.journal_sector(0, 0) * 512,
+        WriteBuf::Borrowed(&sec),
+        false,
+    )
+    .unwrap();
+    let t = open(&m, CRC, 1 << 20).unwrap();
+    let mut back = vec![0u8; 512];
+    t.read(24 * 512, &mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+#[test]
+fn writes_wrap_the_journal_and_stay_readable() {
+    let m = Arc::new(MemStore::new(DEV));
+    let line = "d 0 4 J 3 journal_sectors:400 fix_padding internal_hash:crc32c";
+    let t = open(&m, line, 2 << 20).unwrap();
+    let g = geometry(&m);
+    assert_eq!(g.journal_sections, 2);
+    for round in 0..7u8 {
+        let d = vec![round; 96 * 1024];
+        t.write(u64::from(round) * 4096, WriteBuf::Borrowed(&d), false)
+            .unwrap();
+    }
+    drop(t);
+    let t = open(&m, line, 2 << 20).unwrap();
+    // Sectors past the last write were never written (no wipe): not read.
+    let mut all = vec![0u8; 6 * 4096 + 96 * 1024];
+    t.read(0, &mut all).unwrap();
+    assert_eq!(all[6 * 4096], 6);
+    assert_eq!(all[6 * 4096 + 90 * 1024], 6);
+    assert_eq!(all[0], 0);
+}
+
+#[test]
+fn tagged_io_without_an_internal_hash() {
+    let m = Arc::new(MemStore::new(DEV));
+    let t = open(&m, "d 0 28 J 2 block_size:4096 fix_padding", 1 << 20).unwrap();
+    let l = t.tag_layout().unwrap();
+    assert_eq!((l.sector_size, l.tag_size), (4096, 28));
+    let data = vec![0x11u8; 8192];
+    let tags: Vec<u8> = (0..56).collect();
+    t.write_tagged(8192, &data, &tags, true).unwrap();
+    assert!(t.write_tagged(8192, &data, &tags[..50], true).is_err());
+    let (mut d, mut tg) = (vec![0u8; 8192], vec![0u8; 56]);
+    drop(t);
+    let t = open(&m, "d 0 28 J 2 block_size:4096 fix_padding", 1 << 20).unwrap();
+    t.read_tagged(8192, &mut d, &mut tg).unwrap();
+    assert_eq!((d, tg), (data, tags));
+    let c = open(&m, CRC, 1 << 20).err().unwrap();
+    assert!(c.contains("tag size"), "{c}");
+}
+
+#[test]
+fn lines_udm_cannot_serve_are_refused_by_name() {
+    let m = Arc::new(MemStore::new(DEV));
+    for (line, word) in [
+        ("d 0 4 B 1 internal_hash:crc32c", "bitmap"),
+        ("d 0 4 J 1 meta_device:/x", "meta_device"),
+        ("d 0 4 J 1 allow_discards", "internal_hash"),
+        ("d 0 - J 0", "tag size"),
+    ] {
+        let e = open(&m, line, 1 << 20).err().unwrap();
+        assert!(e.contains(word), "{line}: {e}");
+    }
+    let r = open(&m, "d 0 4 R 1 internal_hash:crc32c", 1 << 20)
+        .err()
+        .unwrap();
+    assert!(r.contains("not formatted"), "{r}");
+}
