@@ -12,14 +12,10 @@
 
 mod common;
 
+use common::foreign::*;
 use common::*;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-
-fn upstream() -> PathBuf {
-    common::upstream_cryptsetup_tests()
-}
+use std::path::Path;
 
 /// Why a volume is expected not to open; None for volumes that must.
 fn expected_failure(file: &str) -> Option<&'static str> {
@@ -49,22 +45,7 @@ fn conf(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
 }
 
 fn cs(dir: &Path, ctl: &Path, args: &[&str], input: &str) -> std::process::Output {
-    let mut child = udm()
-        .arg("cryptsetup")
-        .args(args)
-        .current_dir(dir)
-        .env("UDM_CONTROL", ctl)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut i = child.stdin.take().unwrap();
-        let _ = i.write_all(format!("{input}\n").as_bytes());
-    }
-    child.wait_with_output().unwrap()
+    cs_piped(dir, Some(ctl), args, input)
 }
 
 /// Open `img` with `args`/`input`, read it over NBD, close it: the
@@ -84,27 +65,10 @@ fn open_read(
     if !o.status.success() {
         return Err(show(&o));
     }
-    let copy = dir.join("bl.copy");
-    let c = Command::new("nbdcopy")
-        .arg(srv.uri("bl"))
-        .arg(&copy)
-        .output()
-        .unwrap();
-    let closed = cs(dir, ctl, &["close", "bl"], "");
-    if !c.status.success() || !closed.status.success() {
-        return Err(format!("{}\n{}", show(&c), show(&closed)));
-    }
-    let uuid = run_text(
-        Command::new("blkid")
-            .args(["-p", "-o", "value", "-s", "UUID"])
-            .arg(&copy),
-    );
-    let sum = run_text(Command::new("sha256sum").arg(&copy));
+    let copy = copy_and_close(dir, ctl, srv, "bl")?;
+    let found = (fs_uuid(&copy, 0), sha256_of(&copy));
     let _ = std::fs::remove_file(&copy);
-    Ok((
-        uuid.trim().to_string(),
-        sum.split_whitespace().next().unwrap_or("").to_string(),
-    ))
+    Ok(found)
 }
 
 #[test]
@@ -112,13 +76,7 @@ fn every_upstream_bitlocker_volume() {
     need("nbdcopy");
     need("blkid");
     need("sha256sum");
-    let keep = scratch("bitlk");
-    run(Command::new("tar")
-        .arg("xJf")
-        .arg(upstream().join("bitlk-images.tar.xz"))
-        .arg("-C")
-        .arg(keep.path()));
-    let dir = keep.path().join("bitlk-images");
+    let (keep, dir) = unpack_upstream("bitlk-images.tar.xz", "bitlk-images");
     let ctl = keep.path().join("ctl");
     let srv = UdmServe::start(
         &keep.path().join("nbd.sock"),

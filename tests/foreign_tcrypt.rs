@@ -13,9 +13,9 @@
 
 mod common;
 
+use common::foreign::*;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 const PASS: &str = "aaaaaaaaaaaa";
 const PASS_HIDDEN: &str = "bbbbbbbbbbbb";
@@ -23,11 +23,9 @@ const PASS_72: &str = "aaaaaaaaaaaabbbbbbbbbbbbccccccccccccddddddddddddeeeeeeeee
 const PASS_PIM: &str = "cccccccccccccccccccc";
 
 /// Ciphers of the images that udm's crypto does not have yet, with the
-/// reason an image using one fails.
-const MISSING_CIPHERS: &[(&str, &str)] = &[
-    ("des3_ede", "des3_ede is not in udm's crypto yet"),
-    ("kuznyechik", "kuznyechik is not in udm's crypto yet"),
-];
+/// reason an image using one fails (none now: des3_ede and kuznyechik
+/// landed).
+const MISSING_CIPHERS: &[(&str, &str)] = &[];
 
 /// Why an image is expected to fail (the list of cases still failing,
 /// read off the image names as the upstream script reads its options);
@@ -46,23 +44,9 @@ fn expected_failure(file: &str) -> Option<&'static str> {
     None
 }
 
-/// The upstream folder: beside the repository (CI) or beside the folder
-/// of worktrees.
-fn upstream() -> PathBuf {
-    common::upstream_cryptsetup_tests()
-}
-
 /// The images unpacked into a scratch folder.
 fn images() -> (tempfile::TempDir, PathBuf) {
-    need("tar");
-    let dir = scratch("tcrypt");
-    run(Command::new("tar")
-        .arg("xJf")
-        .arg(upstream().join("tcrypt-images.tar.xz"))
-        .arg("-C")
-        .arg(dir.path()));
-    let imgs = dir.path().join("tcrypt-images");
-    (dir, imgs)
+    unpack_upstream("tcrypt-images.tar.xz", "tcrypt-images")
 }
 
 /// The command line options and passphrase the upstream script uses for
@@ -97,23 +81,7 @@ fn params(file: &str) -> (Vec<String>, &'static str) {
 
 /// `udm cryptsetup ARGS` in `dir` with `pass` and a newline on stdin.
 fn cs(dir: &Path, ctl: Option<&Path>, args: &[String], pass: &str) -> std::process::Output {
-    let mut cmd = udm();
-    cmd.arg("cryptsetup").args(args).current_dir(dir);
-    if let Some(c) = ctl {
-        cmd.env("UDM_CONTROL", c);
-    }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut i = child.stdin.take().unwrap();
-        let _ = i.write_all(format!("{pass}\n").as_bytes());
-    }
-    child.wait_with_output().unwrap()
+    cs_piped(dir, ctl, args, pass)
 }
 
 fn list(dir: &Path, pick: impl Fn(&str) -> bool) -> Vec<String> {
@@ -318,13 +286,8 @@ fn open_and_read_uuid(
         }
         return Err(show(&o));
     }
-    let copy = dir.join(format!("{name}.copy"));
-    let c = Command::new("nbdcopy")
-        .arg(srv.uri(name))
-        .arg(&copy)
-        .output()
-        .unwrap();
     let st = cs(dir, Some(ctl), &["status".into(), name.into()], "");
+    let copy = copy_and_close(dir, ctl, srv, name)?;
     // A whole-system volume maps the drive's encrypted area, which holds
     // the partition: the filesystem sits at the partition's start (from
     // the plaintext MBR) less the area's offset.
@@ -341,23 +304,12 @@ fn open_and_read_uuid(
     } else {
         0
     };
-    let closed = cs(dir, Some(ctl), &["close".into(), name.into()], "");
-    if !c.status.success() {
-        return Err(format!("nbdcopy: {}", show(&c)));
-    }
-    if !closed.status.success() {
-        return Err(format!("close: {}", show(&closed)));
-    }
     if !String::from_utf8_lossy(&st.stdout).contains("type:    TCRYPT") {
         return Err(format!("status: {}", show(&st)));
     }
-    let b = Command::new("blkid")
-        .args(["-p", "-O", &fs_at.to_string(), "-o", "value", "-s", "UUID"])
-        .arg(&copy)
-        .output()
-        .unwrap();
+    let uuid = fs_uuid(&copy, fs_at);
     let _ = std::fs::remove_file(&copy);
-    Ok(String::from_utf8_lossy(&b.stdout).trim().to_string())
+    Ok(uuid)
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The 8-byte block ciphers (cast5, blowfish) and the chain modes the
+//! The 8-byte block ciphers (cast5, blowfish, des3_ede) and the chain modes the
 //! kernel runs them in (cbc, ecb; xts and lrw need 16-byte blocks). Old
 //! volumes only: these are serial, one block per call, and no one reaches
 //! for them for speed.
@@ -6,15 +6,19 @@
 //! Every variant zeroizes its key schedule on drop (the crates' `zeroize`
 //! feature).
 
-use cipher::{Array, BlockCipherDecrypt, BlockCipherEncrypt, KeyInit};
+use cipher::consts::U8;
+use cipher::{Array, BlockCipherDecrypt, BlockCipherEncrypt};
 
 use super::spec::Alg;
-use super::CryptoError;
+use super::{keyed, CryptoError};
 
 /// A keyed 8-byte block cipher.
 pub enum Cipher64 {
     Blowfish(Box<blowfish::Blowfish>),
     Cast5(Box<cast5::Cast5>),
+    /// Triple DES, encrypt-decrypt-encrypt with three keys (the kernel's
+    /// `des3_ede`), for TrueCrypt's old CBC volumes.
+    Des3Ede(Box<des::TdesEde3>),
 }
 
 impl std::fmt::Debug for Cipher64 {
@@ -22,29 +26,34 @@ impl std::fmt::Debug for Cipher64 {
         let name = match self {
             Cipher64::Blowfish(_) => "blowfish",
             Cipher64::Cast5(_) => "cast5",
+            Cipher64::Des3Ede(_) => "des3_ede",
         };
         write!(f, "Cipher64({name}, key hidden)")
     }
 }
 
+type Block8 = Array<u8, U8>;
+
+/// One block in one direction, for any of the crates' 8-byte ciphers.
+fn run<C>(c: &C, a: &mut Block8, encrypt: bool)
+where
+    C: BlockCipherEncrypt<BlockSize = U8> + BlockCipherDecrypt<BlockSize = U8>,
+{
+    if encrypt {
+        c.encrypt_block(a)
+    } else {
+        c.decrypt_block(a)
+    }
+}
+
 impl Cipher64 {
     /// Key `alg`; the sizes accepted are the kernel's (blowfish 32 to 448
-    /// bits, cast5 40 to 128 bits).
+    /// bits, cast5 40 to 128 bits, des3_ede 192 bits).
     pub fn new(alg: Alg, key: &[u8]) -> Result<Cipher64, CryptoError> {
-        let bad = |accepted: &str| {
-            CryptoError::key(format!(
-                "{}: a {}-bit key is not valid (accepted: {accepted})",
-                alg.name(),
-                key.len() * 8
-            ))
-        };
         Ok(match alg {
-            Alg::Blowfish => Cipher64::Blowfish(Box::new(
-                blowfish::Blowfish::new_from_slice(key).map_err(|_| bad("32 to 448 bits"))?,
-            )),
-            Alg::Cast5 => Cipher64::Cast5(Box::new(
-                cast5::Cast5::new_from_slice(key).map_err(|_| bad("40 to 128 bits"))?,
-            )),
+            Alg::Blowfish => Cipher64::Blowfish(Box::new(keyed(alg, key, "32 to 448 bits")?)),
+            Alg::Cast5 => Cipher64::Cast5(Box::new(keyed(alg, key, "40 to 128 bits")?)),
+            Alg::Des3Ede => Cipher64::Des3Ede(Box::new(keyed(alg, key, "192 bits")?)),
             other => {
                 return Err(CryptoError::new(format!(
                     "{} is not an 8-byte block cipher",
@@ -55,13 +64,12 @@ impl Cipher64 {
     }
 
     fn block(&self, b: &mut [u8], encrypt: bool) {
-        let mut a: Array<u8, cipher::consts::U8> = Array::default();
+        let mut a = Block8::default();
         a.copy_from_slice(b);
-        match (self, encrypt) {
-            (Cipher64::Blowfish(c), true) => c.encrypt_block(&mut a),
-            (Cipher64::Blowfish(c), false) => c.decrypt_block(&mut a),
-            (Cipher64::Cast5(c), true) => c.encrypt_block(&mut a),
-            (Cipher64::Cast5(c), false) => c.decrypt_block(&mut a),
+        match self {
+            Cipher64::Blowfish(c) => run(&**c, &mut a, encrypt),
+            Cipher64::Cast5(c) => run(&**c, &mut a, encrypt),
+            Cipher64::Des3Ede(c) => run(&**c, &mut a, encrypt),
         }
         b.copy_from_slice(&a);
     }
@@ -124,6 +132,18 @@ mod tests {
         assert_eq!(hex::encode(&b), "238b4fe5847e44b2");
         c5.ecb(&mut b, false);
         assert_eq!(hex::encode(&b), "0123456789abcdef");
+        // NIST SP 800-67's TDEA example: the three keys and the first
+        // block of "The qufck brown fox jump" (sic).
+        let d3 = Cipher64::new(
+            Alg::Des3Ede,
+            &hex::decode("0123456789abcdef23456789abcdef01456789abcdef0123").unwrap(),
+        )
+        .unwrap();
+        let mut b = hex::decode("5468652071756663").unwrap();
+        d3.encrypt_block(&mut b);
+        assert_eq!(hex::encode(&b), "a826fd8ce53b855f");
+        d3.ecb(&mut b, false);
+        assert_eq!(hex::encode(&b), "5468652071756663");
     }
 
     #[test]
@@ -142,6 +162,7 @@ mod tests {
             (Alg::Blowfish, 57),
             (Alg::Cast5, 4),
             (Alg::Cast5, 17),
+            (Alg::Des3Ede, 16),
         ] {
             let e = Cipher64::new(alg, &vec![1u8; len]).unwrap_err();
             assert!(e.about_key() && e.to_string().contains("bits"), "{e}");

@@ -90,3 +90,18 @@ impl std::fmt::Display for CryptoError {
 }
 
 impl std::error::Error for CryptoError {}
+
+/// The error for a key of the wrong size: it names the algorithm, the size
+/// given and the sizes accepted (never the key).
+fn key_error(alg: spec::Alg, len: usize, accepted: &str) -> CryptoError {
+    CryptoError::key(format!(
+        "{}: a {}-bit key is not valid (accepted: {accepted})",
+        alg.name(),
+        len * 8
+    ))
+}
+
+/// Key one of the block cipher crates' types, or say which sizes it takes.
+fn keyed<C: cipher::KeyInit>(alg: spec::Alg, key: &[u8], accepted: &str) -> Result<C, CryptoError> {
+    C::new_from_slice(key).map_err(|_| key_error(alg, key.len(), accepted))
+}

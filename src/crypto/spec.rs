@@ -20,6 +20,10 @@ pub enum Alg {
     Cast5,
     /// 8-byte block, big-endian as the kernel's `blowfish`.
     Blowfish,
+    /// 8-byte block: triple DES with three keys (the kernel's `des3_ede`).
+    Des3Ede,
+    /// GOST R 34.12-2015's 128-bit block cipher, 256-bit key.
+    Kuznyechik,
     /// Adiantum's pair `xchacha12,aes` (only with the adiantum mode).
     XChaCha12Aes,
     /// Adiantum's pair `xchacha20,aes`.
@@ -37,6 +41,8 @@ impl Alg {
             Alg::Camellia => "camellia",
             Alg::Cast5 => "cast5",
             Alg::Blowfish => "blowfish",
+            Alg::Des3Ede => "des3_ede",
+            Alg::Kuznyechik => "kuznyechik",
             Alg::XChaCha12Aes => "xchacha12,aes",
             Alg::XChaCha20Aes => "xchacha20,aes",
             Alg::Null => "cipher_null",
@@ -48,7 +54,7 @@ impl Alg {
     /// so a 64-bit sector number fits).
     pub fn block_size(self) -> usize {
         match self {
-            Alg::Cast5 | Alg::Blowfish => 8,
+            Alg::Cast5 | Alg::Blowfish | Alg::Des3Ede => 8,
             _ => 16,
         }
     }
@@ -154,6 +160,8 @@ fn parse_alg(spec: &str, name: &str) -> Result<Alg, CryptoError> {
         "camellia" => Ok(Alg::Camellia),
         "cast5" => Ok(Alg::Cast5),
         "blowfish" => Ok(Alg::Blowfish),
+        "des3_ede" => Ok(Alg::Des3Ede),
+        "kuznyechik" => Ok(Alg::Kuznyechik),
         "xchacha12,aes" => Ok(Alg::XChaCha12Aes),
         "xchacha20,aes" => Ok(Alg::XChaCha20Aes),
         "cipher_null" => Ok(Alg::Null),
@@ -161,7 +169,7 @@ fn parse_alg(spec: &str, name: &str) -> Result<Alg, CryptoError> {
         other => Err(err(
             spec,
             format!(
-                "cipher '{other}' is not supported by udm (supported: aes, serpent, twofish, camellia, cast5, blowfish, cipher_null; xchacha12,aes and xchacha20,aes with adiantum)"
+                "cipher '{other}' is not supported by udm (supported: aes, serpent, twofish, camellia, kuznyechik, cast5, blowfish, des3_ede, cipher_null; xchacha12,aes and xchacha20,aes with adiantum)"
             ),
         )),
     }

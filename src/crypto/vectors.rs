@@ -63,6 +63,11 @@ fn cross_checked_with_python_cryptography() {
             "e26135fbf84120c8d5e7b80dff7e0bde78fe109c29288c094206a69f5924b1ac",
         ),
         (
+            "des3_ede-cbc-plain64",
+            24,
+            "e44c60c51522787020fe55af8f5a7fbc00f1a8d79149c3d6cec1d54a3c60825f",
+        ),
+        (
             "aes-cbc-tcw",
             48,
             "22f7ef6fe3556e1f73e59c81a16bb04b47201e795d8add7e9c155617a597357f",
@@ -108,6 +113,9 @@ fn every_new_mode_round_trips_and_splits() {
         ("blowfish-cbc-lmk", 16),
         ("serpent-cbc-tcw", 64),
         ("cast5-cbc-tcw", 40),
+        ("des3_ede-cbc-tcw", 48),
+        ("kuznyechik-xts-plain64", 64),
+        ("kuznyechik-cbc-essiv:sha256", 32),
         ("aes-cbc-elephant", 32),
         ("aes-cbc-elephant", 64),
         ("twofish-cbc-eboiv", 32),

@@ -39,6 +39,10 @@ pub struct KeySource {
     pub size: Option<u64>,
     /// `--timeout` for the terminal prompt (None: wait forever).
     pub timeout: Option<Duration>,
+    /// `--verify-passphrase`: ask twice on a terminal even for a
+    /// passphrase that already exists (a typo would otherwise only show
+    /// as a wrong passphrase, or, for plain mode, as a wrong key).
+    pub verify: bool,
 }
 
 impl KeySource {
@@ -87,7 +91,7 @@ impl KeySource {
                             "Cannot use offset with terminal input.".into(),
                         ));
                     }
-                    prompt_stdin_tty(prompt, verify, self.timeout)
+                    prompt_stdin_tty(prompt, verify || self.verify, self.timeout)
                 } else {
                     // Without --key-file, a pipe gives one line; with
                     // --key-file=- it is read like a file.

@@ -14,6 +14,7 @@
 
 pub mod alloc;
 pub mod dm;
+pub mod foreign;
 pub mod fs;
 pub mod luks;
 pub mod nbd;

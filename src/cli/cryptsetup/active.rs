@@ -82,7 +82,7 @@ pub(super) fn flags(c: &Ctx) -> Vec<&'static str> {
 fn open_table(c: &Ctx, name: &str) -> Result<(Zeroizing<String>, String), LuksError> {
     let ty = c.device_type.as_deref().unwrap_or("luks");
     let data = c.argv[0].clone();
-    let dev_arg = crate::core::table::escape_arg(&data);
+    let dev_arg = super::ctx::table_dev(&data);
     if ty == "plain" {
         let mut p = PlainParams {
             hash: c.a.str("hash").map(str::to_string),
@@ -214,7 +214,7 @@ pub(super) fn create_luks2(
             act.options.insert(0, f);
         }
     }
-    let table = act.table(&crate::core::table::escape_arg(&c.argv[0]));
+    let table = act.table(&super::ctx::table_dev(&c.argv[0]));
     let mut r = req("create", name);
     r.has_table = true;
     r.uuid = Some(format!("CRYPT-LUKS2-{}-{name}", uuid.replace('-', "")));
@@ -311,6 +311,8 @@ pub(super) fn status(c: &Ctx) -> Outcome {
         "TCRYPT"
     } else if uuid.starts_with("CRYPT-BITLK") {
         "BITLK"
+    } else if uuid.starts_with("CRYPT-FVAULT2") {
+        "FVAULT2"
     } else {
         "n/a"
     };

@@ -27,14 +27,13 @@ fn load(c: &Ctx) -> Result<Metadata, LuksError> {
     })
 }
 
-/// The FVEK: through a clear key if there is one, else from the
-/// passphrase, recovery password or key file (`--tries` times on a
-/// terminal).
-fn unlock(c: &Ctx, m: &Metadata) -> Result<Zeroizing<Vec<u8>>, LuksError> {
-    match m.volume_key(None) {
-        Err(LuksError::WrongPassphrase) => {}
-        other => return other,
-    }
+/// Ask for a passphrase (or read the key file) and hand it to `try_one`,
+/// `--tries` times on a terminal, until it gives anything but a wrong
+/// passphrase; a wrong one is reported as cryptsetup reports it.
+pub(super) fn with_passphrase<T>(
+    c: &Ctx,
+    try_one: impl Fn(&[u8]) -> Result<T, LuksError>,
+) -> Result<T, LuksError> {
     let src = key_source(c, c.a.str("key-file"));
     let tries = if src.interactive() {
         c.a.u32("tries").unwrap_or(3).max(1)
@@ -44,7 +43,7 @@ fn unlock(c: &Ctx, m: &Metadata) -> Result<Zeroizing<Vec<u8>>, LuksError> {
     let prompt = format!("Enter passphrase for {}: ", c.argv[0]);
     for _ in 0..tries {
         let pass = src.read(&prompt, false)?;
-        match m.volume_key(Some(&pass)) {
+        match try_one(&pass) {
             Err(LuksError::WrongPassphrase) => eprintln!("No key available with this passphrase."),
             other => return other,
         }
@@ -52,7 +51,18 @@ fn unlock(c: &Ctx, m: &Metadata) -> Result<Zeroizing<Vec<u8>>, LuksError> {
     Err(LuksError::Silent(2))
 }
 
-fn write_key_file(p: &str, key: &[u8]) -> Outcome {
+/// The FVEK: through a clear key if there is one, else from the
+/// passphrase, recovery password or key file.
+fn unlock(c: &Ctx, m: &Metadata) -> Result<Zeroizing<Vec<u8>>, LuksError> {
+    match m.volume_key(None) {
+        Err(LuksError::WrongPassphrase) => {}
+        other => return other,
+    }
+    with_passphrase(c, |pass| m.volume_key(Some(pass)))
+}
+
+/// The volume key to a new file only the owner may read.
+pub(super) fn write_key_file(p: &str, key: &[u8]) -> Outcome {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -130,7 +140,7 @@ fn table(c: &Ctx, m: &Metadata, key: &[u8], sectors: u64) -> Result<Zeroizing<St
     } else {
         format!(" {} {}", opts.len(), opts.join(" "))
     };
-    let dev = crate::core::table::escape_arg(&super::foreign::server_path(&c.argv[0])).to_string();
+    let dev = super::ctx::table_dev(&c.argv[0]);
     let hex_key = Zeroizing::new(hex::encode(key));
     let mut t = Zeroizing::new(String::new());
     for (start, len, iv) in m.segments(sectors)? {

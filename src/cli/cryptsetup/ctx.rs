@@ -13,6 +13,21 @@ use crate::luks::ops::{self, Device, Unlock};
 use crate::luks::passphrase::KeySource;
 use crate::luks::pbkdf::PbkdfChoice;
 
+/// A local path as the server must see it (absolute: the server does
+/// not share this command's working directory); other names unchanged.
+pub(super) fn server_path(p: &str) -> String {
+    match std::fs::canonicalize(p) {
+        Ok(abs) if !p.contains("://") && !p.starts_with("rbd:") => abs.display().to_string(),
+        _ => p.to_string(),
+    }
+}
+
+/// A device argument as it goes into a table sent to the server: made
+/// absolute by [`server_path`], then escaped as a table word.
+pub(super) fn table_dev(p: &str) -> String {
+    crate::core::table::escape_arg(&server_path(p)).to_string()
+}
+
 /// What a verb returns: Ok, or the error to print and its exit code.
 pub(crate) type Outcome = Result<(), LuksError>;
 
@@ -27,7 +42,9 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     pub fn verbose(&self) -> bool {
-        self.a.has("verbose") || self.a.has("debug")
+        // udm's debug output has no JSON metadata dumps: --debug-json
+        // gives what --debug gives.
+        self.a.has("verbose") || self.a.has("debug") || self.a.has("debug-json")
     }
 
     pub fn batch(&self) -> bool {
@@ -65,6 +82,7 @@ pub(super) fn key_source(c: &Ctx, key_file: Option<&str>) -> KeySource {
             .u32("timeout")
             .filter(|&t| t > 0)
             .map(|t| Duration::from_secs(u64::from(t))),
+        verify: c.a.has("verify-passphrase"),
     }
 }
 

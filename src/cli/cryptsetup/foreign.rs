@@ -17,15 +17,6 @@ use crate::luks::passphrase::KeySource;
 use crate::luks::secret::SecretText;
 use zeroize::Zeroizing;
 
-/// A local path as the server must see it (absolute: the server does
-/// not share this command's working directory); other names unchanged.
-pub(super) fn server_path(p: &str) -> String {
-    match std::fs::canonicalize(p) {
-        Ok(abs) if !p.contains("://") && !p.starts_with("rbd:") => abs.display().to_string(),
-        _ => p.to_string(),
-    }
-}
-
 /// Whether `open` is for a type this file handles.
 pub(super) fn handles_open(c: &Ctx) -> bool {
     c.device_type.as_deref() == Some("tcrypt")
@@ -52,6 +43,7 @@ fn stdin_source(c: &Ctx) -> KeySource {
             .u32("timeout")
             .filter(|&t| t > 0)
             .map(|t| Duration::from_secs(u64::from(t))),
+        verify: c.a.has("verify-passphrase"),
         ..KeySource::default()
     }
 }
@@ -264,11 +256,7 @@ pub(super) fn open(c: &Ctx) -> Outcome {
     for (i, spec, key) in layers.iter().rev() {
         let dev_name = layer_name(name, *i);
         let (dev, off) = if *i == last {
-            (
-                crate::core::table::escape_arg(&super::foreign::server_path(&c.argv[0]))
-                    .to_string(),
-                offset,
-            )
+            (super::ctx::table_dev(&c.argv[0]), offset)
         } else {
             (format!("@{}", layer_name(name, i + 1)), 0)
         };

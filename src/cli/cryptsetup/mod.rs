@@ -16,6 +16,7 @@ mod args;
 mod bitlk;
 mod ctx;
 mod foreign;
+mod fvault2;
 mod offline;
 mod progress;
 mod reencrypt;
@@ -43,8 +44,10 @@ fn open(c: &Ctx) -> Outcome {
     if foreign::handles_open(c) {
         return foreign::open(c);
     }
-    if c.device_type.as_deref() == Some("bitlk") {
-        return bitlk::open(c);
+    match c.device_type.as_deref() {
+        Some("bitlk") => return bitlk::open(c),
+        Some("fvault2") => return fvault2::open(c),
+        _ => {}
     }
     if offline::open_checks(c)? {
         return Ok(());
@@ -198,6 +201,12 @@ const ACTIONS: &[Action] = &[
         run: bitlk::dump,
     },
     Action {
+        name: "fvault2Dump",
+        min_args: 1,
+        usage: "<device>",
+        run: fvault2::dump,
+    },
+    Action {
         name: "tcryptDump",
         min_args: 1,
         usage: "<device>",
@@ -253,6 +262,7 @@ const ALIASES: &[(&str, &str, Option<&str>)] = &[
     ("bitlkDump", "bitlkDump", Some("bitlk")),
     ("bitlkOpen", "open", Some("bitlk")),
     ("fvault2Open", "open", Some("fvault2")),
+    ("fvault2Dump", "fvault2Dump", Some("fvault2")),
     ("remove", "close", None),
     ("plainClose", "close", None),
     ("luksClose", "close", None),
@@ -332,6 +342,9 @@ pub fn main(argv: Vec<OsString>) -> i32 {
         argv,
         device_type,
     };
+    for (o, why) in verify::ALWAYS_SO.iter().filter(|(o, _)| ctx.a.has(o)) {
+        ctx.verbose_msg(&format!("Option --{o} holds: {why}."));
+    }
     match (action.run)(&ctx) {
         Ok(()) => {
             ctx.verbose_msg("Command successful.");

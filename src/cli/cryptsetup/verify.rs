@@ -202,7 +202,7 @@ fn token(a: &Args, argv: &[String]) -> Checked {
 
 /// cryptsetup 2.6.1 options udm knows but does not do, each refused by
 /// name rather than accepted and ignored.
-const NOT_IN_UDM: [(&str, &str); 4] = [
+const NOT_IN_UDM: [(&str, &str); 9] = [
     (
         "persistent",
         "udm does not store activation flags in the LUKS2 header; pass them to every open",
@@ -219,6 +219,41 @@ const NOT_IN_UDM: [(&str, &str); 4] = [
         "cancel-deferred",
         "udm's control socket has no cancel for a deferred removal",
     ),
+    (
+        "serialize-memory-hard-pbkdf",
+        "udm does not take a lock across processes around Argon2; each process keeps to its own memory limit",
+    ),
+    (
+        "block-size",
+        "it sets the block size of LUKS1's offline reencryption, which udm does not do (LUKS2's online reencryption takes --hotzone-size)",
+    ),
+    (
+        "use-directio",
+        "it belongs to LUKS1's offline reencryption, which udm does not do",
+    ),
+    (
+        "use-fsync",
+        "it belongs to LUKS1's offline reencryption, which udm does not do",
+    ),
+    (
+        "write-log",
+        "it belongs to LUKS1's offline reencryption, which udm does not do",
+    ),
+];
+
+/// Options that turn off something udm never does, so they hold as
+/// given; `--verbose` says so for each.
+pub(super) const ALWAYS_SO: [(&str, &str); 4] = [
+    (
+        "disable-external-tokens",
+        "udm loads no external token plugins",
+    ),
+    (
+        "disable-keyring",
+        "udm never loads volume keys into the kernel keyring (its server holds them)",
+    ),
+    ("disable-locks", "udm takes no cryptsetup metadata locks"),
+    ("force-password", "udm applies no password quality rules"),
 ];
 
 fn not_in_udm(a: &Args) -> Checked {

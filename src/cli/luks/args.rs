@@ -42,6 +42,7 @@ impl Common {
             offset: self.keyfile_offset,
             size: self.keyfile_size,
             timeout: None,
+            verify: false,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Volumes of other systems' disk encryption that cryptsetup opens, as
-//! tables of udm's own crypt target: TrueCrypt/VeraCrypt (`tcrypt`).
+//! tables of udm's own crypt target: TrueCrypt/VeraCrypt (`tcrypt`),
+//! BitLocker (`bitlk`) and FileVault2 (`fvault2`).
 //!
 //! They live under `luks/` because they need what LUKS needs and nothing
 //! more: the store-backed `Disk` reader, the passphrase sources, the
@@ -8,6 +9,7 @@
 //! lines; nothing outside these files knows the formats' layouts.
 
 pub mod bitlk;
+pub mod fvault2;
 pub mod tcrypt;
 
 /// CRC-32 (IEEE 802.3, reflected), the running register without the

@@ -1,0 +1,117 @@
+//! cryptsetup's verbs for FileVault2 volumes: `fvault2Dump` and
+//! `open --type fvault2`. The Core Storage metadata is read by
+//! `luks::foreign::fvault2`; here the passphrase is asked as cryptsetup
+//! asks it and the logical volume becomes one crypt line on a running
+//! server.
+
+use std::path::Path;
+
+use super::active::{call, flags, req};
+use super::bitlk::{with_passphrase, write_key_file};
+use super::ctx::{ui, Ctx, Outcome};
+use crate::luks::disk::Disk;
+use crate::luks::error::LuksError;
+use crate::luks::foreign::fvault2::{self, Metadata};
+use crate::luks::secret::SecretText;
+use zeroize::Zeroizing;
+
+fn load(c: &Ctx) -> Result<Metadata, LuksError> {
+    let disk = Disk::open(Path::new(&c.argv[0]), false)?;
+    fvault2::read(&disk).map_err(|e| {
+        eprintln!("Device {} is not a valid FVAULT2 device.", c.argv[0]);
+        match e {
+            LuksError::Unsupported(m) => LuksError::Unsupported(m),
+            _ => LuksError::Silent(1),
+        }
+    })
+}
+
+/// `fvault2Dump [--dump-volume-key [--volume-key-file F]]`: the header,
+/// then (asked for) the volume key, which also goes to the file if named.
+pub(super) fn dump(c: &Ctx) -> Outcome {
+    let m = load(c)?;
+    if !c.a.has("dump-volume-key") {
+        print!("{}", m.dump_text(&c.argv[0]));
+        return Ok(());
+    }
+    use crate::luks::feedback::Feedback;
+    if !ui(c).confirm(
+        "The header dump with volume key is sensitive information\nthat allows access to encrypted partition without a passphrase.\nThis dump should be stored encrypted in a safe place.",
+    )? {
+        return Err(LuksError::Denied("Operation aborted.".into()));
+    }
+    let key = with_passphrase(c, |pass| m.volume_key(pass))?;
+    if let Some(f) = c.a.str("volume-key-file") {
+        write_key_file(f, &key[..])?;
+    }
+    let head = m.dump_text(&c.argv[0]);
+    let mut t = SecretText::with_capacity(head.len() + 256);
+    let text = (|| -> std::fmt::Result {
+        use std::fmt::Write;
+        t.write_str(&head)?;
+        t.write_str("Volume key:       \t")?;
+        t.hex(&key[..], " ", 0, "")?;
+        t.write_str(" \n")
+    })();
+    text.map_err(|_| LuksError::Usage("volume key dump does not fit its buffer".into()))?;
+    print!("{}", t.as_str());
+    Ok(())
+}
+
+/// The one crypt line cryptsetup loads: the logical volume, AES-XTS with
+/// sector numbers from its start.
+fn table(c: &Ctx, m: &Metadata, key: &[u8]) -> Result<Zeroizing<String>, LuksError> {
+    let disk_sectors = Disk::open(Path::new(&c.argv[0]), false)?.size()? / 512;
+    let (off, len) = (m.log_vol_off / 512, m.log_vol_size / 512);
+    if off.saturating_add(len) > disk_sectors {
+        return Err(LuksError::Usage(format!(
+            "Device {} is too small.",
+            c.argv[0]
+        )));
+    }
+    let opts: Vec<&str> = flags(c);
+    let tail = if opts.is_empty() {
+        String::new()
+    } else {
+        format!(" {} {}", opts.len(), opts.join(" "))
+    };
+    let dev = super::ctx::table_dev(&c.argv[0]);
+    let mut t = Zeroizing::new(format!("0 {len} crypt aes-xts-plain64 "));
+    t.push_str(&Zeroizing::new(hex::encode(key)));
+    t.push_str(&format!(" 0 {dev} {off}{tail}\n"));
+    Ok(t)
+}
+
+/// `open --type fvault2 DEVICE NAME` (and `--test-passphrase`).
+pub(super) fn open(c: &Ctx) -> Outcome {
+    let m = load(c)?;
+    let key = match c.a.str("volume-key-file") {
+        Some(f) => {
+            let k = crate::luks::ops::read_volume_key_file(Path::new(f), 32)?;
+            if c.a.has("test-passphrase") {
+                eprintln!("This operation is not supported.");
+                return Err(LuksError::Silent(1));
+            }
+            Zeroizing::new(k.to_vec())
+        }
+        None => Zeroizing::new(with_passphrase(c, |pass| m.volume_key(pass))?.to_vec()),
+    };
+    if c.a.has("test-passphrase") {
+        return Ok(());
+    }
+    let name = c
+        .argv
+        .get(1)
+        .ok_or_else(|| LuksError::Usage("Argument <name> missing.".into()))?;
+    let t = table(c, &m, &key)?;
+    let mut r = req("create", name);
+    r.has_table = true;
+    r.readonly = c.a.has("readonly");
+    r.allow = c.a.str("allow").map(str::to_string);
+    r.uuid = Some(format!(
+        "CRYPT-FVAULT2-{}-{name}",
+        m.family_uuid.replace('-', "")
+    ));
+    call(c, name, r, t.as_bytes())?;
+    Ok(())
+}
