@@ -19,6 +19,7 @@ pub mod linear;
 pub mod log_replay;
 pub mod log_writes;
 pub mod striped;
+pub mod thin;
 pub mod verity;
 pub mod zero;
 
@@ -134,6 +135,8 @@ pub static TYPES: &[&TargetType] = &[
     &dust::TYPE,
     &log_writes::TYPE,
     &verity::TYPE,
+    &thin::pool::TYPE,
+    &thin::dev::TYPE,
 ];
 
 /// The target type a table names, if udm has it.
