@@ -119,8 +119,8 @@ impl Thin {
         let dd = self.core.data();
         let mut md = self.core.md();
         let cur = md.lookup(self.id, vb).map_err(meta_err)?;
-        if let Some((db, _)) = cur {
-            if !md.shared(db) {
+        if let Some((db, time)) = cur {
+            if !md.shared(self.id, db, time) {
                 drop(md);
                 return dd.write(db * bs + within, WriteBuf::Borrowed(data), false);
             }

@@ -68,6 +68,8 @@ pub struct Metadata {
     changed: BTreeMap<u64, bool>,
     dsm: SmDisk,
     msm: SmDisk,
+    /// A superblock field changed (transaction id) since the commit.
+    sb_dirty: bool,
 }
 
 fn all_zero(b: &Block) -> bool {
@@ -133,6 +135,7 @@ impl Metadata {
             changed: BTreeMap::new(),
             dsm,
             msm,
+            sb_dirty: false,
         };
         if m.block_sectors != block_sectors {
             return Err(format!(
@@ -175,6 +178,7 @@ impl Metadata {
             changed: BTreeMap::new(),
             dsm,
             msm,
+            sb_dirty: false,
         };
         m.commit()?;
         Ok(m)
@@ -284,9 +288,14 @@ impl Metadata {
         self.tm.dsm.alloc()
     }
 
-    /// More than one mapping points at the data block.
-    pub fn shared(&self, db: u64) -> bool {
-        self.tm.dsm.get(db) > 1
+    /// Whether a mapping of `dev` made at `time` may share its data block.
+    /// As in the kernel, a mapping older than the device's last snapshot
+    /// may be shared even though the block's count says 1: the count of a
+    /// block under a shared btree node rises only when that node is
+    /// shadowed. A false "shared" costs one copy, never data.
+    pub fn shared(&self, dev: u64, db: u64, time: u32) -> bool {
+        let snap = self.devs.get(&dev).map_or(0, |d| d.snap_time);
+        time < snap || self.tm.dsm.get(db) > 1
     }
 
     pub fn create_thin(&mut self, dev: u64) -> Result<(), String> {
@@ -369,7 +378,7 @@ impl Metadata {
     }
 
     pub fn dirty(&self) -> bool {
-        self.tm.has_changes() || !self.changed.is_empty()
+        self.sb_dirty || self.tm.has_changes() || !self.changed.is_empty()
     }
 
     /// Write the transaction (see the module doc for the order).
@@ -389,7 +398,22 @@ impl Metadata {
         let ms = super::pdata::space_map::store(&mut self.tm, &mut self.msm)?;
         self.tm.write_all()?;
         let sb = self.superblock(&ds, &ms);
-        self.tm.write_super(&sb)
+        self.tm.write_super(&sb)?;
+        self.sb_dirty = false;
+        Ok(())
+    }
+
+    /// `set_transaction_id <cur> <new>`: userspace's own counter (LVM's).
+    pub fn set_trans_id(&mut self, cur: u64, new: u64) -> Result<(), String> {
+        if self.trans_id != cur {
+            return Err(format!(
+                "set_transaction_id: the current transaction id is {}, not {cur}",
+                self.trans_id
+            ));
+        }
+        self.trans_id = new;
+        self.sb_dirty = true;
+        Ok(())
     }
 
     fn superblock(&self, ds: &SmRoot, ms: &SmRoot) -> Block {

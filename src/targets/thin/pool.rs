@@ -222,14 +222,7 @@ impl PoolCore {
             }
             "set_transaction_id" => {
                 want(2)?;
-                let (cur, new) = (num(1)?, num(2)?);
-                if md.trans_id != cur {
-                    return Err(format!(
-                        "set_transaction_id: the current transaction id is {}, not {cur}",
-                        md.trans_id
-                    ));
-                }
-                md.trans_id = new;
+                md.set_trans_id(num(1)?, num(2)?)?;
             }
             "reserve_metadata_snap" | "release_metadata_snap" => {
                 return Err(format!("{verb} is not supported by udm yet"));
