@@ -29,6 +29,14 @@ if op == "read":
         sys.stdout.buffer.write(h.pread(k, off))
         off += k
         n -= k
+elif op == "stamp":
+    n, bs = int(sys.argv[4]), int(sys.argv[5])
+    for vb in range(off, off + n):
+        h.pwrite(bytes([vb % 251 + 1]) * 4096, vb * bs + 8192)
+    h.flush()
+elif op == "trim":
+    h.trim(int(sys.argv[4]), off)
+    h.flush()
 else:
     data = sys.stdin.buffer.read()
     h.pwrite(data, off)
@@ -80,6 +88,9 @@ fn pool_line(meta: &Path, data: &Path, blocks: u64, features: &str) -> String {
     )
 }
 
+/// `(virtual block, data block it maps or None)` of one device.
+type Expect = &'static [(u64, Option<u64>)];
+
 fn thin_line(sectors: u64, id: u64) -> String {
     format!("0 {sectors} thin @pool {id}")
 }
@@ -122,7 +133,7 @@ fn restored_pool_reads_what_the_xml_maps() {
     let sectors = 64 * (BLOCK as u64 / 512);
     srv.ok(&["create", "t0", "--table", &thin_line(sectors, 0)]);
     srv.ok(&["create", "t7", "--table", &thin_line(sectors, 7)]);
-    let expect: &[(&str, &[(u64, Option<u64>)])] = &[
+    let expect: &[(&str, Expect)] = &[
         (
             "t0",
             &[
@@ -254,4 +265,73 @@ fn udm_pool_passes_thin_check_with_a_filesystem_and_a_snapshot() {
         assert!(r[3] > 0, "and shares the rest: {ls}");
         assert_eq!(r[1], r[2] + r[3], "{ls}");
     }
+}
+
+fn nbd_op(uri: &str, op: &str, args: &[u64]) {
+    need_python_module("nbd", "python3-libnbd");
+    let mut c = Command::new(PYTHON);
+    c.args(["-c", NBD_IO, uri, op]);
+    c.args(args.iter().map(|a| a.to_string()));
+    run(&mut c);
+}
+
+/// `<used>/<total>` data blocks from a pool's status line.
+fn data_used(status: &str) -> u64 {
+    let w: Vec<&str> = status.split_whitespace().collect();
+    w[5].split('/').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn discard_delete_and_metadata_snapshot() {
+    let dir = scratch("thin-discard");
+    let meta = sparse(dir.path(), "meta", 4 << 20);
+    let data = sparse(dir.path(), "data", 1024 * BLOCK as u64);
+    let srv = DmServer::start(dir.path(), &[]);
+    srv.ok(&[
+        "create",
+        "pool",
+        "--table",
+        &pool_line(&meta, &data, 1024, ""),
+    ]);
+    srv.ok(&["message", "pool", "0", "create_thin", "0"]);
+    let sectors = 1024 * (BLOCK as u64 / 512);
+    srv.ok(&["create", "t0", "--table", &thin_line(sectors, 0)]);
+    let uri = srv.uri("t0");
+    // 4 KiB into each of 600 new blocks: 600 mappings, a btree of
+    // several levels, and the rest of each block zeroed.
+    nbd_op(&uri, "stamp", &[0, 600, BLOCK as u64]);
+    let b3 = nbd_read(&uri, 3 * BLOCK as u64, BLOCK);
+    assert!(b3[..8192].iter().all(|&x| x == 0) && b3[12288..].iter().all(|&x| x == 0));
+    assert!(b3[8192..12288].iter().all(|&x| x == 4));
+    assert_eq!(data_used(&srv.ok(&["status", "pool"])), 600);
+
+    srv.ok(&["message", "pool", "0", "reserve_metadata_snap"]);
+    let st = srv.ok(&["status", "pool"]);
+    assert!(!st.contains(" - rw "), "a held root in: {st}");
+    let held = tool("thin_dump", &["-m", meta.to_str().unwrap()]);
+    assert!(held.contains("mapped_blocks=\"600\""), "{held}");
+
+    srv.ok(&["message", "pool", "0", "create_snap", "1", "0"]);
+    nbd_op(&uri, "trim", &[0, 500 * BLOCK as u64]);
+    assert!(nbd_read(&uri, 3 * BLOCK as u64, BLOCK)
+        .iter()
+        .all(|&x| x == 0));
+    assert_eq!(
+        data_used(&srv.ok(&["status", "pool"])),
+        600,
+        "the snapshot keeps them"
+    );
+    srv.ok(&["message", "pool", "0", "delete", "1"]);
+    assert_eq!(data_used(&srv.ok(&["status", "pool"])), 100);
+    srv.ok(&["message", "pool", "0", "release_metadata_snap"]);
+    assert!(srv.ok(&["status", "pool"]).contains(" - rw "));
+    let e = srv.fails(&["message", "pool", "0", "delete", "1"]);
+    assert!(e.contains("does not exist"), "{e}");
+    srv.ok(&["remove", "t0"]);
+    srv.ok(&["remove", "pool"]);
+    srv.serve.stop();
+    tool("thin_check", &[meta.to_str().unwrap()]);
+    let dump = tool("thin_dump", &[meta.to_str().unwrap()]);
+    assert!(dump.contains("mapped_blocks=\"100\""), "{dump}");
+    assert!(!dump.contains("dev_id=\"1\""), "{dump}");
 }

@@ -403,6 +403,45 @@ impl Metadata {
         Ok(())
     }
 
+    /// `reserve_metadata_snap`: a copy of the superblock, committed, that
+    /// holds a reference to the mapping and details trees as they are now,
+    /// so userspace (thin_dump -m, thin_ls -m) can read a consistent view
+    /// of a live pool. Its space map roots are zeroed, as the kernel's.
+    pub fn reserve_snap(&mut self) -> Result<(), String> {
+        if self.held_root != 0 {
+            return Err(
+                "reserve_metadata_snap: a metadata snapshot is already held; release it first"
+                    .into(),
+            );
+        }
+        self.commit()?;
+        let h = self.tm.alloc_meta()?;
+        self.tm.msm.inc(self.mapping_root);
+        self.tm.msm.inc(self.details_root);
+        let mut copy = self.superblock(&SmRoot::default(), &SmRoot::default());
+        seal(&mut copy, h, SUPERBLOCK_XOR);
+        self.tm.put_raw(h, copy);
+        self.held_root = h;
+        self.sb_dirty = true;
+        self.commit()
+    }
+
+    /// `release_metadata_snap`: drop the held copy and what only it kept.
+    pub fn release_snap(&mut self) -> Result<(), String> {
+        let h = self.held_root;
+        if h == 0 {
+            return Err("release_metadata_snap: no metadata snapshot is held".into());
+        }
+        let b = self.tm.read_raw(h)?;
+        verify(&b, h, SUPERBLOCK_XOR, "held metadata snapshot")?;
+        btree::del(&mut self.tm, get64(&b[..], 320), Vk::Subtree)?;
+        btree::del(&mut self.tm, get64(&b[..], 328), Vk::Plain)?;
+        self.tm.msm.dec(h);
+        self.held_root = 0;
+        self.sb_dirty = true;
+        self.commit()
+    }
+
     /// `set_transaction_id <cur> <new>`: userspace's own counter (LVM's).
     pub fn set_trans_id(&mut self, cur: u64, new: u64) -> Result<(), String> {
         if self.trans_id != cur {

@@ -206,35 +206,44 @@ impl PoolCore {
         if self.features().read_only {
             return Err(format!("thin-pool is read-only: '{verb}' refused"));
         }
-        let mut md = self.md();
-        match verb.as_str() {
-            "create_thin" => {
-                want(1)?;
-                md.create_thin(num(1)?)?;
-            }
-            "create_snap" => {
-                want(2)?;
-                md.create_snap(num(1)?, num(2)?)?;
-            }
-            "delete" => {
-                want(1)?;
-                md.delete(num(1)?)?;
-            }
-            "set_transaction_id" => {
-                want(2)?;
-                md.set_trans_id(num(1)?, num(2)?)?;
-            }
-            "reserve_metadata_snap" | "release_metadata_snap" => {
-                return Err(format!("{verb} is not supported by udm yet"));
-            }
-            _ => {
-                return Err(format!(
-                    "thin-pool: unknown message '{verb}' (create_thin, create_snap, delete, \
-                     set_transaction_id, reserve_metadata_snap, release_metadata_snap)"
-                ))
+        {
+            let mut md = self.md();
+            match verb.as_str() {
+                "create_thin" => {
+                    want(1)?;
+                    md.create_thin(num(1)?)?;
+                }
+                "create_snap" => {
+                    want(2)?;
+                    md.create_snap(num(1)?, num(2)?)?;
+                }
+                "delete" => {
+                    want(1)?;
+                    md.delete(num(1)?)?;
+                }
+                "set_transaction_id" => {
+                    want(2)?;
+                    md.set_trans_id(num(1)?, num(2)?)?;
+                }
+                "reserve_metadata_snap" => {
+                    want(0)?;
+                    drop(md);
+                    // The data the snapshot maps must be on disk before it.
+                    self.data().flush().map_err(|e| e.to_string())?;
+                    self.md().reserve_snap()?;
+                }
+                "release_metadata_snap" => {
+                    want(0)?;
+                    md.release_snap()?;
+                }
+                _ => {
+                    return Err(format!(
+                        "thin-pool: unknown message '{verb}' (create_thin, create_snap, delete, \
+                         set_transaction_id, reserve_metadata_snap, release_metadata_snap)"
+                    ))
+                }
             }
         }
-        drop(md);
         // The kernel commits after each message, so a crash keeps it.
         self.commit().map_err(|e| e.to_string())?;
         Ok(None)

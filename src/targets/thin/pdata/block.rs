@@ -80,11 +80,14 @@ pub fn verify(b: &[u8; BLOCK_SIZE], loc: u64, salt: u32, what: &str) -> Result<(
     Ok(())
 }
 
+/// Little-endian fields; bytes past the end read as zero, never a panic.
 pub fn get32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or([0; 4]))
+    let v = b.get(at..at + 4).and_then(|s| s.try_into().ok());
+    u32::from_le_bytes(v.unwrap_or([0; 4]))
 }
 pub fn get64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]))
+    let v = b.get(at..at + 8).and_then(|s| s.try_into().ok());
+    u64::from_le_bytes(v.unwrap_or([0; 8]))
 }
 pub fn put32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());

@@ -126,14 +126,13 @@ fn insert_in(
 
 /// Drop the reference a removed or overwritten leaf value held.
 pub fn drop_value(tm: &mut Tm, vk: Vk, v: &[u8]) -> Result<(), String> {
-    let x = super::block::get64(v, 0);
     match vk {
         Vk::Plain => Ok(()),
         Vk::Data => {
-            tm.dsm.dec(x >> 24);
+            tm.dsm.dec(super::block::get64(v, 0) >> 24);
             Ok(())
         }
-        Vk::Subtree => del(tm, x, Vk::Data),
+        Vk::Subtree => del(tm, super::block::get64(v, 0), Vk::Data),
     }
 }
 
