@@ -21,6 +21,7 @@ pub mod log_replay;
 pub mod log_writes;
 pub mod snapshot;
 pub mod striped;
+pub mod thin;
 pub mod verity;
 pub mod zero;
 
@@ -140,6 +141,8 @@ pub static TYPES: &[&TargetType] = &[
     &snapshot::ORIGIN_TYPE,
     &snapshot::MERGE_TYPE,
     &integrity::TYPE,
+    &thin::pool::TYPE,
+    &thin::dev::TYPE,
 ];
 
 /// The target type a table names, if udm has it.

@@ -31,7 +31,7 @@ use udm::store::file::{FileStore, OpenFlags};
 
 /// Where the test peers come from (scripts/test.sh installs them all).
 const PEERS: &str = "apt-get install qemu-utils cryptsetup-bin nbdkit libnbd-bin \
-                     python3-libnbd python3-cryptography python3-jsonschema fio e2fsprogs xfsprogs fuse3 nbdfuse openssl; \
+                     python3-libnbd python3-cryptography python3-jsonschema fio e2fsprogs xfsprogs fuse3 nbdfuse openssl thin-provisioning-tools; \
                      scripts/test.sh installs them";
 
 /// Debian's python, which has the libnbd bindings.

@@ -1,0 +1,259 @@
+//! `thin <pool dev> <dev id> [<external origin dev>]`: a device that takes
+//! data blocks from its pool on first write. Unmapped blocks read as zeros
+//! (or from the external origin); a write to a block shared with a
+//! snapshot copies it first; discards unmap whole blocks.
+
+use std::sync::Arc;
+
+use super::metadata::Metadata;
+use super::pool::{core_of, PoolCore};
+use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::targets::{parse_number, Target, TargetArgs, TargetError, TargetType};
+
+/// The `thin` target type, for [`crate::targets::TYPES`].
+pub static TYPE: TargetType = TargetType {
+    name: "thin",
+    version: [1, 23, 0],
+    new,
+    args: &["pool dev", "dev id", "external origin dev"],
+    more_args: None,
+};
+
+pub struct Thin {
+    core: Arc<PoolCore>,
+    pool_name: String,
+    id: u64,
+    origin: Option<(String, Arc<dyn BlockDevice>)>,
+    len: u64,
+}
+
+pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
+    if !(2..=3).contains(&a.args.len()) {
+        return Err(TargetError::line(
+            "expected '<pool dev> <dev id> [<external origin dev>]'",
+        ));
+    }
+    let id = parse_number(a.args, 1, "a thin device id")?;
+    let pool = a
+        .resolver
+        .resolve(&a.args[0])
+        .map_err(|e| TargetError::at(0, e))?;
+    let core = core_of(&pool)
+        .or_else(|| {
+            let (d, _) = a.resolver.redirect(&a.args[0], &pool, 0, pool.size())?;
+            core_of(&d)
+        })
+        .ok_or_else(|| {
+            TargetError::at(
+                0,
+                format!(
+                    "{} is not a thin-pool device: name a device of this server whose table is \
+                     one thin-pool line, as @NAME",
+                    a.args[0]
+                ),
+            )
+        })?;
+    if !core.md().devs.contains_key(&id) {
+        return Err(TargetError::at(
+            1,
+            format!("thin device {id} does not exist in the pool: send 'create_thin {id}' to the pool first"),
+        ));
+    }
+    let origin = match a.args.get(2) {
+        Some(n) => Some((
+            n.clone(),
+            a.resolver.resolve(n).map_err(|e| TargetError::at(2, e))?,
+        )),
+        None => None,
+    };
+    Ok(Arc::new(Thin {
+        core,
+        pool_name: a.args[0].clone(),
+        id,
+        origin,
+        len: a.len,
+    }))
+}
+
+fn meta_err(e: String) -> DevError {
+    DevError::Target(e)
+}
+
+/// `(virtual block, offset in it, length)` pieces of a byte range.
+fn pieces(bs: u64, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64)> {
+    let mut at = offset;
+    let end = offset + len;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let vb = at / bs;
+        let within = at % bs;
+        let n = (bs - within).min(end - at);
+        at += n;
+        Some((vb, within, n))
+    })
+}
+
+impl Thin {
+    fn bs(&self) -> u64 {
+        self.core.block_bytes
+    }
+
+    /// Fill `buf` with what an unmapped block holds at `at` (bytes into the device).
+    fn read_unmapped(&self, at: u64, buf: &mut [u8]) -> DevResult<()> {
+        buf.fill(0);
+        if let Some((_, o)) = &self.origin {
+            let size = o.size();
+            if at < size {
+                let n = ((size - at) as usize).min(buf.len());
+                o.read(at, &mut buf[..n])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write one piece of one block, provisioning or unsharing it first.
+    fn write_piece(&self, vb: u64, within: u64, data: &[u8]) -> DevResult<()> {
+        let bs = self.bs();
+        let dd = self.core.data();
+        let mut md = self.core.md();
+        let cur = md.lookup(self.id, vb).map_err(meta_err)?;
+        if let Some((db, time)) = cur {
+            if !md.shared(self.id, db, time) {
+                drop(md);
+                return dd.write(db * bs + within, WriteBuf::Borrowed(data), false);
+            }
+        }
+        let nb = self.core.alloc_data(&mut md)?;
+        let whole = within == 0 && data.len() as u64 == bs;
+        if whole
+            || (cur.is_none() && self.origin.is_none() && self.core.features().skip_block_zeroing)
+        {
+            dd.write(nb * bs + within, WriteBuf::Borrowed(data), false)?;
+        } else {
+            let mut blk = vec![0u8; bs as usize];
+            match cur {
+                Some((db, _)) => dd.read(db * bs, &mut blk)?,
+                None => self.read_unmapped(vb * bs, &mut blk)?,
+            }
+            blk[within as usize..within as usize + data.len()].copy_from_slice(data);
+            dd.write(nb * bs, WriteBuf::Borrowed(&blk), false)?;
+        }
+        md.insert(self.id, vb, nb).map_err(meta_err)
+    }
+
+    fn unmap(&self, md: &mut Metadata, vb: u64) -> DevResult<()> {
+        md.remove(self.id, vb).map_err(meta_err)?;
+        Ok(())
+    }
+}
+
+impl BlockDevice for Thin {
+    fn size(&self) -> u64 {
+        self.len
+    }
+
+    fn limits(&self) -> Limits {
+        let mut l = Limits::default().stack(self.core.data().limits());
+        l.discard = !self.core.features().ignore_discard;
+        l.read_only |= self.core.features().read_only;
+        l
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        let bs = self.bs();
+        let dd = self.core.data();
+        let mut done = 0usize;
+        for (vb, within, n) in pieces(bs, offset, buf.len() as u64) {
+            let part = &mut buf[done..done + n as usize];
+            let m = self.core.md().lookup(self.id, vb).map_err(meta_err)?;
+            match m {
+                Some((db, _)) => dd.read(db * bs + within, part)?,
+                None => self.read_unmapped(vb * bs + within, part)?,
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
+        if self.core.features().read_only {
+            return Err(DevError::ReadOnly);
+        }
+        let src = data.as_slice();
+        let mut done = 0usize;
+        for (vb, within, n) in pieces(self.bs(), offset, src.len() as u64) {
+            self.write_piece(vb, within, &src[done..done + n as usize])?;
+            done += n as usize;
+        }
+        if fua {
+            self.core.commit()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> DevResult<()> {
+        self.core.commit()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+        if self.core.features().ignore_discard {
+            return Ok(());
+        }
+        let bs = self.bs();
+        let mut md = self.core.md();
+        for (vb, within, n) in pieces(bs, offset, len) {
+            if within == 0 && n == bs {
+                self.unmap(&mut md, vb)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        let bs = self.bs();
+        let zeros = vec![0u8; bs as usize];
+        for (vb, within, n) in pieces(bs, offset, len) {
+            if within == 0 && n == bs && self.origin.is_none() {
+                let mut md = self.core.md();
+                self.unmap(&mut md, vb)?;
+            } else {
+                self.write_piece(vb, within, &zeros[..n as usize])?;
+            }
+        }
+        if fua {
+            self.core.commit()?;
+        }
+        Ok(())
+    }
+}
+
+impl Target for Thin {
+    fn type_name(&self) -> &'static str {
+        TYPE.name
+    }
+
+    fn table_params(&self, _show_keys: bool) -> String {
+        let esc = crate::core::table::escape_arg;
+        let mut s = format!("{} {}", esc(&self.pool_name), self.id);
+        if let Some((n, _)) = &self.origin {
+            s.push(' ');
+            s.push_str(&esc(n));
+        }
+        s
+    }
+
+    /// The kernel's `<nr mapped sectors> <highest mapped sector>`.
+    fn status(&self) -> String {
+        let spb = self.bs() / 512;
+        let mut md = self.core.md();
+        let Some(d) = md.devs.get(&self.id).copied() else {
+            return "Fail".into();
+        };
+        match md.highest(self.id) {
+            Ok(Some(h)) => format!("{} {}", d.mapped * spb, (h + 1) * spb - 1),
+            _ => format!("{} -", d.mapped * spb),
+        }
+    }
+}

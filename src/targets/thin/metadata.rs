@@ -1,0 +1,476 @@
+//! The thin pool's metadata as dm-thin-metadata.c lays it out: a superblock
+//! at block 0 (magic 27022010), a device details btree (dev id → mapped
+//! blocks, transaction, creation and snapshot times), and a two-level
+//! mapping btree (dev id → subtree root; virtual block → `data block << 24
+//! | time`). A snapshot shares its origin's subtree root, which is why it
+//! costs one reference count whatever the device's size.
+//!
+//! Commit protocol: the data device is flushed, then the device details and
+//! both space maps are written into fresh blocks, all of them flushed, and
+//! only then the superblock, which switches the pool to the new
+//! transaction in one 4 KiB write.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::pdata::block::{get32, get64, put32, put64, seal, verify, Block, SUPERBLOCK_XOR};
+use super::pdata::btree;
+use super::pdata::space_map::{SmDisk, SmRoot, MAX_META_BITMAPS, PER_BITMAP};
+use super::pdata::tm::{RefCounts, Tm, Vk};
+use crate::core::BlockDevice;
+
+const MAGIC: u64 = 27_022_010;
+const VERSION: u32 = 2;
+const NEEDS_CHECK: u32 = 1;
+
+/// One thin device's details (`struct disk_device_details`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Details {
+    pub mapped: u64,
+    pub trans_id: u64,
+    pub creation_time: u32,
+    pub snap_time: u32,
+}
+
+impl Details {
+    fn decode(v: &[u8]) -> Details {
+        Details {
+            mapped: get64(v, 0),
+            trans_id: get64(v, 8),
+            creation_time: get32(v, 16),
+            snap_time: get32(v, 20),
+        }
+    }
+
+    fn encode(&self) -> [u8; 24] {
+        let mut v = [0u8; 24];
+        put64(&mut v, 0, self.mapped);
+        put64(&mut v, 8, self.trans_id);
+        put32(&mut v, 16, self.creation_time);
+        put32(&mut v, 20, self.snap_time);
+        v
+    }
+}
+
+/// The pool's metadata, open and writable.
+pub struct Metadata {
+    pub tm: Tm,
+    pub time: u32,
+    pub trans_id: u64,
+    pub held_root: u64,
+    flags: u32,
+    /// Data block size in 512-byte sectors.
+    pub block_sectors: u32,
+    mapping_root: u64,
+    details_root: u64,
+    pub devs: BTreeMap<u64, Details>,
+    /// Devices whose details changed (or were deleted) since the commit.
+    changed: BTreeMap<u64, bool>,
+    dsm: SmDisk,
+    msm: SmDisk,
+    /// A superblock field changed (transaction id) since the commit.
+    sb_dirty: bool,
+}
+
+fn all_zero(b: &Block) -> bool {
+    b.iter().all(|&x| x == 0)
+}
+
+impl Metadata {
+    /// Open the metadata on `dev`, or format it when its superblock is all
+    /// zeros (as the kernel does for a new pool).
+    pub fn open(
+        dev: Arc<dyn BlockDevice>,
+        data_blocks: u64,
+        block_sectors: u32,
+        cache_cap: usize,
+    ) -> Result<Metadata, String> {
+        let nr = (dev.size() / 4096).min(MAX_META_BITMAPS * PER_BITMAP);
+        if nr < 16 {
+            return Err(
+                "the thin pool's metadata device is under 64 KiB: give it at least a few MiB"
+                    .into(),
+            );
+        }
+        let mut tm = Tm::new(
+            dev,
+            RefCounts::new(Vec::new()),
+            RefCounts::new(Vec::new()),
+            cache_cap,
+        );
+        let sb = tm.read_raw(0)?;
+        if all_zero(&sb) {
+            return Self::format(tm, nr, data_blocks, block_sectors);
+        }
+        verify(&sb, 0, SUPERBLOCK_XOR, "superblock")?;
+        if get64(&sb[..], 32) != MAGIC {
+            return Err(
+                "the thin pool's metadata device has no thin superblock (bad magic): \
+                        zero its first 4 KiB to format a new pool"
+                    .into(),
+            );
+        }
+        let version = get32(&sb[..], 40);
+        if !(1..=2).contains(&version) {
+            return Err(format!(
+                "thin metadata version {version} is not supported (1 or 2)"
+            ));
+        }
+        let ms = SmRoot::decode(&sb[192..]);
+        let ds = SmRoot::decode(&sb[64..]);
+        let (mc, msm) = SmDisk::load(&mut tm, &ms, true)?;
+        let (dc, dsm) = SmDisk::load(&mut tm, &ds, false)?;
+        tm.msm = RefCounts::new(mc);
+        tm.dsm = RefCounts::new(dc);
+        let mut m = Metadata {
+            tm,
+            time: get32(&sb[..], 44),
+            trans_id: get64(&sb[..], 48),
+            held_root: get64(&sb[..], 56),
+            flags: get32(&sb[..], 4),
+            block_sectors: get32(&sb[..], 336),
+            mapping_root: get64(&sb[..], 320),
+            details_root: get64(&sb[..], 328),
+            devs: BTreeMap::new(),
+            changed: BTreeMap::new(),
+            dsm,
+            msm,
+            sb_dirty: false,
+        };
+        if m.block_sectors != block_sectors {
+            return Err(format!(
+                "the pool's metadata has a data block size of {} sectors, the table says {block_sectors}",
+                m.block_sectors
+            ));
+        }
+        let mut devs = BTreeMap::new();
+        btree::walk(&mut m.tm, m.details_root, &mut |k, v| {
+            devs.insert(k, Details::decode(v));
+        })?;
+        m.devs = devs;
+        m.grow_data(data_blocks)?;
+        Ok(m)
+    }
+
+    fn format(
+        mut tm: Tm,
+        nr: u64,
+        data_blocks: u64,
+        block_sectors: u32,
+    ) -> Result<Metadata, String> {
+        tm.msm = RefCounts::new(vec![0; nr as usize]);
+        tm.dsm = RefCounts::new(vec![0; data_blocks as usize]);
+        tm.msm.set(0, 1);
+        let msm = SmDisk::fresh(&mut tm, true, nr)?;
+        let dsm = SmDisk::fresh(&mut tm, false, data_blocks)?;
+        let mapping_root = btree::empty(&mut tm, 8)?;
+        let details_root = btree::empty(&mut tm, 24)?;
+        let mut m = Metadata {
+            tm,
+            time: 0,
+            trans_id: 0,
+            held_root: 0,
+            flags: 0,
+            block_sectors,
+            mapping_root,
+            details_root,
+            devs: BTreeMap::new(),
+            changed: BTreeMap::new(),
+            dsm,
+            msm,
+            sb_dirty: false,
+        };
+        m.commit()?;
+        Ok(m)
+    }
+
+    /// A bigger data device (a reload): more blocks to hand out.
+    pub fn grow_data(&mut self, data_blocks: u64) -> Result<(), String> {
+        let have = self.tm.dsm.len();
+        if data_blocks < have {
+            return Err(format!(
+                "the data device holds {data_blocks} blocks, fewer than the {have} the pool's metadata \
+                 has: the data device cannot shrink"
+            ));
+        }
+        if data_blocks > have {
+            self.tm.dsm.grow(data_blocks);
+            self.dsm.grow(data_blocks);
+            // The new blocks count as changed, so the commit writes them.
+            self.tm.dsm.changed.insert(have);
+            self.tm.dsm.changed.insert(data_blocks - 1);
+        }
+        Ok(())
+    }
+
+    pub fn needs_check(&self) -> bool {
+        self.flags & NEEDS_CHECK != 0
+    }
+
+    pub fn data_blocks(&self) -> u64 {
+        self.tm.dsm.len()
+    }
+
+    /// The subtree root of a device's mappings.
+    fn subtree(&mut self, dev: u64) -> Result<u64, String> {
+        btree::lookup64(&mut self.tm, self.mapping_root, dev)?
+            .ok_or_else(|| format!("thin device {dev} does not exist in the pool"))
+    }
+
+    /// Where virtual block `vb` of device `dev` lives: `(data block, time)`.
+    pub fn lookup(&mut self, dev: u64, vb: u64) -> Result<Option<(u64, u32)>, String> {
+        let sub = self.subtree(dev)?;
+        Ok(btree::lookup64(&mut self.tm, sub, vb)?.map(|v| (v >> 24, (v & 0xff_ffff) as u32)))
+    }
+
+    /// The highest mapped virtual block of a device.
+    pub fn highest(&mut self, dev: u64) -> Result<Option<u64>, String> {
+        let mut b = self.subtree(dev)?;
+        loop {
+            let n = self.tm.node(b)?;
+            let Some(&k) = n.keys.last() else {
+                return Ok(None);
+            };
+            if n.leaf {
+                return Ok(Some(k));
+            }
+            b = n.val64(n.len() - 1);
+        }
+    }
+
+    /// Map `vb` to data block `db` (which holds one reference for it).
+    pub fn insert(&mut self, dev: u64, vb: u64, db: u64) -> Result<(), String> {
+        let sub = self.subtree(dev)?;
+        let v = (db << 24) | u64::from(self.time & 0xff_ffff);
+        let existed = btree::lookup64(&mut self.tm, sub, vb)?.is_some();
+        let nsub = btree::insert(&mut self.tm, sub, vb, &v.to_le_bytes(), Vk::Data, true)?;
+        self.set_subtree(dev, sub, nsub)?;
+        if !existed {
+            self.bump(dev, 1);
+        }
+        Ok(())
+    }
+
+    /// Unmap `vb`; true if it was mapped.
+    pub fn remove(&mut self, dev: u64, vb: u64) -> Result<bool, String> {
+        let sub = self.subtree(dev)?;
+        let (nsub, old) = btree::remove(&mut self.tm, sub, vb, Vk::Data)?;
+        self.set_subtree(dev, sub, nsub)?;
+        if old.is_some() {
+            self.bump(dev, -1);
+        }
+        Ok(old.is_some())
+    }
+
+    fn set_subtree(&mut self, dev: u64, old: u64, new: u64) -> Result<(), String> {
+        if old != new {
+            self.mapping_root = btree::insert(
+                &mut self.tm,
+                self.mapping_root,
+                dev,
+                &new.to_le_bytes(),
+                Vk::Subtree,
+                false,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn bump(&mut self, dev: u64, by: i64) {
+        if let Some(d) = self.devs.get_mut(&dev) {
+            d.mapped = d.mapped.saturating_add_signed(by);
+            self.changed.insert(dev, true);
+        }
+    }
+
+    /// A data block free in this and the committed transaction.
+    pub fn alloc_data(&mut self) -> Option<u64> {
+        self.tm.dsm.alloc()
+    }
+
+    /// Whether a mapping of `dev` made at `time` may share its data block.
+    /// As in the kernel, a mapping older than the device's last snapshot
+    /// may be shared even though the block's count says 1: the count of a
+    /// block under a shared btree node rises only when that node is
+    /// shadowed. A false "shared" costs one copy, never data.
+    pub fn shared(&self, dev: u64, db: u64, time: u32) -> bool {
+        let snap = self.devs.get(&dev).map_or(0, |d| d.snap_time);
+        time < snap || self.tm.dsm.get(db) > 1
+    }
+
+    pub fn create_thin(&mut self, dev: u64) -> Result<(), String> {
+        self.check_new(dev)?;
+        let sub = btree::empty(&mut self.tm, 8)?;
+        self.mapping_root = btree::insert(
+            &mut self.tm,
+            self.mapping_root,
+            dev,
+            &sub.to_le_bytes(),
+            Vk::Subtree,
+            false,
+        )?;
+        let d = Details {
+            creation_time: self.time,
+            snap_time: self.time,
+            ..Details::default()
+        };
+        self.devs.insert(dev, d);
+        self.changed.insert(dev, true);
+        Ok(())
+    }
+
+    fn check_new(&self, dev: u64) -> Result<(), String> {
+        if dev >= 1 << 24 {
+            return Err(format!(
+                "thin device id {dev} is too large (ids are below 2^24)"
+            ));
+        }
+        if self.devs.contains_key(&dev) {
+            return Err(format!("thin device {dev} already exists in the pool"));
+        }
+        Ok(())
+    }
+
+    /// A snapshot shares the origin's subtree: one reference, whatever its size.
+    pub fn create_snap(&mut self, dev: u64, origin: u64) -> Result<(), String> {
+        self.check_new(dev)?;
+        let od = *self.devs.get(&origin).ok_or_else(|| {
+            format!("the snapshot's origin, thin device {origin}, does not exist")
+        })?;
+        let sub = self.subtree(origin)?;
+        self.tm.msm.inc(sub);
+        self.mapping_root = btree::insert(
+            &mut self.tm,
+            self.mapping_root,
+            dev,
+            &sub.to_le_bytes(),
+            Vk::Subtree,
+            false,
+        )?;
+        self.time += 1;
+        let t = self.time;
+        self.devs.insert(
+            dev,
+            Details {
+                mapped: od.mapped,
+                trans_id: self.trans_id,
+                creation_time: t,
+                snap_time: t,
+            },
+        );
+        if let Some(o) = self.devs.get_mut(&origin) {
+            o.snap_time = t;
+        }
+        self.changed.insert(dev, true);
+        self.changed.insert(origin, true);
+        Ok(())
+    }
+
+    pub fn delete(&mut self, dev: u64) -> Result<(), String> {
+        if !self.devs.contains_key(&dev) {
+            return Err(format!("thin device {dev} does not exist in the pool"));
+        }
+        let (root, _) = btree::remove(&mut self.tm, self.mapping_root, dev, Vk::Subtree)?;
+        self.mapping_root = root;
+        self.devs.remove(&dev);
+        self.changed.insert(dev, false);
+        Ok(())
+    }
+
+    pub fn dirty(&self) -> bool {
+        self.sb_dirty || self.tm.has_changes() || !self.changed.is_empty()
+    }
+
+    /// Write the transaction (see the module doc for the order).
+    pub fn commit(&mut self) -> Result<(), String> {
+        let changed = std::mem::take(&mut self.changed);
+        for (dev, live) in changed {
+            if live {
+                let v = self.devs[&dev].encode();
+                self.details_root =
+                    btree::insert(&mut self.tm, self.details_root, dev, &v, Vk::Plain, true)?;
+            } else {
+                self.details_root =
+                    btree::remove(&mut self.tm, self.details_root, dev, Vk::Plain)?.0;
+            }
+        }
+        let ds = super::pdata::space_map::store(&mut self.tm, &mut self.dsm)?;
+        let ms = super::pdata::space_map::store(&mut self.tm, &mut self.msm)?;
+        self.tm.write_all()?;
+        let sb = self.superblock(&ds, &ms);
+        self.tm.write_super(&sb)?;
+        self.sb_dirty = false;
+        Ok(())
+    }
+
+    /// `reserve_metadata_snap`: a copy of the superblock, committed, that
+    /// holds a reference to the mapping and details trees as they are now,
+    /// so userspace (thin_dump -m, thin_ls -m) can read a consistent view
+    /// of a live pool. Its space map roots are zeroed, as the kernel's.
+    pub fn reserve_snap(&mut self) -> Result<(), String> {
+        if self.held_root != 0 {
+            return Err(
+                "reserve_metadata_snap: a metadata snapshot is already held; release it first"
+                    .into(),
+            );
+        }
+        self.commit()?;
+        let h = self.tm.alloc_meta()?;
+        self.tm.msm.inc(self.mapping_root);
+        self.tm.msm.inc(self.details_root);
+        let mut copy = self.superblock(&SmRoot::default(), &SmRoot::default());
+        seal(&mut copy, h, SUPERBLOCK_XOR);
+        self.tm.put_raw(h, copy);
+        self.held_root = h;
+        self.sb_dirty = true;
+        self.commit()
+    }
+
+    /// `release_metadata_snap`: drop the held copy and what only it kept.
+    pub fn release_snap(&mut self) -> Result<(), String> {
+        let h = self.held_root;
+        if h == 0 {
+            return Err("release_metadata_snap: no metadata snapshot is held".into());
+        }
+        let b = self.tm.read_raw(h)?;
+        verify(&b, h, SUPERBLOCK_XOR, "held metadata snapshot")?;
+        btree::del(&mut self.tm, get64(&b[..], 320), Vk::Subtree)?;
+        btree::del(&mut self.tm, get64(&b[..], 328), Vk::Plain)?;
+        self.tm.msm.dec(h);
+        self.held_root = 0;
+        self.sb_dirty = true;
+        self.commit()
+    }
+
+    /// `set_transaction_id <cur> <new>`: userspace's own counter (LVM's).
+    pub fn set_trans_id(&mut self, cur: u64, new: u64) -> Result<(), String> {
+        if self.trans_id != cur {
+            return Err(format!(
+                "set_transaction_id: the current transaction id is {}, not {cur}",
+                self.trans_id
+            ));
+        }
+        self.trans_id = new;
+        self.sb_dirty = true;
+        Ok(())
+    }
+
+    fn superblock(&self, ds: &SmRoot, ms: &SmRoot) -> Block {
+        let mut b = super::pdata::block::zeroed();
+        put32(&mut b[..], 4, self.flags);
+        put64(&mut b[..], 32, MAGIC);
+        put32(&mut b[..], 40, VERSION);
+        put32(&mut b[..], 44, self.time);
+        put64(&mut b[..], 48, self.trans_id);
+        put64(&mut b[..], 56, self.held_root);
+        ds.encode(&mut b[64..]);
+        ms.encode(&mut b[192..]);
+        put64(&mut b[..], 320, self.mapping_root);
+        put64(&mut b[..], 328, self.details_root);
+        put32(&mut b[..], 336, self.block_sectors);
+        put32(&mut b[..], 340, 8);
+        put64(&mut b[..], 344, self.tm.msm.len());
+        seal(&mut b, 0, SUPERBLOCK_XOR);
+        b
+    }
+}

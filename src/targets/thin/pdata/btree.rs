@@ -1,0 +1,279 @@
+//! The persistent-data btree: lookups, ordered walks, and copy-on-write
+//! insert and remove. Every changed node is a shadow (see
+//! [`Tm::shadow`]), so the committed tree stays readable until the
+//! superblock points at the new root. Removal keeps every node but the root
+//! at least a third full, as the kernel does and thin_check requires.
+
+use super::block::Node;
+use super::tm::{Tm, Vk};
+
+/// A new, empty tree; its root.
+pub fn empty(tm: &mut Tm, value_size: usize) -> Result<u64, String> {
+    tm.new_node(Node::empty(true, value_size))
+}
+
+pub fn lookup(tm: &mut Tm, root: u64, key: u64) -> Result<Option<Vec<u8>>, String> {
+    let mut b = root;
+    loop {
+        let n = tm.node(b)?;
+        if n.leaf {
+            return Ok(n.keys.binary_search(&key).ok().map(|i| n.val(i).to_vec()));
+        }
+        match n.lower_bound(key) {
+            Some(i) => b = n.val64(i),
+            None => return Ok(None),
+        }
+    }
+}
+
+pub fn lookup64(tm: &mut Tm, root: u64, key: u64) -> Result<Option<u64>, String> {
+    let mut b = root;
+    loop {
+        let n = tm.node(b)?;
+        if n.leaf {
+            return Ok(n.keys.binary_search(&key).ok().map(|i| n.val64(i)));
+        }
+        match n.lower_bound(key) {
+            Some(i) => b = n.val64(i),
+            None => return Ok(None),
+        }
+    }
+}
+
+/// Every entry in key order.
+pub fn walk(tm: &mut Tm, root: u64, f: &mut dyn FnMut(u64, &[u8])) -> Result<(), String> {
+    let n = tm.node(root)?;
+    for i in 0..n.len() {
+        if n.leaf {
+            f(n.keys[i], n.val(i));
+        } else {
+            walk(tm, n.val64(i), f)?;
+        }
+    }
+    Ok(())
+}
+
+/// Insert or overwrite `key`; the new root. An overwritten value's
+/// reference is dropped when `drop_old` (a subtree root replaced by its own
+/// shadow was dropped by the shadowing already).
+pub fn insert(
+    tm: &mut Tm,
+    root: u64,
+    key: u64,
+    val: &[u8],
+    vk: Vk,
+    drop_old: bool,
+) -> Result<u64, String> {
+    let (nb, split) = insert_in(tm, root, key, val, vk, drop_old)?;
+    let Some((rk, rb)) = split else {
+        return Ok(nb);
+    };
+    let lk = tm.node(nb)?.keys[0];
+    let mut top = Node::empty(false, 8);
+    top.insert_at(0, lk, &nb.to_le_bytes());
+    top.insert_at(1, rk, &rb.to_le_bytes());
+    tm.new_node(top)
+}
+
+type Split = Option<(u64, u64)>;
+
+fn insert_in(
+    tm: &mut Tm,
+    b: u64,
+    key: u64,
+    val: &[u8],
+    vk: Vk,
+    drop_old: bool,
+) -> Result<(u64, Split), String> {
+    let nb = tm.shadow(b, vk)?;
+    let n = tm.node(nb)?;
+    if n.leaf {
+        match n.keys.binary_search(&key) {
+            Ok(i) => {
+                let old = n.val(i).to_vec();
+                if old != val {
+                    tm.node_mut(nb).set_val(i, val);
+                    if drop_old {
+                        drop_value(tm, vk, &old)?;
+                    }
+                }
+            }
+            Err(i) => tm.node_mut(nb).insert_at(i, key, val),
+        }
+    } else {
+        let i = n.lower_bound(key).unwrap_or(0);
+        let child = n.val64(i);
+        let (c2, split) = insert_in(tm, child, key, val, vk, drop_old)?;
+        let node = tm.node_mut(nb);
+        if node.keys[i] > key {
+            node.keys[i] = key;
+        }
+        node.set_val(i, &c2.to_le_bytes());
+        if let Some((rk, rb)) = split {
+            node.insert_at(i + 1, rk, &rb.to_le_bytes());
+        }
+    }
+    let node = tm.node_mut(nb);
+    if node.len() <= node.max() {
+        return Ok((nb, None));
+    }
+    let half = node.len() / 2;
+    let right = node.split_off(half);
+    let rk = right.keys[0];
+    let rb = tm.new_node(right)?;
+    Ok((nb, Some((rk, rb))))
+}
+
+/// Drop the reference a removed or overwritten leaf value held.
+pub fn drop_value(tm: &mut Tm, vk: Vk, v: &[u8]) -> Result<(), String> {
+    match vk {
+        Vk::Plain => Ok(()),
+        Vk::Data => {
+            tm.dsm.dec(super::block::get64(v, 0) >> 24);
+            Ok(())
+        }
+        Vk::Subtree => del(tm, super::block::get64(v, 0), Vk::Data),
+    }
+}
+
+/// Drop one reference to the tree at `root`; what only it held goes too.
+pub fn del(tm: &mut Tm, root: u64, vk: Vk) -> Result<(), String> {
+    if tm.msm.get(root) > 1 {
+        tm.msm.dec(root);
+        return Ok(());
+    }
+    let n = tm.node(root)?;
+    for i in 0..n.len() {
+        if n.leaf {
+            drop_value(tm, vk, n.val(i))?;
+        } else {
+            del(tm, n.val64(i), vk)?;
+        }
+    }
+    tm.forget(root);
+    Ok(())
+}
+
+/// Remove `key`; the new root and the removed value (its reference
+/// dropped), or the same root and `None` when the key is absent.
+pub fn remove(tm: &mut Tm, root: u64, key: u64, vk: Vk) -> Result<(u64, Option<Vec<u8>>), String> {
+    let Some(old) = lookup(tm, root, key)? else {
+        return Ok((root, None));
+    };
+    let mut nb = remove_in(tm, root, key, vk)?;
+    // A root left with one child gives way to it.
+    loop {
+        let n = tm.node(nb)?;
+        if n.leaf || n.len() != 1 {
+            break;
+        }
+        let child = n.val64(0);
+        tm.forget(nb);
+        nb = child;
+    }
+    drop_value(tm, vk, &old)?;
+    Ok((nb, Some(old)))
+}
+
+fn remove_in(tm: &mut Tm, b: u64, key: u64, vk: Vk) -> Result<u64, String> {
+    let nb = tm.shadow(b, vk)?;
+    let n = tm.node(nb)?;
+    if n.leaf {
+        if let Ok(i) = n.keys.binary_search(&key) {
+            tm.node_mut(nb).remove_at(i);
+        }
+        return Ok(nb);
+    }
+    let Some(i) = n.lower_bound(key) else {
+        return Ok(nb);
+    };
+    let c2 = remove_in(tm, n.val64(i), key, vk)?;
+    tm.node_mut(nb).set_val(i, &c2.to_le_bytes());
+    let child = tm.node(c2)?;
+    if child.len() < child.max() / 3 && n.len() > 1 {
+        rebalance(tm, nb, i, vk)?;
+    }
+    Ok(nb)
+}
+
+/// Merge child `i` of `parent` with a neighbour, or share their entries
+/// evenly when both do not fit in one node.
+fn rebalance(tm: &mut Tm, parent: u64, i: usize, vk: Vk) -> Result<(), String> {
+    let p = tm.node(parent)?;
+    let l = if i + 1 < p.len() { i } else { i - 1 };
+    let lb = tm.shadow(p.val64(l), vk)?;
+    let rb = tm.shadow(p.val64(l + 1), vk)?;
+    {
+        let pm = tm.node_mut(parent);
+        pm.set_val(l, &lb.to_le_bytes());
+        pm.set_val(l + 1, &rb.to_le_bytes());
+    }
+    let mut left = (*tm.node(lb)?).clone();
+    let mut right = (*tm.node(rb)?).clone();
+    let total = left.len() + right.len();
+    if total <= left.max() {
+        left.append(&mut right);
+        *tm.node_mut(lb) = left;
+        tm.forget(rb);
+        tm.node_mut(parent).remove_at(l + 1);
+        return Ok(());
+    }
+    let mut all = left.clone();
+    all.append(&mut right);
+    let right = all.split_off(total / 2);
+    let rk = right.keys[0];
+    *tm.node_mut(lb) = all;
+    *tm.node_mut(rb) = right;
+    tm.node_mut(parent).keys[l + 1] = rk;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::block::BLOCK_SIZE;
+    use super::super::tm::RefCounts;
+    use super::*;
+    use std::sync::Arc;
+
+    fn tm(blocks: usize) -> Tm {
+        let dev = Arc::new(crate::store::MemStore::new((blocks * BLOCK_SIZE) as u64));
+        Tm::new(
+            dev,
+            RefCounts::new(vec![0; blocks]),
+            RefCounts::new(vec![0; 64]),
+            1024,
+        )
+    }
+
+    fn all(tm: &mut Tm, root: u64) -> Vec<(u64, u64)> {
+        let mut v = Vec::new();
+        walk(tm, root, &mut |k, x| {
+            v.push((k, super::super::block::get64(x, 0)))
+        })
+        .unwrap();
+        v
+    }
+
+    #[test]
+    fn inserts_and_removes_keep_order_and_balance() {
+        let mut t = tm(4096);
+        let mut root = empty(&mut t, 8).unwrap();
+        let keys: Vec<u64> = (0..3000u64).map(|i| (i * 7919) % 3001).collect();
+        for &k in &keys {
+            root = insert(&mut t, root, k, &(k + 1).to_le_bytes(), Vk::Plain, true).unwrap();
+        }
+        let got = all(&mut t, root);
+        assert_eq!(got.len(), 3000);
+        assert!(got.iter().all(|&(k, v)| v == k + 1));
+        assert_eq!(lookup64(&mut t, root, 77).unwrap(), Some(78));
+        for &k in keys.iter().filter(|k| *k % 3 != 0) {
+            let (r, old) = remove(&mut t, root, k, Vk::Plain).unwrap();
+            assert_eq!(old.map(|o| super::super::block::get64(&o, 0)), Some(k + 1));
+            root = r;
+        }
+        let got = all(&mut t, root);
+        assert_eq!(got.len(), 1001);
+        assert!(got.iter().all(|&(k, _)| k % 3 == 0));
+        assert_eq!(lookup64(&mut t, root, 77).unwrap(), None);
+    }
+}

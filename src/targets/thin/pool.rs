@@ -1,0 +1,501 @@
+//! `thin-pool <metadata dev> <data dev> <data block size> <low water mark>
+//! [<#features> <feature>...]`: the pool that thin devices take blocks
+//! from. Its own device reads and writes the data device unchanged, as the
+//! kernel's does; its work is the metadata, its messages and its status.
+//!
+//! The pool state ([`PoolCore`]) outlives a table: a reload naming the same
+//! metadata device binds to the running pool, as the kernel looks pools up
+//! by their metadata device, so thin devices keep working across it and a
+//! bigger data device takes effect at once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::time::Duration;
+
+use super::metadata::Metadata;
+use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::targets::{parse_number, EventHook, Target, TargetArgs, TargetError, TargetType};
+
+/// The `thin-pool` target type, for [`crate::targets::TYPES`].
+pub static TYPE: TargetType = TargetType {
+    name: "thin-pool",
+    version: [1, 23, 0],
+    new,
+    args: &[
+        "metadata dev",
+        "data dev",
+        "data block size",
+        "low water mark",
+        "#features",
+    ],
+    more_args: Some(|_| "feature".to_string()),
+};
+
+/// Table features, as the kernel names them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    pub skip_block_zeroing: bool,
+    pub ignore_discard: bool,
+    pub no_discard_passdown: bool,
+    pub read_only: bool,
+    pub error_if_no_space: bool,
+}
+
+impl Features {
+    fn parse(args: &[String], at: usize) -> Result<Features, TargetError> {
+        let mut f = Features::default();
+        if args.get(at).is_none() {
+            return Ok(f);
+        }
+        let n = parse_number(args, at, "a count of features")? as usize;
+        if args.len() != at + 1 + n {
+            return Err(TargetError::at(
+                at,
+                format!("{n} features announced, {} given", args.len() - at - 1),
+            ));
+        }
+        for (i, w) in args[at + 1..].iter().enumerate() {
+            match w.as_str() {
+                "skip_block_zeroing" => f.skip_block_zeroing = true,
+                "ignore_discard" => f.ignore_discard = true,
+                "no_discard_passdown" => f.no_discard_passdown = true,
+                "read_only" => f.read_only = true,
+                "error_if_no_space" => f.error_if_no_space = true,
+                _ => {
+                    return Err(TargetError::at(
+                        at + 1 + i,
+                        format!(
+                            "unknown feature '{w}' (skip_block_zeroing, ignore_discard, \
+                             no_discard_passdown, read_only, error_if_no_space)"
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(f)
+    }
+
+    fn words(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        let pairs = [
+            (self.skip_block_zeroing, "skip_block_zeroing"),
+            (self.ignore_discard, "ignore_discard"),
+            (self.no_discard_passdown, "no_discard_passdown"),
+            (self.read_only, "read_only"),
+            (self.error_if_no_space, "error_if_no_space"),
+        ];
+        for (on, w) in pairs {
+            if on {
+                v.push(w);
+            }
+        }
+        v
+    }
+}
+
+/// A running pool: the metadata and the data device, shared by the pool's
+/// tables and its thin devices.
+pub struct PoolCore {
+    meta_name: String,
+    md: Mutex<Metadata>,
+    data: RwLock<Arc<dyn BlockDevice>>,
+    pub block_bytes: u64,
+    features: RwLock<Features>,
+    low_water: AtomicU64,
+    low_water_raised: AtomicBool,
+    events: Mutex<Option<EventHook>>,
+    stop: AtomicBool,
+}
+
+fn pools() -> MutexGuard<'static, Vec<Weak<PoolCore>>> {
+    static P: Mutex<Vec<Weak<PoolCore>>> = Mutex::new(Vec::new());
+    P.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn targets() -> MutexGuard<'static, Vec<Weak<Pool>>> {
+    static T: Mutex<Vec<Weak<Pool>>> = Mutex::new(Vec::new());
+    T.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The pool whose table target is `dev` (what a thin line's pool device
+/// resolved to), if it is one.
+pub fn core_of(dev: &Arc<dyn BlockDevice>) -> Option<Arc<PoolCore>> {
+    let p = Arc::as_ptr(dev) as *const u8;
+    let mut t = targets();
+    t.retain(|w| w.strong_count() > 0);
+    t.iter()
+        .find(|w| w.as_ptr() as *const u8 == p)
+        .and_then(|w| w.upgrade())
+        .map(|pool| pool.core.clone())
+}
+
+fn enospc() -> DevError {
+    DevError::Io(std::io::Error::from_raw_os_error(libc::ENOSPC))
+}
+
+fn meta_err(e: String) -> DevError {
+    DevError::Target(e)
+}
+
+impl PoolCore {
+    pub fn md(&self) -> MutexGuard<'_, Metadata> {
+        self.md.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn data(&self) -> Arc<dyn BlockDevice> {
+        self.data.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn features(&self) -> Features {
+        *self.features.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new data block for a write, or ENOSPC (error_if_no_space; a
+    /// queueing pool waits for space first, see docs/THIN.md).
+    pub fn alloc_data(&self, md: &mut Metadata) -> DevResult<u64> {
+        let b = md.alloc_data().ok_or_else(enospc)?;
+        let free = md.tm.dsm.free_now();
+        if free <= self.low_water.load(Ordering::Relaxed)
+            && !self.low_water_raised.swap(true, Ordering::Relaxed)
+        {
+            if let Some(h) = self
+                .events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
+                h.raise();
+            }
+        }
+        Ok(b)
+    }
+
+    /// Make everything written so far durable: data first, then the
+    /// metadata transaction that maps it.
+    pub fn commit(&self) -> DevResult<()> {
+        let data = self.data();
+        let mut md = self.md();
+        data.flush()?;
+        if md.dirty() {
+            md.commit().map_err(meta_err)?;
+        }
+        Ok(())
+    }
+
+    fn message(&self, argv: &[String]) -> Result<Option<String>, String> {
+        let num = |i: usize| -> Result<u64, String> {
+            let s = argv
+                .get(i)
+                .ok_or_else(|| format!("{}: missing argument {i}", argv[0]))?;
+            crate::core::units::parse_decimal(s)
+                .map_err(|_| format!("{}: expected a decimal number, got '{s}'", argv[0]))
+        };
+        let want = |n: usize| -> Result<(), String> {
+            if argv.len() != n + 1 {
+                return Err(format!(
+                    "{} takes {n} arguments, got {}",
+                    argv[0],
+                    argv.len() - 1
+                ));
+            }
+            Ok(())
+        };
+        let Some(verb) = argv.first() else {
+            return Err("thin-pool: empty message".into());
+        };
+        if self.features().read_only {
+            return Err(format!("thin-pool is read-only: '{verb}' refused"));
+        }
+        {
+            let mut md = self.md();
+            match verb.as_str() {
+                "create_thin" => {
+                    want(1)?;
+                    md.create_thin(num(1)?)?;
+                }
+                "create_snap" => {
+                    want(2)?;
+                    md.create_snap(num(1)?, num(2)?)?;
+                }
+                "delete" => {
+                    want(1)?;
+                    md.delete(num(1)?)?;
+                }
+                "set_transaction_id" => {
+                    want(2)?;
+                    md.set_trans_id(num(1)?, num(2)?)?;
+                }
+                "reserve_metadata_snap" => {
+                    want(0)?;
+                    drop(md);
+                    // The data the snapshot maps must be on disk before it.
+                    self.data().flush().map_err(|e| e.to_string())?;
+                    self.md().reserve_snap()?;
+                }
+                "release_metadata_snap" => {
+                    want(0)?;
+                    md.release_snap()?;
+                }
+                _ => {
+                    return Err(format!(
+                        "thin-pool: unknown message '{verb}' (create_thin, create_snap, delete, \
+                         set_transaction_id, reserve_metadata_snap, release_metadata_snap)"
+                    ))
+                }
+            }
+        }
+        // The kernel commits after each message, so a crash keeps it.
+        self.commit().map_err(|e| e.to_string())?;
+        Ok(None)
+    }
+}
+
+/// Commit once a second while anything changed, as the kernel's worker
+/// does, so that unflushed writes are not held in memory for long.
+fn start_timer(core: &Arc<PoolCore>) {
+    let w = Arc::downgrade(core);
+    let _ = std::thread::Builder::new()
+        .name("thin-commit".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let Some(c) = w.upgrade() else { return };
+            if c.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let dirty = c.md().dirty();
+            if dirty {
+                if let Err(e) = c.commit() {
+                    tracing::warn!("thin pool {}: timed commit failed: {e}", c.meta_name);
+                }
+            }
+        });
+}
+
+/// A `thin-pool` table line.
+pub struct Pool {
+    pub core: Arc<PoolCore>,
+    meta_name: String,
+    data_name: String,
+    block_sectors: u64,
+    low_water: u64,
+    features: Features,
+    len: u64,
+}
+
+fn block_size(args: &[String]) -> Result<u64, TargetError> {
+    let s = parse_number(args, 2, "the data block size in 512-byte sectors")?;
+    if !(128..=2_097_152).contains(&s) || s % 128 != 0 {
+        return Err(TargetError::at(
+            2,
+            format!(
+                "data block size {s} sectors: it must be a multiple of 128 sectors (64 KiB) \
+                 between 128 and 2097152"
+            ),
+        ));
+    }
+    Ok(s)
+}
+
+pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
+    if a.args.len() < 4 {
+        return Err(TargetError::line(
+            "expected '<metadata dev> <data dev> <data block size> <low water mark> \
+             [<#features> <feature>...]'",
+        ));
+    }
+    let block_sectors = block_size(a.args)?;
+    let low_water = parse_number(a.args, 3, "the low water mark in data blocks")?;
+    let features = Features::parse(a.args, 4)?;
+    let meta = a
+        .resolver
+        .resolve(&a.args[0])
+        .map_err(|e| TargetError::at(0, e))?;
+    let data = a
+        .resolver
+        .resolve(&a.args[1])
+        .map_err(|e| TargetError::at(1, e))?;
+    let block_bytes = block_sectors * 512;
+    let data_blocks = data.size() / block_bytes;
+    if data_blocks == 0 {
+        return Err(TargetError::at(
+            1,
+            "the data device is smaller than one data block",
+        ));
+    }
+    let core = bind(&a.args[0], meta, data, block_bytes, data_blocks, features)?;
+    core.low_water.store(low_water, Ordering::Relaxed);
+    if let Some(h) = &a.options.events {
+        *core.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(h.clone());
+    }
+    let pool = Arc::new(Pool {
+        core,
+        meta_name: a.args[0].clone(),
+        data_name: a.args[1].clone(),
+        block_sectors,
+        low_water,
+        features,
+        len: a.len,
+    });
+    targets().push(Arc::downgrade(&pool));
+    Ok(pool)
+}
+
+/// The running pool on this metadata device, updated to the new line, or a
+/// new one.
+fn bind(
+    meta_name: &str,
+    meta: Arc<dyn BlockDevice>,
+    data: Arc<dyn BlockDevice>,
+    block_bytes: u64,
+    data_blocks: u64,
+    features: Features,
+) -> Result<Arc<PoolCore>, TargetError> {
+    let mut all = pools();
+    all.retain(|w| w.strong_count() > 0);
+    if let Some(core) = all
+        .iter()
+        .filter_map(|w| w.upgrade())
+        .find(|c| c.meta_name == meta_name)
+    {
+        if core.block_bytes != block_bytes {
+            return Err(TargetError::at(
+                2,
+                "the running pool has another data block size",
+            ));
+        }
+        core.md()
+            .grow_data(data_blocks)
+            .map_err(|e| TargetError::at(1, e))?;
+        *core.data.write().unwrap_or_else(|e| e.into_inner()) = data;
+        *core.features.write().unwrap_or_else(|e| e.into_inner()) = features;
+        core.low_water_raised.store(false, Ordering::Relaxed);
+        return Ok(core);
+    }
+    let md = Metadata::open(meta, data_blocks, (block_bytes / 512) as u32, 4096)
+        .map_err(|e| TargetError::at(0, e))?;
+    let core = Arc::new(PoolCore {
+        meta_name: meta_name.to_string(),
+        md: Mutex::new(md),
+        data: RwLock::new(data),
+        block_bytes,
+        features: RwLock::new(features),
+        low_water: AtomicU64::new(0),
+        low_water_raised: AtomicBool::new(false),
+        events: Mutex::new(None),
+        stop: AtomicBool::new(false),
+    });
+    start_timer(&core);
+    all.push(Arc::downgrade(&core));
+    Ok(core)
+}
+
+impl Drop for PoolCore {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let data = self
+            .data
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let md = self.md.get_mut().unwrap_or_else(|e| e.into_inner());
+        if md.dirty() && data.flush().is_ok() {
+            if let Err(e) = md.commit() {
+                tracing::warn!("thin pool {}: final commit failed: {e}", self.meta_name);
+            }
+        }
+    }
+}
+
+impl BlockDevice for Pool {
+    fn size(&self) -> u64 {
+        self.len
+    }
+    fn limits(&self) -> Limits {
+        Limits::default().stack(self.core.data().limits())
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        self.core.data().read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
+        self.core.data().write(offset, data, fua)
+    }
+    fn flush(&self) -> DevResult<()> {
+        self.core.commit()
+    }
+    fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.core.data().discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.core.data().write_zeroes(offset, len, fua)
+    }
+}
+
+impl Target for Pool {
+    fn type_name(&self) -> &'static str {
+        TYPE.name
+    }
+
+    fn table_params(&self, _show_keys: bool) -> String {
+        let esc = crate::core::table::escape_arg;
+        let f = self.features.words();
+        let mut s = format!(
+            "{} {} {} {} {}",
+            esc(&self.meta_name),
+            esc(&self.data_name),
+            self.block_sectors,
+            self.low_water,
+            f.len()
+        );
+        for w in f {
+            s.push(' ');
+            s.push_str(w);
+        }
+        s
+    }
+
+    fn status(&self) -> String {
+        let md = self.core.md();
+        let f = self.core.features();
+        let meta_total = md.tm.msm.len();
+        let data_total = md.data_blocks();
+        let data_used = md.tm.dsm.allocated();
+        let held = if md.held_root == 0 {
+            "-".to_string()
+        } else {
+            md.held_root.to_string()
+        };
+        let mode = if f.read_only {
+            "ro"
+        } else if md.tm.dsm.free_now() == 0 {
+            "out_of_data_space"
+        } else {
+            "rw"
+        };
+        let discard = if f.ignore_discard {
+            "ignore_discard"
+        } else if f.no_discard_passdown {
+            "no_discard_passdown"
+        } else {
+            "discard_passdown"
+        };
+        let space = if f.error_if_no_space {
+            "error_if_no_space"
+        } else {
+            "queue_if_no_space"
+        };
+        let check = if md.needs_check() { "needs_check" } else { "-" };
+        format!(
+            "{} {}/{} {}/{} {held} {mode} {discard} {space} {check} {}",
+            md.trans_id,
+            md.tm.msm.allocated(),
+            meta_total,
+            data_used,
+            data_total,
+            meta_total.min(4096) / 4
+        )
+    }
+
+    fn message(&self, argv: &[String]) -> Result<Option<String>, String> {
+        self.core.message(argv)
+    }
+}

@@ -1,0 +1,340 @@
+//! dm-thin against thin-provisioning-tools, both ways: a pool written by
+//! `thin_restore` opens in udm and its devices read what the XML maps; a
+//! pool udm made (a filesystem through thin 0, a snapshot, more writes)
+//! passes `thin_check`, and `thin_dump`/`thin_ls` see both devices, their
+//! mappings and the blocks they share. A snapshot keeps the old data while
+//! its origin changes.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::dm::DmServer;
+use common::*;
+
+/// 64 KiB data blocks, the smallest the kernel takes.
+const BLOCK: usize = 65536;
+
+const NBD_IO: &str = r#"
+import nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+op, off = sys.argv[2], int(sys.argv[3])
+if op == "read":
+    n = int(sys.argv[4])
+    while n > 0:
+        k = min(n, 4 << 20)
+        sys.stdout.buffer.write(h.pread(k, off))
+        off += k
+        n -= k
+elif op == "stamp":
+    n, bs = int(sys.argv[4]), int(sys.argv[5])
+    for vb in range(off, off + n):
+        h.pwrite(bytes([vb % 251 + 1]) * 4096, vb * bs + 8192)
+    h.flush()
+elif op == "trim":
+    h.trim(int(sys.argv[4]), off)
+    h.flush()
+else:
+    data = sys.stdin.buffer.read()
+    h.pwrite(data, off)
+    h.flush()
+h.shutdown()
+"#;
+
+fn nbd_read(uri: &str, off: u64, len: usize) -> Vec<u8> {
+    need_python_module("nbd", "python3-libnbd");
+    let o = run(Command::new(PYTHON).args([
+        "-c",
+        NBD_IO,
+        uri,
+        "read",
+        &off.to_string(),
+        &len.to_string(),
+    ]));
+    assert_eq!(o.stdout.len(), len, "short read from {uri}");
+    o.stdout
+}
+
+fn nbd_write(uri: &str, off: u64, data: &[u8]) {
+    need_python_module("nbd", "python3-libnbd");
+    let mut c = Command::new(PYTHON)
+        .args(["-c", NBD_IO, uri, "write", &off.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(data).unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert!(o.status.success(), "write to {uri}: {}", show(&o));
+}
+
+fn tool(name: &str, args: &[&str]) -> String {
+    need(name);
+    let o = run(Command::new(name).args(args));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn pool_line(meta: &Path, data: &Path, blocks: u64, features: &str) -> String {
+    format!(
+        "0 {} thin-pool {} {} {} 0 {features}",
+        blocks * (BLOCK as u64 / 512),
+        meta.display(),
+        data.display(),
+        BLOCK / 512
+    )
+}
+
+/// `(virtual block, data block it maps or None)` of one device.
+type Expect = &'static [(u64, Option<u64>)];
+
+fn thin_line(sectors: u64, id: u64) -> String {
+    format!("0 {sectors} thin @pool {id}")
+}
+
+#[test]
+fn restored_pool_reads_what_the_xml_maps() {
+    let dir = scratch("thin-restore");
+    let xml = r#"<superblock uuid="" time="1" transaction="3" flags="0" version="2" data_block_size="128" nr_data_blocks="100">
+  <device dev_id="0" mapped_blocks="3" transaction="0" creation_time="0" snap_time="1">
+    <range_mapping origin_begin="0" data_begin="10" length="2" time="0"/>
+    <single_mapping origin_block="50" data_block="5" time="1"/>
+  </device>
+  <device dev_id="7" mapped_blocks="2" transaction="0" creation_time="1" snap_time="1">
+    <single_mapping origin_block="0" data_block="10" time="0"/>
+    <single_mapping origin_block="3" data_block="20" time="1"/>
+  </device>
+</superblock>
+"#;
+    let x = write_file(dir.path(), "pool.xml", xml.as_bytes());
+    let meta = sparse(dir.path(), "meta", 4 << 20);
+    tool(
+        "thin_restore",
+        &["-i", x.to_str().unwrap(), "-o", meta.to_str().unwrap()],
+    );
+    // Every data block holds its own pattern.
+    let data = sparse(dir.path(), "data", 100 * BLOCK as u64);
+    for db in 0..100u64 {
+        pwrite(&data, db * BLOCK as u64, &bytes(db + 1, BLOCK));
+    }
+    let srv = DmServer::start(dir.path(), &[]);
+    srv.ok(&[
+        "create",
+        "pool",
+        "--table",
+        &pool_line(&meta, &data, 100, ""),
+    ]);
+    let st = srv.ok(&["status", "pool"]);
+    assert!(st.contains(" thin-pool 3 "), "transaction id 3 in: {st}");
+    assert!(st.contains("/100 "), "100 data blocks in: {st}");
+    let sectors = 64 * (BLOCK as u64 / 512);
+    srv.ok(&["create", "t0", "--table", &thin_line(sectors, 0)]);
+    srv.ok(&["create", "t7", "--table", &thin_line(sectors, 7)]);
+    let expect: &[(&str, Expect)] = &[
+        (
+            "t0",
+            &[
+                (0, Some(10)),
+                (1, Some(11)),
+                (2, None),
+                (50, Some(5)),
+                (63, None),
+            ],
+        ),
+        ("t7", &[(0, Some(10)), (1, None), (3, Some(20))]),
+    ];
+    for (dev, maps) in expect {
+        for &(vb, db) in maps.iter() {
+            let got = nbd_read(&srv.uri(dev), vb * BLOCK as u64, BLOCK);
+            let want = match db {
+                Some(d) => bytes(d + 1, BLOCK),
+                None => vec![0; BLOCK],
+            };
+            assert!(
+                got == want,
+                "{dev} block {vb} should read data block {db:?}"
+            );
+        }
+    }
+    let st = srv.ok(&["status", "t0"]);
+    assert!(
+        st.contains(&format!(" thin {} {}", 3 * 128, 51 * 128 - 1)),
+        "{st}"
+    );
+    // A restored pool is not a udm pool: unknown device ids are refused.
+    let e = srv.fails(&["create", "t9", "--table", &thin_line(sectors, 9)]);
+    assert!(e.contains("create_thin 9"), "{e}");
+    srv.ok(&["remove", "t0"]);
+    srv.ok(&["remove", "t7"]);
+    srv.ok(&["remove", "pool"]);
+    srv.serve.stop();
+    tool("thin_check", &[meta.to_str().unwrap()]);
+}
+
+#[test]
+fn udm_pool_passes_thin_check_with_a_filesystem_and_a_snapshot() {
+    need("mkfs.ext4");
+    let dir = scratch("thin-udm");
+    let meta = sparse(dir.path(), "meta", 4 << 20);
+    let data_blocks = 1024u64;
+    let data = sparse(dir.path(), "data", data_blocks * BLOCK as u64);
+    let fs_len = 32usize << 20;
+    let fs = sparse(dir.path(), "fs.img", fs_len as u64);
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-E", "nodiscard"])
+        .arg(&fs));
+    let image = std::fs::read(&fs).unwrap();
+
+    let srv = DmServer::start(dir.path(), &[]);
+    srv.ok(&[
+        "create",
+        "pool",
+        "--table",
+        &pool_line(&meta, &data, data_blocks, ""),
+    ]);
+    srv.ok(&["message", "pool", "0", "create_thin", "0"]);
+    let sectors = (fs_len / 512) as u64;
+    srv.ok(&["create", "t0", "--table", &thin_line(sectors, 0)]);
+    nbd_write(&srv.uri("t0"), 0, &image);
+    assert!(
+        nbd_read(&srv.uri("t0"), 0, fs_len) == image,
+        "t0 reads the filesystem back"
+    );
+
+    srv.ok(&["message", "pool", "0", "create_snap", "1", "0"]);
+    srv.ok(&["create", "t1", "--table", &thin_line(sectors, 1)]);
+    let fresh = bytes(99, 3 * BLOCK + 4096);
+    let at = 4u64 << 20;
+    nbd_write(&srv.uri("t0"), at + 512, &fresh);
+    let now = nbd_read(&srv.uri("t0"), at, fresh.len() + 1024);
+    assert!(
+        now[512..512 + fresh.len()] == fresh[..],
+        "the origin reads its new data"
+    );
+    assert!(
+        now[..512] == image[at as usize..at as usize + 512],
+        "the rest of a broken block is kept"
+    );
+    assert!(
+        nbd_read(&srv.uri("t1"), 0, fs_len) == image,
+        "the snapshot reads the old data"
+    );
+    srv.ok(&["message", "pool", "0", "set_transaction_id", "0", "5"]);
+    let st = srv.ok(&["status", "pool"]);
+    assert!(st.contains(" thin-pool 5 "), "{st}");
+    assert!(
+        st.contains(" rw discard_passdown queue_if_no_space - "),
+        "{st}"
+    );
+
+    for d in ["t1", "t0", "pool"] {
+        srv.ok(&["remove", d]);
+    }
+    srv.serve.stop();
+    let m = meta.to_str().unwrap();
+    tool("thin_check", &[m]);
+    let dump = tool("thin_dump", &[m]);
+    assert!(dump.contains("transaction=\"5\""), "{dump}");
+    assert!(
+        dump.contains("dev_id=\"0\"") && dump.contains("dev_id=\"1\""),
+        "{dump}"
+    );
+    assert!(dump.contains("_mapping"), "{dump}");
+    let ls = tool(
+        "thin_ls",
+        &[
+            "--no-headers",
+            "-o",
+            "DEV,MAPPED_BLOCKS,EXCLUSIVE_BLOCKS,SHARED_BLOCKS",
+            m,
+        ],
+    );
+    let rows: Vec<Vec<u64>> = ls
+        .lines()
+        .map(|l| l.split_whitespace().map(|w| w.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{ls}");
+    for r in &rows {
+        assert!(
+            r[2] >= 4,
+            "each device maps the changed blocks exclusively: {ls}"
+        );
+        assert!(r[3] > 0, "and shares the rest: {ls}");
+        assert_eq!(r[1], r[2] + r[3], "{ls}");
+    }
+}
+
+fn nbd_op(uri: &str, op: &str, args: &[u64]) {
+    need_python_module("nbd", "python3-libnbd");
+    let mut c = Command::new(PYTHON);
+    c.args(["-c", NBD_IO, uri, op]);
+    c.args(args.iter().map(|a| a.to_string()));
+    run(&mut c);
+}
+
+/// `<used>/<total>` data blocks from a pool's status line.
+fn data_used(status: &str) -> u64 {
+    let w: Vec<&str> = status.split_whitespace().collect();
+    w[5].split('/').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn discard_delete_and_metadata_snapshot() {
+    let dir = scratch("thin-discard");
+    let meta = sparse(dir.path(), "meta", 4 << 20);
+    let data = sparse(dir.path(), "data", 1024 * BLOCK as u64);
+    let srv = DmServer::start(dir.path(), &[]);
+    srv.ok(&[
+        "create",
+        "pool",
+        "--table",
+        &pool_line(&meta, &data, 1024, ""),
+    ]);
+    srv.ok(&["message", "pool", "0", "create_thin", "0"]);
+    let sectors = 1024 * (BLOCK as u64 / 512);
+    srv.ok(&["create", "t0", "--table", &thin_line(sectors, 0)]);
+    let uri = srv.uri("t0");
+    // 4 KiB into each of 600 new blocks: 600 mappings, a btree of
+    // several levels, and the rest of each block zeroed.
+    nbd_op(&uri, "stamp", &[0, 600, BLOCK as u64]);
+    let b3 = nbd_read(&uri, 3 * BLOCK as u64, BLOCK);
+    assert!(b3[..8192].iter().all(|&x| x == 0) && b3[12288..].iter().all(|&x| x == 0));
+    assert!(b3[8192..12288].iter().all(|&x| x == 4));
+    assert_eq!(data_used(&srv.ok(&["status", "pool"])), 600);
+
+    srv.ok(&["message", "pool", "0", "reserve_metadata_snap"]);
+    let st = srv.ok(&["status", "pool"]);
+    assert!(!st.contains(" - rw "), "a held root in: {st}");
+    let held = tool("thin_dump", &["-m", meta.to_str().unwrap()]);
+    assert!(held.contains("mapped_blocks=\"600\""), "{held}");
+
+    srv.ok(&["message", "pool", "0", "create_snap", "1", "0"]);
+    nbd_op(&uri, "trim", &[0, 500 * BLOCK as u64]);
+    assert!(nbd_read(&uri, 3 * BLOCK as u64, BLOCK)
+        .iter()
+        .all(|&x| x == 0));
+    assert_eq!(
+        data_used(&srv.ok(&["status", "pool"])),
+        600,
+        "the snapshot keeps them"
+    );
+    srv.ok(&["message", "pool", "0", "delete", "1"]);
+    // The held metadata snapshot still maps them all.
+    assert_eq!(data_used(&srv.ok(&["status", "pool"])), 600);
+    srv.ok(&["message", "pool", "0", "release_metadata_snap"]);
+    let st = srv.ok(&["status", "pool"]);
+    assert!(st.contains(" - rw "), "{st}");
+    assert_eq!(data_used(&st), 100, "{st}");
+    let e = srv.fails(&["message", "pool", "0", "delete", "1"]);
+    assert!(e.contains("does not exist"), "{e}");
+    srv.ok(&["remove", "t0"]);
+    srv.ok(&["remove", "pool"]);
+    srv.serve.stop();
+    tool("thin_check", &[meta.to_str().unwrap()]);
+    let dump = tool("thin_dump", &[meta.to_str().unwrap()]);
+    assert!(dump.contains("mapped_blocks=\"100\""), "{dump}");
+    assert!(!dump.contains("dev_id=\"1\""), "{dump}");
+}
