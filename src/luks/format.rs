@@ -270,11 +270,14 @@ pub fn format(
         fresh.luks1(meta_len, &mut meta)?
     } else {
         let sector = sector_size(p, data_size, data_off)?;
-        if p.integrity.is_some() && data_size > data_off {
+        if let Some(kind) = p.integrity.as_deref().filter(|_| data_size > data_off) {
             // cryptsetup clears the first 8 sectors of the data area, where
-            // the dm-integrity superblock goes, before formatting it.
+            // the dm-integrity superblock goes, then has the kernel format
+            // the integrity device there.
             let len = 4096.min(data_size - data_off);
             Disk::open(image, true)?.zero(data_off, len, &mut |_| {})?;
+            let tag = integrity_tag_size(kind, &p.cipher);
+            super::integrity::Layer::format(image, kind, tag, sector, data_off)?;
         }
         fresh.luks2(ks_size, sector, &mut meta)?
     };

@@ -20,6 +20,7 @@ pub mod foreign;
 pub mod format;
 pub mod hash;
 pub mod header;
+pub mod integrity;
 pub mod json;
 pub mod kdf;
 pub mod keyring;
