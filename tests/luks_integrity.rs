@@ -265,8 +265,16 @@ impl Vol<'_> {
             .unwrap();
         assert!(o.status.success(), "open: {}", show(&o));
     }
+    /// Close, once the server has seen the last NBD client leave.
     fn close(&self) {
-        let o = self.cs(&["close", "vol"]);
+        let mut last = None;
+        wait_for("close of vol", std::time::Duration::from_secs(10), || {
+            let o = self.cs(&["close", "vol"]);
+            let done = o.status.success();
+            last = Some(o);
+            done
+        });
+        let o = last.expect("a close");
         assert!(o.status.success(), "close: {}", show(&o));
     }
 }
