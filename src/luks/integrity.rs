@@ -34,6 +34,27 @@ pub struct Layer {
     pub provided_sectors: u64,
 }
 
+/// Bytes per sector an integrity device must keep for `cipher` with
+/// `integrity` (the segment's `integrity.type`): the auth tag, plus the
+/// IV when it is random. cryptsetup's `INTEGRITY_tag_size` for the modes
+/// udm runs; 0 for a combination it cannot run.
+pub fn integrity_tag_size(integrity: &str, cipher: &str) -> u32 {
+    let mode = cipher.split_once('-').map_or("", |(_, m)| m);
+    let iv = match mode {
+        "xts-random" => 16,
+        "gcm-random" => 12,
+        "random" => 16,
+        _ => 0,
+    };
+    match (integrity, mode) {
+        ("aead", "gcm-random") => iv + 16,
+        ("poly1305", "random") => 12 + 16,
+        ("hmac(sha256)", "xts-random" | "xts-plain64") => iv + 32,
+        ("hmac(sha512)", "xts-random" | "xts-plain64") => iv + 64,
+        _ => 0,
+    }
+}
+
 /// The name cryptsetup gives the integrity device under `name`.
 pub fn dif_name(name: &str) -> String {
     format!("{name}_dif")
@@ -239,7 +260,7 @@ impl Layer {
 
 /// The integrity device of `header`'s authenticated segment 0 on
 /// `data` (None for a volume without integrity), its superblock read.
-pub fn layer_of(header: &super::volume::Header, data: &Path) -> Result<Option<Layer>, LuksError> {
+pub fn layer_of(header: &super::header::Header, data: &Path) -> Result<Option<Layer>, LuksError> {
     let Some(h) = header.luks2() else {
         return Ok(None);
     };
@@ -256,7 +277,7 @@ pub fn layer_of(header: &super::volume::Header, data: &Path) -> Result<Option<La
             )));
         }
     }
-    let tag = super::format::integrity_tag_size(kind, &seg.encryption);
+    let tag = integrity_tag_size(kind, &seg.encryption);
     if tag == 0 {
         return Err(LuksError::Unsupported(format!(
             "segments.0: cipher {} with integrity {kind} (udm runs aes-gcm-random with aead, \
