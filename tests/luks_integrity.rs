@@ -400,3 +400,47 @@ fn hmac_sha256_volume_opens_keeps_data_and_fails_a_changed_sector() {
 fn aes_gcm_volume_opens_keeps_data_and_fails_a_changed_sector() {
     authenticated_volume_round_trip("aes-gcm-random", "aead", "aead");
 }
+
+/// `udm serve --luks NAME=IMAGE` builds the same pair as `open`: the
+/// default export is the volume, the integrity device is `NAME_dif`.
+#[test]
+fn serve_luks_maps_an_authenticated_volume_over_its_integrity_device() {
+    let d = scratch("udm-luks-auth-serve");
+    let key = write_file(d.path(), "key", b"integrity passphrase");
+    let img = sparse(d.path(), "v.img", 32 << 20);
+    run(udm_cs()
+        .args([
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks2",
+            "--cipher",
+            "aes-gcm-random",
+        ])
+        .args(["--integrity", "aead", FAST_PBKDF[0], FAST_PBKDF[1]])
+        .arg("--key-file")
+        .arg(&key)
+        .arg(&img));
+    let sock = d.path().join("nbd.sock");
+    let luks = format!("vol={}", img.display());
+    let srv = UdmServe::start(
+        &sock,
+        &[
+            "--no-control",
+            "--luks",
+            &luks,
+            "--key-file",
+            key.to_str().unwrap(),
+        ],
+    );
+    let code = "h.pwrite(b'\\x11' * 8192, 4096)\nh.flush()\n\
+                assert h.pread(8192, 4096) == b'\\x11' * 8192\n\
+                assert h.pread(4096, 0) == bytes(4096)\nprint(h.get_size())";
+    let size: u64 = py_ok(&sock, "", code).parse().unwrap();
+    let dif: u64 = py_ok(&sock, "vol_dif", "print(h.get_size())")
+        .parse()
+        .unwrap();
+    assert_eq!(size, dif);
+    assert!(size > 12 << 20 && size < 16 << 20, "{size}");
+    srv.stop();
+}
