@@ -403,7 +403,7 @@ fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
         if ro {
             read_only_exports.push(name.clone());
         }
-        let text = crate::luks::activation_table(
+        let tables = crate::luks::activation_tables(
             &name,
             &image,
             a.header.as_deref(),
@@ -411,14 +411,21 @@ fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
             a.allow_weak_cipher,
         )
         .map_err(|e| format!("--luks: {e}"))?;
-        specs.push((
-            position(l),
-            name,
-            DeviceSpec::Table {
-                text,
-                source: format!("LUKS volume {image}"),
-            },
-        ));
+        // The volume's own device before its integrity device (NAME_dif)
+        // in the export order, so it stays the default export.
+        for (dev, text) in tables.into_iter().rev() {
+            if ro && dev != name {
+                read_only_exports.push(dev.clone());
+            }
+            specs.push((
+                position(l),
+                dev,
+                DeviceSpec::Table {
+                    text,
+                    source: format!("LUKS volume {image}"),
+                },
+            ));
+        }
     }
     Ok((specs, read_only_exports))
 }

@@ -62,6 +62,26 @@ pub fn authenticated_dm_cipher(encryption: &str, integrity: &str, tag: u32) -> O
     Some(format!("{spec} integrity:{tag}:aead"))
 }
 
+/// The other way: a crypt line's authenticated cipher spec as the LUKS2
+/// segment's `encryption` and `integrity.type` it maps (what `cryptsetup
+/// status` prints for such a device); None for any other spec.
+pub fn luks_form_of_authenticated(spec: &str) -> Option<(String, String)> {
+    let (capi, iv) = spec.strip_prefix("capi:")?.rsplit_once('-')?;
+    let (kind, inner) = if let Some(x) = capi.strip_prefix("authenc(") {
+        let (mac, inner) = x.strip_suffix(')')?.split_once(',')?;
+        (mac.to_string(), inner)
+    } else if let Some(x) = capi.strip_prefix("rfc7539(") {
+        ("poly1305".to_string(), x.strip_suffix(",poly1305)")?)
+    } else {
+        ("aead".to_string(), capi)
+    };
+    let encryption = match inner.split_once('(') {
+        Some((mode, cipher)) => format!("{}-{mode}-{iv}", cipher.strip_suffix(')')?),
+        None => format!("{inner}-{iv}"),
+    };
+    Some((encryption, kind))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,9 +120,14 @@ mod tests {
             );
             let spec = want.split(' ').next().unwrap_or("");
             assert!(crate::crypto::aead::is_aead_spec(spec), "{spec} runs");
+            assert_eq!(
+                luks_form_of_authenticated(spec),
+                Some((enc.to_string(), int.to_string()))
+            );
             assert_eq!(super::super::format::integrity_tag_size(int, enc), tag);
         }
         assert_eq!(authenticated_dm_cipher("aes", "aead", 28), None);
+        assert_eq!(luks_form_of_authenticated("aes-xts-plain64"), None);
         assert_eq!(authenticated_dm_cipher("aes-cbc-random", "none", 16), None);
     }
 

@@ -306,6 +306,13 @@ impl CryptEntry {
         )
         .map_err(at)?;
         let mut act = v.activation(key, slot).map_err(at)?;
+        if act.integrity.is_some() {
+            return Err(at(LuksError::Unsupported(
+                "an authenticated LUKS2 volume (integrity) in --crypttab; serve it with \
+                 --luks NAME=IMAGE or map it with `udm cryptsetup open`"
+                    .into(),
+            )));
+        }
         if self.discard && !act.options.contains(&"allow_discards") {
             act.options.insert(0, "allow_discards");
         }

@@ -12,6 +12,8 @@ use super::json::{b64_encode, Metadata};
 use super::kdf::Kdf;
 use super::keyslot;
 use super::volume::{Header, Volume};
+
+pub use super::integrity::integrity_tag_size;
 use super::{luks1, luks2};
 use serde_json::json;
 use std::path::Path;
@@ -68,27 +70,6 @@ pub fn integrity_mode(word: &str) -> Result<(&'static str, u32), LuksError> {
             )))
         }
     })
-}
-
-/// Bytes per sector an integrity device must keep for `cipher` with
-/// `integrity` (the segment's `integrity.type`): the auth tag, plus the
-/// IV when it is random. cryptsetup's `INTEGRITY_tag_size` for the modes
-/// udm runs; 0 for a combination it cannot run.
-pub fn integrity_tag_size(integrity: &str, cipher: &str) -> u32 {
-    let mode = cipher.split_once('-').map_or("", |(_, m)| m);
-    let iv = match mode {
-        "xts-random" => 16,
-        "gcm-random" => 12,
-        "random" => 16,
-        _ => 0,
-    };
-    match (integrity, mode) {
-        ("aead", "gcm-random") => iv + 16,
-        ("poly1305", "random") => 12 + 16,
-        ("hmac(sha256)", "xts-random" | "xts-plain64") => iv + 32,
-        ("hmac(sha512)", "xts-random" | "xts-plain64") => iv + 64,
-        _ => 0,
-    }
 }
 
 impl Default for FormatParams {
@@ -270,11 +251,14 @@ pub fn format(
         fresh.luks1(meta_len, &mut meta)?
     } else {
         let sector = sector_size(p, data_size, data_off)?;
-        if p.integrity.is_some() && data_size > data_off {
+        if let Some(kind) = p.integrity.as_deref().filter(|_| data_size > data_off) {
             // cryptsetup clears the first 8 sectors of the data area, where
-            // the dm-integrity superblock goes, before formatting it.
+            // the dm-integrity superblock goes, then has the kernel format
+            // the integrity device there.
             let len = 4096.min(data_size - data_off);
             Disk::open(image, true)?.zero(data_off, len, &mut |_| {})?;
+            let tag = integrity_tag_size(kind, &p.cipher);
+            super::integrity::Layer::format(image, kind, tag, sector, data_off)?;
         }
         fresh.luks2(ks_size, sector, &mut meta)?
     };

@@ -541,9 +541,9 @@ fn luks2_segments(h: &luks2::Luks2, data_size: u64) -> Result<Vec<MappedSegment>
                 s.kind
             )));
         }
-        if s.integrity {
+        if s.integrity && !single {
             return Err(LuksError::Unsupported(format!(
-                "segments.{n}.integrity (authenticated encryption)"
+                "segments.{n}.integrity with more than one segment"
             )));
         }
         if !(512..=4096).contains(&s.sector_size) || !s.sector_size.is_power_of_two() {
@@ -581,7 +581,8 @@ fn luks2_segments(h: &luks2::Luks2, data_size: u64) -> Result<Vec<MappedSegment>
                 format!("segment ends beyond the data device ({data_size} bytes)"),
             ));
         }
-        if (len * 512) % u64::from(s.sector_size) != 0 {
+        // With integrity the size is what the integrity device provides.
+        if !s.integrity && (len * 512) % u64::from(s.sector_size) != 0 {
             return Err(LuksError::field(
                 format!("segments.{n}.size"),
                 len * 512,

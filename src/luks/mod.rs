@@ -20,6 +20,7 @@ pub mod foreign;
 pub mod format;
 pub mod hash;
 pub mod header;
+pub mod integrity;
 pub mod json;
 pub mod kdf;
 pub mod keyring;
@@ -78,6 +79,9 @@ pub struct Activation {
     pub uuid: String,
     /// Problems noticed while reading the header (e.g. primary copy damaged).
     pub warnings: Vec<String>,
+    /// Authenticated LUKS2: the integrity device (`NAME_dif`) the crypt
+    /// line must be mapped over, at offset 0 (see [`Activation::table`]).
+    pub integrity: Option<integrity::Layer>,
 }
 
 impl fmt::Debug for Activation {
@@ -105,6 +109,8 @@ impl Activation {
 
     /// The dmsetup table cryptsetup would load, one crypt line per segment:
     /// `<start> <len> crypt <cipher> <hexkey> <iv_offset> <dev> <offset> [<n> <opts>...]`.
+    /// With [`Activation::integrity`], `data_device` must be the integrity
+    /// device (`@NAME_dif`, whose table is [`integrity::Layer::table`]).
     ///
     /// The text holds the key in hex, so it is written into one buffer
     /// sized for all of it up front: no reallocation leaves a copy behind,
@@ -145,7 +151,9 @@ impl Activation {
                 let _ = write!(out, "{b:02x}");
             }
             let _ = write!(out, " {} {data_device} {}", s.iv_offset, s.offset_sectors);
-            let n = self.options.len() + usize::from(s.sector_size != 512);
+            let n = self.options.len()
+                + usize::from(s.sector_size != 512)
+                + usize::from(self.integrity.is_some());
             if n > 0 {
                 let _ = write!(out, " {n}");
                 for o in &self.options {
@@ -153,6 +161,9 @@ impl Activation {
                 }
                 if s.sector_size != 512 {
                     let _ = write!(out, " sector_size:{}", s.sector_size);
+                }
+                if let Some(l) = &self.integrity {
+                    let _ = write!(out, " integrity:{}:aead", l.tag_size);
                 }
             }
             out.push('\n');
@@ -191,18 +202,19 @@ pub fn open_with(
     vol.activation(key, slot)
 }
 
-/// Unlock the LUKS volume in `image` for serving and return the crypt
-/// table over it (what `cryptsetup open` would load into dm-crypt). The
-/// passphrase comes from `key_file` (`-` for stdin) or the terminal, the
-/// header from the image or a detached `header` file. `name` is the device
-/// being defined, for messages.
-pub fn activation_table(
+/// Unlock the LUKS volume in `image` for serving and return the devices
+/// `cryptsetup open` would create, each a name and its table: `name` with
+/// the crypt table, and for an authenticated LUKS2 volume first the
+/// integrity device `NAME_dif` the crypt table names. The passphrase
+/// comes from `key_file` (`-` for stdin) or the terminal, the header from
+/// the image or a detached `header` file.
+pub fn activation_tables(
     name: &str,
     image: &str,
     header: Option<&Path>,
     key_file: Option<&Path>,
     allow_weak_cipher: bool,
-) -> Result<Zeroizing<String>, String> {
+) -> Result<Vec<(String, Zeroizing<String>)>, String> {
     let pass = read_passphrase(key_file, &format!("Enter passphrase for {image}: "))
         .map_err(|e| format!("LUKS device {name}: {e}"))?;
     let act = open_with(Path::new(image), header, &pass, allow_weak_cipher)
@@ -215,5 +227,14 @@ pub fn activation_table(
         act.uuid,
         act.keyslot
     );
-    Ok(act.table(&crate::core::table::escape_arg(image)))
+    let dev = crate::core::table::escape_arg(image);
+    Ok(match &act.integrity {
+        Some(l) => {
+            let dif = integrity::dif_name(name);
+            let t = l.table(&dev, crate::targets::integrity::params::Mode::Journal);
+            let crypt = act.table(&format!("@{dif}"));
+            vec![(dif, Zeroizing::new(t)), (name.to_string(), crypt)]
+        }
+        None => vec![(name.to_string(), act.table(&dev))],
+    })
 }

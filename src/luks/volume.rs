@@ -268,9 +268,21 @@ impl Volume {
         keyslot: u32,
     ) -> Result<Activation, LuksError> {
         self.check_requirements()?;
-        let (segments, options) = self.header.mapped_segments(self.data_size)?;
+        let (mut segments, options) = self.header.mapped_segments(self.data_size)?;
         for (n, s) in segments.iter().enumerate().filter(|(_, s)| !s.linear) {
             self.refuse_weak(&format!("data segment {n}"), &s.cipher)?;
+        }
+        let integrity = super::integrity::layer_of(&self.header, &self.data_path)?;
+        if let (Some(l), [seg]) = (&integrity, segments.as_mut_slice()) {
+            // cryptsetup's stack: the crypt line over NAME_dif from its
+            // start, as long as the integrity device provides.
+            let spec = super::cipher::authenticated_dm_cipher(&seg.cipher, &l.kind, l.tag_size)
+                .ok_or_else(|| {
+                    LuksError::Unsupported(format!("integrity {} with {}", l.kind, seg.cipher))
+                })?;
+            seg.cipher = spec.split(' ').next().unwrap_or("").to_string();
+            seg.offset_sectors = 0;
+            seg.len_sectors = l.provided_sectors;
         }
         Ok(Activation {
             key,
@@ -281,6 +293,7 @@ impl Volume {
             version: self.version(),
             uuid: self.uuid().to_string(),
             warnings: self.warnings(),
+            integrity,
         })
     }
 

@@ -117,6 +117,21 @@ mod tests {
             .unwrap_or_else(|| panic!("accepted: {text}"))
     }
 
+    /// The integrity constructor reads a superblock; over a placeholder it
+    /// checks the line against a stand-in and reads nothing.
+    #[test]
+    fn integrity_lines_check_without_devices() {
+        let ok = "0 96736 integrity /nonexistent/v.img 32768 32 J 3 block_size:4096 \
+                  fix_padding fix_hmac\n";
+        check(&parse(ok).unwrap(), CheckDevices::Placeholders).unwrap();
+        let crc = "0 2048 integrity /nonexistent/v.img 0 - D 1 internal_hash:crc32c\n";
+        check(&parse(crc).unwrap(), CheckDevices::Placeholders).unwrap();
+        let e = err("0 2048 integrity /nonexistent/v.img 0 4 J 1 block_size:1000\n");
+        assert!(e.to_string().contains("block_size"), "{e}");
+        let e = err("0 2048 integrity /nonexistent/v.img 0 - J 0\n");
+        assert!(e.to_string().contains("tag size"), "{e}");
+    }
+
     #[test]
     fn constructors_rules_apply_without_devices() {
         let k64 = "ab".repeat(64);

@@ -13,8 +13,10 @@ use crate::control::proto::{Code, Request};
 use crate::control::{Client, ClientError};
 use crate::core::table::{self, TableLine};
 use crate::luks::error::LuksError;
+use crate::luks::integrity;
 use crate::luks::ops;
 use crate::luks::plain::{self, PlainParams};
+use crate::targets::integrity::params::{IntegrityParams, Mode};
 use crate::targets::{crypt, crypt::CryptParams, linear};
 use serde_json::Value;
 use zeroize::Zeroizing;
@@ -78,8 +80,49 @@ pub(super) fn flags(c: &Ctx) -> Vec<&'static str> {
     f
 }
 
-/// The table and device UUID `open` creates.
-fn open_table(c: &Ctx, name: &str) -> Result<(Zeroizing<String>, String), LuksError> {
+/// The integrity device (`NAME_dif`) under an authenticated LUKS2
+/// volume's crypt device: name, table, device UUID.
+struct Dif {
+    name: String,
+    table: String,
+    uuid: String,
+}
+
+/// The table and device UUID `open` creates, and the integrity device it
+/// must create first.
+type Opened = (Zeroizing<String>, String, Option<Dif>);
+
+/// cryptsetup's stack for an authenticated volume: the integrity device
+/// over the data area (J mode, D with `--integrity-no-journal`), the crypt
+/// table over it from its start.
+fn integrity_stack(
+    c: &Ctx,
+    name: &str,
+    act: &crate::luks::Activation,
+    dev_arg: &str,
+    volume_uuid: &str,
+) -> Result<(Zeroizing<String>, Dif), LuksError> {
+    let Some(l) = &act.integrity else {
+        return Err(LuksError::Usage("no integrity device".into()));
+    };
+    if act.options.contains(&"allow_discards") {
+        return Err(LuksError::Usage("Discard/TRIM is not supported.".into()));
+    }
+    let mode = if c.a.has("integrity-no-journal") {
+        Mode::Direct
+    } else {
+        Mode::Journal
+    };
+    let dif = Dif {
+        name: integrity::dif_name(name),
+        table: l.table(dev_arg, mode),
+        uuid: integrity::dif_uuid(volume_uuid, name),
+    };
+    let table = act.table(&format!("@{}", dif.name));
+    Ok((table, dif))
+}
+
+fn open_table(c: &Ctx, name: &str) -> Result<Opened, LuksError> {
     let ty = c.device_type.as_deref().unwrap_or("luks");
     let data = c.argv[0].clone();
     let dev_arg = super::ctx::table_dev(&data);
@@ -109,6 +152,7 @@ fn open_table(c: &Ctx, name: &str) -> Result<(Zeroizing<String>, String), LuksEr
         return Ok((
             plain::table(&p, &key, &dev_arg, size)?,
             format!("CRYPT-PLAIN-{name}"),
+            None,
         ));
     }
     let dev = device(c);
@@ -132,7 +176,7 @@ fn open_table(c: &Ctx, name: &str) -> Result<(Zeroizing<String>, String), LuksEr
         let act = crate::luks::reencrypt::activation(&v, &pass)?
             .ok_or_else(|| LuksError::Usage("reencryption state changed".into()))?;
         let uuid = format!("CRYPT-LUKS2-{}-{name}", v.uuid().replace('-', ""));
-        return Ok((act.table(&dev_arg), uuid));
+        return Ok((act.table(&dev_arg), uuid, None));
     }
     v.check_requirements()?;
     let (slot, key) = match c.a.str("volume-key-file") {
@@ -173,7 +217,11 @@ fn open_table(c: &Ctx, name: &str) -> Result<(Zeroizing<String>, String), LuksEr
         v.version(),
         v.uuid().replace('-', "")
     );
-    Ok((act.table(&dev_arg), uuid))
+    if act.integrity.is_some() {
+        let (table, dif) = integrity_stack(c, name, &act, &dev_arg, v.uuid())?;
+        return Ok((table, uuid, Some(dif)));
+    }
+    Ok((act.table(&dev_arg), uuid, None))
 }
 
 pub(super) fn open(c: &Ctx) -> Outcome {
@@ -183,7 +231,7 @@ pub(super) fn open(c: &Ctx) -> Outcome {
     } else {
         c.argv[1].clone()
     };
-    let (table, uuid) = open_table(c, &name)?;
+    let (table, uuid, dif) = open_table(c, &name)?;
     if refresh {
         let mut r = req("load", &name);
         r.has_table = true;
@@ -191,12 +239,25 @@ pub(super) fn open(c: &Ctx) -> Outcome {
         call(c, &name, req("resume", &name), &[])?;
         return Ok(());
     }
-    let mut r = req("create", &name);
+    if let Some(d) = &dif {
+        create(c, &d.name, d.uuid.clone(), d.table.as_bytes())?;
+    }
+    let made = create(c, &name, uuid, table.as_bytes());
+    if let (Err(_), Some(d)) = (&made, &dif) {
+        let _ = call(c, &d.name, req("remove", &d.name), &[]);
+    }
+    made
+}
+
+/// `create` of one device of `open`, with the command line's
+/// `--readonly` and `--allow`.
+fn create(c: &Ctx, name: &str, uuid: String, table: &[u8]) -> Outcome {
+    let mut r = req("create", name);
     r.has_table = true;
     r.readonly = c.a.has("readonly");
     r.uuid = Some(uuid);
     r.allow = c.a.str("allow").map(str::to_string);
-    call(c, &name, r, table.as_bytes())?;
+    call(c, name, r, table)?;
     Ok(())
 }
 
@@ -231,6 +292,18 @@ pub(super) fn close(c: &Ctx) -> Outcome {
         LuksError::Device(_) => LuksError::Device(format!("{name} (not active)")),
         e => e,
     })?;
+    // The integrity device an authenticated volume's open put under it
+    // (named and tagged as cryptsetup's: NAME_dif, CRYPT-INTEGRITY-…).
+    let dif = integrity::dif_name(name);
+    let ours = call(c, &dif, req("info", &dif), &[])
+        .ok()
+        .and_then(|(v, _)| v["devices"][0]["uuid"].as_str().map(str::to_string))
+        .is_some_and(|u| u.starts_with("CRYPT-INTEGRITY-") && u.ends_with(&format!("-{dif}")));
+    if ours {
+        let mut r = req("remove", &dif);
+        r.deferred = c.a.has("deferred");
+        call(c, &dif, r, &[])?;
+    }
     Ok(())
 }
 
@@ -330,12 +403,36 @@ pub(super) fn status(c: &Ctx) -> Outcome {
         size: lines.0.iter().map(|l| l.len).sum(),
         read_only: info["read_only"].as_bool().unwrap_or(false),
         suspended: info["suspended"].as_bool().unwrap_or(false),
+        auth: authenticated(c, &p),
     };
     print!("{}", super::status::text(&report));
     if let (Some(_), Some(u)) = (&file, info["nbd_uri"].as_str()) {
         println!("  nbd uri: {u}");
     }
     Ok(())
+}
+
+/// An authenticated volume's status lines: the LUKS2 form of the crypt
+/// line's cipher, and the data device the integrity device below names.
+fn authenticated(c: &Ctx, p: &CryptParams) -> Option<super::status::Auth> {
+    if p.options.integrity_tag == 0 {
+        return None;
+    }
+    let (cipher, kind) = crate::luks::cipher::luks_form_of_authenticated(&p.cipher)?;
+    let below = p.device.strip_prefix('@')?;
+    let (_, payload) = call(c, below, req("table", below), &[]).ok()?;
+    let lines = lines_of(below, &String::from_utf8_lossy(&payload)).ok()?;
+    let device = lines
+        .0
+        .first()
+        .filter(|l| l.target == crate::targets::integrity::TYPE.name)
+        .and_then(|l| IntegrityParams::parse(&l.args).ok())
+        .map_or_else(|| p.device.clone(), |ip| ip.dev);
+    Some(super::status::Auth {
+        cipher,
+        kind,
+        device,
+    })
 }
 
 /// Whether the LUKS2 header of `device` (or `--header`) is in

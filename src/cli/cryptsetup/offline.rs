@@ -69,6 +69,7 @@ pub(super) fn format(c: &Ctx) -> Outcome {
         pbkdf: pbkdf(c),
         create_size: None,
         integrity: c.a.str("integrity").map(str::to_string),
+        integrity_no_wipe: c.a.has("integrity-no-wipe"),
     };
     let slot = ops::format::luks_format(&o, &ui(c))?;
     slot_msg(c, slot, "created");

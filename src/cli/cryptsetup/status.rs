@@ -23,6 +23,30 @@ pub(super) struct Report<'a> {
     pub size: u64,
     pub read_only: bool,
     pub suspended: bool,
+    /// An authenticated LUKS2 volume: what cryptsetup reads from the
+    /// header and the integrity device below instead of the crypt line.
+    pub auth: Option<Auth>,
+}
+
+/// The lines of an authenticated volume (crypt over `NAME_dif`).
+pub(super) struct Auth {
+    /// The segment's `encryption` (`aes-xts-plain64`), not the crypt
+    /// line's `capi:` spec.
+    pub cipher: String,
+    /// The segment's `integrity.type`.
+    pub kind: String,
+    /// The data device under the integrity device.
+    pub device: String,
+}
+
+/// The integrity key's bytes within the volume key (`INTEGRITY_key_size`).
+fn integrity_key_bytes(kind: &str) -> u32 {
+    match kind {
+        "hmac(sha1)" => 20,
+        "hmac(sha256)" => 32,
+        "hmac(sha512)" => 64,
+        _ => 0,
+    }
 }
 
 /// The header line: a name is shown under /dev/mapper, a path as given.
@@ -44,11 +68,20 @@ pub(super) fn text(r: &Report<'_>) -> String {
     if r.reencrypting {
         o.push_str("  reencryption:  in-progress\n");
     }
-    let _ = writeln!(o, "  cipher:  {}", p.cipher);
+    let cipher = r.auth.as_ref().map_or(&p.cipher, |a| &a.cipher);
+    let _ = writeln!(o, "  cipher:  {cipher}");
     let _ = writeln!(o, "  keysize: {} bits", p.key_bits());
     let loc = if r.keyring { "keyring" } else { "dm-crypt" };
     let _ = writeln!(o, "  key location: {loc}");
-    let _ = writeln!(o, "  device:  {}", p.device);
+    if let Some(a) = &r.auth {
+        let _ = writeln!(o, "  integrity: {}", a.kind);
+        let k = integrity_key_bytes(&a.kind);
+        if k != 0 {
+            let _ = writeln!(o, "  integrity keysize: {} bits", k * 8);
+        }
+    }
+    let device = r.auth.as_ref().map_or(&p.device, |a| &a.device);
+    let _ = writeln!(o, "  device:  {device}");
     let _ = writeln!(o, "  sector size:  {}", p.options.sector_size);
     let _ = writeln!(o, "  offset:  {} sectors", p.offset);
     let _ = writeln!(o, "  size:    {} sectors", r.size);
@@ -116,6 +149,7 @@ mod tests {
             size: 8192,
             read_only: false,
             suspended: false,
+            auth: None,
         };
         assert_eq!(
             text(&r),
@@ -151,6 +185,7 @@ mod tests {
             size: 16,
             read_only: true,
             suspended: true,
+            auth: None,
         };
         assert_eq!(
             text(&r),
@@ -174,6 +209,50 @@ mod tests {
         let p = params(&format!("aes-xts-plain64 {key} 0 /d 0 1 allow_discards"));
         let r = Report { params: &p, ..r };
         assert!(text(&r).ends_with("  flags:   discards \n"));
+    }
+
+    /// cryptsetup 2.6.1 reads the cipher from the header and the device
+    /// from the integrity device; the crypt line's offset (0) stays.
+    #[test]
+    fn authenticated_volume() {
+        let key = "00".repeat(96);
+        let p = params(&format!(
+            "capi:authenc(hmac(sha256),xts(aes))-plain64 {key} 0 @vol_dif 0 2 \
+             sector_size:4096 integrity:32:aead"
+        ));
+        let r = Report {
+            arg: "vol",
+            in_use: false,
+            ty: "LUKS2",
+            reencrypting: false,
+            params: &p,
+            keyring: false,
+            size: 96736,
+            read_only: false,
+            suspended: false,
+            auth: Some(Auth {
+                cipher: "aes-xts-plain64".into(),
+                kind: "hmac(sha256)".into(),
+                device: "/img".into(),
+            }),
+        };
+        assert_eq!(
+            text(&r),
+            expected(&[
+                "/dev/mapper/vol is active.",
+                "  type:    LUKS2",
+                "  cipher:  aes-xts-plain64",
+                "  keysize: 768 bits",
+                "  key location: dm-crypt",
+                "  integrity: hmac(sha256)",
+                "  integrity keysize: 256 bits",
+                "  device:  /img",
+                "  sector size:  4096",
+                "  offset:  0 sectors",
+                "  size:    96736 sectors",
+                "  mode:    read/write",
+            ])
+        );
     }
 
     #[test]

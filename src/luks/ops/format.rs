@@ -39,6 +39,9 @@ pub struct FormatOpts {
     /// `--integrity` as given (`aead`, `poly1305`, `hmac-sha256`,
     /// `hmac-sha512`): authenticated encryption over dm-integrity.
     pub integrity: Option<String>,
+    /// `--integrity-no-wipe`: leave the data area's tags unwritten (every
+    /// sector reads as an I/O error until written).
+    pub integrity_no_wipe: bool,
 }
 
 /// `--integrity`: the segment's integrity type and the integrity key's
@@ -171,7 +174,28 @@ pub fn luks_format(o: &FormatOpts, fb: &dyn Feedback) -> Result<u32, LuksError> 
             "Label and subsystem are supported only for LUKS2 devices.".into(),
         ));
     }
-    let (_key, slot) =
-        format::format(image, o.dev.header.as_deref(), &p, &pass, vk.as_deref(), fb)?;
+    let (key, slot) = format::format(image, o.dev.header.as_deref(), &p, &pass, vk.as_deref(), fb)?;
+    if p.integrity.is_some() && !o.integrity_no_wipe {
+        wipe_authenticated(o, &key, fb)?;
+    }
     Ok(slot)
+}
+
+/// cryptsetup's wipe after an authenticated format: zeros through the
+/// crypt layer, so every sector's tag authenticates.
+fn wipe_authenticated(o: &FormatOpts, key: &[u8], fb: &dyn Feedback) -> Result<(), LuksError> {
+    let v = o.dev.load(false, fb)?;
+    let Some(layer) = crate::luks::integrity::layer_of(&v.header, &o.dev.path)? else {
+        return Ok(());
+    };
+    let (cipher, _) = v.header.first_segment();
+    let spec = crate::luks::cipher::authenticated_dm_cipher(&cipher, &layer.kind, layer.tag_size)
+        .ok_or_else(|| {
+        LuksError::Unsupported(format!("integrity {} with {cipher}", layer.kind))
+    })?;
+    let len = layer.provided_sectors * 512;
+    fb.begin("Wiping", len);
+    let r = layer.wipe(&o.dev.path, &spec, key, &mut |done| fb.advance(done));
+    fb.end();
+    r
 }

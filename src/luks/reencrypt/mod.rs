@@ -280,5 +280,6 @@ fn assemble(
         version: 2,
         uuid: vol.uuid().to_string(),
         warnings: vol.warnings(),
+        integrity: None,
     })
 }

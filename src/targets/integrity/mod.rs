@@ -160,6 +160,25 @@ fn load_superblock(
     Ok(sb)
 }
 
+/// For a line over an unopened device: the superblock the kernel would
+/// write on a device big enough for `len` provided sectors (twice that,
+/// plus room for the journal), and that device's size in sectors.
+fn stand_in_superblock(
+    p: &IntegrityParams,
+    tag_size: u32,
+    has_hash: bool,
+    len: u64,
+) -> Result<(Superblock, u64), TargetError> {
+    let dev_sectors = p
+        .offset
+        .saturating_add(len.saturating_mul(2))
+        .saturating_add(1 << 20)
+        .min(u64::MAX / 1024);
+    let (sb, _) = format::superblock(&spec_of(p, tag_size, has_hash), dev_sectors, [0; 16])
+        .map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?;
+    Ok((sb, dev_sectors))
+}
+
 fn check_superblock(
     sb: &Superblock,
     p: &IntegrityParams,
@@ -217,9 +236,18 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         .resolver
         .resolve(&p.dev)
         .map_err(|e| TargetError::at(0, e))?;
-    let sb = load_superblock(&*dev, &p, tag_size, alg.is_some())?;
+    // A device `udm table check` did not open (unlimited, refuses I/O):
+    // the line is checked against the superblock a format of a device
+    // just large enough would write, and nothing is read.
+    let unopened = dev.size() == u64::MAX;
+    let (sb, dev_sectors) = if unopened {
+        stand_in_superblock(&p, tag_size, alg.is_some(), a.len / 512)?
+    } else {
+        let sb = load_superblock(&*dev, &p, tag_size, alg.is_some())?;
+        (sb, dev.size() / 512)
+    };
     check_superblock(&sb, &p, tag_size)?;
-    let g = Geometry::of(&sb, p.offset, dev.size() / 512).map_err(TargetError::line)?;
+    let g = Geometry::of(&sb, p.offset, dev_sectors).map_err(TargetError::line)?;
     if a.len > g.provided_data_sectors * 512 {
         return Err(TargetError::line(format!(
             "not enough provided sectors for the mapping: {} has {}, the segment {}",
@@ -245,7 +273,7 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         mismatches: AtomicU64::new(0),
         options: a.options.clone(),
     };
-    if t.p.mode != Mode::Recovery {
+    if t.p.mode != Mode::Recovery && !unopened {
         t.replay()
             .map_err(|e| TargetError::line(format!("journal replay on {}: {e}", t.p.dev)))?;
     }
