@@ -93,7 +93,7 @@ fn sigkill_during_provisioning_keeps_metadata_clean_and_flushed_writes() {
             open_thin(&srv, round - 1);
             let out = run_text(py("verify", round - 1).arg("flushed"));
             println!("round {round}: {}", out.trim());
-            srv.ok(&["remove", "t"]);
+            srv.ok(&["remove", "--retry", "t"]);
             srv.ok(&["message", "pool", "0", "delete", &last]);
         }
         srv.ok(&["message", "pool", "0", "create_thin", &round.to_string()]);

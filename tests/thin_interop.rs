@@ -391,7 +391,7 @@ fn a_chain_of_ten_snapshots_reads_right_at_each_level() {
         }
     }
     for k in 0..10 {
-        srv.ok(&["remove", &format!("t{k}")]);
+        srv.ok(&["remove", "--retry", &format!("t{k}")]);
     }
     srv.ok(&["remove", "pool"]);
     srv.serve.stop();
@@ -462,8 +462,8 @@ fn snapshot_time_is_the_same_at_1_gib_and_100_gib() {
     ));
     assert!(min(&small) < 100.0, "1 GiB snapshot took {small:?} ms");
     assert!(min(&big) < 100.0, "100 GiB snapshot took {big:?} ms");
-    srv.ok(&["remove", "g1"]);
-    srv.ok(&["remove", "g100"]);
+    srv.ok(&["remove", "--retry", "g1"]);
+    srv.ok(&["remove", "--retry", "g100"]);
     srv.ok(&["remove", "pool"]);
     srv.serve.stop();
     tool("thin_check", &[meta.to_str().unwrap()]);
