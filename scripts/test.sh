@@ -18,7 +18,8 @@ need mkfs.ext4 e2fsprogs
 need mkfs.xfs xfsprogs
 need xfs_repair xfsprogs
 need fusermount3 fuse3
-# tests/thin_interop.rs: thin_check, thin_dump, thin_ls, thin_restore.
+# tests/thin_interop.rs, tests/thin_crash.rs: thin_check, thin_dump, thin_ls,
+# thin_restore.
 need thin_check thin-provisioning-tools
 # tests/mapper_dir.rs: loop devices, blkid, a private mount namespace.
 need losetup mount

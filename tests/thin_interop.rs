@@ -338,3 +338,133 @@ fn discard_delete_and_metadata_snapshot() {
     assert!(dump.contains("mapped_blocks=\"100\""), "{dump}");
     assert!(!dump.contains("dev_id=\"1\""), "{dump}");
 }
+
+/// What level `k` of the snapshot chain reads in block `j`: level `i`
+/// wrote block `i` whole (byte `i + 1`) and 4 KiB at `4096 * i` of block
+/// 12 (byte `101 + i`), each level on a snapshot of the one before.
+fn chain_block(k: usize, j: usize) -> Vec<u8> {
+    let mut b = vec![0u8; BLOCK];
+    if j < 12 && j <= k {
+        b.fill(j as u8 + 1);
+    } else if j == 12 {
+        for i in 0..=k {
+            b[4096 * i..4096 * (i + 1)].fill(101 + i as u8);
+        }
+    }
+    b
+}
+
+#[test]
+fn a_chain_of_ten_snapshots_reads_right_at_each_level() {
+    let dir = scratch("thin-chain");
+    let meta = sparse(dir.path(), "meta", 4 << 20);
+    let data = sparse(dir.path(), "data", 256 * BLOCK as u64);
+    let srv = DmServer::start(dir.path(), &[]);
+    srv.ok(&[
+        "create",
+        "pool",
+        "--table",
+        &pool_line(&meta, &data, 256, ""),
+    ]);
+    srv.ok(&["message", "pool", "0", "create_thin", "0"]);
+    let sectors = 16 * (BLOCK as u64 / 512);
+    for k in 0..10usize {
+        if k > 0 {
+            let (id, origin) = (k.to_string(), (k - 1).to_string());
+            srv.ok(&["message", "pool", "0", "create_snap", &id, &origin]);
+        }
+        let name = format!("t{k}");
+        srv.ok(&["create", &name, "--table", &thin_line(sectors, k as u64)]);
+        let uri = srv.uri(&name);
+        nbd_write(&uri, (k * BLOCK) as u64, &vec![k as u8 + 1; BLOCK]);
+        let at = 12 * BLOCK + 4096 * k;
+        nbd_write(&uri, at as u64, &[101 + k as u8; 4096]);
+    }
+    // Every level, read after the whole chain is built.
+    for k in 0..10usize {
+        let got = nbd_read(&srv.uri(&format!("t{k}")), 0, 16 * BLOCK);
+        for j in 0..16 {
+            assert!(
+                got[j * BLOCK..(j + 1) * BLOCK] == chain_block(k, j)[..],
+                "snapshot level {k}, block {j}"
+            );
+        }
+    }
+    for k in 0..10 {
+        srv.ok(&["remove", "--retry", &format!("t{k}")]);
+    }
+    srv.ok(&["remove", "pool"]);
+    srv.serve.stop();
+    tool("thin_check", &[meta.to_str().unwrap()]);
+    let ls = tool(
+        "thin_ls",
+        &["--no-headers", "-o", "DEV", meta.to_str().unwrap()],
+    );
+    assert_eq!(ls.lines().count(), 10, "ten devices: {ls}");
+}
+
+/// The `dmsetup message` round trips of three `create_snap`s of
+/// `origin`, as new ids `first..first + 3`, in ms.
+fn snap_times(srv: &DmServer, origin: u64, first: u64) -> Vec<f64> {
+    (first..first + 3)
+        .map(|id| {
+            let (id, origin) = (id.to_string(), origin.to_string());
+            let t = std::time::Instant::now();
+            srv.ok(&["message", "pool", "0", "create_snap", &id, &origin]);
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect()
+}
+
+#[test]
+fn snapshot_time_is_the_same_at_1_gib_and_100_gib() {
+    let dir = scratch("thin-snaptime");
+    let meta = sparse(dir.path(), "meta", 16 << 20);
+    let gib_blocks = (1u64 << 30) / BLOCK as u64;
+    let data_blocks = gib_blocks + 64;
+    let data = sparse(dir.path(), "data", data_blocks * BLOCK as u64);
+    let srv = DmServer::start(dir.path(), &[]);
+    let line = pool_line(&meta, &data, data_blocks, "1 skip_block_zeroing");
+    srv.ok(&["create", "pool", "--table", &line]);
+    srv.ok(&["message", "pool", "0", "create_thin", "0"]);
+    srv.ok(&["message", "pool", "0", "create_thin", "1"]);
+    let bs = BLOCK as u64 / 512;
+    srv.ok(&["create", "g1", "--table", &thin_line(gib_blocks * bs, 0)]);
+    srv.ok(&[
+        "create",
+        "g100",
+        "--table",
+        &thin_line(100 * gib_blocks * bs, 1),
+    ]);
+    // Every block of the 1 GiB device mapped; a few of the 100 GiB one,
+    // spread over it.
+    nbd_op(&srv.uri("g1"), "stamp", &[0, gib_blocks, BLOCK as u64]);
+    for vb in [0, 12_345, 800_000, 100 * gib_blocks - 1] {
+        nbd_op(&srv.uri("g100"), "stamp", &[vb, 1, BLOCK as u64]);
+    }
+    let st = srv.ok(&["status", "pool"]);
+    assert_eq!(data_used(&st), gib_blocks + 4, "{st}");
+    // What a `udm dmsetup` round trip costs without a commit.
+    let base: Vec<f64> = (0..3)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            srv.ok(&["status", "pool"]);
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    let small = snap_times(&srv, 0, 10);
+    let big = snap_times(&srv, 1, 20);
+    let min = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
+    common::report(&format!(
+        "thin create_snap round trip (udm dmsetup message, incl. commit): \
+         1 GiB fully mapped {small:.1?} ms, 100 GiB sparse {big:.1?} ms \
+         (a status round trip: {base:.1?} ms)"
+    ));
+    assert!(min(&small) < 100.0, "1 GiB snapshot took {small:?} ms");
+    assert!(min(&big) < 100.0, "100 GiB snapshot took {big:?} ms");
+    srv.ok(&["remove", "--retry", "g1"]);
+    srv.ok(&["remove", "--retry", "g100"]);
+    srv.ok(&["remove", "pool"]);
+    srv.serve.stop();
+    tool("thin_check", &[meta.to_str().unwrap()]);
+}

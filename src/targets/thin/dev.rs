@@ -125,7 +125,9 @@ impl Thin {
                 return dd.write(db * bs + within, WriteBuf::Borrowed(data), false);
             }
         }
-        let nb = self.core.alloc_data(&mut md)?;
+        // Waiting for space may see a reload swap in a bigger data device.
+        let (mut md, nb) = self.core.alloc_data(md)?;
+        let dd = self.core.data();
         let whole = within == 0 && data.len() as u64 == bs;
         if whole
             || (cur.is_none() && self.origin.is_none() && self.core.features().skip_block_zeroing)

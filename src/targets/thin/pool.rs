@@ -9,8 +9,8 @@
 //! bigger data device takes effect at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use super::metadata::Metadata;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
@@ -103,8 +103,38 @@ pub struct PoolCore {
     features: RwLock<Features>,
     low_water: AtomicU64,
     low_water_raised: AtomicBool,
+    /// Signalled when a reload grows the data device, so writes queued
+    /// for space (waiting on `md`) try again.
+    space: Condvar,
+    /// How long a write waits for space before failing, in ms; 0 waits
+    /// until space comes.
+    no_space_ms: AtomicU64,
     events: Mutex<Option<EventHook>>,
     stop: AtomicBool,
+}
+
+/// The variable that replaces the kernel's `no_space_timeout` module
+/// parameter (udm has no module parameters).
+pub const NO_SPACE_TIMEOUT_VAR: &str = "UDM_THIN_NO_SPACE_TIMEOUT";
+
+/// How long a queueing pool holds a write that finds no free data block,
+/// in ms: the kernel's 60 s, or `UDM_THIN_NO_SPACE_TIMEOUT` seconds (0:
+/// until space comes).
+fn no_space_timeout_ms() -> Result<u64, String> {
+    parse_no_space_timeout(std::env::var(NO_SPACE_TIMEOUT_VAR).ok().as_deref())
+}
+
+fn parse_no_space_timeout(v: Option<&str>) -> Result<u64, String> {
+    let Some(v) = v else {
+        return Ok(60_000);
+    };
+    match v.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Ok((s * 1000.0).round() as u64),
+        _ => Err(format!(
+            "{NO_SPACE_TIMEOUT_VAR}='{v}': expected seconds between 0 and 86400 \
+             (0 queues writes until the data device grows)"
+        )),
+    }
 }
 
 fn pools() -> MutexGuard<'static, Vec<Weak<PoolCore>>> {
@@ -150,10 +180,36 @@ impl PoolCore {
         *self.features.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new data block for a write, or ENOSPC (error_if_no_space; a
-    /// queueing pool waits for space first, see docs/THIN.md).
-    pub fn alloc_data(&self, md: &mut Metadata) -> DevResult<u64> {
-        let b = md.alloc_data().ok_or_else(enospc)?;
+    /// A new data block for a write. Without one, `error_if_no_space`
+    /// fails at once; otherwise the write waits (without the metadata
+    /// lock) for a reload to grow the data device, up to the no-space
+    /// timeout, then fails with ENOSPC, as the kernel does.
+    pub fn alloc_data<'a>(
+        &'a self,
+        mut md: MutexGuard<'a, Metadata>,
+    ) -> DevResult<(MutexGuard<'a, Metadata>, u64)> {
+        let start = Instant::now();
+        let b = loop {
+            if let Some(b) = md.alloc_data() {
+                break b;
+            }
+            if self.features().error_if_no_space {
+                return Err(enospc());
+            }
+            let ms = self.no_space_ms.load(Ordering::Relaxed);
+            let left = if ms == 0 {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_millis(ms)
+                    .checked_sub(start.elapsed())
+                    .ok_or_else(enospc)?
+            };
+            md = self
+                .space
+                .wait_timeout(md, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
         let free = md.tm.dsm.free_now();
         if free <= self.low_water.load(Ordering::Relaxed)
             && !self.low_water_raised.swap(true, Ordering::Relaxed)
@@ -167,7 +223,7 @@ impl PoolCore {
                 h.raise();
             }
         }
-        Ok(b)
+        Ok((md, b))
     }
 
     /// Make everything written so far durable: data first, then the
@@ -322,7 +378,9 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             "the data device is smaller than one data block",
         ));
     }
+    let no_space_ms = no_space_timeout_ms().map_err(TargetError::line)?;
     let core = bind(&a.args[0], meta, data, block_bytes, data_blocks, features)?;
+    core.no_space_ms.store(no_space_ms, Ordering::Relaxed);
     core.low_water.store(low_water, Ordering::Relaxed);
     if let Some(h) = &a.options.events {
         *core.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(h.clone());
@@ -363,12 +421,20 @@ fn bind(
                 "the running pool has another data block size",
             ));
         }
-        core.md()
-            .grow_data(data_blocks)
-            .map_err(|e| TargetError::at(1, e))?;
+        let mut md = core.md();
+        if data_blocks < md.data_blocks() {
+            // grow_data's error names the sizes; nothing has changed yet.
+            md.grow_data(data_blocks)
+                .map_err(|e| TargetError::at(1, e))?;
+        }
+        // The bigger device first, so no block handed out lies past its end.
         *core.data.write().unwrap_or_else(|e| e.into_inner()) = data;
         *core.features.write().unwrap_or_else(|e| e.into_inner()) = features;
+        md.grow_data(data_blocks)
+            .map_err(|e| TargetError::at(1, e))?;
+        drop(md);
         core.low_water_raised.store(false, Ordering::Relaxed);
+        core.space.notify_all();
         return Ok(core);
     }
     let md = Metadata::open(meta, data_blocks, (block_bytes / 512) as u32, 4096)
@@ -381,6 +447,8 @@ fn bind(
         features: RwLock::new(features),
         low_water: AtomicU64::new(0),
         low_water_raised: AtomicBool::new(false),
+        space: Condvar::new(),
+        no_space_ms: AtomicU64::new(60_000),
         events: Mutex::new(None),
         stop: AtomicBool::new(false),
     });
@@ -497,5 +565,24 @@ impl Target for Pool {
 
     fn message(&self, argv: &[String]) -> Result<Option<String>, String> {
         self.core.message(argv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_space_timeout_defaults_to_the_kernels_and_names_the_variable_when_bad() {
+        assert_eq!(parse_no_space_timeout(None), Ok(60_000));
+        assert_eq!(parse_no_space_timeout(Some("0")), Ok(0));
+        assert_eq!(parse_no_space_timeout(Some(" 1.5 ")), Ok(1500));
+        for bad in ["", "-1", "soon", "NaN", "1e9"] {
+            let e = parse_no_space_timeout(Some(bad)).unwrap_err();
+            assert!(
+                e.contains(NO_SPACE_TIMEOUT_VAR) && e.contains("seconds"),
+                "{e}"
+            );
+        }
     }
 }
