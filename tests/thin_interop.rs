@@ -167,9 +167,9 @@ fn restored_pool_reads_what_the_xml_maps() {
     // A restored pool is not a udm pool: unknown device ids are refused.
     let e = srv.fails(&["create", "t9", "--table", &thin_line(sectors, 9)]);
     assert!(e.contains("create_thin 9"), "{e}");
-    srv.ok(&["remove", "t0"]);
-    srv.ok(&["remove", "t7"]);
-    srv.ok(&["remove", "pool"]);
+    srv.ok(&["remove", "--retry", "t0"]);
+    srv.ok(&["remove", "--retry", "t7"]);
+    srv.ok(&["remove", "--retry", "pool"]);
     srv.serve.stop();
     tool("thin_check", &[meta.to_str().unwrap()]);
 }
@@ -231,7 +231,7 @@ fn udm_pool_passes_thin_check_with_a_filesystem_and_a_snapshot() {
     );
 
     for d in ["t1", "t0", "pool"] {
-        srv.ok(&["remove", d]);
+        srv.ok(&["remove", "--retry", d]);
     }
     srv.serve.stop();
     let m = meta.to_str().unwrap();
@@ -330,8 +330,8 @@ fn discard_delete_and_metadata_snapshot() {
     assert_eq!(data_used(&st), 100, "{st}");
     let e = srv.fails(&["message", "pool", "0", "delete", "1"]);
     assert!(e.contains("does not exist"), "{e}");
-    srv.ok(&["remove", "t0"]);
-    srv.ok(&["remove", "pool"]);
+    srv.ok(&["remove", "--retry", "t0"]);
+    srv.ok(&["remove", "--retry", "pool"]);
     srv.serve.stop();
     tool("thin_check", &[meta.to_str().unwrap()]);
     let dump = tool("thin_dump", &[meta.to_str().unwrap()]);
@@ -393,7 +393,7 @@ fn a_chain_of_ten_snapshots_reads_right_at_each_level() {
     for k in 0..10 {
         srv.ok(&["remove", "--retry", &format!("t{k}")]);
     }
-    srv.ok(&["remove", "pool"]);
+    srv.ok(&["remove", "--retry", "pool"]);
     srv.serve.stop();
     tool("thin_check", &[meta.to_str().unwrap()]);
     let ls = tool(
@@ -464,7 +464,7 @@ fn snapshot_time_is_the_same_at_1_gib_and_100_gib() {
     assert!(min(&big) < 100.0, "100 GiB snapshot took {big:?} ms");
     srv.ok(&["remove", "--retry", "g1"]);
     srv.ok(&["remove", "--retry", "g100"]);
-    srv.ok(&["remove", "pool"]);
+    srv.ok(&["remove", "--retry", "pool"]);
     srv.serve.stop();
     tool("thin_check", &[meta.to_str().unwrap()]);
 }
