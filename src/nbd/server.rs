@@ -30,7 +30,7 @@ use std::time::Duration;
 use crate::engine::Engine;
 
 use super::admission::Admission;
-use super::conn::{Conn, Cx, NetOptions};
+use super::conn::{Cx, NetOptions};
 use super::export::{AccessPolicy, BudgetPolicy, Export, ExportSet};
 use super::reactor::Net;
 use super::sock::Sock;
@@ -570,5 +570,5 @@ pub fn serve_connection(sock: Sock, exports: &Arc<ExportSet>, shutting_down: &At
         shutting_down: AtomicBool::new(shutting_down.load(Ordering::Relaxed)),
         conns: None,
     });
-    super::reactor::run_one(cx, Arc::new(Conn::new(sock, None)));
+    super::reactor::run_one(cx, Arc::new(super::conn::Conn::new(sock, None)));
 }
