@@ -8,7 +8,7 @@ round by round so that noise from the shared machine hits them alike; the
 report gives the median of the rounds and the same-run ratio to a baseline.
 
 Usage: bench/nbd.sh [--runtime S] [--rounds N] [--only a,b] [--json FILE]
-                    [--compare OLD_UDM_BINARY]
+                    [--compare OLD_UDM_BINARY] [--dir DIR]
 """
 
 import argparse
@@ -98,13 +98,15 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--no-crypt", action="store_true", help="skip the crypt/LUKS configurations")
+    ap.add_argument("--dir", default="/dev/shm/udm-bench",
+                    help="where the images live (default tmpfs; e.g. /var/tmp/udm-bench for a disk filesystem)")
     ap.add_argument("--udm", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "udm"))
     ap.add_argument("--compare", default="",
                     help="another udm binary (e.g. an older commit's): every udm configuration is also run "
                          "with it, as NAME@old, interleaved in the same rounds")
     a = ap.parse_args()
 
-    d = "/dev/shm/udm-bench"
+    d = a.dir
     os.makedirs(d, exist_ok=True)
     sock = os.path.join(d, "bench.sock")
     size = a.size_mib << 20
@@ -165,7 +167,7 @@ def main():
     base = "nbdkit-file" if "nbdkit-file" in configs else next(iter(configs))
     med = {k: {j: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for j, v in jobs.items()}
            for k, jobs in results.items()}
-    print(f"\nMedian of {a.rounds} rounds x {a.runtime} s, one connection, image {a.size_mib} MiB in /dev/shm; "
+    print(f"\nMedian of {a.rounds} rounds x {a.runtime} s, one connection, image {a.size_mib} MiB in {d}; "
           f"ratio = same-run median / {base}")
     print("| server | " + " | ".join(j[0] for j in JOBS) + " |")
     print("|---|" + "---|" * len(JOBS))
