@@ -54,6 +54,26 @@ pub(super) fn call(
     cl.call(req, payload).map_err(|e| client_err(name, e))
 }
 
+/// `remove` as cryptsetup does it: libdevmapper's retry-remove (which
+/// cryptsetup turns on) tries again for about 5 s while the device is
+/// busy, so a short-lived open — udev's scan on a kernel, the last
+/// release of a mapper file, still on its way through FUSE, here — does
+/// not fail a `close` that follows a reader at once.
+pub(super) fn remove(c: &Ctx, name: &str, deferred: bool) -> Result<(), LuksError> {
+    let mut r = req("remove", name);
+    r.deferred = deferred;
+    let mut tries = 25;
+    loop {
+        tries -= 1;
+        match call(c, name, r.clone(), &[]) {
+            Err(LuksError::Busy(_)) if tries > 0 => {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            res => return res.map(|_| ()),
+        }
+    }
+}
+
 pub(super) fn req(op: &str, name: &str) -> Request {
     Request {
         op: op.into(),
@@ -286,9 +306,7 @@ pub(super) fn create_luks2(
 
 pub(super) fn close(c: &Ctx) -> Outcome {
     let name = &c.argv[0];
-    let mut r = req("remove", name);
-    r.deferred = c.a.has("deferred");
-    call(c, name, r, &[]).map_err(|e| match e {
+    remove(c, name, c.a.has("deferred")).map_err(|e| match e {
         LuksError::Device(_) => LuksError::Device(format!("{name} (not active)")),
         e => e,
     })?;
@@ -300,9 +318,7 @@ pub(super) fn close(c: &Ctx) -> Outcome {
         .and_then(|(v, _)| v["devices"][0]["uuid"].as_str().map(str::to_string))
         .is_some_and(|u| u.starts_with("CRYPT-INTEGRITY-") && u.ends_with(&format!("-{dif}")));
     if ours {
-        let mut r = req("remove", &dif);
-        r.deferred = c.a.has("deferred");
-        call(c, &dif, r, &[])?;
+        remove(c, &dif, c.a.has("deferred"))?;
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ use super::active::{call, flags, req};
 use super::ctx::{ui, Ctx, Outcome};
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
+use crate::luks::foreign::partition;
 use crate::luks::foreign::tcrypt::{self, Header, Params};
 use crate::luks::passphrase::KeySource;
 use crate::luks::secret::SecretText;
@@ -74,8 +75,13 @@ struct Loaded {
 /// `--tries` times, or one line of standard input) and search the header.
 fn load(c: &Ctx) -> Result<Loaded, LuksError> {
     let meta = PathBuf::from(c.a.str("header").unwrap_or(&c.argv[0]));
-    let disk = Disk::open(&meta, false)?;
     let mut p = params(c);
+    // A system volume's header is in its drive's boot track.
+    let from = match partition::of(&meta) {
+        Some(part) if p.system => part.disk,
+        _ => meta.clone(),
+    };
+    let disk = Disk::open(&from, false)?;
     let src = stdin_source(c);
     let tries = if src.interactive() {
         c.a.u32("tries").unwrap_or(3).max(1)
@@ -144,38 +150,62 @@ pub(super) fn tcrypt_dump(c: &Ctx) -> Outcome {
     Ok(())
 }
 
-/// Offset, IV offset and length (sectors) of the data on `data`, with
-/// cryptsetup's guesses for system volumes (udm sees no partitions).
-fn geometry(c: &Ctx, l: &Loaded, data: &Path) -> Result<(u64, u64, u64), LuksError> {
-    let data_sectors = Disk::open(data, false)?.size()? / 512;
-    let mut offset = l.hdr.data_offset(&l.p, l.meta_size);
-    let iv = l.hdr.iv_offset(&l.p, l.meta_size);
-    let mut size = l.hdr.size_sectors(&l.p);
+/// Where a volume's data is: the device, its offset, the IV offset and
+/// the length, in 512-byte sectors.
+struct Place {
+    dev: PathBuf,
+    offset: u64,
+    iv: u64,
+    size: u64,
+}
+
+/// The data's place on `data`, with cryptsetup's guesses for system
+/// volumes, whose header sits outside the encrypted partition and whose
+/// IVs count from the drive's start (`TCRYPT_activate`'s order: the data
+/// or header device is a partition; a partition of the drive matches the
+/// header; the header is on the data device; else `data` is taken to be
+/// a copy of the partition).
+fn geometry(l: &Loaded, data: &Path) -> Result<Place, LuksError> {
+    let mut at = Place {
+        dev: data.to_path_buf(),
+        offset: l.hdr.data_offset(&l.p, l.meta_size),
+        iv: l.hdr.iv_offset(&l.p, l.meta_size),
+        size: l.hdr.size_sectors(&l.p),
+    };
     if l.p.system {
-        if c.a.str("header").is_some_and(|h| Path::new(h) != data) {
-            eprintln!("Cannot determine TCRYPT system partition offset, activating device as a system partition.");
-            offset = 0;
-        } else {
+        let area = l.hdr.volume_size / 512;
+        if let Some(part) = partition::of(data).or_else(|| partition::of(&l.meta)) {
+            (at.offset, at.iv) = (0, part.start);
+        } else if let Some(dev) =
+            partition::find(data, at.iv, area).or_else(|| partition::find(&l.meta, at.iv, area))
+        {
+            (at.dev, at.offset) = (dev, 0);
+        } else if l.meta == data {
             eprintln!(
                 "Cannot determine TCRYPT system partition offset, activating whole encrypted area."
             );
-            size = l.hdr.volume_size / 512;
+            at.size = area;
+        } else {
+            eprintln!("Cannot determine TCRYPT system partition offset, activating device as a system partition.");
+            at.offset = 0;
         }
     }
-    if size == 0 {
-        size = data_sectors.saturating_sub(offset);
+    let data_sectors = Disk::open(&at.dev, false)?.size()? / 512;
+    if at.size == 0 {
+        at.size = data_sectors.saturating_sub(at.offset);
     }
-    if offset
-        .checked_add(size)
+    if at
+        .offset
+        .checked_add(at.size)
         .is_none_or(|end| end > data_sectors)
-        || size == 0
+        || at.size == 0
     {
         return Err(LuksError::Device(format!(
             "Device {} is too small.",
-            data.display()
+            at.dev.display()
         )));
     }
-    Ok((offset, iv, size))
+    Ok(at)
 }
 
 /// What every layer of a chain shares: IV offset, length and sector size.
@@ -243,11 +273,10 @@ pub(super) fn open(c: &Ctx) -> Outcome {
         .argv
         .get(1)
         .ok_or_else(|| LuksError::Usage("Argument <name> missing.".into()))?;
-    let data = PathBuf::from(&c.argv[0]);
-    let (offset, iv, size) = geometry(c, &l, &data)?;
+    let at = geometry(&l, Path::new(&c.argv[0]))?;
     let span = Span {
-        iv,
-        size,
+        iv: at.iv,
+        size: at.size,
         sector_size: l.hdr.sector_size,
     };
     let layers = l.hdr.layers();
@@ -256,7 +285,7 @@ pub(super) fn open(c: &Ctx) -> Outcome {
     for (i, spec, key) in layers.iter().rev() {
         let dev_name = layer_name(name, *i);
         let (dev, off) = if *i == last {
-            (super::ctx::table_dev(&c.argv[0]), offset)
+            (super::ctx::table_dev(&at.dev.to_string_lossy()), at.offset)
         } else {
             (format!("@{}", layer_name(name, i + 1)), 0)
         };
@@ -295,7 +324,7 @@ pub(super) fn close(c: &Ctx) -> Outcome {
                 .ok()
                 .and_then(|(v, _)| v["devices"][0]["uuid"].as_str().map(str::to_string));
             if sub_uuid.as_deref() == Some(&format!("CRYPT-SUBDEV-TCRYPT-{sub}")) {
-                call(c, &sub, req("remove", &sub), &[])?;
+                super::active::remove(c, &sub, false)?;
             }
         }
     }

@@ -10,6 +10,7 @@
 
 pub mod bitlk;
 pub mod fvault2;
+pub mod partition;
 pub mod tcrypt;
 
 /// CRC-32 (IEEE 802.3, reflected), the running register without the
