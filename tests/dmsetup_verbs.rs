@@ -465,28 +465,12 @@ fn metrics_are_served_as_prometheus_text() {
 /// finds the device in use, never removes it under the client.
 #[test]
 fn a_client_just_through_the_handshake_keeps_its_device() {
-    use std::io::{Read, Write};
     let d = scratch("udm-dm-");
     let srv = DmServer::start(d.path(), &[]);
     for round in 0..5 {
         srv.ok(&["create", "a", "--table", "0 2048 zero"]);
         let mut s = std::os::unix::net::UnixStream::connect(&srv.serve.sock).unwrap();
-        let mut hello = [0u8; 18];
-        s.read_exact(&mut hello).unwrap();
-        // FIXED_NEWSTYLE | NO_ZEROES, then NBD_OPT_EXPORT_NAME "a".
-        s.write_all(&3u32.to_be_bytes()).unwrap();
-        let mut opt = Vec::new();
-        opt.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
-        opt.extend_from_slice(&1u32.to_be_bytes());
-        opt.extend_from_slice(&1u32.to_be_bytes());
-        opt.push(b'a');
-        s.write_all(&opt).unwrap();
-        let mut info = [0u8; 10];
-        s.read_exact(&mut info).unwrap();
-        assert_eq!(
-            u64::from_be_bytes(info[..8].try_into().unwrap()),
-            2048 * 512
-        );
+        assert_eq!(common::nbd::handshake_named(&mut s, "a"), 2048 * 512);
         let e = srv.fails(&["remove", "a"]);
         assert!(e.contains("is open: 1 NBD client"), "round {round}: {e}");
         drop(s);

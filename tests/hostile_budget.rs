@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::nbd::request;
+use common::nbd::{handshake_named, request};
 use common::UdmServe;
 
 const CMD_READ: u16 = 0;
@@ -51,17 +51,7 @@ fn tmpfs_dir() -> tempfile::TempDir {
 fn connect(sock: &Path) -> UnixStream {
     let mut s = UnixStream::connect(sock).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).unwrap();
-    s.write_all(&3u32.to_be_bytes()).unwrap();
-    let mut opt = Vec::new();
-    opt.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
-    opt.extend_from_slice(&1u32.to_be_bytes());
-    opt.extend_from_slice(&1u32.to_be_bytes());
-    opt.push(b'd');
-    s.write_all(&opt).unwrap();
-    let mut info = [0u8; 10];
-    s.read_exact(&mut info).unwrap();
+    handshake_named(&mut s, "d");
     s
 }
 

@@ -88,17 +88,25 @@ impl Drop for Server {
 /// Fixed-newstyle handshake for the default export ("") on a raw socket:
 /// NBD_OPT_EXPORT_NAME, reply without the 124 zero bytes.
 pub fn handshake(s: &mut UnixStream) {
+    handshake_named(s, "");
+}
+
+/// The same for export `name`; the export's size in bytes.
+pub fn handshake_named(s: &mut UnixStream, name: &str) -> u64 {
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello).unwrap();
     // Client flags: FIXED_NEWSTYLE | NO_ZEROES.
     s.write_all(&3u32.to_be_bytes()).unwrap();
-    let mut opt = [0u8; 16];
-    opt[0..8].copy_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
-    opt[8..12].copy_from_slice(&1u32.to_be_bytes());
+    let mut opt = Vec::with_capacity(16 + name.len());
+    opt.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
+    opt.extend_from_slice(&1u32.to_be_bytes());
+    opt.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    opt.extend_from_slice(name.as_bytes());
     s.write_all(&opt).unwrap();
     // Export size and transmission flags.
     let mut info = [0u8; 10];
     s.read_exact(&mut info).unwrap();
+    u64::from_be_bytes(info[..8].try_into().unwrap())
 }
 
 /// A 28-byte request header (compact form, no flags).
