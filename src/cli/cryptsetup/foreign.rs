@@ -3,7 +3,8 @@
 //! The formats are read by `luks::foreign`; this file maps argv, asks for
 //! the passphrase as cryptsetup does, and creates the devices on a
 //! running server, one per cipher of a chain as cryptsetup stacks them
-//! (`NAME_2` on the disk, `NAME_1` on it, `NAME` on top).
+//! (`NAME_2` on the disk, `NAME_1` on it, `NAME` on top; the tables come
+//! from `luks::foreign::activate`, which `udm serve` shares).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,10 +13,10 @@ use super::active::{call, flags, req};
 use super::ctx::{ui, Ctx, Outcome};
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
+use crate::luks::foreign::activate;
 use crate::luks::foreign::tcrypt::{self, Header, Params};
 use crate::luks::passphrase::KeySource;
 use crate::luks::secret::SecretText;
-use zeroize::Zeroizing;
 
 /// Whether `open` is for a type this file handles.
 pub(super) fn handles_open(c: &Ctx) -> bool {
@@ -144,90 +145,6 @@ pub(super) fn tcrypt_dump(c: &Ctx) -> Outcome {
     Ok(())
 }
 
-/// Offset, IV offset and length (sectors) of the data on `data`, with
-/// cryptsetup's guesses for system volumes (udm sees no partitions).
-fn geometry(c: &Ctx, l: &Loaded, data: &Path) -> Result<(u64, u64, u64), LuksError> {
-    let data_sectors = Disk::open(data, false)?.size()? / 512;
-    let mut offset = l.hdr.data_offset(&l.p, l.meta_size);
-    let iv = l.hdr.iv_offset(&l.p, l.meta_size);
-    let mut size = l.hdr.size_sectors(&l.p);
-    if l.p.system {
-        if c.a.str("header").is_some_and(|h| Path::new(h) != data) {
-            eprintln!("Cannot determine TCRYPT system partition offset, activating device as a system partition.");
-            offset = 0;
-        } else {
-            eprintln!(
-                "Cannot determine TCRYPT system partition offset, activating whole encrypted area."
-            );
-            size = l.hdr.volume_size / 512;
-        }
-    }
-    if size == 0 {
-        size = data_sectors.saturating_sub(offset);
-    }
-    if offset
-        .checked_add(size)
-        .is_none_or(|end| end > data_sectors)
-        || size == 0
-    {
-        return Err(LuksError::Device(format!(
-            "Device {} is too small.",
-            data.display()
-        )));
-    }
-    Ok((offset, iv, size))
-}
-
-/// What every layer of a chain shares: IV offset, length and sector size.
-struct Span {
-    iv: u64,
-    size: u64,
-    sector_size: u32,
-}
-
-/// The crypt table of one layer, over `dev` from sector `offset`.
-fn layer_table(
-    c: &Ctx,
-    spec: &str,
-    key: &[u8],
-    span: &Span,
-    dev: &str,
-    offset: u64,
-) -> Zeroizing<String> {
-    let mut opts: Vec<String> = flags(c).iter().map(|f| f.to_string()).collect();
-    if span.sector_size != 512 {
-        opts.push(format!("sector_size:{}", span.sector_size));
-    }
-    let mut t = Zeroizing::new(format!("0 {} crypt {spec} ", span.size));
-    t.push_str(&Zeroizing::new(hex::encode(key)));
-    t.push_str(&format!(" {} {dev} {offset}", span.iv));
-    if !opts.is_empty() {
-        t.push_str(&format!(" {} {}", opts.len(), opts.join(" ")));
-    }
-    t
-}
-
-fn layer_name(name: &str, i: usize) -> String {
-    if i == 0 {
-        name.to_string()
-    } else {
-        format!("{name}_{i}")
-    }
-}
-
-/// Every layer's spec must be one udm can run, checked before anything
-/// is created; cryptsetup's message for a kernel without the mode.
-fn check_ciphers(hdr: &Header) -> Outcome {
-    for (_, spec, key) in hdr.layers() {
-        if let Err(e) = crate::crypto::SectorCrypt::new(&spec, &key, 512, false) {
-            eprintln!("udm cannot map {spec}: {e}");
-            eprintln!("Kernel does not support TCRYPT compatible mapping.");
-            return Err(LuksError::Silent(1));
-        }
-    }
-    Ok(())
-}
-
 /// `open --type tcrypt DEVICE NAME` (and `--test-passphrase`).
 pub(super) fn open(c: &Ctx) -> Outcome {
     let l = load(c)?;
@@ -238,45 +155,49 @@ pub(super) fn open(c: &Ctx) -> Outcome {
         eprintln!("{why}");
         return Err(LuksError::Silent(1));
     }
-    check_ciphers(&l.hdr)?;
+    if let Err(why) = activate::tcrypt_check_ciphers(&l.hdr) {
+        eprintln!("{why}");
+        return Err(LuksError::Silent(1));
+    }
     let name = c
         .argv
         .get(1)
         .ok_or_else(|| LuksError::Usage("Argument <name> missing.".into()))?;
     let data = PathBuf::from(&c.argv[0]);
-    let (offset, iv, size) = geometry(c, &l, &data)?;
-    let span = Span {
-        iv,
-        size,
-        sector_size: l.hdr.sector_size,
-    };
-    let layers = l.hdr.layers();
-    let last = layers.len() - 1;
+    let data_sectors = Disk::open(&data, false)?.size()? / 512;
+    let separate = c.a.str("header").is_some_and(|h| Path::new(h) != data);
+    if let Some(note) = activate::tcrypt_system_note(&l.p, separate) {
+        eprintln!("{note}");
+    }
+    let g = activate::tcrypt_geometry(
+        &l.hdr,
+        &l.p,
+        l.meta_size,
+        data_sectors,
+        separate,
+        &data.display().to_string(),
+    )?;
+    let layers = activate::tcrypt_layers(
+        &l.hdr,
+        name,
+        &super::ctx::table_dev(&c.argv[0]),
+        &g,
+        &flags(c),
+    );
     let mut created: Vec<String> = Vec::new();
-    for (i, spec, key) in layers.iter().rev() {
-        let dev_name = layer_name(name, *i);
-        let (dev, off) = if *i == last {
-            (super::ctx::table_dev(&c.argv[0]), offset)
-        } else {
-            (format!("@{}", layer_name(name, i + 1)), 0)
-        };
-        let table = layer_table(c, spec, key, &span, &dev, off);
-        let mut r = req("create", &dev_name);
+    for layer in layers {
+        let mut r = req("create", &layer.name);
         r.has_table = true;
         r.readonly = c.a.has("readonly");
         r.allow = c.a.str("allow").map(str::to_string);
-        r.uuid = Some(if *i == 0 {
-            format!("CRYPT-TCRYPT-{name}")
-        } else {
-            format!("CRYPT-SUBDEV-TCRYPT-{dev_name}")
-        });
-        if let Err(e) = call(c, &dev_name, r, table.as_bytes()) {
+        r.uuid = Some(layer.uuid.clone());
+        if let Err(e) = call(c, &layer.name, r, layer.table.as_bytes()) {
             for d in created.iter().rev() {
                 let _ = call(c, d, req("remove", d), &[]);
             }
             return Err(e);
         }
-        created.push(dev_name);
+        created.push(layer.name);
     }
     Ok(())
 }
@@ -290,7 +211,7 @@ pub(super) fn close(c: &Ctx) -> Outcome {
     super::active::close(c)?;
     if uuid.is_some_and(|u| u.starts_with("CRYPT-TCRYPT-")) {
         for i in 1..=2 {
-            let sub = layer_name(&name, i);
+            let sub = activate::layer_name(&name, i);
             let sub_uuid = call(c, &sub, req("info", &sub), &[])
                 .ok()
                 .and_then(|(v, _)| v["devices"][0]["uuid"].as_str().map(str::to_string));
