@@ -210,6 +210,9 @@ pub struct CrypttabSource {
     /// Open volumes by name, with the line each came from (whitespace
     /// normalised), to tell changed lines.
     pub lines: HashMap<String, String>,
+    /// The devices under a volume's own, lowest first (a TrueCrypt
+    /// cascade's `NAME_2`, `NAME_1`): closed after it.
+    pub lower: HashMap<String, Vec<String>>,
 }
 
 /// A crypttab line as compared across reloads.
@@ -300,6 +303,11 @@ fn reload_once(service: &Service, ct: &mut CrypttabSource) -> Result<String, Str
         match service.deactivate(&name) {
             Ok(()) => {
                 ct.lines.remove(&name);
+                for l in ct.lower.remove(&name).unwrap_or_default().iter().rev() {
+                    if let Err(e) = service.deactivate(l) {
+                        tracing::warn!("SIGHUP: '{l}' (under '{name}') left open: {e}");
+                    }
+                }
                 closed += 1;
             }
             Err(e) => {
@@ -323,12 +331,13 @@ fn reload_once(service: &Service, ct: &mut CrypttabSource) -> Result<String, Str
             continue;
         }
         let r = e
-            .table(ct.no_kdf_limit, ct.allow_weak_cipher)
+            .devices(ct.no_kdf_limit, ct.allow_weak_cipher)
             .map_err(|x| x.to_string())
-            .and_then(|t| service.activate(&e.name, t, e.read_only));
+            .and_then(|devs| activate_all(service, devs, e.read_only));
         match r {
-            Ok(()) => {
+            Ok(lower) => {
                 ct.lines.insert(e.name.clone(), wanted[&e.name].clone());
+                ct.lower.insert(e.name.clone(), lower);
                 opened += 1;
             }
             Err(x) => {
@@ -342,6 +351,27 @@ fn reload_once(service: &Service, ct: &mut CrypttabSource) -> Result<String, Str
          {} crypttab volume(s) served",
         ct.lines.len()
     ))
+}
+
+/// Create a volume's devices, lowest first; on a failure, remove those
+/// already created. Returns the names under the volume's own device.
+fn activate_all(
+    service: &Service,
+    devs: Vec<(String, zeroize::Zeroizing<String>)>,
+    read_only: bool,
+) -> Result<Vec<String>, String> {
+    let mut made: Vec<String> = Vec::new();
+    for (name, table) in devs {
+        if let Err(e) = service.activate(&name, table, read_only) {
+            for m in made.iter().rev() {
+                let _ = service.deactivate(m);
+            }
+            return Err(format!("{name}: {e}"));
+        }
+        made.push(name);
+    }
+    made.pop();
+    Ok(made)
 }
 
 #[cfg(test)]

@@ -44,9 +44,53 @@ pub struct Args {
     /// asked on the terminal.
     #[arg(long = "luks", value_name = "NAME=IMAGE")]
     pub luks: Vec<String>,
-    /// Passphrase file for --luks (whole content; `-` for stdin).
+    /// A TrueCrypt/VeraCrypt volume (cryptsetup's `open --type tcrypt`);
+    /// a cipher cascade is served as NAME over NAME_1 (over NAME_2), as
+    /// cryptsetup stacks it.
+    #[arg(long = "tcrypt", value_name = "NAME=IMAGE")]
+    pub tcrypt: Vec<String>,
+    /// A BitLocker volume (cryptsetup's `open --type bitlk`), opened
+    /// through its clear key if it has one, else with the passphrase,
+    /// recovery password or startup key (.BEK) of --key-file.
+    #[arg(long = "bitlk", value_name = "NAME=IMAGE")]
+    pub bitlk: Vec<String>,
+    /// A FileVault2 volume (cryptsetup's `open --type fvault2`).
+    #[arg(long = "fvault2", value_name = "NAME=IMAGE")]
+    pub fvault2: Vec<String>,
+    /// Passphrase file for --luks, --bitlk and --fvault2 (whole content;
+    /// `-` for stdin), and for --tcrypt (its first line, as systemd reads
+    /// a TrueCrypt key file); without it the passphrase is asked.
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+    /// A TrueCrypt keyfile for --tcrypt, mixed in in the order given
+    /// (cryptsetup's `--key-file` for tcrypt, crypttab's tcrypt-keyfile=).
+    #[arg(long = "tcrypt-keyfile", value_name = "FILE")]
+    pub tcrypt_keyfiles: Vec<PathBuf>,
+    /// For --tcrypt: try only KDFs whose hash name contains this (as
+    /// cryptsetup's --hash for tcrypt); each KDF tried costs a full
+    /// key derivation, so naming it saves seconds per volume.
+    #[arg(long, value_name = "HASH")]
+    pub hash: Option<String>,
+    /// VeraCrypt's Personal Iterations Multiplier for --tcrypt.
+    #[arg(long, value_name = "PIM")]
+    pub veracrypt_pim: Option<u32>,
+    /// Accepted for cryptsetup's sake: VeraCrypt volumes are looked for
+    /// unless --disable-veracrypt.
+    #[arg(long, conflicts_with = "disable_veracrypt")]
+    pub veracrypt: bool,
+    /// --tcrypt finds TrueCrypt volumes only (not VeraCrypt's KDFs).
+    #[arg(long)]
+    pub disable_veracrypt: bool,
+    /// --tcrypt serves the hidden volume (with the hidden volume's
+    /// passphrase).
+    #[arg(long)]
+    pub tcrypt_hidden: bool,
+    /// --tcrypt serves a system (boot) volume: the header is in sector 62.
+    #[arg(long)]
+    pub tcrypt_system: bool,
+    /// --tcrypt reads the backup header (at the end of the device).
+    #[arg(long)]
+    pub tcrypt_backup: bool,
     /// Volumes from a crypttab file (systemd's format: NAME DEVICE
     /// KEYFILE OPTIONS), each served under its NAME; passphrases are asked
     /// on the terminal for lines whose key file is `none`.
@@ -60,7 +104,7 @@ pub struct Args {
     /// (refused by default: an edited header can ask for them).
     #[arg(long)]
     pub allow_weak_cipher: bool,
-    /// Detached LUKS header for --luks (as cryptsetup's --header).
+    /// Detached header for --luks and --tcrypt (as cryptsetup's --header).
     #[arg(long, value_name = "FILE")]
     pub header: Option<PathBuf>,
     /// Export every device read-only.
@@ -262,11 +306,12 @@ fn serve(a: Args) -> Result<(), String> {
         crate::store::file_io::set_default_io(io);
     }
     let (mut specs, mut read_only_exports) = table_and_file_specs(&a)?;
+    foreign_specs(&a, &mut specs, &mut read_only_exports)?;
     let crypttab = crypttab_specs(&a, &mut specs, &mut read_only_exports)?;
     if specs.is_empty() && a.no_control {
         return Err(
-            "nothing to serve: give at least one --table, --file, --luks or --crypttab, or a control \
-             socket to create devices through"
+            "nothing to serve: give at least one --table, --file, --luks, --tcrypt, --bitlk, \
+             --fvault2 or --crypttab, or a control socket to create devices through"
                 .into(),
         );
     }
@@ -430,6 +475,74 @@ fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
     Ok((specs, read_only_exports))
 }
 
+/// The `--tcrypt`, `--bitlk` and `--fvault2` volumes, each unlocked now
+/// and served as the devices `cryptsetup open` would create (the
+/// volume's own device first in the export order, so that it stays the
+/// default export).
+fn foreign_specs(
+    a: &Args,
+    specs: &mut Vec<(usize, String, DeviceSpec)>,
+    read_only_exports: &mut Vec<String>,
+) -> Result<(), String> {
+    use crate::luks::foreign::activate;
+    let key = crate::luks::passphrase::KeySource::file(a.key_file.as_deref());
+    let tc = crate::luks::foreign::tcrypt::Params {
+        hash: a.hash.clone(),
+        veracrypt: !a.disable_veracrypt,
+        pim: a.veracrypt_pim.unwrap_or(0),
+        hidden: a.tcrypt_hidden,
+        system: a.tcrypt_system,
+        backup: a.tcrypt_backup,
+        keyfiles: a.tcrypt_keyfiles.clone(),
+        legacy: true,
+        cipher: None,
+    };
+    let kinds: [(&str, &str, &Vec<String>); 3] = [
+        ("--tcrypt", "TCRYPT", &a.tcrypt),
+        ("--bitlk", "BITLK", &a.bitlk),
+        ("--fvault2", "FVAULT2", &a.fvault2),
+    ];
+    for (flag, kind, values) in kinds {
+        for v in values {
+            let (name, image, ro) = export_value(v, flag)?;
+            let device = PathBuf::from(&image);
+            let r = activate::Request {
+                name: &name,
+                device: &device,
+                header: if flag == "--tcrypt" {
+                    a.header.as_deref()
+                } else {
+                    None
+                },
+                key: &key,
+                tries: 3,
+                flags: &[],
+            };
+            let layers = match flag {
+                "--tcrypt" => activate::open_tcrypt(&r, &tc),
+                "--bitlk" => activate::open_bitlk(&r),
+                _ => activate::open_fvault2(&r),
+            }
+            .map_err(|e| format!("{flag} {name}: {kind} volume on {image}: {e}"))?;
+            tracing::info!("{kind} volume {name} on {image} opened");
+            for l in layers.into_iter().rev() {
+                if ro {
+                    read_only_exports.push(l.name.clone());
+                }
+                specs.push((
+                    position(v),
+                    l.name,
+                    DeviceSpec::Table {
+                        text: l.table,
+                        source: format!("{kind} volume {image}"),
+                    },
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The crypttab's volumes; returns what SIGHUP needs to re-read it.
 fn crypttab_specs(
     a: &Args,
@@ -439,6 +552,7 @@ fn crypttab_specs(
     let mut source = None;
     if let Some(ct) = &a.crypttab {
         let mut lines = std::collections::HashMap::new();
+        let mut lower = std::collections::HashMap::new();
         let text = std::fs::read_to_string(ct)
             .map_err(|e| format!("--crypttab: cannot read {}: {e}", ct.display()))?;
         let entries = crate::luks::crypttab::parse(&text, ct).map_err(|e| e.to_string())?;
@@ -446,27 +560,39 @@ fn crypttab_specs(
             for n in &e.notes {
                 tracing::info!("{}:{} ({}): {n}", ct.display(), e.line, e.name);
             }
-            let text = e
-                .table(a.no_kdf_limit, a.allow_weak_cipher)
+            let devs = e
+                .devices(a.no_kdf_limit, a.allow_weak_cipher)
                 .map_err(|x| x.to_string())?;
-            if e.read_only {
-                read_only_exports.push(e.name.clone());
-            }
             lines.insert(e.name.clone(), normalised_line(&text, e.line));
-            specs.push((
-                position(&ct.display().to_string()).saturating_add(e.line),
+            lower.insert(
                 e.name.clone(),
-                DeviceSpec::Table {
-                    text,
-                    source: format!("{} line {}", ct.display(), e.line),
-                },
-            ));
+                devs.iter()
+                    .map(|(n, _)| n.clone())
+                    .filter(|n| *n != e.name)
+                    .collect(),
+            );
+            // The volume's own device first, so that the first line's is
+            // the default export.
+            for (dev, table) in devs.into_iter().rev() {
+                if e.read_only {
+                    read_only_exports.push(dev.clone());
+                }
+                specs.push((
+                    position(&ct.display().to_string()).saturating_add(e.line),
+                    dev,
+                    DeviceSpec::Table {
+                        text: table,
+                        source: format!("{} line {}", ct.display(), e.line),
+                    },
+                ));
+            }
         }
         source = Some(CrypttabSource {
             path: ct.clone(),
             no_kdf_limit: a.no_kdf_limit,
             allow_weak_cipher: a.allow_weak_cipher,
             lines,
+            lower,
         });
     }
     Ok(source)
@@ -805,7 +931,7 @@ fn bind_default_export(
     match (given, order.first().map(String::as_str)) {
         (Some(n), _) if !order.iter().any(|o| o == n) => Err(format!(
             "--default-export {n}: no device of that name; give one of the names of \
-             --table/--file/--luks ({})",
+             --table/--file/--luks/--tcrypt/--bitlk/--fvault2/--crypttab ({})",
             order.join(", ")
         )),
         (Some(n), _) | (None, Some(n)) => {

@@ -10,8 +10,19 @@
 //! `sector-size=`, `readonly`, `discard`, ...), those that only matter to
 //! systemd's boot ordering are accepted with a note, and anything else is
 //! an error naming the line.
+//!
+//! Volumes of other systems take systemd's options for them: `tcrypt`
+//! (with `tcrypt-hidden`, `tcrypt-system`, `tcrypt-veracrypt`,
+//! `veracrypt-pim=`, `tcrypt-keyfile=`) and `bitlk`. systemd has no
+//! FileVault2 option, so neither has udm's crypttab (`udm serve --fvault2`
+//! serves one). A TrueCrypt line's key file gives its first line as the
+//! passphrase, as systemd reads it; a BitLocker line's key file is a
+//! passphrase, recovery password or `.BEK` startup key, read whole. On a
+//! TrueCrypt line `hash=` narrows the KDF search as cryptsetup's `--hash`
+//! does (systemd ignores it there; each KDF tried costs a derivation).
 
 use super::error::LuksError;
+use super::foreign::{activate, tcrypt};
 use super::passphrase::KeySource;
 use super::plain::{self, PlainParams};
 use std::path::{Path, PathBuf};
@@ -53,6 +64,11 @@ pub struct CryptEntry {
     /// shows LUKS remnants (then refused).
     pub luks: bool,
     pub plain_params: PlainParams,
+    /// `tcrypt` (or one of its options): a TrueCrypt/VeraCrypt volume
+    /// with these search options.
+    pub tcrypt: Option<tcrypt::Params>,
+    /// `bitlk`: a BitLocker volume.
+    pub bitlk: bool,
     pub header: Option<PathBuf>,
     pub key_slot: Option<u32>,
     pub tries: u32,
@@ -150,6 +166,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<CryptEntry>, LuksError> {
             plain: false,
             luks: false,
             plain_params: PlainParams::default(),
+            tcrypt: None,
+            bitlk: false,
             header: None,
             key_slot: None,
             tries: 3,
@@ -157,64 +175,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<CryptEntry>, LuksError> {
             discard: false,
             notes: Vec::new(),
         };
-        let mut kind: Option<&str> = None;
-        for opt in f.get(3).map(|o| o.split(',')).into_iter().flatten() {
-            if opt.is_empty() {
-                continue;
-            }
-            let (k, v) = match opt.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (opt, None),
-            };
-            match k {
-                "luks" | "plain" => {
-                    if kind.is_some_and(|x| x != k) {
-                        return Err(err(path, line, "options luks and plain exclude each other"));
-                    }
-                    kind = Some(if k == "luks" { "luks" } else { "plain" });
-                }
-                "cipher" => e.plain_params.cipher = v.unwrap_or_default().to_string(),
-                "size" => {
-                    let bits: u32 = num(path, line, k, v)?;
-                    if bits == 0 || bits % 8 != 0 {
-                        return Err(err(path, line, "size= must be a multiple of 8 bits"));
-                    }
-                    e.plain_params.key_bytes = (bits / 8) as usize;
-                }
-                "hash" => e.plain_params.hash = v.map(str::to_string),
-                "offset" => e.plain_params.offset = num(path, line, k, v)?,
-                "skip" => e.plain_params.skip = num(path, line, k, v)?,
-                "sector-size" => e.plain_params.sector_size = num(path, line, k, v)?,
-                "header" => e.header = v.map(PathBuf::from),
-                "keyfile-offset" => e.key.offset = num(path, line, k, v)?,
-                "keyfile-size" => e.key.size = Some(num(path, line, k, v)?),
-                "key-slot" | "keyslot" => e.key_slot = Some(num(path, line, k, v)?),
-                "tries" => e.tries = num(path, line, k, v)?,
-                "readonly" | "read-only" => e.read_only = true,
-                "discard" => e.discard = true,
-                "timeout" | "keyfile-timeout" | "password-echo" | "token-timeout" => {
-                    e.notes.push(format!("option {k} has no effect in udm"))
-                }
-                k if PERF.contains(&k) => e.notes.push(format!(
-                    "option {k} accepted; udm's crypt target has no workqueues"
-                )),
-                k if IGNORED.contains(&k) || k.starts_with("x-systemd.") => e
-                    .notes
-                    .push(format!("option {k} concerns boot ordering only; ignored")),
-                other => {
-                    return Err(err(
-                        path,
-                        line,
-                        format!(
-                            "unknown or unsupported option {other:?} for volume {}",
-                            e.name
-                        ),
-                    ))
-                }
-            }
-        }
-        e.plain = kind == Some("plain");
-        e.luks = kind == Some("luks");
+        options(&mut e, f.get(3).copied().unwrap_or(""), path)?;
         if e.discard {
             e.plain_params.flags.push("allow_discards");
         }
@@ -223,7 +184,219 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<CryptEntry>, LuksError> {
     Ok(out)
 }
 
+/// The OPTIONS field of line `e.line`: the volume's kind and what
+/// changes its mapping go into `e`.
+fn options(e: &mut CryptEntry, field: &str, path: &Path) -> Result<(), LuksError> {
+    let line = e.line;
+    let mut kind: Option<&str> = None;
+    // systemd always lets TrueCrypt's legacy KDF and CBC chains be
+    // found, and VeraCrypt's only with `tcrypt-veracrypt`.
+    let mut tc = tcrypt::Params {
+        legacy: true,
+        ..tcrypt::Params::default()
+    };
+    // Options that only a LUKS or plain line can use, by name.
+    let mut mapping_opts: Vec<&str> = Vec::new();
+    for opt in field.split(',').filter(|o| !o.is_empty()) {
+        let (k, v) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let new_kind = match k {
+            "luks" | "plain" | "bitlk" | "tcrypt" => Some(k),
+            "tcrypt-hidden" | "tcrypthidden" => {
+                tc.hidden = true;
+                Some("tcrypt")
+            }
+            "tcrypt-system" => {
+                tc.system = true;
+                Some("tcrypt")
+            }
+            "tcrypt-veracrypt" | "veracrypt" => {
+                tc.veracrypt = true;
+                Some("tcrypt")
+            }
+            "veracrypt-pim" => {
+                tc.pim = num(path, line, k, v)?;
+                None
+            }
+            "tcrypt-keyfile" => match v {
+                Some(file) if !file.is_empty() => {
+                    tc.keyfiles.push(PathBuf::from(file));
+                    None
+                }
+                _ => return Err(err(path, line, "tcrypt-keyfile= needs a file name")),
+            },
+            _ => {
+                mapping_option(e, k, v, path)?;
+                None
+            }
+        };
+        if k == "hash" {
+            tc.hash = v.map(str::to_string);
+        }
+        match (kind, new_kind) {
+            (Some(x), Some(n)) if x != n => {
+                return Err(err(
+                    path,
+                    line,
+                    format!("options {x} and {n} exclude each other"),
+                ))
+            }
+            (_, Some(n)) => kind = Some(n),
+            _ => {}
+        }
+        if matches!(
+            k,
+            "cipher"
+                | "size"
+                | "hash"
+                | "offset"
+                | "skip"
+                | "sector-size"
+                | "key-slot"
+                | "keyslot"
+                | "header"
+        ) {
+            mapping_opts.push(k);
+        }
+    }
+    e.plain = kind == Some("plain");
+    e.luks = kind == Some("luks");
+    e.bitlk = kind == Some("bitlk");
+    foreign_options(e, kind, tc, &mapping_opts)
+        .map_err(|m| err(path, line, format!("volume {}: {m}", e.name)))
+}
+
+/// One option that is not a kind: a mapping parameter, a key file
+/// option, or one udm accepts without effect; anything else is refused.
+fn mapping_option(
+    e: &mut CryptEntry,
+    k: &str,
+    v: Option<&str>,
+    path: &Path,
+) -> Result<(), LuksError> {
+    let line = e.line;
+    match k {
+        "cipher" => e.plain_params.cipher = v.unwrap_or_default().to_string(),
+        "size" => {
+            let bits: u32 = num(path, line, k, v)?;
+            if bits == 0 || bits % 8 != 0 {
+                return Err(err(path, line, "size= must be a multiple of 8 bits"));
+            }
+            e.plain_params.key_bytes = (bits / 8) as usize;
+        }
+        "hash" => e.plain_params.hash = v.map(str::to_string),
+        "offset" => e.plain_params.offset = num(path, line, k, v)?,
+        "skip" => e.plain_params.skip = num(path, line, k, v)?,
+        "sector-size" => e.plain_params.sector_size = num(path, line, k, v)?,
+        "header" => e.header = v.map(PathBuf::from),
+        "keyfile-offset" => e.key.offset = num(path, line, k, v)?,
+        "keyfile-size" => e.key.size = Some(num(path, line, k, v)?),
+        "key-slot" | "keyslot" => e.key_slot = Some(num(path, line, k, v)?),
+        "tries" => e.tries = num(path, line, k, v)?,
+        "readonly" | "read-only" => e.read_only = true,
+        "discard" => e.discard = true,
+        "timeout" | "keyfile-timeout" | "password-echo" | "token-timeout" => {
+            e.notes.push(format!("option {k} has no effect in udm"))
+        }
+        k if PERF.contains(&k) => e.notes.push(format!(
+            "option {k} accepted; udm's crypt target has no workqueues"
+        )),
+        k if IGNORED.contains(&k) || k.starts_with("x-systemd.") => e
+            .notes
+            .push(format!("option {k} concerns boot ordering only; ignored")),
+        other => {
+            return Err(err(
+                path,
+                line,
+                format!(
+                    "unknown or unsupported option {other:?} for volume {}",
+                    e.name
+                ),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Check what a TrueCrypt or BitLocker line may not have, and keep the
+/// TrueCrypt options on a TrueCrypt line.
+fn foreign_options(
+    e: &mut CryptEntry,
+    kind: Option<&str>,
+    tc: tcrypt::Params,
+    mapping_opts: &[&str],
+) -> Result<(), String> {
+    if kind != Some("tcrypt") && (tc.pim != 0 || !tc.keyfiles.is_empty()) {
+        return Err(
+            "veracrypt-pim= and tcrypt-keyfile= belong to a TrueCrypt/VeraCrypt line: add \
+             tcrypt (tcrypt-veracrypt for a PIM)"
+                .into(),
+        );
+    }
+    if kind == Some("tcrypt") && tc.pim != 0 && !tc.veracrypt {
+        return Err("veracrypt-pim= is a VeraCrypt option: add tcrypt-veracrypt".into());
+    }
+    let misplaced = mapping_opts
+        .iter()
+        .find(|o| !(kind == Some("tcrypt") && matches!(**o, "header" | "hash")));
+    if let (Some(k @ ("tcrypt" | "bitlk")), Some(o)) = (kind, misplaced) {
+        // The header gives what these set; a header= of its own, and a
+        // hash= to narrow the KDF search, only a TrueCrypt volume can have.
+        return Err(format!(
+            "option {o} does not apply to a {k} volume; remove it"
+        ));
+    }
+    if kind == Some("tcrypt") {
+        e.tcrypt = Some(tc);
+    }
+    Ok(())
+}
+
 impl CryptEntry {
+    /// Unlock the volume (asking for the passphrase if there is no key
+    /// file) and give the devices it maps to, lowest first, each a name
+    /// and its table: one for LUKS, plain and BitLocker, one per cipher
+    /// for a TrueCrypt cascade (`NAME_2`, `NAME_1`, `NAME`).
+    pub fn devices(
+        &self,
+        no_cost_limit: bool,
+        allow_weak_cipher: bool,
+    ) -> Result<Vec<(String, Zeroizing<String>)>, LuksError> {
+        if self.tcrypt.is_none() && !self.bitlk {
+            let t = self.table(no_cost_limit, allow_weak_cipher)?;
+            return Ok(vec![(self.name.clone(), t)]);
+        }
+        let flags: &[&'static str] = if self.discard {
+            &["allow_discards"]
+        } else {
+            &[]
+        };
+        let r = activate::Request {
+            name: &self.name,
+            device: &self.device,
+            header: self.header.as_deref(),
+            key: &self.key,
+            tries: self.tries,
+            flags,
+        };
+        let layers = match &self.tcrypt {
+            Some(p) => activate::open_tcrypt(&r, p),
+            None => activate::open_bitlk(&r),
+        }
+        .map_err(|e| {
+            let kind = if self.bitlk { "BITLK" } else { "TCRYPT" };
+            LuksError::Usage(format!(
+                "crypttab line {} ({}): {kind} volume on {}: {e}",
+                self.line,
+                self.name,
+                self.device.display()
+            ))
+        })?;
+        Ok(layers.into_iter().map(|l| (l.name, l.table)).collect())
+    }
+
     /// Whether a line with neither `luks` nor `plain` is plain dm-crypt:
     /// systemd's rule (no LUKS header, so plain), except that a device
     /// with LUKS remnants is refused. Wiping the magics is all a storage
@@ -401,5 +574,63 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains(":2:"));
+    }
+
+    #[test]
+    fn truecrypt_and_bitlocker_lines() {
+        let p = Path::new("/etc/crypttab");
+        let t = "tc /img/tc /k hash=sha256,tcrypt-veracrypt,veracrypt-pim=42,tcrypt-hidden,tcrypt-keyfile=/a,tcrypt-keyfile=/b,header=/h\n\
+                 sys /img/sys none tcrypt-system,readonly\n\
+                 bl /img/bl /r.BEK bitlk,discard,tries=1\n";
+        let e = parse(t, p).unwrap();
+        let tc = e[0].tcrypt.as_ref().unwrap();
+        assert!(tc.veracrypt && tc.hidden && !tc.system && tc.legacy);
+        assert_eq!((tc.pim, tc.hash.as_deref()), (42, Some("sha256")));
+        assert_eq!(tc.keyfiles, [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(e[0].header.as_deref(), Some(Path::new("/h")));
+        assert!(!e[0].bitlk && !e[0].luks && !e[0].plain);
+        let sys = e[1].tcrypt.as_ref().unwrap();
+        assert!(sys.system && !sys.veracrypt && e[1].read_only);
+        assert!(e[2].bitlk && e[2].tcrypt.is_none() && e[2].discard && e[2].tries == 1);
+
+        for (line, want) in [
+            (
+                "a /x - tcrypt,bitlk",
+                "options tcrypt and bitlk exclude each other",
+            ),
+            (
+                "a /x - luks,tcrypt-hidden",
+                "options luks and tcrypt exclude each other",
+            ),
+            ("a /x - tcrypt,veracrypt-pim=5", "add tcrypt-veracrypt"),
+            (
+                "a /x - luks,veracrypt-pim=5",
+                "belong to a TrueCrypt/VeraCrypt line",
+            ),
+            (
+                "a /x - bitlk,cipher=aes",
+                "option cipher does not apply to a bitlk volume",
+            ),
+            (
+                "a /x - bitlk,header=/h",
+                "option header does not apply to a bitlk volume",
+            ),
+            (
+                "a /x - tcrypt,offset=8",
+                "option offset does not apply to a tcrypt volume",
+            ),
+            (
+                "a /x - tcrypt,tcrypt-keyfile=",
+                "tcrypt-keyfile= needs a file name",
+            ),
+            // systemd has no FileVault2 option: refused by name.
+            (
+                "a /x - fvault2",
+                "unknown or unsupported option \"fvault2\"",
+            ),
+        ] {
+            let got = parse(line, p).unwrap_err().to_string();
+            assert!(got.contains(want) && got.contains(":1:"), "{line}: {got}");
+        }
     }
 }

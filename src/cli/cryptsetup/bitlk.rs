@@ -2,7 +2,8 @@
 //! `open --type bitlk` (`bitlkOpen`). The metadata is read by
 //! `luks::foreign::bitlk`; this file asks for the secret as cryptsetup
 //! does (a clear key first, then a passphrase, recovery password or
-//! startup key file) and creates the device on a running server.
+//! startup key file) and creates the device `luks::foreign::activate`
+//! builds on a running server.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -12,6 +13,7 @@ use super::active::{call, flags, req};
 use super::ctx::{key_source, ui, Ctx, Outcome};
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
+use crate::luks::foreign::activate;
 use crate::luks::foreign::bitlk::{self, Metadata};
 use crate::luks::secret::SecretText;
 use zeroize::Zeroizing;
@@ -116,46 +118,6 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
     Ok(())
 }
 
-/// The table cryptsetup loads for the volume over a device of `sectors`.
-fn table(c: &Ctx, m: &Metadata, key: &[u8], sectors: u64) -> Result<Zeroizing<String>, LuksError> {
-    let spec = format!("aes-{}", m.cipher_mode);
-    if let Err(e) = crate::crypto::SectorCrypt::new(&spec, key, m.sector_size, m.sector_size != 512)
-    {
-        eprintln!("udm cannot map {spec}: {e}");
-        let what = if m.cipher_mode.contains("elephant") {
-            "BITLK Elephant diffuser"
-        } else {
-            "BITLK IV"
-        };
-        eprintln!("Cannot activate device, kernel dm-crypt is missing support for {what}.");
-        return Err(LuksError::Silent(1));
-    }
-    let mut opts: Vec<String> = flags(c).iter().map(|f| f.to_string()).collect();
-    if m.sector_size != 512 {
-        opts.push(format!("sector_size:{}", m.sector_size));
-        opts.push("iv_large_sectors".into());
-    }
-    let tail = if opts.is_empty() {
-        String::new()
-    } else {
-        format!(" {} {}", opts.len(), opts.join(" "))
-    };
-    let dev = super::ctx::table_dev(&c.argv[0]);
-    let hex_key = Zeroizing::new(hex::encode(key));
-    let mut t = Zeroizing::new(String::new());
-    for (start, len, iv) in m.segments(sectors)? {
-        match iv {
-            None => t.push_str(&format!("{start} {len} zero\n")),
-            Some(iv) => {
-                t.push_str(&format!("{start} {len} crypt {spec} "));
-                t.push_str(&hex_key);
-                t.push_str(&format!(" {iv} {dev} {iv}{tail}\n"));
-            }
-        }
-    }
-    Ok(t)
-}
-
 /// `open --type bitlk DEVICE NAME` (and `--test-passphrase`).
 pub(super) fn open(c: &Ctx) -> Outcome {
     let m = load(c)?;
@@ -190,12 +152,17 @@ pub(super) fn open(c: &Ctx) -> Outcome {
             m.volume_size
         );
     }
-    let t = table(c, &m, &key, size / 512)?;
+    if let Err(why) = activate::bitlk_check_cipher(&m, &key) {
+        eprintln!("{why}");
+        return Err(LuksError::Silent(1));
+    }
+    let dev = super::ctx::table_dev(&c.argv[0]);
+    let l = activate::bitlk_layer(&m, &key, name, &dev, size / 512, &flags(c))?;
     let mut r = req("create", name);
     r.has_table = true;
     r.readonly = c.a.has("readonly");
     r.allow = c.a.str("allow").map(str::to_string);
-    r.uuid = Some(format!("CRYPT-BITLK-{}-{name}", m.guid.replace('-', "")));
-    call(c, name, r, t.as_bytes())?;
+    r.uuid = Some(l.uuid);
+    call(c, name, r, l.table.as_bytes())?;
     Ok(())
 }

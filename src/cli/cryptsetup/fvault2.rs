@@ -1,8 +1,8 @@
 //! cryptsetup's verbs for FileVault2 volumes: `fvault2Dump` and
 //! `open --type fvault2`. The Core Storage metadata is read by
 //! `luks::foreign::fvault2`; here the passphrase is asked as cryptsetup
-//! asks it and the logical volume becomes one crypt line on a running
-//! server.
+//! asks it and the logical volume becomes the one crypt line
+//! `luks::foreign::activate` builds, on a running server.
 
 use std::path::Path;
 
@@ -11,6 +11,7 @@ use super::bitlk::{with_passphrase, write_key_file};
 use super::ctx::{ui, Ctx, Outcome};
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
+use crate::luks::foreign::activate;
 use crate::luks::foreign::fvault2::{self, Metadata};
 use crate::luks::secret::SecretText;
 use zeroize::Zeroizing;
@@ -58,30 +59,6 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
     Ok(())
 }
 
-/// The one crypt line cryptsetup loads: the logical volume, AES-XTS with
-/// sector numbers from its start.
-fn table(c: &Ctx, m: &Metadata, key: &[u8]) -> Result<Zeroizing<String>, LuksError> {
-    let disk_sectors = Disk::open(Path::new(&c.argv[0]), false)?.size()? / 512;
-    let (off, len) = (m.log_vol_off / 512, m.log_vol_size / 512);
-    if off.saturating_add(len) > disk_sectors {
-        return Err(LuksError::Usage(format!(
-            "Device {} is too small.",
-            c.argv[0]
-        )));
-    }
-    let opts: Vec<&str> = flags(c);
-    let tail = if opts.is_empty() {
-        String::new()
-    } else {
-        format!(" {} {}", opts.len(), opts.join(" "))
-    };
-    let dev = super::ctx::table_dev(&c.argv[0]);
-    let mut t = Zeroizing::new(format!("0 {len} crypt aes-xts-plain64 "));
-    t.push_str(&Zeroizing::new(hex::encode(key)));
-    t.push_str(&format!(" 0 {dev} {off}{tail}\n"));
-    Ok(t)
-}
-
 /// `open --type fvault2 DEVICE NAME` (and `--test-passphrase`).
 pub(super) fn open(c: &Ctx) -> Outcome {
     let m = load(c)?;
@@ -103,15 +80,14 @@ pub(super) fn open(c: &Ctx) -> Outcome {
         .argv
         .get(1)
         .ok_or_else(|| LuksError::Usage("Argument <name> missing.".into()))?;
-    let t = table(c, &m, &key)?;
+    let disk_sectors = Disk::open(Path::new(&c.argv[0]), false)?.size()? / 512;
+    let dev = super::ctx::table_dev(&c.argv[0]);
+    let l = activate::fvault2_layer(&m, &key, name, &dev, disk_sectors, &flags(c), &c.argv[0])?;
     let mut r = req("create", name);
     r.has_table = true;
     r.readonly = c.a.has("readonly");
     r.allow = c.a.str("allow").map(str::to_string);
-    r.uuid = Some(format!(
-        "CRYPT-FVAULT2-{}-{name}",
-        m.family_uuid.replace('-', "")
-    ));
-    call(c, name, r, t.as_bytes())?;
+    r.uuid = Some(l.uuid);
+    call(c, name, r, l.table.as_bytes())?;
     Ok(())
 }

@@ -7,7 +7,10 @@
 //! secret buffers and `LuksError` with cryptsetup's exit codes. Each
 //! format reads and decrypts its own header and turns it into crypt table
 //! lines; nothing outside these files knows the formats' layouts.
+//! `activate.rs` turns an unlocked header into the devices cryptsetup
+//! creates, for `udm cryptsetup open` and `udm serve` alike.
 
+pub mod activate;
 pub mod bitlk;
 pub mod fvault2;
 pub mod partition;
