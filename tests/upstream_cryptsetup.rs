@@ -31,30 +31,30 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Why the TrueCrypt CBC volumes' activation is skipped.
-const LEGACY_CBC: &str = "cryptsetup refuses to activate it too: TrueCrypt's legacy CBC mode with whitening (cbc-tcrypt) has no dm-crypt mapping (the script prints [N/A])";
+/// Why the TrueCrypt legacy CBC volumes fail the script's UUID check.
+const HEADERS_ONLY: &str = "the image holds no filesystem, so no one can find DEAD-BABE/CAFE-BABE in it: cryptsetup, which cannot activate TrueCrypt's legacy blowfish and CBC cascades, keeps only their headers (and image sector 35, encrypted zeros) in its archive, the filesystem's sectors are zeros; udm opens it (blowfish_le/cascade -cbc-tcrypt, -cbci-tcrypt) and tests/foreign_tcrypt.rs checks that sector decrypts to zeros and back, directly and over NBD";
 
 /// Cases known to fail, or skipped by the script, each with why. Keys are
 /// `script/case`. Their dump and passphrase parts pass; what is missing
 /// is the activation, which no one can do here.
 const EXPECTED_FAILURES: &[(&str, &str)] = &[
-    ("tcrypt-compat-test/tc_1-ripemd160-cbc-blowfish", LEGACY_CBC),
-    ("tcrypt-compat-test/tc_1-sha1-cbc-blowfish", LEGACY_CBC),
-    ("tcrypt-compat-test/tc_2-ripemd160-cbc-aes-blowfish", LEGACY_CBC),
-    ("tcrypt-compat-test/tc_2-ripemd160-cbc-aes-blowfish-serpent", LEGACY_CBC),
-    ("tcrypt-compat-test/tc_2-ripemd160-cbc-aes-twofish", LEGACY_CBC),
-    ("tcrypt-compat-test/tc_2-ripemd160-cbc-aes-twofish-serpent", LEGACY_CBC),
-    ("tcrypt-compat-test/tc_2-ripemd160-cbc-serpent-aes", LEGACY_CBC),
-    ("tcrypt-compat-test/tc_2-ripemd160-cbc-serpent-twofish-aes", LEGACY_CBC),
-    ("tcrypt-compat-test/tc_2-ripemd160-cbc-serpent-twofish-aes-hidden", LEGACY_CBC),
-    ("tcrypt-compat-test/tc_2-ripemd160-cbc-twofish-serpent", LEGACY_CBC),
+    ("tcrypt-compat-test/tc_1-ripemd160-cbc-blowfish", HEADERS_ONLY),
+    ("tcrypt-compat-test/tc_1-sha1-cbc-blowfish", HEADERS_ONLY),
+    ("tcrypt-compat-test/tc_2-ripemd160-cbc-aes-blowfish", HEADERS_ONLY),
+    ("tcrypt-compat-test/tc_2-ripemd160-cbc-aes-blowfish-serpent", HEADERS_ONLY),
+    ("tcrypt-compat-test/tc_2-ripemd160-cbc-aes-twofish", HEADERS_ONLY),
+    ("tcrypt-compat-test/tc_2-ripemd160-cbc-aes-twofish-serpent", HEADERS_ONLY),
+    ("tcrypt-compat-test/tc_2-ripemd160-cbc-serpent-aes", HEADERS_ONLY),
+    ("tcrypt-compat-test/tc_2-ripemd160-cbc-serpent-twofish-aes", HEADERS_ONLY),
+    ("tcrypt-compat-test/tc_2-ripemd160-cbc-serpent-twofish-aes-hidden", HEADERS_ONLY),
+    ("tcrypt-compat-test/tc_2-ripemd160-cbc-twofish-serpent", HEADERS_ONLY),
     (
         "bitlk-compat-test/bitlk-aes-xts-128-eow.img",
-        "cryptsetup refuses to activate it too: encrypt-on-write leaves part of the volume in the clear (the script prints [N/A])",
+        "cryptsetup refuses to activate it too (encrypt-on-write leaves part of the volume in the clear), and the script has nothing to check an opening against: its images.conf gives this volume no UUID and no sha256 (the script prints [N/A])",
     ),
     (
         "bitlk-compat-test/bitlk-partially-encrypted-aes-cbc-128.img",
-        "cryptsetup refuses to activate it too: its encryption never finished (the script prints [N/A])",
+        "cryptsetup refuses to activate it too (its encryption never finished), and the script has nothing to check an opening against: its images.conf gives this volume no sha256 (the script prints [N/A])",
     ),
 ];
 

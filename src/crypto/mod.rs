@@ -33,6 +33,9 @@ mod modes;
 pub mod pool;
 mod sector;
 pub mod spec;
+mod tcrypt_cbc;
+#[cfg(test)]
+mod tcrypt_cbc_tests;
 mod tcw;
 mod tfm;
 mod twofish_fast;

@@ -12,6 +12,7 @@ use super::block::Block;
 use super::elephant::Elephant;
 use super::lmk::Lmk;
 use super::spec::{self, Alg, CipherSpec, IvMode};
+use super::tcrypt_cbc::TcryptCbc;
 use super::tcw::Tcw;
 use super::tfm::{Kind, Tfm};
 use super::CryptoError;
@@ -38,6 +39,9 @@ pub struct SectorCrypt {
     spec: CipherSpec,
     tfms: Box<[Locked<Tfm>]>,
     data_iv: Option<Locked<DataIv>>,
+    /// TrueCrypt's legacy CBC chains (udm only), which have no
+    /// per-keycount transforms: `tfms` is empty then.
+    tcrypt: Option<Locked<TcryptCbc>>,
     sector_size: u32,
     /// sector_size / 512.
     step: u64,
@@ -77,6 +81,25 @@ impl SectorCrypt {
                 "sector size {sector_size} is invalid (a power of two from 512 to 4096)"
             )));
         }
+        if let Some(chain) = spec::tcrypt_chain(spec) {
+            if sector_size != 512 {
+                return Err(CryptoError::new(format!(
+                    "cipher spec '{spec}': TrueCrypt's CBC modes work on 512-byte sectors only, not {sector_size}"
+                )));
+            }
+            let t = TcryptCbc::new(spec, &chain?, key)?;
+            return Ok(SectorCrypt {
+                spec_text: spec.to_string(),
+                spec: parsed,
+                tfms: Box::new([]),
+                data_iv: None,
+                tcrypt: Some(Locked::new(t)),
+                sector_size,
+                step: 1,
+                shift: 0,
+                iv_large: iv_large_sectors,
+            });
+        }
         let kc = parsed.keycount as usize;
         if parsed.alg != Alg::Null && key.is_empty() {
             return Err(CryptoError::key(format!(
@@ -104,6 +127,7 @@ impl SectorCrypt {
             spec: parsed,
             tfms: tfms.into_boxed_slice(),
             data_iv,
+            tcrypt: None,
             sector_size,
             step,
             shift: step.trailing_zeros(),
@@ -246,6 +270,7 @@ impl SectorCrypt {
                 | IvMode::Null
                 | IvMode::Lmk
                 | IvMode::Tcw
+                | IvMode::TcryptCbc
                 | IvMode::Eboiv
                 | IvMode::Elephant => {}
             }
@@ -259,7 +284,11 @@ impl SectorCrypt {
         debug_assert_eq!(data.len() % ss, 0, "not a whole number of sectors");
         let whole = data.len() - data.len() % ss;
         let data = &mut data[..whole];
-        if self.tfms.len() == 1 && self.data_iv.is_none() {
+        if let Some(t) = &self.tcrypt {
+            for (k, unit) in data.chunks_exact_mut(ss).enumerate() {
+                t.sector(unit, sector.wrapping_add(k as u64), encrypt);
+            }
+        } else if self.tfms.len() == 1 && self.data_iv.is_none() {
             self.run(&self.tfms[0], data, sector, encrypt);
         } else {
             let mask = self.tfms.len() as u64 - 1;

@@ -132,6 +132,11 @@ pub enum IvMode {
     Eboiv,
     /// BitLocker's Elephant diffuser on top of `eboiv`.
     Elephant,
+    /// udm only: TrueCrypt's legacy CBC chains (`CHAIN-cbc-tcrypt`,
+    /// `CHAIN-cbci-tcrypt`), tcw's IV and whitening per CBC pass. The
+    /// chain itself is in the spec text (`tcrypt_cbc.rs`); `alg` is its
+    /// first cipher.
+    TcryptCbc,
 }
 
 /// A parsed cipher specification.
@@ -270,6 +275,135 @@ fn check_adiantum(spec: &str, alg: Alg, chain: Chain, iv: IvMode) -> Result<(), 
     }
 }
 
+/// Most ciphers in a TrueCrypt chain.
+pub const MAX_TCRYPT_CHAIN: usize = 3;
+
+/// How the ciphers of a TrueCrypt legacy CBC chain are chained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cascade {
+    /// One CBC pass per cipher (`cbc-tcrypt`; TrueCrypt's "inner CBC").
+    Inner,
+    /// One CBC pass of the whole chain as a block cipher (`cbci-tcrypt`;
+    /// TrueCrypt's "outer CBC").
+    Outer,
+}
+
+/// One cipher of a TrueCrypt chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcryptPart {
+    pub alg: Alg,
+    /// TrueCrypt's blowfish (`blowfish_le`): the kernel's blowfish on
+    /// byte-swapped 32-bit words.
+    pub le: bool,
+}
+
+impl TcryptPart {
+    /// The key size TrueCrypt used for the cipher.
+    pub fn key_len(self) -> usize {
+        match self.alg {
+            Alg::Blowfish => 56,
+            Alg::Cast5 => 16,
+            Alg::Des3Ede => 24,
+            _ => 32,
+        }
+    }
+}
+
+/// udm only: a `CHAIN-cbc-tcrypt` / `CHAIN-cbci-tcrypt` spec, TrueCrypt's
+/// legacy CBC chains that the kernel cannot map (`tcrypt_cbc.rs` has the
+/// format).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcryptChain {
+    parts: [Option<TcryptPart>; MAX_TCRYPT_CHAIN],
+    pub cascade: Cascade,
+}
+
+impl TcryptChain {
+    /// The ciphers, first applied first on encryption.
+    pub fn parts(&self) -> impl DoubleEndedIterator<Item = TcryptPart> + '_ {
+        self.parts.iter().flatten().copied()
+    }
+
+    /// The IV seed and whitening bytes at the key's end: the largest
+    /// block size (the IV of its passes) plus 16.
+    pub fn seed_len(&self) -> usize {
+        self.parts().map(|p| p.alg.block_size()).max().unwrap_or(16) + 16
+    }
+
+    /// The whole key's length: every cipher's key, then the seed.
+    pub fn key_len(&self) -> usize {
+        self.parts().map(TcryptPart::key_len).sum::<usize>() + self.seed_len()
+    }
+}
+
+fn parse_tcrypt_part(spec: &str, name: &str) -> Result<TcryptPart, CryptoError> {
+    let alg = match name {
+        "aes" => Alg::Aes,
+        "serpent" => Alg::Serpent,
+        "twofish" => Alg::Twofish,
+        "blowfish_le" => Alg::Blowfish,
+        "cast5" => Alg::Cast5,
+        "des3_ede" => Alg::Des3Ede,
+        "blowfish" => {
+            return Err(err(
+                spec,
+                "TrueCrypt's blowfish is the little-endian one: name it blowfish_le",
+            ))
+        }
+        other => {
+            return Err(err(
+                spec,
+                format!(
+                    "cipher '{other}' is not one of TrueCrypt's CBC ciphers (aes, serpent, twofish, blowfish_le, cast5, des3_ede)"
+                ),
+            ))
+        }
+    };
+    Ok(TcryptPart {
+        alg,
+        le: name == "blowfish_le",
+    })
+}
+
+/// Parse `spec` if it is one of udm's TrueCrypt legacy CBC specs (None:
+/// another spec).
+pub fn tcrypt_chain(spec: &str) -> Option<Result<TcryptChain, CryptoError>> {
+    let (chain, cascade) = if let Some(c) = spec.strip_suffix("-cbc-tcrypt") {
+        (c, Cascade::Inner)
+    } else {
+        (spec.strip_suffix("-cbci-tcrypt")?, Cascade::Outer)
+    };
+    Some(parse_tcrypt_chain(spec, chain, cascade))
+}
+
+fn parse_tcrypt_chain(
+    spec: &str,
+    chain: &str,
+    cascade: Cascade,
+) -> Result<TcryptChain, CryptoError> {
+    let names: Vec<&str> = chain.split('-').collect();
+    if chain.is_empty() || names.len() > MAX_TCRYPT_CHAIN {
+        return Err(err(
+            spec,
+            "a TrueCrypt chain is one to three ciphers joined by '-' (e.g. serpent-twofish-aes)",
+        ));
+    }
+    let mut parts = [None; MAX_TCRYPT_CHAIN];
+    for (slot, name) in parts.iter_mut().zip(&names) {
+        *slot = Some(parse_tcrypt_part(spec, name)?);
+    }
+    let c = TcryptChain { parts, cascade };
+    let mut sizes = c.parts().map(|p| p.alg.block_size());
+    let first = sizes.next().unwrap_or(16);
+    if cascade == Cascade::Outer && sizes.any(|s| s != first) {
+        return Err(err(
+            spec,
+            "cbci-tcrypt (outer CBC) needs ciphers of one block size; TrueCrypt chained mixed ones with cbc-tcrypt",
+        ));
+    }
+    Ok(c)
+}
+
 /// Parse a dm-crypt cipher specification.
 pub fn parse(spec: &str) -> Result<CipherSpec, CryptoError> {
     if spec.is_empty() {
@@ -279,6 +413,15 @@ pub fn parse(spec: &str) -> Result<CipherSpec, CryptoError> {
         return Err(CryptoError::new(
             "cipher spec contains whitespace or control characters",
         ));
+    }
+    if let Some(chain) = tcrypt_chain(spec) {
+        let c = chain?;
+        return Ok(CipherSpec {
+            alg: c.parts().next().map_or(Alg::Aes, |p| p.alg),
+            chain: Chain::Cbc,
+            iv: IvMode::TcryptCbc,
+            keycount: 1,
+        });
     }
     let (alg, chain, ivmode, ivopts, keycount) = if let Some(api) = spec.strip_prefix("capi:") {
         parse_capi(spec, api)?
@@ -469,6 +612,37 @@ mod tests {
         assert!(parse("aes:3-cbc-plain64").is_err());
         assert!(parse("aes:0-cbc-plain64").is_err());
         assert!(parse("aes:x-cbc-plain64").is_err());
+    }
+
+    #[test]
+    fn tcrypt_chains_parse_and_refuse_by_name() {
+        let c = |s: &str| {
+            tcrypt_chain(s)
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{s}: {e}"))
+        };
+        let l = c("serpent-blowfish_le-aes-cbc-tcrypt");
+        assert_eq!(l.cascade, Cascade::Inner);
+        assert_eq!(l.key_len(), 152, "cryptsetup's key size for this chain");
+        assert!(l.parts().nth(1).unwrap().le);
+        assert_eq!(c("blowfish_le-cbc-tcrypt").key_len(), 80);
+        assert_eq!(c("blowfish_le-aes-cbc-tcrypt").key_len(), 120);
+        let l = c("serpent-twofish-aes-cbci-tcrypt");
+        assert_eq!((l.cascade, l.key_len()), (Cascade::Outer, 128));
+        let s = p("blowfish_le-aes-cbc-tcrypt");
+        assert_eq!((s.alg, s.iv), (Alg::Blowfish, IvMode::TcryptCbc));
+        assert!(tcrypt_chain("aes-cbc-tcw").is_none());
+        assert!(tcrypt_chain("aes-xts-plain64").is_none());
+        for (s, word) in [
+            ("blowfish-cbc-tcrypt", "blowfish_le"),
+            ("camellia-cbc-tcrypt", "camellia"),
+            ("-cbc-tcrypt", "one to three"),
+            ("aes-aes-aes-aes-cbc-tcrypt", "one to three"),
+            ("blowfish_le-aes-cbci-tcrypt", "one block size"),
+        ] {
+            let e = parse(s).expect_err(s).to_string();
+            assert!(e.contains(word), "{s}: {e}");
+        }
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! encrypted 448 bytes until the magic `TRUE` or `VERA` appears. The same
 //! order matters because `-h`/`-c` only narrow it by substring, as
 //! cryptsetup's do. The data is then a stack of one crypt line per cipher
-//! of the chain (the last cipher next to the disk), as cryptsetup maps it.
+//! of the chain (the last cipher next to the disk), as cryptsetup maps it;
+//! TrueCrypt's legacy blowfish and CBC cascades, which the kernel cannot
+//! map and cryptsetup refuses, are one crypt line of udm's own
+//! `CHAIN-cbc-tcrypt` / `CHAIN-cbci-tcrypt` spec (`crypto/tcrypt_cbc.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -876,17 +879,22 @@ impl Header {
                 self.sector_size
             ));
         }
-        if self.chain.mode.contains("-tcrypt") {
-            return Some("Kernel does not support activation for this TCRYPT legacy mode.".into());
-        }
         None
     }
 
     /// One crypt line per cipher of the chain, outermost (the first
     /// cipher) first: `(index, cipher spec, key)`. Index `i > 0` is the
     /// device cryptsetup names `NAME_i`, stacked on `NAME_{i+1}`; the
-    /// highest index sits on the data device.
+    /// highest index sits on the data device. A legacy `-tcrypt` chain is
+    /// one line: its passes share one IV seed and, for the outer CBC,
+    /// every block goes through the whole chain, so it cannot be split
+    /// into stacked devices; the spec is the chain and mode as
+    /// `tcryptDump` prints them, the key cryptsetup's volume key.
     pub fn layers(&self) -> Vec<(usize, String, Zeroizing<Vec<u8>>)> {
+        if self.chain.mode.ends_with("-tcrypt") {
+            let spec = format!("{}-{}", self.chain.name, self.chain.mode);
+            return vec![(0, spec, self.volume_key())];
+        }
         self.chain
             .ciphers
             .iter()
