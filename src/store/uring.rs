@@ -48,13 +48,6 @@ const ENTRIES: u32 = 256;
 /// or a boxed completion (clear). 0 is the stop entry's wake-up.
 const WAITER: u64 = 1;
 
-/// `UDM_URING_SQPOLL=MS`: give each ring a kernel submission thread that
-/// polls for entries and sleeps after MS idle milliseconds. Off by
-/// default; a knob for benchmarks (docs/BENCHMARKS.md has the A/B).
-fn sqpoll_idle() -> Option<u32> {
-    std::env::var("UDM_URING_SQPOLL").ok()?.parse().ok()
-}
-
 /// A completion handed the result (`res` of the CQE: bytes, or -errno).
 pub type Done = Box<dyn FnOnce(i32) + Send>;
 
@@ -115,12 +108,7 @@ impl Ring {
     /// missing or disabled by `kernel.io_uring_disabled`, or an opcode the
     /// store needs unknown to it): the caller falls back to the syscalls.
     pub fn new(fd: RawFd) -> io::Result<Ring> {
-        let mut builder = IoUring::builder();
-        builder.dontfork();
-        if let Some(idle_ms) = sqpoll_idle() {
-            builder.setup_sqpoll(idle_ms);
-        }
-        let ring = builder.build(ENTRIES)?;
+        let ring = IoUring::builder().dontfork().build(ENTRIES)?;
         let mut probe = io_uring::Probe::new();
         ring.submitter().register_probe(&mut probe)?;
         for (code, name) in [
