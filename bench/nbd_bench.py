@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""fio (ioengine=nbd) against udm and its peers on the same tmpfs images.
+"""fio (ioengine=nbd) against udm and its peers on the same images (tmpfs by
+default, or any directories given).
 
 Each configuration is a server started on a Unix socket, measured with the
-four issue-2 jobs (1 MiB sequential read/write at QD16, 4 KiB random
-read/write at QD32), one connection each. Configurations are interleaved
+five jobs of issues 2 and 31 (1 MiB sequential read/write at QD16, 4 KiB
+random read/write at QD32, 4 KiB random read at QD1), one connection each. Configurations are interleaved
 round by round so that noise from the shared machine hits them alike; the
 report gives the median of the rounds and the same-run ratio to a baseline.
 
-Usage: bench/nbd.sh [--runtime S] [--rounds N] [--only a,b] [--json FILE]
-                    [--compare OLD_UDM_BINARY] [--dir DIR]
+Usage: bench/nbd_bench.py [--runtime S] [--rounds N] [--only a,b] [--jobs a,b] [--json FILE]
+                          [--compare OLD_UDM_BINARY] [--dir DIR[,DIR...]]
+
+The issue-31 table, ext4 and tmpfs in one run:
+  bench/nbd_bench.py --dir /var/tmp/udm-bench,/dev/shm/udm-bench \
+      --only nbdkit-file,qemu-nbd-file,udm-linear,udm-luks
 """
 
 import argparse
@@ -32,7 +37,8 @@ JOBS = [
 ]
 
 
-def fio(uri, rw, bs, qd, runtime, size):
+def fio_json(uri, rw, bs, qd, runtime, size):
+    """One fio run over NBD: the read or write side of its JSON report."""
     out = subprocess.run(
         [
             "fio", "--output-format=json", "--name=j", "--ioengine=nbd", f"--uri={uri}",
@@ -42,7 +48,11 @@ def fio(uri, rw, bs, qd, runtime, size):
         check=True, capture_output=True, text=True,
     ).stdout
     j = json.loads(out[out.index("{"):])["jobs"][0]
-    side = j["read"] if rw in ("read", "randread") else j["write"]
+    return j["read"] if rw in ("read", "randread") else j["write"]
+
+
+def fio(uri, rw, bs, qd, runtime, size):
+    side = fio_json(uri, rw, bs, qd, runtime, size)
     return side["bw_bytes"] / 1e6, side["iops"]
 
 
@@ -55,7 +65,10 @@ def crypt_configs(d, sock, udm, size_mib):
     with open(pw, "w") as f:
         f.write("benchpass")
     if not os.path.exists(img) or os.path.getsize(img) != size_mib << 20:
-        sh(["truncate", "-s", f"{size_mib}M", img])
+        # Written whole (not a sparse truncate), as raw.img: on a disk
+        # filesystem, random writes into holes pay block allocation that
+        # the plain image's writes do not.
+        sh(["dd", "if=/dev/urandom", f"of={img}", "bs=1M", f"count={size_mib}", "status=none"])
         sh(["cryptsetup", "luksFormat", "--batch-mode", "--type", "luks1", "--pbkdf-force-iterations", "1000",
             "-c", "aes-xts-plain64", "-s", "512", "--key-file", pw, img])
     dump = subprocess.run(["cryptsetup", "luksDump", "--dump-volume-key", "--batch-mode", "--key-file", pw, img],
@@ -90,40 +103,24 @@ def crypt_configs(d, sock, udm, size_mib):
     }
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runtime", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--size-mib", type=int, default=1024)
-    ap.add_argument("--only", default="")
-    ap.add_argument("--json", default="")
-    ap.add_argument("--no-crypt", action="store_true", help="skip the crypt/LUKS configurations")
-    ap.add_argument("--dir", default="/dev/shm/udm-bench",
-                    help="where the images live (default tmpfs; e.g. /var/tmp/udm-bench for a disk filesystem)")
-    ap.add_argument("--udm", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "udm"))
-    ap.add_argument("--compare", default="",
-                    help="another udm binary (e.g. an older commit's): every udm configuration is also run "
-                         "with it, as NAME@old, interleaved in the same rounds")
-    a = ap.parse_args()
-
-    d = a.dir
+def setup(d, size_mib, udm, no_crypt=False):
+    """The images in directory `d` (made once, kept between runs) and every
+    server configuration over them: name -> argv; the socket is d/bench.sock."""
     os.makedirs(d, exist_ok=True)
     sock = os.path.join(d, "bench.sock")
-    size = a.size_mib << 20
+    size = size_mib << 20
     img = os.path.join(d, "raw.img")
     legs = [os.path.join(d, f"leg{i}.img") for i in range(2)]
     if not os.path.exists(img) or os.path.getsize(img) != size:
-        sh(["dd", "if=/dev/urandom", f"of={img}", "bs=1M", f"count={a.size_mib}", "status=none"])
+        sh(["dd", "if=/dev/urandom", f"of={img}", "bs=1M", f"count={size_mib}", "status=none"])
     for leg in legs:
         if not os.path.exists(leg) or os.path.getsize(leg) != size // 2:
-            sh(["dd", "if=/dev/urandom", f"of={leg}", "bs=1M", f"count={a.size_mib // 2}", "status=none"])
+            sh(["dd", "if=/dev/urandom", f"of={leg}", "bs=1M", f"count={size_mib // 2}", "status=none"])
     sectors = size // 512
     with open(os.path.join(d, "linear.table"), "w") as f:
         f.write(f"0 {sectors} linear {img} 0\n")
     with open(os.path.join(d, "striped.table"), "w") as f:
         f.write(f"0 {sectors} striped 2 128 {legs[0]} 0 {legs[1]} 0\n")
-
-    udm = os.path.abspath(a.udm)
     configs = {
         "nbdkit-file": ["nbdkit", "-f", "-U", sock, "file", img],
         "udm-file": [udm, "serve", "--socket", sock, "--file", f"bench={img}"],
@@ -133,47 +130,51 @@ def main():
         # ablation (pread).
         "udm-linear-nomap": [udm, "serve", "--no-mmap", "--socket", sock, "--table", f"bench={d}/linear.table"],
     }
-    if not a.no_crypt:
-        configs.update(crypt_configs(d, sock, udm, a.size_mib))
-    if a.only:
-        keep = a.only.split(",")
-        configs = {k: v for k, v in configs.items() if k in keep}
-    if a.compare:
-        old = os.path.abspath(a.compare)
-        for k in [k for k in configs if k.startswith("udm")]:
-            configs[k + "@old"] = [old if w == udm else w for w in configs[k]]
+    if not no_crypt:
+        configs.update(crypt_configs(d, sock, udm, size_mib))
+    return sock, configs
 
-    results = {k: {job[0]: [] for job in JOBS} for k in configs}
-    for r in range(a.rounds):
-        for name, cmd in configs.items():
-            if os.path.exists(sock):
-                os.unlink(sock)
-            env = dict(os.environ, UDM_LOG="warn")
-            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-            try:
-                wait_socket(sock, p)
-                uri = f"nbd+unix:///bench?socket={sock}" if "udm" in name else f"nbd+unix:///?socket={sock}"
-                for job in JOBS:
-                    mbs, iops = fio(uri, job[1], job[2], job[3], a.runtime, size // 2)
-                    results[name][job[0]].append((mbs, iops))
-                    print(f"round {r + 1} {name:14} {job[0]:20} {mbs:9.0f} MB/s {iops:9.0f} IOPS", file=sys.stderr)
-            finally:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
 
+def serve(cmd, sock, env=None):
+    """Start a server on `sock` and wait until it listens."""
+    if os.path.exists(sock):
+        os.unlink(sock)
+    env = dict(os.environ, UDM_LOG="warn", **(env or {}))
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_socket(sock, p)
+    except Exception:
+        stop(p)
+        raise
+    return p
+
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def uri_of(name, sock):
+    return f"nbd+unix:///bench?socket={sock}" if "udm" in name else f"nbd+unix:///?socket={sock}"
+
+
+def table(d, a, configs, results, jobs):
+    """Print the medians of directory `d`'s runs with the same-run ratio to
+    nbdkit's file plugin (or the first configuration)."""
     base = "nbdkit-file" if "nbdkit-file" in configs else next(iter(configs))
-    med = {k: {j: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for j, v in jobs.items()}
-           for k, jobs in results.items()}
+    med = {k: {j: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for j, v in js.items()}
+           for k, js in results.items()}
     print(f"\nMedian of {a.rounds} rounds x {a.runtime} s, one connection, image {a.size_mib} MiB in {d}; "
           f"ratio = same-run median / {base}")
-    print("| server | " + " | ".join(j[0] for j in JOBS) + " |")
-    print("|---|" + "---|" * len(JOBS))
+    print("| server | " + " | ".join(j[0] for j in jobs) + " |")
+    print("|---|" + "---|" * len(jobs))
     for k in configs:
         cells = []
-        for job in JOBS:
+        for job in jobs:
             mbs, iops = med[k][job[0]]
             ratio = mbs / med[base][job[0]][0] if med[base][job[0]][0] else 0
             if job[2] == "1M":
@@ -181,9 +182,65 @@ def main():
             else:
                 cells.append(f"{iops / 1000:.1f}k IOPS ({ratio:.2f}x)")
         print(f"| {k} | " + " | ".join(cells) + " |")
+    return med
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runtime", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--jobs", default="",
+                    help="comma-separated workloads to run (default all five), e.g. 'rand write 4k qd32'")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--no-crypt", action="store_true", help="skip the crypt/LUKS configurations")
+    ap.add_argument("--dir", default="/dev/shm/udm-bench",
+                    help="where the images live (default tmpfs; e.g. /var/tmp/udm-bench for a disk "
+                         "filesystem); several, comma-separated, are measured in the same rounds, "
+                         "one table each")
+    ap.add_argument("--udm", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "udm"))
+    ap.add_argument("--compare", default="",
+                    help="another udm binary (e.g. an older commit's): every udm configuration is also run "
+                         "with it, as NAME@old, interleaved in the same rounds")
+    a = ap.parse_args()
+
+    jobs = [j for j in JOBS if not a.jobs or j[0] in a.jobs.split(",")]
+    if not jobs:
+        sys.exit(f"--jobs {a.jobs!r} names no workload; the workloads are: " + ", ".join(j[0] for j in JOBS))
+    udm = os.path.abspath(a.udm)
+    dirs = {}
+    for d in a.dir.split(","):
+        sock, configs = setup(d, a.size_mib, udm, a.no_crypt)
+        if a.only:
+            keep = a.only.split(",")
+            configs = {k: v for k, v in configs.items() if k in keep}
+        if a.compare:
+            old = os.path.abspath(a.compare)
+            for k in [k for k in configs if k.startswith("udm")]:
+                configs[k + "@old"] = [old if w == udm else w for w in configs[k]]
+        dirs[d] = (sock, configs, {k: {job[0]: [] for job in jobs} for k in configs})
+
+    size = a.size_mib << 20
+    for r in range(a.rounds):
+        for d, (sock, configs, results) in dirs.items():
+            for name, cmd in configs.items():
+                p = serve(cmd, sock)
+                try:
+                    for job in jobs:
+                        mbs, iops = fio(uri_of(name, sock), job[1], job[2], job[3], a.runtime, size // 2)
+                        results[name][job[0]].append((mbs, iops))
+                        print(f"round {r + 1} {d} {name:14} {job[0]:20} {mbs:9.0f} MB/s {iops:9.0f} IOPS",
+                              file=sys.stderr)
+                finally:
+                    stop(p)
+
+    out = {}
+    for d, (sock, configs, results) in dirs.items():
+        out[d] = {"results": results, "median": table(d, a, configs, results, jobs)}
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"runtime": a.runtime, "rounds": a.rounds, "results": results, "median": med}, f, indent=1)
+            json.dump({"runtime": a.runtime, "rounds": a.rounds, "dirs": out}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,15 @@
 //!
 //! The file is registered as the ring's fixed file 0 (the kernel skips the
 //! descriptor lookup per entry). Registered buffers are not used: the
-//! engine's payload buffers come and go with the pool's size classes, and
-//! registering them per request costs more than the page pinning it saves
-//! for page-cache I/O. SQPOLL and IOPOLL are not used either: SQPOLL spends
-//! a core spinning (this project's machines have two), and IOPOLL needs
-//! O_DIRECT on a polled block queue.
+//! engine's payload buffers come and go with the pool's size classes (a
+//! buffer freed while registered would keep its old pages pinned, and a
+//! fixed read into its address range would land in them), and for
+//! page-cache I/O, nearly all of this store's, a fixed buffer saves no
+//! page pinning: the kernel copies into user memory either way. fio on
+//! the same ext4 file showed no consistent gain (docs/BENCHMARKS.md).
+//! SQPOLL was measured and not kept: on two vCPUs its polling thread took
+//! 12x the server CPU per 4 KiB read and fewer IOPS (docs/BENCHMARKS.md).
+//! IOPOLL needs O_DIRECT on a polled block queue.
 
 use std::io;
 use std::os::unix::io::RawFd;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::Crypt;
 use crate::core::{DevError, DevResult};
 use crate::crypto::pool::CryptPool;
+use crate::crypto::SectorCrypt;
 
 /// Requests at least this large are split across the worker pool.
 const SPLIT_MIN: usize = 128 << 10;
@@ -32,15 +33,13 @@ pub(super) fn part(i: usize, per: usize, len: usize) -> std::ops::Range<usize> {
 impl Crypt {
     /// How a request of `len` bytes is cut for the pool: (bytes per part,
     /// number of parts). One part when the pool is off for this direction
-    /// or the request is small, and one over a device that waits on a
-    /// network (`Limits::queue_depth`, an RBD image or a remote NBD
-    /// export): each part does its own I/O on the thread that runs it, so a
-    /// split would park that device's round trips on the few crypto
-    /// threads shared by every request; the engine already runs many such
-    /// requests at once, each on its own worker, which spreads the cipher
-    /// work over the cores instead.
+    /// or the request is small. Over a device with a queue depth (a file
+    /// on disk through io_uring, an RBD image, a remote NBD export) the
+    /// parts split only the cipher work: the request's I/O is one call
+    /// made by the thread that owns the request ([`Crypt::queued`]), so
+    /// no crypto thread ever waits on the disk or the network.
     pub(super) fn plan(&self, len: usize, may_split: bool) -> (usize, usize) {
-        let threads = if may_split && len >= SPLIT_MIN && self.area.dev.limits().queue_depth == 0 {
+        let threads = if may_split && len >= SPLIT_MIN {
             self.helpers().map_or(1, |p| p.parallelism())
         } else {
             1
@@ -55,13 +54,17 @@ impl Crypt {
         (per, len.div_ceil(per).max(1))
     }
 
+    /// Whether the lower device waits (disk, network) and keeps requests
+    /// in flight: its I/O is done whole, outside the split. Asked per
+    /// request because the device may be a mapped device whose table (and
+    /// so its queue depth) is reloaded.
+    pub(super) fn queued(&self) -> bool {
+        self.area.dev.limits().queue_depth > 0
+    }
+
     /// The crypto helper threads, started on first use: the first request
-    /// that would be split. Over a device with a queue depth no request is
-    /// ever split (see [`Crypt::plan`]), so a crypt target over an RBD
-    /// image or a remote NBD export starts none — at construction they
-    /// would be one more thread per core that only ever sleeps. The lower
-    /// device is asked per request because it may be a mapped device
-    /// whose table (and so its queue depth) is reloaded.
+    /// large enough to be split, so a target that only ever sees small
+    /// requests starts none.
     pub(super) fn helpers(&self) -> Option<&Arc<CryptPool>> {
         self.pool
             .get_or_init(|| {
@@ -157,4 +160,45 @@ impl CryptIo {
         // live `&mut` overlap.
         Some(unsafe { std::slice::from_raw_parts_mut(self.base.add(start), n) })
     }
+}
+
+/// Encrypt (or decrypt) `buf`, whose first byte is at dm-crypt sector
+/// `first`, in place, cut into `n` parts of `per` bytes spread over
+/// `pool` (on this thread alone without one). The cipher-only split of a
+/// request over a queued device: its I/O is done whole by the caller.
+pub(super) fn cipher_parts(
+    pool: Option<&CryptPool>,
+    sc: &SectorCrypt,
+    buf: &mut [u8],
+    first: u64,
+    (per, n): (usize, usize),
+    encrypt: bool,
+) -> DevResult<()> {
+    let one = |p: &mut [u8], at: usize| {
+        let sector = first.wrapping_add((at / 512) as u64);
+        if encrypt {
+            sc.encrypt(p, sector);
+        } else {
+            sc.decrypt(p, sector);
+        }
+    };
+    let pool = match pool {
+        Some(p) if n > 1 => p,
+        _ => {
+            one(buf, 0);
+            return Ok(());
+        }
+    };
+    let io = CryptIo::new(buf, per);
+    let ok = pool.run(n, &|i| {
+        if let Some(p) = io.take(i) {
+            one(p, i * per);
+        }
+    });
+    if !ok {
+        return Err(DevError::Target(
+            "crypt: a worker thread failed while processing the request".into(),
+        ));
+    }
+    Ok(())
 }

@@ -419,13 +419,14 @@ impl BlockDevice for Remote {
     }
 }
 
-/// Over a device with a queue depth (RBD, a remote NBD export) a large
-/// request is not split over the crypto threads: its I/O stays on the
-/// calling thread, one call per request (no hand-off, no second queue),
-/// an owned write goes down in its own buffer, and the data round-trips.
-/// No crypto helper thread is ever started for it.
+/// Over a device with a queue depth (a disk file, RBD, a remote NBD
+/// export) only a large request's cipher work is split over the crypto
+/// threads: its I/O stays on the calling thread, one call per request
+/// (no crypto thread waits on the device), an owned write goes down in
+/// its own buffer, and the bytes stored are those of one thread's
+/// encryption (a one-thread target reads them back).
 #[test]
-fn no_split_over_a_device_that_waits_on_a_network() {
+fn over_a_device_that_waits_only_the_cipher_is_split() {
     let dev = Arc::new(Remote {
         inner: MemStore::new(8 << 20),
         threads: std::sync::Mutex::new(Vec::new()),
@@ -471,7 +472,21 @@ fn no_split_over_a_device_that_waits_on_a_network() {
         calls.iter().all(|&c| c == me),
         "lower I/O on the caller's thread"
     );
-    assert!(t.pool.get().is_none(), "no crypto helper threads started");
+    let pool = t.pool.get().and_then(|p| p.as_ref());
+    assert_eq!(pool.map(|p| p.parallelism()), Some(4), "the cipher split");
+    let one = construct(TargetArgs {
+        args: &args,
+        len: 8 << 20,
+        resolver: &mut One(dev.clone()),
+        options: &TargetOptions {
+            crypt_threads: 1,
+            ..Default::default()
+        },
+    })
+    .unwrap();
+    back.fill(0);
+    one.read(0, &mut back).unwrap();
+    assert!(back == data, "split encryption stores one thread's bytes");
 }
 
 /// Over a local device the helper threads are started by the first
@@ -590,4 +605,60 @@ fn legacy_and_foreign_cipher_specs_as_table_lines() {
         sc.encrypt(&mut want, 24 + ((1 << 20) >> 9));
         assert!(raw == want, "{spec}: stored bytes");
     }
+}
+
+/// Submitted 1 MiB requests over a file on a disk filesystem through
+/// io_uring: the cipher is cut over the crypto threads (the helpers
+/// start), a write is encrypted in place before its one ring entry, and
+/// a submitted read completes decrypted.
+#[test]
+fn submitted_large_requests_split_the_cipher_over_a_ring() {
+    use crate::core::AsyncIo;
+    use crate::store::{FileIo, FileStore, OpenFlags};
+    let tmp = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
+    tmp.as_file().set_len(8 << 20).unwrap();
+    let file = FileStore::open_with(tmp.path(), OpenFlags::default(), FileIo::Uring).unwrap();
+    assert_eq!(
+        file.io_path(),
+        "uring",
+        "/var/tmp must be a disk filesystem"
+    );
+    let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 mem 0")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let t = construct(TargetArgs {
+        args: &args,
+        len: 8 << 20,
+        resolver: &mut One(Arc::new(file)),
+        options: &TargetOptions {
+            crypt_threads: 4,
+            ..Default::default()
+        },
+    })
+    .unwrap();
+    assert!(t.can_submit());
+    let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 241) as u8).collect();
+    let run = |write: bool, buf: &mut Vec<u8>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let io = AsyncIo {
+            write,
+            fua: false,
+            offset: 1 << 20,
+            buf: buf.as_mut_ptr(),
+            len: buf.len(),
+            done: Box::new(move |r| tx.send(r.map(|r| r.is_ok())).unwrap()),
+        };
+        // SAFETY: `buf` is left alone until the completion arrived.
+        unsafe { t.submit(io) };
+        rx.recv().unwrap()
+    };
+    let mut buf = data.clone();
+    assert_eq!(run(true, &mut buf), Some(true));
+    assert!(buf != data, "encrypted in place");
+    let mut back = vec![0u8; 1 << 20];
+    assert_eq!(run(false, &mut back), Some(true));
+    assert!(back == data, "decrypted in the completion");
+    let pool = t.pool.get().and_then(|p| p.as_ref());
+    assert_eq!(pool.map(|p| p.parallelism()), Some(4), "the cipher split");
 }
