@@ -72,6 +72,26 @@ pub struct Service {
     locations: std::sync::RwLock<Locations>,
     /// Most lines a table sent over the control socket may have.
     max_table_lines: std::sync::atomic::AtomicUsize,
+    /// The devices' block nodes (`serve --mapper-block`), if any.
+    nodes: std::sync::RwLock<Option<Arc<dyn DeviceNodes>>>,
+}
+
+/// Block nodes that follow the exports (`serve --mapper-block`: a loop
+/// device per device file). The verbs keep them in step, so that a node
+/// is there when a create or resume replies and gone when a remove does,
+/// as udev's /dev/mapper links are for dm devices.
+pub trait DeviceNodes: Send + Sync {
+    /// `name` is exported: make its node, or bring the node's size up to
+    /// the device's.
+    fn present(&self, name: &str) -> Result<(), String>;
+    /// `name` is about to go: its node goes first. A node held open is an
+    /// error saying so, unless `force` (it then goes at its last close).
+    fn release(&self, name: &str, force: bool) -> Result<(), String>;
+    /// Let the node go at its last close (a deferred remove).
+    fn release_when_closed(&self, name: &str) -> Result<(), String>;
+    fn renamed(&self, old: &str, new: &str);
+    /// How many of the export's openers are its node (not clients).
+    fn holds(&self, name: &str) -> usize;
 }
 
 /// Default of `udm serve --max-table-lines`: far more than any real
@@ -147,7 +167,18 @@ impl Service {
             narrow: Mutex::default(),
             locations: Default::default(),
             max_table_lines: DEFAULT_MAX_TABLE_LINES.into(),
+            nodes: Default::default(),
         }
+    }
+
+    /// Keep `nodes` in step with the exports from now on (the ones that
+    /// exist already are the caller's to present).
+    pub fn set_nodes(&self, nodes: Arc<dyn DeviceNodes>) {
+        *self.nodes.write().unwrap_or_else(|p| p.into_inner()) = Some(nodes);
+    }
+
+    fn nodes(&self) -> Option<Arc<dyn DeviceNodes>> {
+        self.nodes.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// `udm serve --max-table-lines`.
@@ -180,8 +211,12 @@ impl Service {
             .find(|e| e.export.name == name)
     }
 
+    /// Clients of `name` (NBD connections, open files), not counting the
+    /// hold of its block node.
     fn open_count(&self, name: &str) -> u32 {
-        self.export_of(name).map_or(0, |e| e.connections() as u32)
+        let held = self.nodes().map_or(0, |n| n.holds(name));
+        self.export_of(name)
+            .map_or(0, |e| e.connections().saturating_sub(held) as u32)
     }
 
     /// Who may use `name` over NBD and whether it is read-only there: its
@@ -428,6 +463,9 @@ impl Service {
             self.exports
                 .rename(name, new)
                 .map_err(|e| err(Code::Eexist, e))?;
+            if let Some(nodes) = self.nodes() {
+                nodes.renamed(name, new);
+            }
         }
         ok(json!({}))
     }
@@ -710,6 +748,10 @@ impl Service {
                         self.forget(name);
                         return Err(e);
                     }
+                    if let Err(e) = self.nodes().map_or(Ok(()), |n| n.present(name)) {
+                        let _ = self.remove_locked(name, true, false);
+                        return Err(err(Code::Einval, e));
+                    }
                 }
                 Err(e) => {
                     self.forget(name);
@@ -847,6 +889,14 @@ impl Service {
             engine.release(&e.queue);
         }
         self.apply_holds();
+        // Block nodes for new exports, and resized ones.
+        if let Some(nodes) = self.nodes() {
+            for n in &affected {
+                if let Err(e) = nodes.present(n) {
+                    exported = exported.and(Err(err(Code::Einval, e)));
+                }
+            }
+        }
         exported
     }
 
@@ -869,7 +919,7 @@ impl Service {
             ));
         }
         let export = self.export_of(name);
-        let clients = export.as_ref().map_or(0, |e| e.connections());
+        let clients = self.open_count(name) as usize;
         if clients > 0 && !force {
             if deferred {
                 return self.devices.set_deferred_remove(name).map_err(classify);
@@ -883,6 +933,18 @@ impl Service {
                 ),
             ));
         }
+        if let Some(nodes) = self.nodes() {
+            if let Err(e) = nodes.release(name, force) {
+                if deferred {
+                    nodes
+                        .release_when_closed(name)
+                        .map_err(|e| err(Code::Ebusy, e))?;
+                    return self.devices.set_deferred_remove(name).map_err(classify);
+                }
+                return Err(err(Code::Ebusy, e));
+            }
+        }
+        let clients = export.as_ref().map_or(0, |e| e.connections());
         if let Some(e) = &export {
             let engine = self.exports.engine();
             if clients > 0 {
