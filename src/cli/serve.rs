@@ -956,6 +956,9 @@ impl control::DeviceNodes for Nodes {
     fn release_when_closed(&self, name: &str) -> Result<(), String> {
         self.0.release_when_closed(name)
     }
+    fn keep(&self, name: &str) {
+        self.0.keep(name)
+    }
     fn renamed(&self, old: &str, new: &str) {
         self.0.renamed(old, new)
     }

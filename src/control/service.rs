@@ -89,6 +89,9 @@ pub trait DeviceNodes: Send + Sync {
     fn release(&self, name: &str, force: bool) -> Result<(), String>;
     /// Let the node go at its last close (a deferred remove).
     fn release_when_closed(&self, name: &str) -> Result<(), String>;
+    /// Undo [`DeviceNodes::release_when_closed`] (the deferred remove was
+    /// cancelled).
+    fn keep(&self, name: &str);
     fn renamed(&self, old: &str, new: &str);
     /// How many of the export's openers are its node (not clients).
     fn holds(&self, name: &str) -> usize;
@@ -624,6 +627,16 @@ impl Service {
                     stats.set_histograms(false);
                     ok(json!({}))
                 }
+                ("@cancel_deferred_remove", _) => {
+                    let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+                    self.devices
+                        .cancel_deferred_remove(name)
+                        .map_err(classify)?;
+                    if let Some(nodes) = self.nodes() {
+                        nodes.keep(name);
+                    }
+                    ok(json!({}))
+                }
                 ("@stats_print", _) => {
                     let s = serde_json::to_string(&stats.snapshot()).unwrap_or_default();
                     ok(json!({ "response": s }))
@@ -632,7 +645,7 @@ impl Service {
                     Code::Einval,
                     format!(
                         "unknown message '{}': udm knows @stats_clear, \
-                         @stats_histograms on|off and @stats_print",
+                         @stats_histograms on|off, @stats_print and @cancel_deferred_remove",
                         argv.join(" ")
                     ),
                 )),
@@ -901,14 +914,38 @@ impl Service {
     }
 
     fn remove(&self, name: &str, force: bool, deferred: bool) -> Result<(), OpError> {
-        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
-        self.remove_locked(name, force, deferred)
+        let g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        self.remove_locked(name, force, deferred)?;
+        drop(g);
+        self.reap_deferred_soon();
+        Ok(())
+    }
+
+    /// A remove may have closed the last opener of a device waiting for a
+    /// deferred remove (a device whose table named its block node): the
+    /// node and its file are let go asynchronously, within milliseconds,
+    /// and that device goes before the remove replies, as it does at once
+    /// in the kernel. Bounded: a device with other clients stays.
+    fn reap_deferred_soon(&self) {
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(500) {
+            if !self.devices.list().iter().any(|d| d.deferred_remove) {
+                return;
+            }
+            self.reap_deferred();
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn remove_locked(&self, name: &str, force: bool, deferred: bool) -> Result<(), OpError> {
         self.devices.info(name).map_err(classify)?;
         let uppers = self.devices.uppers(name);
         if !uppers.is_empty() {
+            // dm counts a device stacked on this one as an opener, and a
+            // deferred remove waits for it as for any other.
+            if deferred {
+                return self.devices.set_deferred_remove(name).map_err(classify);
+            }
             return Err(err(
                 Code::Ebusy,
                 format!(
@@ -1003,7 +1040,10 @@ impl Service {
     /// Remove devices marked `--deferred` whose last client has left.
     pub fn reap_deferred(&self) {
         for d in self.devices.list() {
-            if d.deferred_remove && self.open_count(&d.name) == 0 {
+            if d.deferred_remove
+                && self.open_count(&d.name) == 0
+                && self.devices.uppers(&d.name).is_empty()
+            {
                 let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
                 if let Err(e) = self.remove_locked(&d.name, false, false) {
                     tracing::warn!("deferred removal of {}: {}", d.name, e.msg);

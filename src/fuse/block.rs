@@ -201,6 +201,16 @@ impl BlockNodes {
         }
     }
 
+    /// The deferred remove was cancelled: the node stays after its last
+    /// close.
+    pub fn keep(&self, name: &str) {
+        if let Some(n) = self.loop_of(name) {
+            if let Err(e) = loopdev::set_autoclear(n, false) {
+                tracing::warn!("'{name}': /dev/loop{n}: {e}");
+            }
+        }
+    }
+
     /// The loop device let the file go; FUSE's release of it comes after,
     /// and the export's openers count it until then.
     fn wait_for_file_release(&self, name: &str, before: usize) {

@@ -196,7 +196,7 @@ pub fn release(n: u32, autoclear: bool) -> io::Result<Released> {
 }
 
 /// Turn the loop device's release at last close on or off.
-fn set_autoclear(n: u32, on: bool) -> io::Result<()> {
+pub fn set_autoclear(n: u32, on: bool) -> io::Result<()> {
     let dev = match File::open(node(n)) {
         Ok(d) => d,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
