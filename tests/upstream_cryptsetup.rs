@@ -22,6 +22,13 @@
 //! `udm serve --mapper-dir /dev/mapper` of its own shows udm's devices
 //! there, with udm as `dmsetup` too, so the scripts compare each volume's
 //! filesystem UUID and sha256 as they do on a kernel.
+//!
+//! `verity-compat-test` (a test of its own, [`verity_compat_test_against_udm`])
+//! also tests `[ -b /dev/mapper/NAME ]` and runs `blockdev` on it, so its
+//! server keeps the files in a private folder and puts block nodes on
+//! /dev/mapper (`--mapper-block`, a tmpfs there); udm is `veritysetup` and
+//! `dmsetup`. It runs whole, and when it fails, once per section (the
+//! script stops at its first failure), with [`VERITY_EXPECTED_FAILURES`].
 
 mod common;
 
@@ -106,6 +113,31 @@ done
 exit 0
 "#;
 
+/// [`ACTIVATE_SH`] for scripts that want block devices: the files in a
+/// folder of the namespace's own, the block nodes on a tmpfs over
+/// /dev/mapper (nothing of it reaches the host's /dev).
+const ACTIVATE_BLOCK_SH: &str = r#"#!/bin/bash
+W=$(mktemp -d)
+export UDM_CONTROL=$W/ctl
+mount --make-rprivate / || exit 90
+mkdir -p /dev/mapper && mount -t tmpfs -o mode=755 udm-nodes /dev/mapper || exit 90
+"$UDM_BIN" serve --socket "$W/nbd.sock" --control "$UDM_CONTROL" \
+    --mapper-dir "$W/files" --mapper-block /dev/mapper 2>"$W/serve.log" &
+srv=$!
+for _ in $(seq 200); do
+    [ -S "$UDM_CONTROL" ] && grep -q " $W/files " /proc/self/mountinfo && break
+    sleep 0.05
+done
+[ -S "$UDM_CONTROL" ] || { cat "$W/serve.log"; exit 91; }
+"$@"
+rc=$?
+kill "$srv"
+wait "$srv"
+[ -n "$UDM_SERVE_LOG" ] && cp "$W/serve.log" "$UDM_SERVE_LOG"
+rm -rf "$W"
+exit $rc
+"#;
+
 /// One per-volume script: its archive, the folder the archive holds, and
 /// which of its files are volumes (the rest, key files and configs, go
 /// with every volume).
@@ -176,6 +208,7 @@ fn scratch(up: &Path) -> (tempfile::TempDir, PathBuf) {
         "#!/bin/sh\ncase \"$1\" in\n  fips_mode*) exit 1 ;;\n  version) echo udm; exit 0 ;;\n  *) exit 0 ;;\nesac\n",
     );
     write_exe(&tmp.path().join("activate.sh"), ACTIVATE_SH);
+    write_exe(&tmp.path().join("activate-block.sh"), ACTIVATE_BLOCK_SH);
     let fake = tmp.path().join("fake");
     fs::create_dir(&fake).unwrap();
     write_exe(&fake.join("losetup"), LOSETUP_SH);
@@ -192,6 +225,12 @@ fn scratch(up: &Path) -> (tempfile::TempDir, PathBuf) {
 /// stdout+stderr). With [`ACTIVATION`] it runs in a mount namespace of
 /// its own with a server behind /dev/mapper.
 fn run_script(tmp: &Path, t: &Path, script: &str) -> (i32, String) {
+    run_script_with(tmp, t, script, "activate.sh")
+}
+
+/// [`run_script`] through the activation wrapper `activate` (a file of
+/// [`scratch`]'s folder).
+fn run_script_with(tmp: &Path, t: &Path, script: &str, activate: &str) -> (i32, String) {
     let path = format!(
         "{}:{}:{}",
         tmp.join("fake").display(),
@@ -201,7 +240,7 @@ fn run_script(tmp: &Path, t: &Path, script: &str) -> (i32, String) {
     let mut cmd = if ACTIVATION {
         let mut c = Command::new("unshare");
         c.args(["-m", "--propagation", "private"])
-            .arg(tmp.join("activate.sh"))
+            .arg(tmp.join(activate))
             .arg("bash");
         c
     } else {
@@ -543,4 +582,119 @@ fn cryptsetup_test_scripts_against_udm() {
         }
     }
     assert!(bad.is_empty(), "upstream cases:\n{}", bad.join("\n"));
+}
+
+/// Sections of `verity-compat-test` known to fail, each with why (goal:
+/// none). Keys are the section's first line as the script prints it.
+const VERITY_EXPECTED_FAILURES: &[(&str, &str)] = &[];
+
+/// The line that ends the script's definitions and starts its tests.
+const VERITY_TESTS_MARK: &str = "# VERITYSETUP tests";
+
+/// `verity-compat-test` cut into its sections: the definitions (up to the
+/// first test) and, per section, the lines from one top-level `echo` (or
+/// the `if check_version` around it) to the next. Each section is named
+/// by its first `echo`'s text.
+fn verity_sections(script: &str) -> (String, Vec<(String, String)>) {
+    let (head, tests) = script
+        .split_once(VERITY_TESTS_MARK)
+        .expect("verity-compat-test has no '# VERITYSETUP tests' line");
+    let mut prelude = format!("{head}{VERITY_TESTS_MARK}\n");
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for line in tests.lines() {
+        let header = line.starts_with("echo ") && !line.starts_with("echo \"[");
+        if header || line.starts_with("if check_version ") {
+            sections.push((String::new(), String::new()));
+        }
+        let Some((name, body)) = sections.last_mut() else {
+            prelude.push_str(line);
+            prelude.push('\n');
+            continue;
+        };
+        if let Some(text) = line
+            .trim_start()
+            .strip_prefix("echo ")
+            .filter(|_| name.is_empty())
+        {
+            *name = text
+                .trim_start_matches("-n ")
+                .trim_matches('"')
+                .trim()
+                .to_string();
+        }
+        body.push_str(line);
+        body.push('\n');
+    }
+    (prelude, sections)
+}
+
+/// Whether a section's output shows it passed: no "FAILED" backtrace and
+/// no test of it skipped as not applicable.
+fn verity_section_ok(code: i32, text: &str) -> Result<(), String> {
+    if code == 0 && !text.contains("[N/A") {
+        Ok(())
+    } else {
+        Err(format!("exit {code}: {}", tail(text, 8)))
+    }
+}
+
+#[test]
+fn verity_compat_test_against_udm() {
+    common::need("unshare");
+    common::need("blockdev");
+    common::need("losetup");
+    // SAFETY: geteuid has no preconditions.
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "verity-compat-test needs root (loop devices, mount namespaces, FUSE)"
+    );
+    let up = upstream();
+    let (tmp, t) = scratch(&up);
+    let script = "verity-compat-test";
+    let (code, text) = run_script_with(tmp.path(), &t, script, "activate-block.sh");
+    let whole = verity_section_ok(code, &text);
+    println!("{script} whole: {whole:?}");
+    let full = fs::read_to_string(t.join(script)).unwrap();
+    let (prelude, sections) = verity_sections(&full);
+    assert!(sections.len() >= 8, "sections: {sections:?}");
+    let mut bad = Vec::new();
+    for (i, (name, body)) in sections.iter().enumerate() {
+        let r = if whole.is_ok() {
+            Ok(())
+        } else {
+            let part = format!("{script}.part{i}");
+            write_exe(
+                &t.join(&part),
+                &format!("{prelude}{body}\nremove_mapping\nexit 0\n"),
+            );
+            let (code, text) = run_script_with(tmp.path(), &t, &part, "activate-block.sh");
+            verity_section_ok(code, &text)
+        };
+        let listed = VERITY_EXPECTED_FAILURES.iter().find(|(n, _)| n == name);
+        match (&r, listed) {
+            (Ok(()), None) => println!("PASS      {script}/{name}"),
+            (Ok(()), Some(_)) => {
+                println!("PASS (listed as failing) {script}/{name}");
+                bad.push(format!(
+                    "{name}: passes now, take it off VERITY_EXPECTED_FAILURES"
+                ));
+            }
+            (Err(m), Some((_, why))) => println!("XFAIL     {script}/{name} ({why}): {m}"),
+            (Err(m), None) => {
+                println!("FAIL      {script}/{name}: {m}");
+                bad.push(format!("{name}: {m}"));
+            }
+        }
+    }
+    if whole.is_ok() {
+        assert!(
+            VERITY_EXPECTED_FAILURES.is_empty(),
+            "the whole script passes: empty VERITY_EXPECTED_FAILURES"
+        );
+    }
+    assert!(
+        bad.is_empty(),
+        "verity-compat-test sections:\n{}",
+        bad.join("\n")
+    );
 }

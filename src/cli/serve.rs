@@ -239,6 +239,15 @@ pub struct Args {
     /// namespace). A dead mount a killed server left there is cleared.
     #[arg(long, value_name = "DIR")]
     pub mapper_dir: Option<PathBuf>,
+    /// Also give every device a block node: a loop device on its file in
+    /// --mapper-dir, and DIR/NAME a symlink to it, as /dev/mapper/NAME is
+    /// on a udev system (created if missing; e.g. /dev/mapper in a private
+    /// mount namespace, with --mapper-dir a private directory). The node is
+    /// there when a create replies and goes before a remove does; an open
+    /// node makes a remove fail as busy. Loop devices and links a killed
+    /// server left are cleared.
+    #[arg(long, value_name = "DIR", requires = "mapper_dir")]
+    pub mapper_block: Option<PathBuf>,
     /// Write the server's pid to FILE once it is ready (devices served,
     /// sockets listening); removed on exit. A FILE naming a running
     /// process is refused.
@@ -371,6 +380,7 @@ fn serve(a: Args) -> Result<(), String> {
             flatten: !a.no_flatten,
             default_export: a.default_export.clone(),
             mapper_dir: a.mapper_dir.clone(),
+            mapper_block: a.mapper_block.clone(),
             service: ServiceOptions {
                 pidfile: a.pidfile.clone(),
                 print_uri: a.print_uri,
@@ -727,6 +737,8 @@ pub struct Settings {
     pub default_export: Option<String>,
     /// `--mapper-dir`: where the devices show as files.
     pub mapper_dir: Option<PathBuf>,
+    /// `--mapper-block`: where their block nodes' links go.
+    pub mapper_block: Option<PathBuf>,
     /// Running under a service manager: pidfile, URIs, passed sockets,
     /// SIGHUP.
     pub service: ServiceOptions,
@@ -769,6 +781,7 @@ impl Default for Settings {
             tls: crate::nbd::TlsOptions::default(),
             default_export: None,
             mapper_dir: None,
+            mapper_block: None,
             service: ServiceOptions::default(),
         }
     }
@@ -1013,8 +1026,11 @@ pub fn serve_specs(
     let mapper = st
         .mapper_dir
         .as_deref()
-        .map(|d| crate::fuse::MapperDir::mount(d, exports.clone()))
+        .map(|d| crate::fuse::MapperDir::mount(d, exports.clone(), st.mapper_block.as_deref()))
         .transpose()?;
+    if let Some(nodes) = mapper.as_ref().and_then(|m| m.block_nodes()) {
+        service.set_nodes(Arc::new(Nodes(nodes.clone())));
+    }
     service.set_locations(control::Locations {
         mapper_dir: mapper.as_ref().map(|m| m.dir().to_path_buf()),
         nbd: Some(listen.clone()),
@@ -1051,6 +1067,30 @@ pub fn serve_specs(
     drop(control);
     drop(metrics);
     r
+}
+
+/// The block nodes of `--mapper-block`, as the control service sees them.
+struct Nodes(Arc<crate::fuse::block::BlockNodes>);
+
+impl control::DeviceNodes for Nodes {
+    fn present(&self, name: &str) -> Result<(), String> {
+        self.0.present(name)
+    }
+    fn release(&self, name: &str, force: bool) -> Result<(), String> {
+        self.0.release(name, force)
+    }
+    fn release_when_closed(&self, name: &str) -> Result<(), String> {
+        self.0.release_when_closed(name)
+    }
+    fn keep(&self, name: &str) {
+        self.0.keep(name)
+    }
+    fn renamed(&self, old: &str, new: &str) {
+        self.0.renamed(old, new)
+    }
+    fn holds(&self, name: &str) -> usize {
+        self.0.holds(name)
+    }
 }
 
 /// The hook that tells the world the server is ready (sd_notify, the

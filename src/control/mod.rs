@@ -20,4 +20,4 @@ pub mod service;
 
 pub use client::{Client, ClientError};
 pub use server::{default_path, ControlServer};
-pub use service::{Locations, Service};
+pub use service::{DeviceNodes, Locations, Service};

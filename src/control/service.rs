@@ -72,6 +72,29 @@ pub struct Service {
     locations: std::sync::RwLock<Locations>,
     /// Most lines a table sent over the control socket may have.
     max_table_lines: std::sync::atomic::AtomicUsize,
+    /// The devices' block nodes (`serve --mapper-block`), if any.
+    nodes: std::sync::RwLock<Option<Arc<dyn DeviceNodes>>>,
+}
+
+/// Block nodes that follow the exports (`serve --mapper-block`: a loop
+/// device per device file). The verbs keep them in step, so that a node
+/// is there when a create or resume replies and gone when a remove does,
+/// as udev's /dev/mapper links are for dm devices.
+pub trait DeviceNodes: Send + Sync {
+    /// `name` is exported: make its node, or bring the node's size up to
+    /// the device's.
+    fn present(&self, name: &str) -> Result<(), String>;
+    /// `name` is about to go: its node goes first. A node held open is an
+    /// error saying so, unless `force` (it then goes at its last close).
+    fn release(&self, name: &str, force: bool) -> Result<(), String>;
+    /// Let the node go at its last close (a deferred remove).
+    fn release_when_closed(&self, name: &str) -> Result<(), String>;
+    /// Undo [`DeviceNodes::release_when_closed`] (the deferred remove was
+    /// cancelled).
+    fn keep(&self, name: &str);
+    fn renamed(&self, old: &str, new: &str);
+    /// How many of the export's openers are its node (not clients).
+    fn holds(&self, name: &str) -> usize;
 }
 
 /// Default of `udm serve --max-table-lines`: far more than any real
@@ -147,7 +170,18 @@ impl Service {
             narrow: Mutex::default(),
             locations: Default::default(),
             max_table_lines: DEFAULT_MAX_TABLE_LINES.into(),
+            nodes: Default::default(),
         }
+    }
+
+    /// Keep `nodes` in step with the exports from now on (the ones that
+    /// exist already are the caller's to present).
+    pub fn set_nodes(&self, nodes: Arc<dyn DeviceNodes>) {
+        *self.nodes.write().unwrap_or_else(|p| p.into_inner()) = Some(nodes);
+    }
+
+    fn nodes(&self) -> Option<Arc<dyn DeviceNodes>> {
+        self.nodes.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// `udm serve --max-table-lines`.
@@ -180,8 +214,12 @@ impl Service {
             .find(|e| e.export.name == name)
     }
 
+    /// Clients of `name` (NBD connections, open files), not counting the
+    /// hold of its block node.
     fn open_count(&self, name: &str) -> u32 {
-        self.export_of(name).map_or(0, |e| e.connections() as u32)
+        let held = self.nodes().map_or(0, |n| n.holds(name));
+        self.export_of(name)
+            .map_or(0, |e| e.connections().saturating_sub(held) as u32)
     }
 
     /// Who may use `name` over NBD and whether it is read-only there: its
@@ -428,6 +466,9 @@ impl Service {
             self.exports
                 .rename(name, new)
                 .map_err(|e| err(Code::Eexist, e))?;
+            if let Some(nodes) = self.nodes() {
+                nodes.renamed(name, new);
+            }
         }
         ok(json!({}))
     }
@@ -586,6 +627,16 @@ impl Service {
                     stats.set_histograms(false);
                     ok(json!({}))
                 }
+                ("@cancel_deferred_remove", _) => {
+                    let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+                    self.devices
+                        .cancel_deferred_remove(name)
+                        .map_err(classify)?;
+                    if let Some(nodes) = self.nodes() {
+                        nodes.keep(name);
+                    }
+                    ok(json!({}))
+                }
                 ("@stats_print", _) => {
                     let s = serde_json::to_string(&stats.snapshot()).unwrap_or_default();
                     ok(json!({ "response": s }))
@@ -594,7 +645,7 @@ impl Service {
                     Code::Einval,
                     format!(
                         "unknown message '{}': udm knows @stats_clear, \
-                         @stats_histograms on|off and @stats_print",
+                         @stats_histograms on|off, @stats_print and @cancel_deferred_remove",
                         argv.join(" ")
                     ),
                 )),
@@ -709,6 +760,10 @@ impl Service {
                     if let Err(e) = self.ensure_export(name) {
                         self.forget(name);
                         return Err(e);
+                    }
+                    if let Err(e) = self.nodes().map_or(Ok(()), |n| n.present(name)) {
+                        let _ = self.remove_locked(name, true, false);
+                        return Err(err(Code::Einval, e));
                     }
                 }
                 Err(e) => {
@@ -847,18 +902,50 @@ impl Service {
             engine.release(&e.queue);
         }
         self.apply_holds();
+        // Block nodes for new exports, and resized ones.
+        if let Some(nodes) = self.nodes() {
+            for n in &affected {
+                if let Err(e) = nodes.present(n) {
+                    exported = exported.and(Err(err(Code::Einval, e)));
+                }
+            }
+        }
         exported
     }
 
     fn remove(&self, name: &str, force: bool, deferred: bool) -> Result<(), OpError> {
-        let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
-        self.remove_locked(name, force, deferred)
+        let g = self.op.lock().unwrap_or_else(|p| p.into_inner());
+        self.remove_locked(name, force, deferred)?;
+        drop(g);
+        self.reap_deferred_soon();
+        Ok(())
+    }
+
+    /// A remove may have closed the last opener of a device waiting for a
+    /// deferred remove (a device whose table named its block node): the
+    /// node and its file are let go asynchronously, within milliseconds,
+    /// and that device goes before the remove replies, as it does at once
+    /// in the kernel. Bounded: a device with other clients stays.
+    fn reap_deferred_soon(&self) {
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(500) {
+            if !self.devices.list().iter().any(|d| d.deferred_remove) {
+                return;
+            }
+            self.reap_deferred();
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn remove_locked(&self, name: &str, force: bool, deferred: bool) -> Result<(), OpError> {
         self.devices.info(name).map_err(classify)?;
         let uppers = self.devices.uppers(name);
         if !uppers.is_empty() {
+            // dm counts a device stacked on this one as an opener, and a
+            // deferred remove waits for it as for any other.
+            if deferred {
+                return self.devices.set_deferred_remove(name).map_err(classify);
+            }
             return Err(err(
                 Code::Ebusy,
                 format!(
@@ -869,7 +956,7 @@ impl Service {
             ));
         }
         let export = self.export_of(name);
-        let clients = export.as_ref().map_or(0, |e| e.connections());
+        let clients = self.open_count(name) as usize;
         if clients > 0 && !force {
             if deferred {
                 return self.devices.set_deferred_remove(name).map_err(classify);
@@ -883,6 +970,18 @@ impl Service {
                 ),
             ));
         }
+        if let Some(nodes) = self.nodes() {
+            if let Err(e) = nodes.release(name, force) {
+                if deferred {
+                    nodes
+                        .release_when_closed(name)
+                        .map_err(|e| err(Code::Ebusy, e))?;
+                    return self.devices.set_deferred_remove(name).map_err(classify);
+                }
+                return Err(err(Code::Ebusy, e));
+            }
+        }
+        let clients = export.as_ref().map_or(0, |e| e.connections());
         if let Some(e) = &export {
             let engine = self.exports.engine();
             if clients > 0 {
@@ -941,7 +1040,10 @@ impl Service {
     /// Remove devices marked `--deferred` whose last client has left.
     pub fn reap_deferred(&self) {
         for d in self.devices.list() {
-            if d.deferred_remove && self.open_count(&d.name) == 0 {
+            if d.deferred_remove
+                && self.open_count(&d.name) == 0
+                && self.devices.uppers(&d.name).is_empty()
+            {
                 let _g = self.op.lock().unwrap_or_else(|p| p.into_inner());
                 if let Err(e) = self.remove_locked(&d.name, false, false) {
                     tracing::warn!("deferred removal of {}: {}", d.name, e.msg);

@@ -6,7 +6,9 @@
 //! as `engine::Request`s, and the `Sink` that answers them), `files` (what
 //! the directory shows: inodes, sizes, modes from the allow rules), `fs`
 //! (the FUSE operations); `tuning` (the FUSE choices, each a `UDM_FUSE_*`
-//! knob so a benchmark can turn it off) uses none of them.
+//! knob so a benchmark can turn it off) uses none of them. With
+//! `--mapper-block`, [`block`] gives each file a loop device (`loopdev`,
+//! the loop driver's ioctls) and a symlink to it.
 //!
 //! It sits above `nbd` because the export set it shows (names, devices,
 //! allow rules, the connection count that makes `dmsetup remove` see a
@@ -14,9 +16,11 @@
 //! connection, and requests go straight from the FUSE session to the
 //! engine.
 
+pub mod block;
 mod files;
 mod fs;
 mod io;
+mod loopdev;
 pub mod mount;
 mod tuning;
 
@@ -37,6 +41,7 @@ pub struct MapperDir {
     engine: Arc<crate::engine::Engine>,
     replies: Arc<io::Replies>,
     session: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    block: Option<Arc<block::BlockNodes>>,
 }
 
 /// How long shutdown waits for the file requests in flight (a store that
@@ -45,8 +50,16 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
 impl MapperDir {
     /// Mount the files of `exports` at `dir` (created if missing; a dead
-    /// mount from a killed server is detached first).
-    pub fn mount(dir: &Path, exports: Arc<ExportSet>) -> Result<MapperDir, String> {
+    /// mount from a killed server is detached first), and with `block`
+    /// give every device a loop device linked from `block/NAME`.
+    pub fn mount(
+        dir: &Path,
+        exports: Arc<ExportSet>,
+        block: Option<&Path>,
+    ) -> Result<MapperDir, String> {
+        if let Some(b) = block {
+            block::BlockNodes::clear_stale(dir, b)?;
+        }
         mount::prepare(dir)?;
         let engine = exports.engine().clone();
         let front = io::Front::new(engine.clone());
@@ -57,7 +70,7 @@ impl MapperDir {
             tracing::info!("FUSE tuning (UDM_FUSE_*): {}", tuning.changed().join(" "));
         }
         let (threads, clone_fd) = (tuning.threads, tuning.clone_fd);
-        let fs = fs::MapperFs::new(files::Files::new(exports), front, tuning);
+        let fs = fs::MapperFs::new(files::Files::new(exports.clone()), front, tuning);
         let mut config = fuser::Config::default();
         config.mount_options = vec![
             fuser::MountOption::FSName(mount::FS_SOURCE.into()),
@@ -88,17 +101,31 @@ impl MapperDir {
             .spawn(move || session.run())
             .map_err(|e| format!("--mapper-dir {}: {e}", dir.display()))?;
         tracing::info!("device files in {}", dir.display());
-        Ok(MapperDir {
+        let mut m = MapperDir {
             dir: dir.to_path_buf(),
             unmounter,
             engine,
             replies,
             session: Some(thread),
-        })
+            block: None,
+        };
+        if let Some(b) = block {
+            let nodes = Arc::new(block::BlockNodes::new(dir, b, exports));
+            // Dropped with `m` on failure: the nodes made so far go too.
+            m.block = Some(nodes.clone());
+            nodes.present_all()?;
+            tracing::info!("block nodes in {}", b.display());
+        }
+        Ok(m)
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The block nodes (`--mapper-block`), for the control service.
+    pub fn block_nodes(&self) -> Option<&Arc<block::BlockNodes>> {
+        self.block.as_ref()
     }
 }
 
@@ -121,6 +148,11 @@ fn mount_error(dir: &Path, e: &std::io::Error) -> String {
 
 impl Drop for MapperDir {
     fn drop(&mut self) {
+        // The loop devices first: each holds its file open, which would
+        // keep the mount busy.
+        if let Some(b) = self.block.take() {
+            b.release_all();
+        }
         // A plain unmount first; a file still open (a loop device) makes
         // it busy, and then the mount is detached from the namespace.
         if self.unmounter.unmount().is_err() {

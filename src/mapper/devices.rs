@@ -547,6 +547,14 @@ impl Devices {
         Ok(())
     }
 
+    /// `dmsetup message NAME 0 @cancel_deferred_remove`: the device stays.
+    pub fn cancel_deferred_remove(&self, name: &str) -> Result<(), String> {
+        let mut inner = self.lock();
+        let d = find_mut(&mut inner.devs, name)?;
+        d.deferred_remove = false;
+        Ok(())
+    }
+
     /// Devices stacked on `name` (whose live tables name it, directly or
     /// not), lower first.
     pub fn uppers(&self, name: &str) -> Vec<String> {

@@ -70,6 +70,15 @@ fn options(a: &Args) -> Result<Options, Fail> {
             o.mode = m;
         }
     }
+    if a.has("error-as-corruption") {
+        if !matches!(o.mode, Mode::Restart | Mode::Panic) {
+            return Err(Fail::usage(
+                "Option --error-as-corruption must be used with --restart-on-corruption \
+                 or --panic-on-corruption.",
+            ));
+        }
+        o.on_error = o.mode;
+    }
     o.ignore_zero_blocks = a.has("ignore-zero-blocks");
     o.check_at_most_once = a.has("check-at-most-once");
     o.try_verify_in_tasklet = a.has("use-tasklets");
@@ -89,7 +98,7 @@ pub(super) fn open(a: &Args) -> Outcome {
     if let Some(f) = &fec_opts {
         let plan = super::fec::plan(&s, f, &hash, hash_path)?;
         opts.fec = Some(Fec {
-            dev: f.path.clone(),
+            dev: absolute(&f.path),
             roots: f.roots,
             blocks: plan.layout.blocks,
             start: f.offset / u64::from(s.hash_block_size),
@@ -97,8 +106,8 @@ pub(super) fn open(a: &Args) -> Outcome {
     }
     let p = VerityParams {
         version: s.hash_type,
-        data_dev: data_path.clone(),
-        hash_dev: hash_path.clone(),
+        data_dev: absolute(data_path),
+        hash_dev: absolute(hash_path),
         data_block_size: s.data_block_size,
         hash_block_size: s.hash_block_size,
         data_blocks: s.data_blocks,
@@ -123,8 +132,20 @@ pub(super) fn open(a: &Args) -> Outcome {
     Ok(())
 }
 
+/// `path` from the root: the server resolves paths from its own folder.
+fn absolute(path: &str) -> String {
+    std::fs::canonicalize(path).map_or_else(|_| path.to_string(), |p| p.display().to_string())
+}
+
 pub(super) fn close(a: &Args) -> Outcome {
     let name = &a.pos[1];
+    if a.has("cancel-deferred") {
+        // dm's own message, as libcryptsetup sends it.
+        let mut r = req("message", name);
+        r.message = vec!["@cancel_deferred_remove".into()];
+        call(a, name, r, &[])?;
+        return Ok(());
+    }
     let mut r = req("remove", name);
     r.deferred = a.has("deferred");
     call(a, name, r, &[])?;
@@ -186,7 +207,10 @@ fn print_status(p: &VerityParams, sectors: u64, corrupt: bool) {
     };
     println!("  salt:        {salt}");
     println!("  data device: {}", p.data_dev);
-    println!("  size:        {sectors} sectors");
+    println!(
+        "  size:        {sectors} [512-byte units] ({} [bytes])",
+        sectors * 512
+    );
     println!("  mode:        readonly");
     println!("  hash device: {}", p.hash_dev);
     println!(
@@ -208,6 +232,8 @@ fn print_status(p: &VerityParams, sectors: u64, corrupt: bool) {
         (o.mode == Mode::Ignore, "ignore_corruption "),
         (o.mode == Mode::Restart, "restart_on_corruption "),
         (o.mode == Mode::Panic, "panic_on_corruption "),
+        (o.on_error == Mode::Restart, "restart_on_error "),
+        (o.on_error == Mode::Panic, "panic_on_error "),
         (o.ignore_zero_blocks, "ignore_zero_blocks "),
         (o.check_at_most_once, "check_at_most_once "),
         (o.try_verify_in_tasklet, "try_verify_in_tasklet "),

@@ -34,6 +34,8 @@ const FLAGS: &[(&str, Option<char>)] = &[
     ("ignore-zero-blocks", None),
     ("check-at-most-once", None),
     ("use-tasklets", None),
+    ("error-as-corruption", None),
+    ("shared", None),
     ("deferred", None),
     ("cancel-deferred", None),
     ("verbose", Some('v')),

@@ -141,7 +141,7 @@ fn usage_error(msg: &str) -> i32 {
 
 /// Entry point: veritysetup's argv (without the program name).
 pub fn main(argv: Vec<std::ffi::OsString>) -> i32 {
-    let a = match Args::parse(argv) {
+    let mut a = match Args::parse(argv) {
         Ok(a) => a,
         Err(e) => return usage_error(&e),
     };
@@ -157,11 +157,17 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> i32 {
         println!("{VERSION}");
         return 0;
     }
-    let Some(name) = a.pos.first() else {
+    let Some(name) = a.pos.first().cloned() else {
         return usage_error("veritysetup: Argument <action> missing.");
     };
     let name = match name.as_str() {
-        "create" => "open",
+        // The old spelling: `create <name> <data_device> ...`.
+        "create" => {
+            if a.pos.len() > 2 {
+                a.pos.swap(1, 2);
+            }
+            "open"
+        }
         "remove" => "close",
         n => n,
     };

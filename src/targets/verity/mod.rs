@@ -385,6 +385,11 @@ impl BlockDevice for Verity {
             // With FEC a block that cannot be read is repaired like a
             // corrupt one: read block by block, the failing ones zeroed.
             if self.fec.is_none() {
+                if self.p.opts.on_error != Mode::Eio {
+                    // restart_on_error / panic_on_error: as a corrupt block.
+                    self.dead.store(true, Ordering::Relaxed);
+                    self.options.raise_event();
+                }
                 return Err(e);
             }
             for (i, b) in buf.chunks_mut(dbs as usize).enumerate() {

@@ -29,6 +29,15 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The word of an error mode (`Options::on_error`).
+    pub fn error_word(self) -> Option<&'static str> {
+        match self {
+            Mode::Restart => Some("restart_on_error"),
+            Mode::Panic => Some("panic_on_error"),
+            Mode::Eio | Mode::Ignore => None,
+        }
+    }
+
     fn word(self) -> Option<&'static str> {
         match self {
             Mode::Eio => None,
@@ -52,6 +61,11 @@ pub struct Fec {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Options {
     pub mode: Mode,
+    /// What a data block that cannot be read does: `restart_on_error`
+    /// (`Restart`) or `panic_on_error` (`Panic`) treat it as a corrupt one
+    /// (udm: the device fails from then on); otherwise (`Eio`) only the
+    /// request fails.
+    pub on_error: Mode,
     pub ignore_zero_blocks: bool,
     pub check_at_most_once: bool,
     pub try_verify_in_tasklet: bool,
@@ -223,6 +237,7 @@ impl VerityParams {
         let o = &self.opts;
         let mut words: Vec<String> = Vec::new();
         words.extend(o.mode.word().map(str::to_string));
+        words.extend(o.on_error.error_word().map(str::to_string));
         for (on, w) in [
             (o.ignore_zero_blocks, "ignore_zero_blocks"),
             (o.check_at_most_once, "check_at_most_once"),
@@ -324,6 +339,8 @@ fn parse_options(args: &[String], at: usize) -> Result<Options, TargetError> {
                 }
                 o.mode = m;
             }
+            ("restart_on_error", _) => o.on_error = Mode::Restart,
+            ("panic_on_error", _) => o.on_error = Mode::Panic,
             ("ignore_zero_blocks", _) => o.ignore_zero_blocks = true,
             ("check_at_most_once", _) => o.check_at_most_once = true,
             ("try_verify_in_tasklet", _) => o.try_verify_in_tasklet = true,
@@ -350,7 +367,8 @@ fn parse_options(args: &[String], at: usize) -> Result<Options, TargetError> {
                     i,
                     format!(
                         "unrecognized verity feature '{w}' (ignore_corruption, \
-                         restart_on_corruption, panic_on_corruption, ignore_zero_blocks, \
+                         restart_on_corruption, panic_on_corruption, restart_on_error, \
+                         panic_on_error, ignore_zero_blocks, \
                          check_at_most_once, try_verify_in_tasklet, use_fec_from_device, \
                          fec_roots, fec_blocks, fec_start, root_hash_sig_key_desc)"
                     ),
