@@ -117,7 +117,7 @@ impl Thin {
     fn write_piece(&self, vb: u64, within: u64, data: &[u8]) -> DevResult<()> {
         let bs = self.bs();
         let dd = self.core.data();
-        let mut md = self.core.md();
+        let md = self.core.md();
         let cur = md.lookup(self.id, vb).map_err(meta_err)?;
         if let Some((db, time)) = cur {
             if !md.shared(self.id, db, time) {
@@ -249,7 +249,7 @@ impl Target for Thin {
     /// The kernel's `<nr mapped sectors> <highest mapped sector>`.
     fn status(&self) -> String {
         let spb = self.bs() / 512;
-        let mut md = self.core.md();
+        let md = self.core.md();
         let Some(d) = md.devs.get(&self.id).copied() else {
             return "Fail".into();
         };

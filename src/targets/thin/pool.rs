@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::metadata::Metadata;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::mem::{default_total_budget, per_device_budget, Budget};
 use crate::targets::{parse_number, EventHook, Target, TargetArgs, TargetError, TargetType};
 
 /// The `thin-pool` target type, for [`crate::targets::TYPES`].
@@ -437,8 +438,13 @@ fn bind(
         core.space.notify_all();
         return Ok(core);
     }
-    let md = Metadata::open(meta, data_blocks, (block_bytes / 512) as u32, 4096)
-        .map_err(|e| TargetError::at(0, e))?;
+    let md = Metadata::open(
+        meta,
+        data_blocks,
+        (block_bytes / 512) as u32,
+        metadata_budget(),
+    )
+    .map_err(|e| TargetError::at(0, e))?;
     let core = Arc::new(PoolCore {
         meta_name: meta_name.to_string(),
         md: Mutex::new(md),
@@ -455,6 +461,13 @@ fn bind(
     start_timer(&core);
     all.push(Arc::downgrade(&core));
     Ok(core)
+}
+
+/// The budget a pool's metadata cache and pinned nodes are charged to: one
+/// device's share of the default total, as the crypt and verity targets
+/// size theirs (2 % of RAM, at least 16 MiB).
+fn metadata_budget() -> Arc<Budget> {
+    Budget::new(per_device_budget(default_total_budget(), 1, false))
 }
 
 impl Drop for PoolCore {
