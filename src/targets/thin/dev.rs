@@ -4,6 +4,7 @@
 //! snapshot copies it first; discards unmap whole blocks.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::metadata::Metadata;
 use super::pool::{core_of, PoolCore};
@@ -53,7 +54,7 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
                 ),
             )
         })?;
-    if !core.md().devs.contains_key(&id) {
+    if !core.md_read().devs.contains_key(&id) {
         return Err(TargetError::at(
             1,
             format!("thin device {id} does not exist in the pool: send 'create_thin {id}' to the pool first"),
@@ -113,36 +114,92 @@ impl Thin {
         Ok(())
     }
 
-    /// Write one piece of one block, provisioning or unsharing it first.
+    /// Write one piece of one block. A mapped block of this device alone
+    /// is written in place after a lookup under the shared lock; anything
+    /// else is provisioned or unshared in the block's cell.
     fn write_piece(&self, vb: u64, within: u64, data: &[u8]) -> DevResult<()> {
-        let bs = self.bs();
-        let dd = self.core.data();
-        let md = self.core.md();
-        let cur = md.lookup(self.id, vb).map_err(meta_err)?;
-        if let Some((db, time)) = cur {
-            if !md.shared(self.id, db, time) {
-                drop(md);
-                return dd.write(db * bs + within, WriteBuf::Borrowed(data), false);
-            }
+        // A `let`, so the lock goes before the data is written.
+        let own = self.own_block(&self.core.md_read(), vb)?;
+        if let Some(db) = own {
+            let at = db * self.bs() + within;
+            return self.core.data().write(at, WriteBuf::Borrowed(data), false);
         }
-        // Waiting for space may see a reload swap in a bigger data device.
-        let (mut md, nb) = self.core.alloc_data(md)?;
+        let _cell = self.core.cell(self.id, vb);
+        self.provision(vb, within, data)
+    }
+
+    /// The data block `vb` maps to, if it is mapped and not shared.
+    fn own_block(&self, md: &Metadata, vb: u64) -> DevResult<Option<u64>> {
+        Ok(match md.lookup(self.id, vb).map_err(meta_err)? {
+            Some((db, time)) if !md.shared(self.id, db, time) => Some(db),
+            _ => None,
+        })
+    }
+
+    /// Give `vb` a new data block holding `data` at `within` (the rest
+    /// zeros, the external origin's or the shared block's bytes), with the
+    /// metadata locked only to allocate and to map; a full pool is waited
+    /// for with no lock held.
+    fn provision(&self, vb: u64, within: u64, data: &[u8]) -> DevResult<()> {
+        let bs = self.bs();
+        let start = Instant::now();
+        let (p, cur, nb) = loop {
+            let seen = self.core.space_seen();
+            let p = self.core.provision();
+            let mut md = p.md();
+            // Another write may have provisioned it while we waited for the cell.
+            if let Some(db) = self.own_block(&md, vb)? {
+                drop(md);
+                drop(p);
+                let at = db * bs + within;
+                return self.core.data().write(at, WriteBuf::Borrowed(data), false);
+            }
+            let cur = md.lookup(self.id, vb).map_err(meta_err)?;
+            if let Some(nb) = self.core.alloc_data(&mut md)? {
+                drop(md);
+                break (p, cur, nb);
+            }
+            drop(md);
+            drop(p);
+            self.core.wait_for_space(start, seen)?;
+        };
+        // Waiting for space may have seen a reload swap in a bigger data device.
         let dd = self.core.data();
         let whole = within == 0 && data.len() as u64 == bs;
-        if whole
+        let r = if whole
             || (cur.is_none() && self.origin.is_none() && self.core.features().skip_block_zeroing)
         {
-            dd.write(nb * bs + within, WriteBuf::Borrowed(data), false)?;
+            dd.write(nb * bs + within, WriteBuf::Borrowed(data), false)
         } else {
-            let mut blk = vec![0u8; bs as usize];
-            match cur {
-                Some((db, _)) => dd.read(db * bs, &mut blk)?,
-                None => self.read_unmapped(vb * bs, &mut blk)?,
-            }
-            blk[within as usize..within as usize + data.len()].copy_from_slice(data);
-            dd.write(nb * bs, WriteBuf::Borrowed(&blk), false)?;
+            self.fill_block(&*dd, vb, cur, nb, within, data)
+        };
+        let mut md = p.md();
+        if let Err(e) = r {
+            md.tm.dsm.dec(nb);
+            return Err(e);
         }
         md.insert(self.id, vb, nb).map_err(meta_err)
+    }
+
+    /// Write the whole of new block `nb`: what `vb` held (its old block
+    /// `cur`, the origin's bytes or zeros) with `data` at `within`.
+    fn fill_block(
+        &self,
+        dd: &dyn BlockDevice,
+        vb: u64,
+        cur: Option<(u64, u32)>,
+        nb: u64,
+        within: u64,
+        data: &[u8],
+    ) -> DevResult<()> {
+        let bs = self.bs();
+        let mut blk = vec![0u8; bs as usize];
+        match cur {
+            Some((db, _)) => dd.read(db * bs, &mut blk)?,
+            None => self.read_unmapped(vb * bs, &mut blk)?,
+        }
+        blk[within as usize..within as usize + data.len()].copy_from_slice(data);
+        dd.write(nb * bs, WriteBuf::Borrowed(&blk), false)
     }
 
     fn unmap(&self, md: &mut Metadata, vb: u64) -> DevResult<()> {
@@ -169,7 +226,7 @@ impl BlockDevice for Thin {
         let mut done = 0usize;
         for (vb, within, n) in pieces(bs, offset, buf.len() as u64) {
             let part = &mut buf[done..done + n as usize];
-            let m = self.core.md().lookup(self.id, vb).map_err(meta_err)?;
+            let m = self.core.md_read().lookup(self.id, vb).map_err(meta_err)?;
             match m {
                 Some((db, _)) => dd.read(db * bs + within, part)?,
                 None => self.read_unmapped(vb * bs + within, part)?,
@@ -189,7 +246,7 @@ impl BlockDevice for Thin {
             self.write_piece(vb, within, &src[done..done + n as usize])?;
             done += n as usize;
         }
-        if fua {
+        if fua || self.core.wants_commit() {
             self.core.commit()?;
         }
         Ok(())
@@ -249,7 +306,7 @@ impl Target for Thin {
     /// The kernel's `<nr mapped sectors> <highest mapped sector>`.
     fn status(&self) -> String {
         let spb = self.bs() / 512;
-        let md = self.core.md();
+        let md = self.core.md_read();
         let Some(d) = md.devs.get(&self.id).copied() else {
             return "Fail".into();
         };

@@ -7,9 +7,21 @@
 //! metadata device binds to the running pool, as the kernel looks pools up
 //! by their metadata device, so thin devices keep working across it and a
 //! bigger data device takes effect at once.
+//!
+//! Locking, so that a read of a mapped block waits for nobody but a short
+//! metadata change: the metadata sits behind a read-write lock that reads
+//! take for their lookup only; changes take it for the change only, never
+//! across data I/O, and hold the *commit gate* shared meanwhile; a commit
+//! takes the gate alone (so no provisioning write is half done and nothing
+//! changes between its halves), flushes the data device, gathers the
+//! transaction under the metadata lock and writes it without that lock.
+//! Two writes that provision or unshare the same virtual block meet in a
+//! per-block cell (the kernel's bio prison), so the second sees the first's
+//! mapping instead of provisioning the block again.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::metadata::Metadata;
@@ -98,14 +110,21 @@ impl Features {
 /// tables and its thin devices.
 pub struct PoolCore {
     meta_name: String,
-    md: Mutex<Metadata>,
+    md: RwLock<Metadata>,
+    /// Held shared by whatever changes the metadata, alone by a commit.
+    gate: RwLock<()>,
+    /// Virtual blocks `(dev id, block)` being provisioned or unshared.
+    cells: Mutex<HashSet<(u64, u64)>>,
+    cell_free: Condvar,
+    /// Bumped when a reload grows the data device (or changes what a
+    /// full pool does), so writes waiting for space try again.
+    space_gen: Mutex<u64>,
     data: RwLock<Arc<dyn BlockDevice>>,
     pub block_bytes: u64,
     features: RwLock<Features>,
     low_water: AtomicU64,
     low_water_raised: AtomicBool,
-    /// Signalled when a reload grows the data device, so writes queued
-    /// for space (waiting on `md`) try again.
+    /// Signalled with `space_gen`.
     space: Condvar,
     /// How long a write waits for space before failing, in ms; 0 waits
     /// until space comes.
@@ -169,8 +188,46 @@ fn meta_err(e: String) -> DevError {
 }
 
 impl PoolCore {
-    pub fn md(&self) -> MutexGuard<'_, Metadata> {
-        self.md.lock().unwrap_or_else(|e| e.into_inner())
+    /// The metadata, to change it (messages, discards, reloads): with the
+    /// commit gate, so it never lands between a commit's two halves.
+    pub fn md(&self) -> MdWrite<'_> {
+        let gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
+        MdWrite {
+            md: self.md_locked(),
+            _gate: gate,
+        }
+    }
+
+    /// The metadata, to look something up; many readers at once.
+    pub fn md_read(&self) -> RwLockReadGuard<'_, Metadata> {
+        self.md.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn md_locked(&self) -> RwLockWriteGuard<'_, Metadata> {
+        self.md.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The commit gate, shared, for a provisioning write: it allocates
+    /// under [`Provision::md`], writes the data with no metadata lock, and
+    /// maps the block under it again, all before a commit can start.
+    pub fn provision(&self) -> Provision<'_> {
+        Provision {
+            core: self,
+            _gate: self.gate.read().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// The cell of virtual block `vb` of device `dev`, waited for.
+    pub fn cell(&self, dev: u64, vb: u64) -> Cell<'_> {
+        let mut c = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        while c.contains(&(dev, vb)) {
+            c = self.cell_free.wait(c).unwrap_or_else(|e| e.into_inner());
+        }
+        c.insert((dev, vb));
+        Cell {
+            core: self,
+            key: (dev, vb),
+        }
     }
 
     pub fn data(&self) -> Arc<dyn BlockDevice> {
@@ -181,35 +238,15 @@ impl PoolCore {
         *self.features.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new data block for a write. Without one, `error_if_no_space`
-    /// fails at once; otherwise the write waits (without the metadata
-    /// lock) for a reload to grow the data device, up to the no-space
-    /// timeout, then fails with ENOSPC, as the kernel does.
-    pub fn alloc_data<'a>(
-        &'a self,
-        mut md: MutexGuard<'a, Metadata>,
-    ) -> DevResult<(MutexGuard<'a, Metadata>, u64)> {
-        let start = Instant::now();
-        let b = loop {
-            if let Some(b) = md.alloc_data() {
-                break b;
-            }
+    /// A new data block for a write, or `None` when the pool is full and
+    /// queues (the caller lets go of every lock and calls
+    /// [`PoolCore::wait_for_space`]); `error_if_no_space` fails at once.
+    pub fn alloc_data(&self, md: &mut Metadata) -> DevResult<Option<u64>> {
+        let Some(b) = md.alloc_data() else {
             if self.features().error_if_no_space {
                 return Err(enospc());
             }
-            let ms = self.no_space_ms.load(Ordering::Relaxed);
-            let left = if ms == 0 {
-                Duration::from_secs(1)
-            } else {
-                Duration::from_millis(ms)
-                    .checked_sub(start.elapsed())
-                    .ok_or_else(enospc)?
-            };
-            md = self
-                .space
-                .wait_timeout(md, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            return Ok(None);
         };
         let free = md.tm.dsm.free_now();
         if free <= self.low_water.load(Ordering::Relaxed)
@@ -224,18 +261,64 @@ impl PoolCore {
                 h.raise();
             }
         }
-        Ok((md, b))
+        Ok(Some(b))
+    }
+
+    /// Which growth of the data device a write has seen: taken before it
+    /// looks for a block, given to [`PoolCore::wait_for_space`].
+    pub fn space_seen(&self) -> u64 {
+        *self.space_gen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait (holding no lock) until a reload grows the data device after
+    /// `seen`, or for a second when the timeout is 0; ENOSPC once the
+    /// no-space timeout, counted from `start`, has passed, as the kernel
+    /// fails queued writes.
+    pub fn wait_for_space(&self, start: Instant, seen: u64) -> DevResult<()> {
+        let ms = self.no_space_ms.load(Ordering::Relaxed);
+        let left = if ms == 0 {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_millis(ms)
+                .checked_sub(start.elapsed())
+                .ok_or_else(enospc)?
+        };
+        let g = self.space_gen.lock().unwrap_or_else(|e| e.into_inner());
+        if *g == seen {
+            let (_g, _timed_out) = self
+                .space
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(())
+    }
+
+    fn space_grew(&self) {
+        *self.space_gen.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.space.notify_all();
+    }
+
+    /// The transaction's pinned nodes fill half the memory budget: commit
+    /// soon rather than let them grow without bound.
+    pub fn wants_commit(&self) -> bool {
+        self.md_read().tm.pinned_over_budget()
     }
 
     /// Make everything written so far durable: data first, then the
-    /// metadata transaction that maps it.
+    /// metadata transaction that maps it. Lookups go on while the
+    /// transaction is written.
     pub fn commit(&self) -> DevResult<()> {
-        let data = self.data();
-        let mut md = self.md();
-        data.flush()?;
-        if md.dirty() {
-            md.commit().map_err(meta_err)?;
+        let _alone = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        self.data().flush()?;
+        if !self.md_read().dirty() {
+            return Ok(());
         }
+        let (pending, dev) = {
+            let mut md = self.md_locked();
+            (md.prepare_commit().map_err(meta_err)?, md.device())
+        };
+        pending.write(&*dev).map_err(meta_err)?;
+        self.md_locked().finish_commit();
         Ok(())
     }
 
@@ -307,6 +390,53 @@ impl PoolCore {
     }
 }
 
+/// [`PoolCore::md`]: the metadata, written, with the commit gate shared.
+pub struct MdWrite<'a> {
+    md: RwLockWriteGuard<'a, Metadata>,
+    _gate: RwLockReadGuard<'a, ()>,
+}
+
+impl std::ops::Deref for MdWrite<'_> {
+    type Target = Metadata;
+    fn deref(&self) -> &Metadata {
+        &self.md
+    }
+}
+
+impl std::ops::DerefMut for MdWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Metadata {
+        &mut self.md
+    }
+}
+
+/// [`PoolCore::provision`]: the commit gate, shared, across one write.
+pub struct Provision<'a> {
+    core: &'a PoolCore,
+    _gate: RwLockReadGuard<'a, ()>,
+}
+
+impl Provision<'_> {
+    /// The metadata, written; let go of it before any data I/O.
+    pub fn md(&self) -> RwLockWriteGuard<'_, Metadata> {
+        self.core.md_locked()
+    }
+}
+
+/// [`PoolCore::cell`]: one virtual block held; freed on drop.
+pub struct Cell<'a> {
+    core: &'a PoolCore,
+    key: (u64, u64),
+}
+
+impl Drop for Cell<'_> {
+    fn drop(&mut self) {
+        let mut c = self.core.cells.lock().unwrap_or_else(|e| e.into_inner());
+        c.remove(&self.key);
+        drop(c);
+        self.core.cell_free.notify_all();
+    }
+}
+
 /// Commit once a second while anything changed, as the kernel's worker
 /// does, so that unflushed writes are not held in memory for long.
 fn start_timer(core: &Arc<PoolCore>) {
@@ -319,7 +449,7 @@ fn start_timer(core: &Arc<PoolCore>) {
             if c.stop.load(Ordering::Relaxed) {
                 return;
             }
-            let dirty = c.md().dirty();
+            let dirty = c.md_read().dirty();
             if dirty {
                 if let Err(e) = c.commit() {
                     tracing::warn!("thin pool {}: timed commit failed: {e}", c.meta_name);
@@ -435,7 +565,7 @@ fn bind(
             .map_err(|e| TargetError::at(1, e))?;
         drop(md);
         core.low_water_raised.store(false, Ordering::Relaxed);
-        core.space.notify_all();
+        core.space_grew();
         return Ok(core);
     }
     let md = Metadata::open(
@@ -447,7 +577,11 @@ fn bind(
     .map_err(|e| TargetError::at(0, e))?;
     let core = Arc::new(PoolCore {
         meta_name: meta_name.to_string(),
-        md: Mutex::new(md),
+        md: RwLock::new(md),
+        gate: RwLock::new(()),
+        cells: Mutex::new(HashSet::new()),
+        cell_free: Condvar::new(),
+        space_gen: Mutex::new(0),
         data: RwLock::new(data),
         block_bytes,
         features: RwLock::new(features),
@@ -535,7 +669,7 @@ impl Target for Pool {
     }
 
     fn status(&self) -> String {
-        let md = self.core.md();
+        let md = self.core.md_read();
         let f = self.core.features();
         let meta_total = md.tm.msm.len();
         let data_total = md.data_blocks();
@@ -584,6 +718,101 @@ impl Target for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MemStore;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A metadata device whose writes wait while `hold` is set.
+    struct Held {
+        inner: MemStore,
+        hold: Mutex<bool>,
+        cv: Condvar,
+        waiting: AtomicUsize,
+    }
+
+    impl Held {
+        fn set_hold(&self, on: bool) {
+            *self.hold.lock().unwrap() = on;
+            self.cv.notify_all();
+        }
+    }
+
+    impl BlockDevice for Held {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn limits(&self) -> Limits {
+            self.inner.limits()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+            self.inner.read(offset, buf)
+        }
+        fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
+            let mut h = self.hold.lock().unwrap();
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            while *h {
+                h = self.cv.wait(h).unwrap();
+            }
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            drop(h);
+            self.inner.write(offset, data, fua)
+        }
+        fn flush(&self) -> DevResult<()> {
+            self.inner.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+            self.inner.discard(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+            self.inner.write_zeroes(offset, len, fua)
+        }
+    }
+
+    fn map(core: &PoolCore, vb: u64) {
+        let p = core.provision();
+        let mut md = p.md();
+        let b = core.alloc_data(&mut md).unwrap().unwrap();
+        md.insert(0, vb, b).unwrap();
+    }
+
+    /// While a commit's metadata writes are stuck, lookups of mapped blocks
+    /// (committed ones and the stuck transaction's) still answer at once.
+    #[test]
+    fn lookups_go_on_while_a_commit_writes() {
+        let meta = Arc::new(Held {
+            inner: MemStore::new(8 << 20),
+            hold: Mutex::new(false),
+            cv: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+        });
+        let data: Arc<dyn BlockDevice> = Arc::new(MemStore::new(64 << 16));
+        let f = Features::default();
+        let core = bind("lookups-during-commit", meta.clone(), data, 1 << 16, 64, f).unwrap();
+        core.md().create_thin(0).unwrap();
+        map(&core, 5);
+        core.commit().unwrap();
+        map(&core, 6);
+        meta.set_hold(true);
+        let c2 = core.clone();
+        let t = std::thread::spawn(move || c2.commit());
+        let t0 = Instant::now();
+        while meta.waiting.load(Ordering::SeqCst) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the commit never wrote"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let t1 = Instant::now();
+        assert!(core.md_read().lookup(0, 5).unwrap().is_some());
+        assert!(core.md_read().lookup(0, 6).unwrap().is_some());
+        assert!(core.md_read().lookup(0, 7).unwrap().is_none());
+        assert!(t1.elapsed() < Duration::from_secs(1));
+        assert!(!t.is_finished(), "the commit is still held");
+        meta.set_hold(false);
+        t.join().unwrap().unwrap();
+        assert!(!core.md_read().dirty());
+        assert!(core.md_read().lookup(0, 6).unwrap().is_some());
+    }
 
     #[test]
     fn no_space_timeout_defaults_to_the_kernels_and_names_the_variable_when_bad() {

@@ -292,6 +292,12 @@ impl Tm {
         self.dirty.contains_key(&b)
     }
 
+    /// The pinned nodes take more than half the budget: time to commit.
+    pub fn pinned_over_budget(&self) -> bool {
+        let limit = self.cache.budget().limit().unwrap_or(u64::MAX);
+        self.dirty.len() as u64 * NODE_BYTES > limit / 2
+    }
+
     /// Nodes held in memory: cached clean ones and pinned dirty ones.
     pub fn nodes_held(&self) -> (usize, usize) {
         (self.cache.len(), self.dirty.len())
