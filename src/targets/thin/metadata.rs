@@ -145,7 +145,7 @@ impl Metadata {
             ));
         }
         let mut devs = BTreeMap::new();
-        btree::walk(&mut m.tm, m.details_root, &mut |k, v| {
+        btree::walk(&m.tm, m.details_root, &mut |k, v| {
             devs.insert(k, Details::decode(v));
         })?;
         m.devs = devs;
