@@ -8,7 +8,8 @@
 //! by their metadata device, so thin devices keep working across it and a
 //! bigger data device takes effect at once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -111,6 +112,29 @@ pub struct PoolCore {
     no_space_ms: AtomicU64,
     events: Mutex<Option<EventHook>>,
     stop: AtomicBool,
+    /// Reads and in-place writes in flight per data block, hashed into
+    /// [`PIN_SLOTS`] counters ([`PoolCore::pin`]): a block whose counter
+    /// is not zero is not handed out again nor passed down, so I/O that
+    /// looked a block up can never reach it after a discard and a commit
+    /// gave it to another device.
+    pins: Box<[AtomicU32]>,
+    /// Thin devices with a table (live or loaded), by id, so that `delete`
+    /// refuses them as the kernel does (its `open_count`).
+    open_devs: Mutex<HashMap<u64, usize>>,
+}
+
+/// Counters of [`PoolCore::pins`]; a collision only makes the allocator
+/// skip a free block for the moment.
+const PIN_SLOTS: usize = 4096;
+
+/// A data block held against reuse while I/O to it runs (see
+/// [`PoolCore::pin`]); dropping it lets the block go.
+pub struct Pin<'a>(&'a AtomicU32);
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// The variable that replaces the kernel's `no_space_timeout` module
@@ -180,6 +204,100 @@ impl PoolCore {
         *self.features.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Hold data block `db` against reuse and passdown while I/O to it
+    /// runs. Take it under the metadata lock, with the lookup that found
+    /// `db`, so that no discard and commit can come between them.
+    pub fn pin(&self, db: u64) -> Pin<'_> {
+        let c = &self.pins[db as usize % PIN_SLOTS];
+        c.fetch_add(1, Ordering::AcqRel);
+        Pin(c)
+    }
+
+    fn pinned(&self, db: u64) -> bool {
+        self.pins[db as usize % PIN_SLOTS].load(Ordering::Acquire) != 0
+    }
+
+    /// Whether discards that free data blocks pass down to the data
+    /// device, as the kernel decides: not with `ignore_discard` or
+    /// `no_discard_passdown`, nor when the data device takes no discards.
+    pub fn passdown(&self) -> bool {
+        let f = self.features();
+        !f.ignore_discard && !f.no_discard_passdown && self.data().limits().discard
+    }
+
+    /// Discard on the data device the blocks a discard has just freed
+    /// (their count is 0), in runs, once no I/O that looked them up is
+    /// left. The caller holds the metadata lock, so no write can take
+    /// them meanwhile.
+    pub fn pass_down(&self, freed: &mut [u64]) -> DevResult<()> {
+        if freed.is_empty() || !self.passdown() {
+            return Ok(());
+        }
+        freed.sort_unstable();
+        let data = self.data();
+        let bs = self.block_bytes;
+        let mut i = 0;
+        while i < freed.len() {
+            let mut j = i + 1;
+            while j < freed.len() && freed[j] == freed[j - 1] + 1 {
+                j += 1;
+            }
+            for &db in &freed[i..j] {
+                while self.pinned(db) {
+                    std::thread::yield_now();
+                }
+            }
+            data.discard(freed[i] * bs, (j - i) as u64 * bs)?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// A thin table of device `id` was built (`open`) or dropped.
+    pub fn set_open(&self, id: u64, open: bool) {
+        let mut m = self.open_devs.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(id).or_insert(0);
+        if open {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&id);
+            }
+        }
+    }
+
+    fn is_open(&self, id: u64) -> bool {
+        self.open_devs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&id)
+    }
+
+    /// A free data block that no I/O in flight still reads or writes
+    /// ([`PoolCore::pin`]); blocks skipped for that go back to the free.
+    /// When only such blocks are free, wait for their I/O (it needs no
+    /// metadata lock to end).
+    fn alloc_unpinned(&self, md: &mut Metadata) -> Option<u64> {
+        loop {
+            let mut skipped = Vec::new();
+            let found = loop {
+                match md.alloc_data() {
+                    Some(b) if self.pinned(b) => skipped.push(b),
+                    other => break other,
+                }
+            };
+            let retry = found.is_none() && !skipped.is_empty();
+            for b in skipped {
+                md.tm.dsm.dec(b);
+            }
+            if !retry {
+                return found;
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// A new data block for a write. Without one, `error_if_no_space`
     /// fails at once; otherwise the write waits (without the metadata
     /// lock) for a reload to grow the data device, up to the no-space
@@ -190,7 +308,7 @@ impl PoolCore {
     ) -> DevResult<(MutexGuard<'a, Metadata>, u64)> {
         let start = Instant::now();
         let b = loop {
-            if let Some(b) = md.alloc_data() {
+            if let Some(b) = self.alloc_unpinned(&mut md) {
                 break b;
             }
             if self.features().error_if_no_space {
@@ -275,7 +393,14 @@ impl PoolCore {
                 }
                 "delete" => {
                     want(1)?;
-                    md.delete(num(1)?)?;
+                    let id = num(1)?;
+                    if self.is_open(id) {
+                        return Err(format!(
+                            "delete: thin device {id} is in use by a thin table (the kernel says \
+                             EBUSY): remove the device whose table is 'thin ... {id}' first"
+                        ));
+                    }
+                    md.delete(id)?;
                 }
                 "set_transaction_id" => {
                     want(2)?;
@@ -370,6 +495,9 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         .resolver
         .resolve(&a.args[1])
         .map_err(|e| TargetError::at(1, e))?;
+    if super::standin::unopened(&meta) || super::standin::unopened(&data) {
+        return Ok(super::standin::StandIn::new(TYPE.name, a.args, a.len));
+    }
     let block_bytes = block_sectors * 512;
     let data_blocks = data.size() / block_bytes;
     if data_blocks == 0 {
@@ -451,6 +579,8 @@ fn bind(
         no_space_ms: AtomicU64::new(60_000),
         events: Mutex::new(None),
         stop: AtomicBool::new(false),
+        pins: (0..PIN_SLOTS).map(|_| AtomicU32::new(0)).collect(),
+        open_devs: Mutex::new(HashMap::new()),
     });
     start_timer(&core);
     all.push(Arc::downgrade(&core));
@@ -541,10 +671,10 @@ impl Target for Pool {
         };
         let discard = if f.ignore_discard {
             "ignore_discard"
-        } else if f.no_discard_passdown {
-            "no_discard_passdown"
-        } else {
+        } else if self.core.passdown() {
             "discard_passdown"
+        } else {
+            "no_discard_passdown"
         };
         let space = if f.error_if_no_space {
             "error_if_no_space"
@@ -571,6 +701,35 @@ impl Target for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::mem::MemStore;
+
+    /// A read that looked block `b` up pins it: a discard and a commit
+    /// free it, yet it is handed out only once the read has ended.
+    #[test]
+    fn a_block_being_read_is_not_reused_until_the_read_ends() {
+        let meta: Arc<dyn BlockDevice> = Arc::new(MemStore::new(1 << 20));
+        let data: Arc<dyn BlockDevice> = Arc::new(MemStore::new(4 * 65536));
+        let core = bind("pin-test-meta", meta, data, 65536, 4, Features::default()).unwrap();
+        let mut md = core.md();
+        md.create_thin(0).unwrap();
+        let (mut md, b) = core.alloc_data(md).unwrap();
+        md.insert(0, 0, b).unwrap();
+        md.commit().unwrap();
+        let read = core.pin(b);
+        assert!(md.remove(0, 0).unwrap());
+        md.commit().unwrap();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let (m, x) = core.alloc_data(md).unwrap();
+            md = m;
+            got.push(x);
+        }
+        assert!(!got.contains(&b), "{b} handed out under a read: {got:?}");
+        assert_eq!(md.tm.dsm.get(b), 0, "skipped, still free");
+        drop(read);
+        let (_md, x) = core.alloc_data(md).unwrap();
+        assert_eq!(x, b, "free again once the read ended");
+    }
 
     #[test]
     fn no_space_timeout_defaults_to_the_kernels_and_names_the_variable_when_bad() {
