@@ -250,7 +250,9 @@ fn udm_pool_passes_thin_check_with_a_filesystem_and_a_snapshot() {
     wait_for("the file of t0", Duration::from_secs(10), || t0.exists());
     // mkfs.ext4 on the device's file: it discards the whole device (punch
     // hole), zeroes the journal (zero range), writes and flushes.
-    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&t0));
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-b", "4096"])
+        .arg(&t0));
     let first = fast_bytes(7, 3 << 20);
     let src_a = write_file(dir.path(), "a.src", &first);
     debugfs(&t0, true, &format!("write {} a", src_a.display()));
@@ -293,7 +295,13 @@ fn udm_pool_passes_thin_check_with_a_filesystem_and_a_snapshot() {
     assert!(dump(&t1, "a") == first, "the snapshot's file a is intact");
     let mut want = first.clone();
     want[4096..4096 + 8192].copy_from_slice(&changed);
-    assert!(dump(&t0, "a") == want, "the origin's a has its change");
+    let got = dump(&t0, "a");
+    let diff = got.iter().zip(&want).position(|(x, y)| x != y);
+    assert!(
+        got == want,
+        "the origin's a has its change: {} bytes, first difference at {diff:?}",
+        got.len()
+    );
     assert!(dump(&t0, "b") == more, "the origin's new file b");
 
     srv.ok(&["message", "pool", "0", "set_transaction_id", "0", "5"]);

@@ -53,7 +53,7 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         None => None,
     };
     if super::standin::unopened(&pool) {
-        return Ok(super::standin::StandIn::new(TYPE.name, a.args, a.len));
+        return Ok(super::standin::StandIn::target(TYPE.name, a.args, a.len));
     }
     // The pool's own target: under `serve --no-flatten` too, so not
     // through `redirect`.

@@ -496,7 +496,7 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         .resolve(&a.args[1])
         .map_err(|e| TargetError::at(1, e))?;
     if super::standin::unopened(&meta) || super::standin::unopened(&data) {
-        return Ok(super::standin::StandIn::new(TYPE.name, a.args, a.len));
+        return Ok(super::standin::StandIn::target(TYPE.name, a.args, a.len));
     }
     let block_bytes = block_sectors * 512;
     let data_blocks = data.size() / block_bytes;

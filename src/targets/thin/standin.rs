@@ -21,7 +21,7 @@ pub struct StandIn {
 }
 
 impl StandIn {
-    pub fn new(name: &'static str, args: &[String], len: u64) -> Arc<dyn Target> {
+    pub fn target(name: &'static str, args: &[String], len: u64) -> Arc<dyn Target> {
         let params: Vec<String> = args
             .iter()
             .map(|a| crate::core::table::escape_arg(a).into_owned())
