@@ -17,10 +17,13 @@
 //! transaction under the metadata lock and writes it without that lock.
 //! Two writes that provision or unshare the same virtual block meet in a
 //! per-block cell (the kernel's bio prison), so the second sees the first's
-//! mapping instead of provisioning the block again.
+//! mapping instead of provisioning the block again. I/O to a mapped block
+//! pins the data block with its lookup ([`PoolCore::pin`]) until it ends,
+//! so the allocator (under the metadata lock, taken alone) skips it and a
+//! discard's passdown waits for it.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -131,6 +134,29 @@ pub struct PoolCore {
     no_space_ms: AtomicU64,
     events: Mutex<Option<EventHook>>,
     stop: AtomicBool,
+    /// Reads and in-place writes in flight per data block, hashed into
+    /// [`PIN_SLOTS`] counters ([`PoolCore::pin`]): a block whose counter
+    /// is not zero is not handed out again nor passed down, so I/O that
+    /// looked a block up can never reach it after a discard and a commit
+    /// gave it to another device.
+    pins: Box<[AtomicU32]>,
+    /// Thin devices with a table (live or loaded), by id, so that `delete`
+    /// refuses them as the kernel does (its `open_count`).
+    open_devs: Mutex<HashMap<u64, usize>>,
+}
+
+/// Counters of [`PoolCore::pins`]; a collision only makes the allocator
+/// skip a free block for the moment.
+const PIN_SLOTS: usize = 4096;
+
+/// A data block held against reuse while I/O to it runs (see
+/// [`PoolCore::pin`]); dropping it lets the block go.
+pub struct Pin<'a>(&'a AtomicU32);
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// The variable that replaces the kernel's `no_space_timeout` module
@@ -238,11 +264,106 @@ impl PoolCore {
         *self.features.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Hold data block `db` against reuse and passdown while I/O to it
+    /// runs. Take it under the metadata lock, with the lookup that found
+    /// `db`, so that no discard and commit can come between them.
+    pub fn pin(&self, db: u64) -> Pin<'_> {
+        let c = &self.pins[db as usize % PIN_SLOTS];
+        c.fetch_add(1, Ordering::AcqRel);
+        Pin(c)
+    }
+
+    fn pinned(&self, db: u64) -> bool {
+        self.pins[db as usize % PIN_SLOTS].load(Ordering::Acquire) != 0
+    }
+
+    /// Whether discards that free data blocks pass down to the data
+    /// device, as the kernel decides: not with `ignore_discard` or
+    /// `no_discard_passdown`, nor when the data device takes no discards.
+    pub fn passdown(&self) -> bool {
+        let f = self.features();
+        !f.ignore_discard && !f.no_discard_passdown && self.data().limits().discard
+    }
+
+    /// Discard on the data device the blocks a discard has just freed
+    /// (their count is 0), in runs, once no I/O that looked them up is
+    /// left. The caller holds the metadata lock and the commit gate
+    /// ([`PoolCore::md`]): freed blocks are handed out only after a
+    /// commit, so no write can take them meanwhile.
+    pub fn pass_down(&self, freed: &mut [u64]) -> DevResult<()> {
+        if freed.is_empty() || !self.passdown() {
+            return Ok(());
+        }
+        freed.sort_unstable();
+        let data = self.data();
+        let bs = self.block_bytes;
+        let mut i = 0;
+        while i < freed.len() {
+            let mut j = i + 1;
+            while j < freed.len() && freed[j] == freed[j - 1] + 1 {
+                j += 1;
+            }
+            for &db in &freed[i..j] {
+                while self.pinned(db) {
+                    std::thread::yield_now();
+                }
+            }
+            data.discard(freed[i] * bs, (j - i) as u64 * bs)?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// A thin table of device `id` was built (`open`) or dropped.
+    pub fn set_open(&self, id: u64, open: bool) {
+        let mut m = self.open_devs.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(id).or_insert(0);
+        if open {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&id);
+            }
+        }
+    }
+
+    fn is_open(&self, id: u64) -> bool {
+        self.open_devs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&id)
+    }
+
+    /// A free data block that no I/O in flight still reads or writes
+    /// ([`PoolCore::pin`]); blocks skipped for that go back to the free.
+    /// When only such blocks are free, wait for their I/O (it needs no
+    /// metadata lock to end).
+    fn alloc_unpinned(&self, md: &mut Metadata) -> Option<u64> {
+        loop {
+            let mut skipped = Vec::new();
+            let found = loop {
+                match md.alloc_data() {
+                    Some(b) if self.pinned(b) => skipped.push(b),
+                    other => break other,
+                }
+            };
+            let retry = found.is_none() && !skipped.is_empty();
+            for b in skipped {
+                md.tm.dsm.dec(b);
+            }
+            if !retry {
+                return found;
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// A new data block for a write, or `None` when the pool is full and
     /// queues (the caller lets go of every lock and calls
     /// [`PoolCore::wait_for_space`]); `error_if_no_space` fails at once.
     pub fn alloc_data(&self, md: &mut Metadata) -> DevResult<Option<u64>> {
-        let Some(b) = md.alloc_data() else {
+        let Some(b) = self.alloc_unpinned(md) else {
             if self.features().error_if_no_space {
                 return Err(enospc());
             }
@@ -359,7 +480,14 @@ impl PoolCore {
                 }
                 "delete" => {
                     want(1)?;
-                    md.delete(num(1)?)?;
+                    let id = num(1)?;
+                    if self.is_open(id) {
+                        return Err(format!(
+                            "delete: thin device {id} is in use by a thin table (the kernel says \
+                             EBUSY): remove the device whose table is 'thin ... {id}' first"
+                        ));
+                    }
+                    md.delete(id)?;
                 }
                 "set_transaction_id" => {
                     want(2)?;
@@ -501,6 +629,9 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         .resolver
         .resolve(&a.args[1])
         .map_err(|e| TargetError::at(1, e))?;
+    if super::standin::unopened(&meta) || super::standin::unopened(&data) {
+        return Ok(super::standin::StandIn::target(TYPE.name, a.args, a.len));
+    }
     let block_bytes = block_sectors * 512;
     let data_blocks = data.size() / block_bytes;
     if data_blocks == 0 {
@@ -591,6 +722,8 @@ fn bind(
         no_space_ms: AtomicU64::new(60_000),
         events: Mutex::new(None),
         stop: AtomicBool::new(false),
+        pins: (0..PIN_SLOTS).map(|_| AtomicU32::new(0)).collect(),
+        open_devs: Mutex::new(HashMap::new()),
     });
     start_timer(&core);
     all.push(Arc::downgrade(&core));
@@ -688,10 +821,10 @@ impl Target for Pool {
         };
         let discard = if f.ignore_discard {
             "ignore_discard"
-        } else if f.no_discard_passdown {
-            "no_discard_passdown"
-        } else {
+        } else if self.core.passdown() {
             "discard_passdown"
+        } else {
+            "no_discard_passdown"
         };
         let space = if f.error_if_no_space {
             "error_if_no_space"
@@ -812,6 +945,34 @@ mod tests {
         t.join().unwrap().unwrap();
         assert!(!core.md_read().dirty());
         assert!(core.md_read().lookup(0, 6).unwrap().is_some());
+    }
+
+    /// A read that looked block `b0` up pins it: a discard and a commit
+    /// free it, yet it is handed out only once the read has ended.
+    #[test]
+    fn a_block_being_read_is_not_reused_until_the_read_ends() {
+        let meta: Arc<dyn BlockDevice> = Arc::new(MemStore::new(1 << 20));
+        let data: Arc<dyn BlockDevice> = Arc::new(MemStore::new(4 * 65536));
+        let core = bind("pin-test-meta", meta, data, 65536, 4, Features::default()).unwrap();
+        let mut md = core.md();
+        md.create_thin(0).unwrap();
+        for vb in 0..4 {
+            let b = core.alloc_data(&mut md).unwrap().unwrap();
+            md.insert(0, vb, b).unwrap();
+        }
+        md.commit().unwrap();
+        let b0 = md.lookup(0, 0).unwrap().unwrap().0;
+        let b1 = md.lookup(0, 1).unwrap().unwrap().0;
+        let read = core.pin(b0);
+        assert!(md.remove(0, 0).unwrap());
+        assert!(md.remove(0, 1).unwrap());
+        md.commit().unwrap();
+        let x = core.alloc_data(&mut md).unwrap().unwrap();
+        assert_eq!(x, b1, "{b0} handed out under a read");
+        assert_eq!(md.tm.dsm.get(b0), 0, "skipped, still free");
+        drop(read);
+        let y = core.alloc_data(&mut md).unwrap().unwrap();
+        assert_eq!(y, b0, "free again once the read ended");
     }
 
     #[test]
