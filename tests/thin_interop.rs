@@ -8,8 +8,9 @@
 mod common;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::dm::DmServer;
 use common::*;
@@ -174,6 +175,59 @@ fn restored_pool_reads_what_the_xml_maps() {
     tool("thin_check", &[meta.to_str().unwrap()]);
 }
 
+/// Detaches the mapper directory when dropped, also when a test fails.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A server with a control socket and a mapper directory `dir/mapper`,
+/// in which every device is a file (FUSE; the tests run as root).
+fn mapper_server(dir: &Path) -> (DmServer, PathBuf, Unmount) {
+    need("umount");
+    let map = dir.join("mapper");
+    let guard = Unmount(map.clone());
+    let srv = DmServer::start(dir, &["--mapper-dir", map.to_str().unwrap()]);
+    let want = map.to_str().unwrap().to_string();
+    wait_for("the mapper directory", Duration::from_secs(10), || {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        info.lines()
+            .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    });
+    (srv, map, guard)
+}
+
+/// `debugfs` on an unmounted ext4 image: `-w` writes; its stdout.
+fn debugfs(img: &Path, write: bool, request: &str) -> String {
+    let mut c = Command::new(need("debugfs"));
+    if write {
+        c.arg("-w");
+    }
+    let o = run(c.arg("-R").arg(request).arg(img));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn fsck_clean(img: &Path) {
+    let o = Command::new(need("e2fsck"))
+        .args(["-f", "-n"])
+        .arg(img)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "e2fsck -fn {}: {}",
+        img.display(),
+        show(&o)
+    );
+}
+
 #[test]
 fn udm_pool_passes_thin_check_with_a_filesystem_and_a_snapshot() {
     need("mkfs.ext4");
@@ -181,14 +235,8 @@ fn udm_pool_passes_thin_check_with_a_filesystem_and_a_snapshot() {
     let meta = sparse(dir.path(), "meta", 4 << 20);
     let data_blocks = 1024u64;
     let data = sparse(dir.path(), "data", data_blocks * BLOCK as u64);
-    let fs_len = 32usize << 20;
-    let fs = sparse(dir.path(), "fs.img", fs_len as u64);
-    run(Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-E", "nodiscard"])
-        .arg(&fs));
-    let image = std::fs::read(&fs).unwrap();
-
-    let srv = DmServer::start(dir.path(), &[]);
+    let fs_len = 32u64 << 20;
+    let (srv, map, _unmount) = mapper_server(dir.path());
     srv.ok(&[
         "create",
         "pool",
@@ -196,32 +244,66 @@ fn udm_pool_passes_thin_check_with_a_filesystem_and_a_snapshot() {
         &pool_line(&meta, &data, data_blocks, ""),
     ]);
     srv.ok(&["message", "pool", "0", "create_thin", "0"]);
-    let sectors = (fs_len / 512) as u64;
+    let sectors = fs_len / 512;
     srv.ok(&["create", "t0", "--table", &thin_line(sectors, 0)]);
-    nbd_write(&srv.uri("t0"), 0, &image);
+    let t0 = map.join("t0");
+    wait_for("the file of t0", Duration::from_secs(10), || t0.exists());
+    // mkfs.ext4 on the device's file: it discards the whole device (punch
+    // hole), zeroes the journal (zero range), writes and flushes.
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-b", "4096"])
+        .arg(&t0));
+    let first = fast_bytes(7, 3 << 20);
+    let src_a = write_file(dir.path(), "a.src", &first);
+    debugfs(&t0, true, &format!("write {} a", src_a.display()));
+    fsck_clean(&t0);
+    let st = srv.ok(&["status", "pool"]);
     assert!(
-        nbd_read(&srv.uri("t0"), 0, fs_len) == image,
-        "t0 reads the filesystem back"
+        data_used(&st) < fs_len / BLOCK as u64,
+        "only what mkfs and the file wrote is provisioned: {st}"
     );
+    let before = std::fs::read(&t0).unwrap();
 
     srv.ok(&["message", "pool", "0", "create_snap", "1", "0"]);
     srv.ok(&["create", "t1", "--table", &thin_line(sectors, 1)]);
-    let fresh = bytes(99, 3 * BLOCK + 4096);
-    let at = 4u64 << 20;
-    nbd_write(&srv.uri("t0"), at + 512, &fresh);
-    let now = nbd_read(&srv.uri("t0"), at, fresh.len() + 1024);
+    let t1 = map.join("t1");
+    wait_for("the file of t1", Duration::from_secs(10), || t1.exists());
+    // More through the origin: a new file, one removed, another changed
+    // in place (ext4's 4 KiB blocks break shared 64 KiB thin blocks).
+    let more = fast_bytes(8, 2 << 20);
+    let src_b = write_file(dir.path(), "b.src", &more);
+    debugfs(&t0, true, &format!("write {} b", src_b.display()));
+    let blocks = debugfs(&t0, false, "blocks a");
+    let first_block: u64 = blocks.split_whitespace().next().unwrap().parse().unwrap();
+    let changed = bytes(99, 8192);
+    pwrite(&t0, first_block * 4096 + 4096, &changed);
+    fsck_clean(&t0);
+    fsck_clean(&t1);
     assert!(
-        now[512..512 + fresh.len()] == fresh[..],
-        "the origin reads its new data"
+        std::fs::read(&t1).unwrap() == before,
+        "the snapshot reads the filesystem as it was"
     );
+    let ls0 = debugfs(&t0, false, "ls -l /");
+    let ls1 = debugfs(&t1, false, "ls -l /");
+    let has_b = |ls: &str| ls.lines().any(|l| l.trim_end().ends_with(" b"));
+    assert!(has_b(&ls0) && !has_b(&ls1), "{ls0}\n{ls1}");
+    let dump = |img: &Path, f: &str| {
+        let out = dir.path().join("out");
+        debugfs(img, false, &format!("dump {f} {}", out.display()));
+        std::fs::read(&out).unwrap()
+    };
+    assert!(dump(&t1, "a") == first, "the snapshot's file a is intact");
+    let mut want = first.clone();
+    want[4096..4096 + 8192].copy_from_slice(&changed);
+    let got = dump(&t0, "a");
+    let diff = got.iter().zip(&want).position(|(x, y)| x != y);
     assert!(
-        now[..512] == image[at as usize..at as usize + 512],
-        "the rest of a broken block is kept"
+        got == want,
+        "the origin's a has its change: {} bytes, first difference at {diff:?}",
+        got.len()
     );
-    assert!(
-        nbd_read(&srv.uri("t1"), 0, fs_len) == image,
-        "the snapshot reads the old data"
-    );
+    assert!(dump(&t0, "b") == more, "the origin's new file b");
+
     srv.ok(&["message", "pool", "0", "set_transaction_id", "0", "5"]);
     let st = srv.ok(&["status", "pool"]);
     assert!(st.contains(" thin-pool 5 "), "{st}");
@@ -257,9 +339,11 @@ fn udm_pool_passes_thin_check_with_a_filesystem_and_a_snapshot() {
         .map(|l| l.split_whitespace().map(|w| w.parse().unwrap()).collect())
         .collect();
     assert_eq!(rows.len(), 2, "{ls}");
-    for r in &rows {
+    // The origin has file b (32 blocks) and its broken blocks alone; the
+    // snapshot keeps the old copies of the blocks the origin changed.
+    for (r, least) in rows.iter().zip([32, 2]) {
         assert!(
-            r[2] >= 4,
+            r[2] >= least,
             "each device maps the changed blocks exclusively: {ls}"
         );
         assert!(r[3] > 0, "and shares the rest: {ls}");
@@ -464,6 +548,102 @@ fn snapshot_time_is_the_same_at_1_gib_and_100_gib() {
     assert!(min(&big) < 100.0, "100 GiB snapshot took {big:?} ms");
     srv.ok(&["remove", "--retry", "g1"]);
     srv.ok(&["remove", "--retry", "g100"]);
+    srv.ok(&["remove", "--retry", "pool"]);
+    srv.serve.stop();
+    tool("thin_check", &[meta.to_str().unwrap()]);
+}
+
+/// 512-byte sectors the data file takes on its filesystem.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().blocks()
+}
+
+/// A discard that frees data blocks whole punches them out of the data
+/// file (`discard_passdown`, the default); blocks a snapshot still maps
+/// stay; `no_discard_passdown` unmaps without touching the data file.
+#[test]
+fn discards_pass_freed_blocks_down_to_the_data_file() {
+    let dir = scratch("thin-passdown");
+    let meta = sparse(dir.path(), "meta", 4 << 20);
+    let data = sparse(dir.path(), "data", 256 * BLOCK as u64);
+    let srv = DmServer::start(dir.path(), &[]);
+    let pool = |features: &str| pool_line(&meta, &data, 256, features);
+    srv.ok(&["create", "pool", "--table", &pool("")]);
+    srv.ok(&["message", "pool", "0", "create_thin", "0"]);
+    srv.ok(&["create", "t0", "--table", &thin_line(64 * 128, 0)]);
+    let uri = srv.uri("t0");
+    let b = BLOCK as u64;
+    let per_block = b / 512;
+    nbd_op(&uri, "stamp", &[0, 32, b]);
+    let full = allocated(&data);
+    assert!(full >= 32 * per_block, "32 blocks written: {full}");
+
+    // Blocks only t0 maps: freed and punched out.
+    nbd_op(&uri, "trim", &[0, 8 * b]);
+    let st = srv.ok(&["status", "pool"]);
+    assert_eq!(data_used(&st), 24, "{st}");
+    assert!(st.contains(" discard_passdown "), "{st}");
+    let after = allocated(&data);
+    assert!(
+        after <= full - 8 * per_block,
+        "the data file gave back 8 blocks: {full} -> {after}"
+    );
+    assert!(nbd_read(&uri, 0, 8 * BLOCK).iter().all(|&x| x == 0));
+
+    // Blocks a snapshot shares: unmapped from t0, kept, not passed down.
+    srv.ok(&["message", "pool", "0", "create_snap", "1", "0"]);
+    nbd_op(&uri, "trim", &[8 * b, 8 * b]);
+    assert_eq!(data_used(&srv.ok(&["status", "pool"])), 24);
+    assert_eq!(allocated(&data), after, "shared blocks stay in the file");
+    let snap_block = nbd_read(&uri, 8 * b, BLOCK);
+    assert!(snap_block.iter().all(|&x| x == 0), "t0 no longer maps it");
+    srv.ok(&["message", "pool", "0", "delete", "1"]);
+
+    // no_discard_passdown: freed in the pool, the file keeps its blocks.
+    srv.ok(&["reload", "pool", "--table", &pool("1 no_discard_passdown")]);
+    srv.ok(&["resume", "pool"]);
+    let st = srv.ok(&["status", "pool"]);
+    assert!(st.contains(" no_discard_passdown "), "{st}");
+    let before = allocated(&data);
+    nbd_op(&uri, "trim", &[16 * b, 8 * b]);
+    assert_eq!(data_used(&srv.ok(&["status", "pool"])), 8);
+    assert_eq!(allocated(&data), before, "nothing passed down");
+
+    srv.ok(&["reload", "pool", "--table", &pool("1 ignore_discard")]);
+    srv.ok(&["resume", "pool"]);
+    let st = srv.ok(&["status", "pool"]);
+    assert!(st.contains(" ignore_discard "), "{st}");
+    srv.ok(&["remove", "--retry", "t0"]);
+    srv.ok(&["remove", "--retry", "pool"]);
+    srv.serve.stop();
+    tool("thin_check", &[meta.to_str().unwrap()]);
+}
+
+/// `serve --no-flatten` keeps every device a layer of its own: a thin
+/// line still finds its pool. The pool refuses to delete a thin device
+/// that has a table, as the kernel does, and deletes it once it is gone.
+#[test]
+fn thin_finds_its_pool_without_flattening_and_delete_refuses_an_open_device() {
+    let dir = scratch("thin-noflat");
+    let meta = sparse(dir.path(), "meta", 4 << 20);
+    let data = sparse(dir.path(), "data", 64 * BLOCK as u64);
+    let srv = DmServer::start(dir.path(), &["--no-flatten"]);
+    srv.ok(&[
+        "create",
+        "pool",
+        "--table",
+        &pool_line(&meta, &data, 64, ""),
+    ]);
+    srv.ok(&["message", "pool", "0", "create_thin", "3"]);
+    srv.ok(&["create", "t3", "--table", &thin_line(16 * 128, 3)]);
+    let data_in = bytes(3, 2 * BLOCK);
+    nbd_write(&srv.uri("t3"), BLOCK as u64, &data_in);
+    assert!(nbd_read(&srv.uri("t3"), BLOCK as u64, 2 * BLOCK) == data_in);
+    let e = srv.fails(&["message", "pool", "0", "delete", "3"]);
+    assert!(e.contains("thin device 3") && e.contains("in use"), "{e}");
+    srv.ok(&["remove", "--retry", "t3"]);
+    srv.ok(&["message", "pool", "0", "delete", "3"]);
     srv.ok(&["remove", "--retry", "pool"]);
     srv.serve.stop();
     tool("thin_check", &[meta.to_str().unwrap()]);

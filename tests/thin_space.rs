@@ -2,7 +2,8 @@
 //! `error_if_no_space` a write that finds no free block fails at once;
 //! without it the write waits (`UDM_THIN_NO_SPACE_TIMEOUT`, the kernel's
 //! `no_space_timeout`, set short here) and fails when that runs out, or
-//! completes when a reload grows the data device meanwhile.
+//! completes when a reload grows the data device meanwhile: onto a bigger
+//! copy, or the same file grown in place.
 
 mod common;
 
@@ -86,9 +87,7 @@ fn full_pool(dir: &Path, error: bool) -> (DmServer, String) {
 }
 
 /// Move the pool to a bigger data device, `data.big` (`blocks` long,
-/// what `data` holds first), with a reload. (A file the server has open
-/// keeps the size it had when opened, so growing `data` in place would
-/// not show.)
+/// what `data` holds first), with a reload.
 fn grow(srv: &DmServer, dir: &Path, blocks: u64, error: bool) {
     let (meta, data) = (dir.join("meta"), dir.join("data.big"));
     std::fs::copy(dir.join("data"), &data).unwrap();
@@ -109,6 +108,31 @@ fn grow(srv: &DmServer, dir: &Path, blocks: u64, error: bool) {
     assert!(
         st.contains(&format!("/{blocks} ")),
         "grown to {blocks} blocks: {st}"
+    );
+}
+
+/// Grow the pool's own data file in place (`truncate -s +N`) and reload
+/// the very table it was created with (4 blocks long): the pool must see
+/// the file's new size.
+fn grow_in_place(srv: &DmServer, dir: &Path, blocks: u64, error: bool) {
+    let (meta, data) = (dir.join("meta"), dir.join("data"));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&data)
+        .unwrap()
+        .set_len(blocks * BLOCK)
+        .unwrap();
+    srv.ok(&[
+        "reload",
+        "pool",
+        "--table",
+        &pool_line(&meta, &data, 4, error),
+    ]);
+    srv.ok(&["resume", "pool"]);
+    let st = srv.ok(&["status", "pool"]);
+    assert!(
+        st.contains(&format!("/{blocks} ")),
+        "grown in place to {blocks} blocks: {st}"
     );
 }
 
@@ -164,6 +188,35 @@ fn out_of_space_errors_at_once_or_queues_until_a_reload_grows_it() {
     srv.ok(&["remove", "pool"]);
     srv.serve.stop();
     need("thin_check");
+    let o = Command::new("thin_check")
+        .arg(d.path().join("meta"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "thin_check: {}", show(&o));
+
+    // The data file itself grown (truncate -s +N) under a queued write:
+    // a reload of the same table, but for its length, completes it.
+    let d = scratch("thin-inplace");
+    let (srv, uri) = full_pool(d.path(), false);
+    let mut w = writer(&uri, 4);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(w.try_wait().unwrap().is_none(), "the write waits for space");
+    grow_in_place(&srv, d.path(), 6, false);
+    let o = w.wait_with_output().unwrap();
+    assert!(o.status.success(), "the reload completes it: {}", show(&o));
+    let (ok, out, _) = write_block(&uri, 5);
+    assert!(ok, "the sixth block fits: {out}");
+    let data = std::fs::read(d.path().join("data")).unwrap();
+    for vb in [4u8, 5] {
+        assert!(
+            data.chunks(BLOCK as usize)
+                .any(|b| b.iter().all(|&x| x == vb + 1)),
+            "block {vb}'s data is in the grown file"
+        );
+    }
+    srv.ok(&["remove", "--retry", "t"]);
+    srv.ok(&["remove", "pool"]);
+    srv.serve.stop();
     let o = Command::new("thin_check")
         .arg(d.path().join("meta"))
         .output()

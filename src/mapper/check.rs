@@ -132,6 +132,51 @@ mod tests {
         assert!(e.to_string().contains("tag size"), "{e}");
     }
 
+    /// A thin line names a pool that only a server builds: the check
+    /// applies both lines' own rules without one.
+    #[test]
+    fn thin_pool_and_thin_lines_check_without_devices() {
+        let ok = "0 2048 thin-pool /nonexistent/m /nonexistent/d 128 0 \
+                  2 skip_block_zeroing error_if_no_space\n";
+        check(&parse(ok).unwrap(), CheckDevices::Placeholders).unwrap();
+        for ok in [
+            "0 4096 thin @pool 0\n",
+            "0 4096 thin @pool 7 /nonexistent/o\n",
+        ] {
+            check(&parse(ok).unwrap(), CheckDevices::Placeholders).unwrap();
+        }
+        for (text, field, word) in [
+            (
+                "0 2048 thin-pool /m /d 100 0\n",
+                "argument 3 (data block size)",
+                "multiple of 128",
+            ),
+            (
+                "0 2048 thin-pool /m /d 128 0 1 no_such\n",
+                "argument 6",
+                "unknown feature",
+            ),
+            (
+                "0 4096 thin @pool x\n",
+                "argument 2 (dev id)",
+                "thin device id",
+            ),
+            (
+                "0 4096 thin @pool 16777216\n",
+                "argument 2 (dev id)",
+                "too large",
+            ),
+            ("0 4096 thin @pool\n", "thin", "pool dev"),
+        ] {
+            let e = err(text);
+            assert!(
+                e.field.as_deref().is_some_and(|f| f.starts_with(field)),
+                "{text}: {e}"
+            );
+            assert!(e.msg.contains(word), "{text}: {e}");
+        }
+    }
+
     #[test]
     fn constructors_rules_apply_without_devices() {
         let k64 = "ab".repeat(64);

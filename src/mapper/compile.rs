@@ -71,12 +71,18 @@ pub struct Files {
 
 impl Files {
     /// Open a file, block device or remote image (`store::Location`), or
-    /// hand out the one already open.
+    /// hand out the one already open — unless the file's size changed
+    /// since (`truncate -s +N data`, then a reload): then a new store of
+    /// the new size, which later tables share. Tables using the old one
+    /// keep it and its size, so what a live table sees never changes
+    /// under it; the new size reaches a device with its next table.
     pub fn open(&mut self, spec: &str, flags: OpenFlags) -> Result<Arc<dyn BlockDevice>, String> {
         let loc = Location::parse(spec)?;
         let key = loc.share_key(spec)?;
         if let Some(d) = self.open.get(&key).and_then(Weak::upgrade) {
-            return Ok(d);
+            if !resized(&key, &*d) {
+                return Ok(d);
+            }
         }
         let loc = match loc {
             Location::File(_) => Location::File(key.clone()),
@@ -87,6 +93,13 @@ impl Files {
         self.open.insert(key, Arc::downgrade(&d));
         Ok(d)
     }
+}
+
+/// Whether the regular file at `path` is no longer the size of the store
+/// opened on it. Block devices and remote images keep the size they had
+/// when opened.
+fn resized(path: &Path, store: &dyn BlockDevice) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() != store.size())
 }
 
 /// How the compiler finds the devices a table names.
@@ -157,6 +170,15 @@ impl DeviceResolver for Resolver<'_> {
             return None;
         }
         Some((r.dev, r.shift))
+    }
+
+    fn whole_target(&mut self, dev: &Arc<dyn BlockDevice>) -> Option<Arc<dyn BlockDevice>> {
+        let view = self.view_of(dev)?;
+        let mut s = view.slice(0, view.size(), 0);
+        match (s.pop(), s.is_empty()) {
+            (Some(r), true) if r.shift == 0 => Some(r.dev),
+            _ => None,
+        }
     }
 }
 

@@ -176,6 +176,16 @@ pub trait DeviceResolver {
     ) -> Option<(Arc<dyn BlockDevice>, u64)> {
         None
     }
+
+    /// The target objects of the device `dev` names (which
+    /// [`DeviceResolver::resolve`] returned), when its table is one line
+    /// over the whole device, whether or not stacks are folded: a target
+    /// that works with another device's target itself (`thin` with its
+    /// `thin-pool`) finds it here, not through [`DeviceResolver::redirect`],
+    /// which `serve --no-flatten` turns off. Default: none.
+    fn whole_target(&mut self, _dev: &Arc<dyn BlockDevice>) -> Option<Arc<dyn BlockDevice>> {
+        None
+    }
 }
 
 /// What a target constructor gets: its arguments (after the type name), the

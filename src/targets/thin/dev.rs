@@ -1,9 +1,11 @@
 //! `thin <pool dev> <dev id> [<external origin dev>]`: a device that takes
 //! data blocks from its pool on first write. Unmapped blocks read as zeros
 //! (or from the external origin); a write to a block shared with a
-//! snapshot copies it first; discards unmap whole blocks.
+//! snapshot copies it first; discards unmap whole blocks, and the data
+//! blocks that frees are discarded on the data device (passdown).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::metadata::Metadata;
 use super::pool::{core_of, PoolCore};
@@ -34,15 +36,30 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         ));
     }
     let id = parse_number(a.args, 1, "a thin device id")?;
+    if id >= 1 << 24 {
+        return Err(TargetError::at(
+            1,
+            format!("thin device id {id} is too large (ids are below 2^24)"),
+        ));
+    }
     let pool = a
         .resolver
         .resolve(&a.args[0])
         .map_err(|e| TargetError::at(0, e))?;
+    let origin = match a.args.get(2) {
+        Some(n) => Some((
+            n.clone(),
+            a.resolver.resolve(n).map_err(|e| TargetError::at(2, e))?,
+        )),
+        None => None,
+    };
+    if super::standin::unopened(&pool) {
+        return Ok(super::standin::StandIn::target(TYPE.name, a.args, a.len));
+    }
+    // The pool's own target: under `serve --no-flatten` too, so not
+    // through `redirect`.
     let core = core_of(&pool)
-        .or_else(|| {
-            let (d, _) = a.resolver.redirect(&a.args[0], &pool, 0, pool.size())?;
-            core_of(&d)
-        })
+        .or_else(|| core_of(&a.resolver.whole_target(&pool)?))
         .ok_or_else(|| {
             TargetError::at(
                 0,
@@ -53,19 +70,13 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
                 ),
             )
         })?;
-    if !core.md().devs.contains_key(&id) {
+    if !core.md_read().devs.contains_key(&id) {
         return Err(TargetError::at(
             1,
             format!("thin device {id} does not exist in the pool: send 'create_thin {id}' to the pool first"),
         ));
     }
-    let origin = match a.args.get(2) {
-        Some(n) => Some((
-            n.clone(),
-            a.resolver.resolve(n).map_err(|e| TargetError::at(2, e))?,
-        )),
-        None => None,
-    };
+    core.set_open(id, true);
     Ok(Arc::new(Thin {
         core,
         pool_name: a.args[0].clone(),
@@ -73,6 +84,12 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         origin,
         len: a.len,
     }))
+}
+
+impl Drop for Thin {
+    fn drop(&mut self) {
+        self.core.set_open(self.id, false);
+    }
 }
 
 fn meta_err(e: String) -> DevError {
@@ -113,41 +130,112 @@ impl Thin {
         Ok(())
     }
 
-    /// Write one piece of one block, provisioning or unsharing it first.
+    /// Write one piece of one block. A mapped block of this device alone
+    /// is written in place after a lookup under the shared lock; anything
+    /// else is provisioned or unshared in the block's cell.
     fn write_piece(&self, vb: u64, within: u64, data: &[u8]) -> DevResult<()> {
-        let bs = self.bs();
-        let dd = self.core.data();
-        let mut md = self.core.md();
-        let cur = md.lookup(self.id, vb).map_err(meta_err)?;
-        if let Some((db, time)) = cur {
-            if !md.shared(self.id, db, time) {
-                drop(md);
-                return dd.write(db * bs + within, WriteBuf::Borrowed(data), false);
-            }
+        // The pin is taken under the lock, with the lookup, and the lock
+        // goes before the data is written.
+        let own = {
+            let md = self.core.md_read();
+            self.own_block(&md, vb)?.map(|db| (db, self.core.pin(db)))
+        };
+        if let Some((db, _pin)) = own {
+            let at = db * self.bs() + within;
+            return self.core.data().write(at, WriteBuf::Borrowed(data), false);
         }
-        // Waiting for space may see a reload swap in a bigger data device.
-        let (mut md, nb) = self.core.alloc_data(md)?;
+        let _cell = self.core.cell(self.id, vb);
+        self.provision(vb, within, data)
+    }
+
+    /// The data block `vb` maps to, if it is mapped and not shared.
+    fn own_block(&self, md: &Metadata, vb: u64) -> DevResult<Option<u64>> {
+        Ok(match md.lookup(self.id, vb).map_err(meta_err)? {
+            Some((db, time)) if !md.shared(self.id, db, time) => Some(db),
+            _ => None,
+        })
+    }
+
+    /// Give `vb` a new data block holding `data` at `within` (the rest
+    /// zeros, the external origin's or the shared block's bytes), with the
+    /// metadata locked only to allocate and to map; a full pool is waited
+    /// for with no lock held.
+    fn provision(&self, vb: u64, within: u64, data: &[u8]) -> DevResult<()> {
+        let bs = self.bs();
+        let start = Instant::now();
+        let (p, cur, cur_pin, nb) = loop {
+            let seen = self.core.space_seen();
+            let p = self.core.provision();
+            let mut md = p.md();
+            // Another write may have provisioned it while we waited for the cell.
+            if let Some(db) = self.own_block(&md, vb)? {
+                let _pin = self.core.pin(db);
+                drop(md);
+                drop(p);
+                let at = db * bs + within;
+                return self.core.data().write(at, WriteBuf::Borrowed(data), false);
+            }
+            let cur = md.lookup(self.id, vb).map_err(meta_err)?;
+            if let Some(nb) = self.core.alloc_data(&mut md)? {
+                // The shared block is copied with no lock held: pinned, so
+                // a discard that frees it meanwhile passes it down only
+                // after. Pinned after allocating, which may wait for pins.
+                let cur_pin = cur.map(|(db, _)| self.core.pin(db));
+                drop(md);
+                break (p, cur, cur_pin, nb);
+            }
+            drop(md);
+            drop(p);
+            self.core.wait_for_space(start, seen)?;
+        };
+        // Waiting for space may have seen a reload swap in a bigger data device.
         let dd = self.core.data();
         let whole = within == 0 && data.len() as u64 == bs;
-        if whole
+        let r = if whole
             || (cur.is_none() && self.origin.is_none() && self.core.features().skip_block_zeroing)
         {
-            dd.write(nb * bs + within, WriteBuf::Borrowed(data), false)?;
+            dd.write(nb * bs + within, WriteBuf::Borrowed(data), false)
         } else {
-            let mut blk = vec![0u8; bs as usize];
-            match cur {
-                Some((db, _)) => dd.read(db * bs, &mut blk)?,
-                None => self.read_unmapped(vb * bs, &mut blk)?,
-            }
-            blk[within as usize..within as usize + data.len()].copy_from_slice(data);
-            dd.write(nb * bs, WriteBuf::Borrowed(&blk), false)?;
+            self.fill_block(&*dd, vb, cur, nb, within, data)
+        };
+        // Before the lock: a passdown waits for the pin under it.
+        drop(cur_pin);
+        let mut md = p.md();
+        if let Err(e) = r {
+            md.tm.dsm.dec(nb);
+            return Err(e);
         }
         md.insert(self.id, vb, nb).map_err(meta_err)
     }
 
-    fn unmap(&self, md: &mut Metadata, vb: u64) -> DevResult<()> {
+    /// Write the whole of new block `nb`: what `vb` held (its old block
+    /// `cur`, the origin's bytes or zeros) with `data` at `within`.
+    fn fill_block(
+        &self,
+        dd: &dyn BlockDevice,
+        vb: u64,
+        cur: Option<(u64, u32)>,
+        nb: u64,
+        within: u64,
+        data: &[u8],
+    ) -> DevResult<()> {
+        let bs = self.bs();
+        let mut blk = vec![0u8; bs as usize];
+        match cur {
+            Some((db, _)) => dd.read(db * bs, &mut blk)?,
+            None => self.read_unmapped(vb * bs, &mut blk)?,
+        }
+        blk[within as usize..within as usize + data.len()].copy_from_slice(data);
+        dd.write(nb * bs, WriteBuf::Borrowed(&blk), false)
+    }
+
+    /// Unmap `vb`; the data block it mapped, if that is now free.
+    fn unmap(&self, md: &mut Metadata, vb: u64) -> DevResult<Option<u64>> {
+        let Some((db, _)) = md.lookup(self.id, vb).map_err(meta_err)? else {
+            return Ok(None);
+        };
         md.remove(self.id, vb).map_err(meta_err)?;
-        Ok(())
+        Ok((md.tm.dsm.get(db) == 0).then_some(db))
     }
 }
 
@@ -169,9 +257,13 @@ impl BlockDevice for Thin {
         let mut done = 0usize;
         for (vb, within, n) in pieces(bs, offset, buf.len() as u64) {
             let part = &mut buf[done..done + n as usize];
-            let m = self.core.md().lookup(self.id, vb).map_err(meta_err)?;
+            let m = {
+                let md = self.core.md_read();
+                let m = md.lookup(self.id, vb).map_err(meta_err)?;
+                m.map(|(db, _)| (db, self.core.pin(db)))
+            };
             match m {
-                Some((db, _)) => dd.read(db * bs + within, part)?,
+                Some((db, _pin)) => dd.read(db * bs + within, part)?,
                 None => self.read_unmapped(vb * bs + within, part)?,
             }
             done += n as usize;
@@ -189,7 +281,7 @@ impl BlockDevice for Thin {
             self.write_piece(vb, within, &src[done..done + n as usize])?;
             done += n as usize;
         }
-        if fua {
+        if fua || self.core.wants_commit() {
             self.core.commit()?;
         }
         Ok(())
@@ -205,24 +297,34 @@ impl BlockDevice for Thin {
         }
         let bs = self.bs();
         let mut md = self.core.md();
+        let mut freed = Vec::new();
         for (vb, within, n) in pieces(bs, offset, len) {
             if within == 0 && n == bs {
-                self.unmap(&mut md, vb)?;
+                freed.extend(self.unmap(&mut md, vb)?);
             }
         }
-        Ok(())
+        self.core.pass_down(&mut freed)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         let bs = self.bs();
         let zeros = vec![0u8; bs as usize];
         for (vb, within, n) in pieces(bs, offset, len) {
-            if within == 0 && n == bs && self.origin.is_none() {
-                let mut md = self.core.md();
-                self.unmap(&mut md, vb)?;
-            } else {
-                self.write_piece(vb, within, &zeros[..n as usize])?;
+            if self.origin.is_none() {
+                if within == 0 && n == bs {
+                    let mut md = self.core.md();
+                    let mut freed: Vec<u64> = self.unmap(&mut md, vb)?.into_iter().collect();
+                    self.core.pass_down(&mut freed)?;
+                    continue;
+                }
+                // An unmapped block already reads as zeros: nothing to
+                // provision (mkfs zeroes ranges it then writes).
+                let m = self.core.md_read().lookup(self.id, vb).map_err(meta_err)?;
+                if m.is_none() {
+                    continue;
+                }
             }
+            self.write_piece(vb, within, &zeros[..n as usize])?;
         }
         if fua {
             self.core.commit()?;
@@ -249,7 +351,7 @@ impl Target for Thin {
     /// The kernel's `<nr mapped sectors> <highest mapped sector>`.
     fn status(&self) -> String {
         let spb = self.bs() / 512;
-        let mut md = self.core.md();
+        let md = self.core.md_read();
         let Some(d) = md.devs.get(&self.id).copied() else {
             return "Fail".into();
         };

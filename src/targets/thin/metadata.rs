@@ -16,8 +16,9 @@ use std::sync::Arc;
 use super::pdata::block::{get32, get64, put32, put64, seal, verify, Block, SUPERBLOCK_XOR};
 use super::pdata::btree;
 use super::pdata::space_map::{SmDisk, SmRoot, MAX_META_BITMAPS, PER_BITMAP};
-use super::pdata::tm::{RefCounts, Tm, Vk};
+use super::pdata::tm::{Pending, RefCounts, Tm, Vk};
 use crate::core::BlockDevice;
+use crate::mem::Budget;
 
 const MAGIC: u64 = 27_022_010;
 const VERSION: u32 = 2;
@@ -83,7 +84,7 @@ impl Metadata {
         dev: Arc<dyn BlockDevice>,
         data_blocks: u64,
         block_sectors: u32,
-        cache_cap: usize,
+        budget: Arc<Budget>,
     ) -> Result<Metadata, String> {
         let nr = (dev.size() / 4096).min(MAX_META_BITMAPS * PER_BITMAP);
         if nr < 16 {
@@ -96,7 +97,7 @@ impl Metadata {
             dev,
             RefCounts::new(Vec::new()),
             RefCounts::new(Vec::new()),
-            cache_cap,
+            budget,
         );
         let sb = tm.read_raw(0)?;
         if all_zero(&sb) {
@@ -144,7 +145,7 @@ impl Metadata {
             ));
         }
         let mut devs = BTreeMap::new();
-        btree::walk(&mut m.tm, m.details_root, &mut |k, v| {
+        btree::walk(&m.tm, m.details_root, &mut |k, v| {
             devs.insert(k, Details::decode(v));
         })?;
         m.devs = devs;
@@ -212,26 +213,26 @@ impl Metadata {
     }
 
     /// The subtree root of a device's mappings.
-    fn subtree(&mut self, dev: u64) -> Result<u64, String> {
-        btree::lookup64(&mut self.tm, self.mapping_root, dev)?
+    fn subtree(&self, dev: u64) -> Result<u64, String> {
+        btree::lookup64(&self.tm, self.mapping_root, dev)?
             .ok_or_else(|| format!("thin device {dev} does not exist in the pool"))
     }
 
     /// Where virtual block `vb` of device `dev` lives: `(data block, time)`.
-    pub fn lookup(&mut self, dev: u64, vb: u64) -> Result<Option<(u64, u32)>, String> {
+    pub fn lookup(&self, dev: u64, vb: u64) -> Result<Option<(u64, u32)>, String> {
         let sub = self.subtree(dev)?;
-        Ok(btree::lookup64(&mut self.tm, sub, vb)?.map(|v| (v >> 24, (v & 0xff_ffff) as u32)))
+        Ok(btree::lookup64(&self.tm, sub, vb)?.map(|v| (v >> 24, (v & 0xff_ffff) as u32)))
     }
 
     /// The highest mapped virtual block of a device.
-    pub fn highest(&mut self, dev: u64) -> Result<Option<u64>, String> {
+    pub fn highest(&self, dev: u64) -> Result<Option<u64>, String> {
         let mut b = self.subtree(dev)?;
         loop {
             let n = self.tm.node(b)?;
-            let Some(&k) = n.keys.last() else {
+            let Some(k) = n.last_key() else {
                 return Ok(None);
             };
-            if n.leaf {
+            if n.leaf() {
                 return Ok(Some(k));
             }
             b = n.val64(n.len() - 1);
@@ -242,7 +243,7 @@ impl Metadata {
     pub fn insert(&mut self, dev: u64, vb: u64, db: u64) -> Result<(), String> {
         let sub = self.subtree(dev)?;
         let v = (db << 24) | u64::from(self.time & 0xff_ffff);
-        let existed = btree::lookup64(&mut self.tm, sub, vb)?.is_some();
+        let existed = btree::lookup64(&self.tm, sub, vb)?.is_some();
         let nsub = btree::insert(&mut self.tm, sub, vb, &v.to_le_bytes(), Vk::Data, true)?;
         self.set_subtree(dev, sub, nsub)?;
         if !existed {
@@ -383,6 +384,18 @@ impl Metadata {
 
     /// Write the transaction (see the module doc for the order).
     pub fn commit(&mut self) -> Result<(), String> {
+        let p = self.prepare_commit()?;
+        p.write(&**self.tm.dev())?;
+        self.finish_commit();
+        Ok(())
+    }
+
+    /// The first half of a commit, under the metadata lock: the device
+    /// details and both space maps go into the transaction, and its
+    /// blocks and superblock are gathered. The caller writes them (the
+    /// lock may be let go meanwhile, so lookups go on, as long as nothing
+    /// changes the metadata), then calls [`Metadata::finish_commit`].
+    pub fn prepare_commit(&mut self) -> Result<Pending, String> {
         let changed = std::mem::take(&mut self.changed);
         for (dev, live) in changed {
             if live {
@@ -396,11 +409,19 @@ impl Metadata {
         }
         let ds = super::pdata::space_map::store(&mut self.tm, &mut self.dsm)?;
         let ms = super::pdata::space_map::store(&mut self.tm, &mut self.msm)?;
-        self.tm.write_all()?;
         let sb = self.superblock(&ds, &ms);
-        self.tm.write_super(&sb)?;
+        Ok(self.tm.take_pending(sb))
+    }
+
+    /// The second half, once the [`Pending`] blocks are durable.
+    pub fn finish_commit(&mut self) {
+        self.tm.finish();
         self.sb_dirty = false;
-        Ok(())
+    }
+
+    /// Where the metadata lives, for writing a [`Pending`] commit.
+    pub fn device(&self) -> Arc<dyn BlockDevice> {
+        self.tm.dev().clone()
     }
 
     /// `reserve_metadata_snap`: a copy of the superblock, committed, that
@@ -472,5 +493,49 @@ impl Metadata {
         put64(&mut b[..], 344, self.tm.msm.len());
         seal(&mut b, 0, SUPERBLOCK_XOR);
         b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dev: &Arc<crate::store::MemStore>, budget: &Arc<Budget>) -> Metadata {
+        let d: Arc<dyn BlockDevice> = dev.clone();
+        Metadata::open(d, 1 << 16, 128, budget.clone()).unwrap()
+    }
+
+    /// A small budget bounds the cached nodes after a commit (the pinned
+    /// ones of a transaction may pass it until then), every mapping still
+    /// reads back, and the charge is gone with the pool.
+    #[test]
+    fn the_node_cache_stays_in_its_budget_and_returns_its_charge() {
+        let dev = Arc::new(crate::store::MemStore::new(8 << 20));
+        let budget = Budget::with_batch(16 * 4096, 1, 1);
+        let mut m = open(&dev, &budget);
+        m.create_thin(0).unwrap();
+        for vb in 0..20_000u64 {
+            let db = m.alloc_data().unwrap();
+            m.insert(0, vb * 3, db).unwrap();
+        }
+        assert!(m.tm.nodes_held().1 > 16, "a transaction pins its nodes");
+        m.commit().unwrap();
+        let (cached, pinned) = m.tm.nodes_held();
+        assert_eq!(pinned, 0);
+        assert!(cached <= 16, "{cached} nodes cached over a 16-node budget");
+        assert!(budget.used_exact() <= 16 * 4096);
+        for vb in (0..20_000u64).step_by(7) {
+            assert!(m.lookup(0, vb * 3).unwrap().is_some(), "block {vb} lost");
+            assert!(m.lookup(0, vb * 3 + 1).unwrap().is_none());
+        }
+        assert!(budget.used_exact() <= 16 * 4096, "lookups evict as they go");
+        drop(m);
+        assert_eq!(budget.used_exact(), 0, "the pool's charge returns to zero");
+        // The same metadata opens again and maps the same blocks.
+        let m = open(&dev, &budget);
+        assert_eq!(m.devs[&0].mapped, 20_000);
+        assert_eq!(m.highest(0).unwrap(), Some(59_997));
+        drop(m);
+        assert_eq!(budget.used_exact(), 0);
     }
 }

@@ -7,13 +7,29 @@
 //! metadata device binds to the running pool, as the kernel looks pools up
 //! by their metadata device, so thin devices keep working across it and a
 //! bigger data device takes effect at once.
+//!
+//! Locking, so that a read of a mapped block waits for nobody but a short
+//! metadata change: the metadata sits behind a read-write lock that reads
+//! take for their lookup only; changes take it for the change only, never
+//! across data I/O, and hold the *commit gate* shared meanwhile; a commit
+//! takes the gate alone (so no provisioning write is half done and nothing
+//! changes between its halves), flushes the data device, gathers the
+//! transaction under the metadata lock and writes it without that lock.
+//! Two writes that provision or unshare the same virtual block meet in a
+//! per-block cell (the kernel's bio prison), so the second sees the first's
+//! mapping instead of provisioning the block again. I/O to a mapped block
+//! pins the data block with its lookup ([`PoolCore::pin`]) until it ends,
+//! so the allocator (under the metadata lock, taken alone) skips it and a
+//! discard's passdown waits for it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::metadata::Metadata;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::mem::{default_total_budget, per_device_budget, Budget};
 use crate::targets::{parse_number, EventHook, Target, TargetArgs, TargetError, TargetType};
 
 /// The `thin-pool` target type, for [`crate::targets::TYPES`].
@@ -97,20 +113,50 @@ impl Features {
 /// tables and its thin devices.
 pub struct PoolCore {
     meta_name: String,
-    md: Mutex<Metadata>,
+    md: RwLock<Metadata>,
+    /// Held shared by whatever changes the metadata, alone by a commit.
+    gate: RwLock<()>,
+    /// Virtual blocks `(dev id, block)` being provisioned or unshared.
+    cells: Mutex<HashSet<(u64, u64)>>,
+    cell_free: Condvar,
+    /// Bumped when a reload grows the data device (or changes what a
+    /// full pool does), so writes waiting for space try again.
+    space_gen: Mutex<u64>,
     data: RwLock<Arc<dyn BlockDevice>>,
     pub block_bytes: u64,
     features: RwLock<Features>,
     low_water: AtomicU64,
     low_water_raised: AtomicBool,
-    /// Signalled when a reload grows the data device, so writes queued
-    /// for space (waiting on `md`) try again.
+    /// Signalled with `space_gen`.
     space: Condvar,
     /// How long a write waits for space before failing, in ms; 0 waits
     /// until space comes.
     no_space_ms: AtomicU64,
     events: Mutex<Option<EventHook>>,
     stop: AtomicBool,
+    /// Reads and in-place writes in flight per data block, hashed into
+    /// [`PIN_SLOTS`] counters ([`PoolCore::pin`]): a block whose counter
+    /// is not zero is not handed out again nor passed down, so I/O that
+    /// looked a block up can never reach it after a discard and a commit
+    /// gave it to another device.
+    pins: Box<[AtomicU32]>,
+    /// Thin devices with a table (live or loaded), by id, so that `delete`
+    /// refuses them as the kernel does (its `open_count`).
+    open_devs: Mutex<HashMap<u64, usize>>,
+}
+
+/// Counters of [`PoolCore::pins`]; a collision only makes the allocator
+/// skip a free block for the moment.
+const PIN_SLOTS: usize = 4096;
+
+/// A data block held against reuse while I/O to it runs (see
+/// [`PoolCore::pin`]); dropping it lets the block go.
+pub struct Pin<'a>(&'a AtomicU32);
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// The variable that replaces the kernel's `no_space_timeout` module
@@ -168,8 +214,46 @@ fn meta_err(e: String) -> DevError {
 }
 
 impl PoolCore {
-    pub fn md(&self) -> MutexGuard<'_, Metadata> {
-        self.md.lock().unwrap_or_else(|e| e.into_inner())
+    /// The metadata, to change it (messages, discards, reloads): with the
+    /// commit gate, so it never lands between a commit's two halves.
+    pub fn md(&self) -> MdWrite<'_> {
+        let gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
+        MdWrite {
+            md: self.md_locked(),
+            _gate: gate,
+        }
+    }
+
+    /// The metadata, to look something up; many readers at once.
+    pub fn md_read(&self) -> RwLockReadGuard<'_, Metadata> {
+        self.md.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn md_locked(&self) -> RwLockWriteGuard<'_, Metadata> {
+        self.md.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The commit gate, shared, for a provisioning write: it allocates
+    /// under [`Provision::md`], writes the data with no metadata lock, and
+    /// maps the block under it again, all before a commit can start.
+    pub fn provision(&self) -> Provision<'_> {
+        Provision {
+            core: self,
+            _gate: self.gate.read().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// The cell of virtual block `vb` of device `dev`, waited for.
+    pub fn cell(&self, dev: u64, vb: u64) -> Cell<'_> {
+        let mut c = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        while c.contains(&(dev, vb)) {
+            c = self.cell_free.wait(c).unwrap_or_else(|e| e.into_inner());
+        }
+        c.insert((dev, vb));
+        Cell {
+            core: self,
+            key: (dev, vb),
+        }
     }
 
     pub fn data(&self) -> Arc<dyn BlockDevice> {
@@ -180,35 +264,110 @@ impl PoolCore {
         *self.features.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new data block for a write. Without one, `error_if_no_space`
-    /// fails at once; otherwise the write waits (without the metadata
-    /// lock) for a reload to grow the data device, up to the no-space
-    /// timeout, then fails with ENOSPC, as the kernel does.
-    pub fn alloc_data<'a>(
-        &'a self,
-        mut md: MutexGuard<'a, Metadata>,
-    ) -> DevResult<(MutexGuard<'a, Metadata>, u64)> {
-        let start = Instant::now();
-        let b = loop {
-            if let Some(b) = md.alloc_data() {
-                break b;
+    /// Hold data block `db` against reuse and passdown while I/O to it
+    /// runs. Take it under the metadata lock, with the lookup that found
+    /// `db`, so that no discard and commit can come between them.
+    pub fn pin(&self, db: u64) -> Pin<'_> {
+        let c = &self.pins[db as usize % PIN_SLOTS];
+        c.fetch_add(1, Ordering::AcqRel);
+        Pin(c)
+    }
+
+    fn pinned(&self, db: u64) -> bool {
+        self.pins[db as usize % PIN_SLOTS].load(Ordering::Acquire) != 0
+    }
+
+    /// Whether discards that free data blocks pass down to the data
+    /// device, as the kernel decides: not with `ignore_discard` or
+    /// `no_discard_passdown`, nor when the data device takes no discards.
+    pub fn passdown(&self) -> bool {
+        let f = self.features();
+        !f.ignore_discard && !f.no_discard_passdown && self.data().limits().discard
+    }
+
+    /// Discard on the data device the blocks a discard has just freed
+    /// (their count is 0), in runs, once no I/O that looked them up is
+    /// left. The caller holds the metadata lock and the commit gate
+    /// ([`PoolCore::md`]): freed blocks are handed out only after a
+    /// commit, so no write can take them meanwhile.
+    pub fn pass_down(&self, freed: &mut [u64]) -> DevResult<()> {
+        if freed.is_empty() || !self.passdown() {
+            return Ok(());
+        }
+        freed.sort_unstable();
+        let data = self.data();
+        let bs = self.block_bytes;
+        let mut i = 0;
+        while i < freed.len() {
+            let mut j = i + 1;
+            while j < freed.len() && freed[j] == freed[j - 1] + 1 {
+                j += 1;
             }
+            for &db in &freed[i..j] {
+                while self.pinned(db) {
+                    std::thread::yield_now();
+                }
+            }
+            data.discard(freed[i] * bs, (j - i) as u64 * bs)?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// A thin table of device `id` was built (`open`) or dropped.
+    pub fn set_open(&self, id: u64, open: bool) {
+        let mut m = self.open_devs.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(id).or_insert(0);
+        if open {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&id);
+            }
+        }
+    }
+
+    fn is_open(&self, id: u64) -> bool {
+        self.open_devs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&id)
+    }
+
+    /// A free data block that no I/O in flight still reads or writes
+    /// ([`PoolCore::pin`]); blocks skipped for that go back to the free.
+    /// When only such blocks are free, wait for their I/O (it needs no
+    /// metadata lock to end).
+    fn alloc_unpinned(&self, md: &mut Metadata) -> Option<u64> {
+        loop {
+            let mut skipped = Vec::new();
+            let found = loop {
+                match md.alloc_data() {
+                    Some(b) if self.pinned(b) => skipped.push(b),
+                    other => break other,
+                }
+            };
+            let retry = found.is_none() && !skipped.is_empty();
+            for b in skipped {
+                md.tm.dsm.dec(b);
+            }
+            if !retry {
+                return found;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// A new data block for a write, or `None` when the pool is full and
+    /// queues (the caller lets go of every lock and calls
+    /// [`PoolCore::wait_for_space`]); `error_if_no_space` fails at once.
+    pub fn alloc_data(&self, md: &mut Metadata) -> DevResult<Option<u64>> {
+        let Some(b) = self.alloc_unpinned(md) else {
             if self.features().error_if_no_space {
                 return Err(enospc());
             }
-            let ms = self.no_space_ms.load(Ordering::Relaxed);
-            let left = if ms == 0 {
-                Duration::from_secs(1)
-            } else {
-                Duration::from_millis(ms)
-                    .checked_sub(start.elapsed())
-                    .ok_or_else(enospc)?
-            };
-            md = self
-                .space
-                .wait_timeout(md, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            return Ok(None);
         };
         let free = md.tm.dsm.free_now();
         if free <= self.low_water.load(Ordering::Relaxed)
@@ -223,18 +382,64 @@ impl PoolCore {
                 h.raise();
             }
         }
-        Ok((md, b))
+        Ok(Some(b))
+    }
+
+    /// Which growth of the data device a write has seen: taken before it
+    /// looks for a block, given to [`PoolCore::wait_for_space`].
+    pub fn space_seen(&self) -> u64 {
+        *self.space_gen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait (holding no lock) until a reload grows the data device after
+    /// `seen`, or for a second when the timeout is 0; ENOSPC once the
+    /// no-space timeout, counted from `start`, has passed, as the kernel
+    /// fails queued writes.
+    pub fn wait_for_space(&self, start: Instant, seen: u64) -> DevResult<()> {
+        let ms = self.no_space_ms.load(Ordering::Relaxed);
+        let left = if ms == 0 {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_millis(ms)
+                .checked_sub(start.elapsed())
+                .ok_or_else(enospc)?
+        };
+        let g = self.space_gen.lock().unwrap_or_else(|e| e.into_inner());
+        if *g == seen {
+            let (_g, _timed_out) = self
+                .space
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(())
+    }
+
+    fn space_grew(&self) {
+        *self.space_gen.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.space.notify_all();
+    }
+
+    /// The transaction's pinned nodes fill half the memory budget: commit
+    /// soon rather than let them grow without bound.
+    pub fn wants_commit(&self) -> bool {
+        self.md_read().tm.pinned_over_budget()
     }
 
     /// Make everything written so far durable: data first, then the
-    /// metadata transaction that maps it.
+    /// metadata transaction that maps it. Lookups go on while the
+    /// transaction is written.
     pub fn commit(&self) -> DevResult<()> {
-        let data = self.data();
-        let mut md = self.md();
-        data.flush()?;
-        if md.dirty() {
-            md.commit().map_err(meta_err)?;
+        let _alone = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        self.data().flush()?;
+        if !self.md_read().dirty() {
+            return Ok(());
         }
+        let (pending, dev) = {
+            let mut md = self.md_locked();
+            (md.prepare_commit().map_err(meta_err)?, md.device())
+        };
+        pending.write(&*dev).map_err(meta_err)?;
+        self.md_locked().finish_commit();
         Ok(())
     }
 
@@ -275,7 +480,14 @@ impl PoolCore {
                 }
                 "delete" => {
                     want(1)?;
-                    md.delete(num(1)?)?;
+                    let id = num(1)?;
+                    if self.is_open(id) {
+                        return Err(format!(
+                            "delete: thin device {id} is in use by a thin table (the kernel says \
+                             EBUSY): remove the device whose table is 'thin ... {id}' first"
+                        ));
+                    }
+                    md.delete(id)?;
                 }
                 "set_transaction_id" => {
                     want(2)?;
@@ -306,6 +518,53 @@ impl PoolCore {
     }
 }
 
+/// [`PoolCore::md`]: the metadata, written, with the commit gate shared.
+pub struct MdWrite<'a> {
+    md: RwLockWriteGuard<'a, Metadata>,
+    _gate: RwLockReadGuard<'a, ()>,
+}
+
+impl std::ops::Deref for MdWrite<'_> {
+    type Target = Metadata;
+    fn deref(&self) -> &Metadata {
+        &self.md
+    }
+}
+
+impl std::ops::DerefMut for MdWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Metadata {
+        &mut self.md
+    }
+}
+
+/// [`PoolCore::provision`]: the commit gate, shared, across one write.
+pub struct Provision<'a> {
+    core: &'a PoolCore,
+    _gate: RwLockReadGuard<'a, ()>,
+}
+
+impl Provision<'_> {
+    /// The metadata, written; let go of it before any data I/O.
+    pub fn md(&self) -> RwLockWriteGuard<'_, Metadata> {
+        self.core.md_locked()
+    }
+}
+
+/// [`PoolCore::cell`]: one virtual block held; freed on drop.
+pub struct Cell<'a> {
+    core: &'a PoolCore,
+    key: (u64, u64),
+}
+
+impl Drop for Cell<'_> {
+    fn drop(&mut self) {
+        let mut c = self.core.cells.lock().unwrap_or_else(|e| e.into_inner());
+        c.remove(&self.key);
+        drop(c);
+        self.core.cell_free.notify_all();
+    }
+}
+
 /// Commit once a second while anything changed, as the kernel's worker
 /// does, so that unflushed writes are not held in memory for long.
 fn start_timer(core: &Arc<PoolCore>) {
@@ -318,7 +577,7 @@ fn start_timer(core: &Arc<PoolCore>) {
             if c.stop.load(Ordering::Relaxed) {
                 return;
             }
-            let dirty = c.md().dirty();
+            let dirty = c.md_read().dirty();
             if dirty {
                 if let Err(e) = c.commit() {
                     tracing::warn!("thin pool {}: timed commit failed: {e}", c.meta_name);
@@ -370,6 +629,9 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         .resolver
         .resolve(&a.args[1])
         .map_err(|e| TargetError::at(1, e))?;
+    if super::standin::unopened(&meta) || super::standin::unopened(&data) {
+        return Ok(super::standin::StandIn::target(TYPE.name, a.args, a.len));
+    }
     let block_bytes = block_sectors * 512;
     let data_blocks = data.size() / block_bytes;
     if data_blocks == 0 {
@@ -434,14 +696,23 @@ fn bind(
             .map_err(|e| TargetError::at(1, e))?;
         drop(md);
         core.low_water_raised.store(false, Ordering::Relaxed);
-        core.space.notify_all();
+        core.space_grew();
         return Ok(core);
     }
-    let md = Metadata::open(meta, data_blocks, (block_bytes / 512) as u32, 4096)
-        .map_err(|e| TargetError::at(0, e))?;
+    let md = Metadata::open(
+        meta,
+        data_blocks,
+        (block_bytes / 512) as u32,
+        metadata_budget(),
+    )
+    .map_err(|e| TargetError::at(0, e))?;
     let core = Arc::new(PoolCore {
         meta_name: meta_name.to_string(),
-        md: Mutex::new(md),
+        md: RwLock::new(md),
+        gate: RwLock::new(()),
+        cells: Mutex::new(HashSet::new()),
+        cell_free: Condvar::new(),
+        space_gen: Mutex::new(0),
         data: RwLock::new(data),
         block_bytes,
         features: RwLock::new(features),
@@ -451,10 +722,19 @@ fn bind(
         no_space_ms: AtomicU64::new(60_000),
         events: Mutex::new(None),
         stop: AtomicBool::new(false),
+        pins: (0..PIN_SLOTS).map(|_| AtomicU32::new(0)).collect(),
+        open_devs: Mutex::new(HashMap::new()),
     });
     start_timer(&core);
     all.push(Arc::downgrade(&core));
     Ok(core)
+}
+
+/// The budget a pool's metadata cache and pinned nodes are charged to: one
+/// device's share of the default total, as the crypt and verity targets
+/// size theirs (2 % of RAM, at least 16 MiB).
+fn metadata_budget() -> Arc<Budget> {
+    Budget::new(per_device_budget(default_total_budget(), 1, false))
 }
 
 impl Drop for PoolCore {
@@ -522,7 +802,7 @@ impl Target for Pool {
     }
 
     fn status(&self) -> String {
-        let md = self.core.md();
+        let md = self.core.md_read();
         let f = self.core.features();
         let meta_total = md.tm.msm.len();
         let data_total = md.data_blocks();
@@ -541,10 +821,10 @@ impl Target for Pool {
         };
         let discard = if f.ignore_discard {
             "ignore_discard"
-        } else if f.no_discard_passdown {
-            "no_discard_passdown"
-        } else {
+        } else if self.core.passdown() {
             "discard_passdown"
+        } else {
+            "no_discard_passdown"
         };
         let space = if f.error_if_no_space {
             "error_if_no_space"
@@ -571,6 +851,129 @@ impl Target for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MemStore;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A metadata device whose writes wait while `hold` is set.
+    struct Held {
+        inner: MemStore,
+        hold: Mutex<bool>,
+        cv: Condvar,
+        waiting: AtomicUsize,
+    }
+
+    impl Held {
+        fn set_hold(&self, on: bool) {
+            *self.hold.lock().unwrap() = on;
+            self.cv.notify_all();
+        }
+    }
+
+    impl BlockDevice for Held {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn limits(&self) -> Limits {
+            self.inner.limits()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+            self.inner.read(offset, buf)
+        }
+        fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
+            let mut h = self.hold.lock().unwrap();
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            while *h {
+                h = self.cv.wait(h).unwrap();
+            }
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            drop(h);
+            self.inner.write(offset, data, fua)
+        }
+        fn flush(&self) -> DevResult<()> {
+            self.inner.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+            self.inner.discard(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+            self.inner.write_zeroes(offset, len, fua)
+        }
+    }
+
+    fn map(core: &PoolCore, vb: u64) {
+        let p = core.provision();
+        let mut md = p.md();
+        let b = core.alloc_data(&mut md).unwrap().unwrap();
+        md.insert(0, vb, b).unwrap();
+    }
+
+    /// While a commit's metadata writes are stuck, lookups of mapped blocks
+    /// (committed ones and the stuck transaction's) still answer at once.
+    #[test]
+    fn lookups_go_on_while_a_commit_writes() {
+        let meta = Arc::new(Held {
+            inner: MemStore::new(8 << 20),
+            hold: Mutex::new(false),
+            cv: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+        });
+        let data: Arc<dyn BlockDevice> = Arc::new(MemStore::new(64 << 16));
+        let f = Features::default();
+        let core = bind("lookups-during-commit", meta.clone(), data, 1 << 16, 64, f).unwrap();
+        core.md().create_thin(0).unwrap();
+        map(&core, 5);
+        core.commit().unwrap();
+        map(&core, 6);
+        meta.set_hold(true);
+        let c2 = core.clone();
+        let t = std::thread::spawn(move || c2.commit());
+        let t0 = Instant::now();
+        while meta.waiting.load(Ordering::SeqCst) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the commit never wrote"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let t1 = Instant::now();
+        assert!(core.md_read().lookup(0, 5).unwrap().is_some());
+        assert!(core.md_read().lookup(0, 6).unwrap().is_some());
+        assert!(core.md_read().lookup(0, 7).unwrap().is_none());
+        assert!(t1.elapsed() < Duration::from_secs(1));
+        assert!(!t.is_finished(), "the commit is still held");
+        meta.set_hold(false);
+        t.join().unwrap().unwrap();
+        assert!(!core.md_read().dirty());
+        assert!(core.md_read().lookup(0, 6).unwrap().is_some());
+    }
+
+    /// A read that looked block `b0` up pins it: a discard and a commit
+    /// free it, yet it is handed out only once the read has ended.
+    #[test]
+    fn a_block_being_read_is_not_reused_until_the_read_ends() {
+        let meta: Arc<dyn BlockDevice> = Arc::new(MemStore::new(1 << 20));
+        let data: Arc<dyn BlockDevice> = Arc::new(MemStore::new(4 * 65536));
+        let core = bind("pin-test-meta", meta, data, 65536, 4, Features::default()).unwrap();
+        let mut md = core.md();
+        md.create_thin(0).unwrap();
+        for vb in 0..4 {
+            let b = core.alloc_data(&mut md).unwrap().unwrap();
+            md.insert(0, vb, b).unwrap();
+        }
+        md.commit().unwrap();
+        let b0 = md.lookup(0, 0).unwrap().unwrap().0;
+        let b1 = md.lookup(0, 1).unwrap().unwrap().0;
+        let read = core.pin(b0);
+        assert!(md.remove(0, 0).unwrap());
+        assert!(md.remove(0, 1).unwrap());
+        md.commit().unwrap();
+        let x = core.alloc_data(&mut md).unwrap().unwrap();
+        assert_eq!(x, b1, "{b0} handed out under a read");
+        assert_eq!(md.tm.dsm.get(b0), 0, "skipped, still free");
+        drop(read);
+        let y = core.alloc_data(&mut md).unwrap().unwrap();
+        assert_eq!(y, b0, "free again once the read ended");
+    }
 
     #[test]
     fn no_space_timeout_defaults_to_the_kernels_and_names_the_variable_when_bad() {

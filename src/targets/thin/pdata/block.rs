@@ -3,6 +3,11 @@
 //! says what kind of block it is (so a bitmap read where a btree node was
 //! expected fails its check), and the btree node layout.
 
+use std::ptr::NonNull;
+use std::sync::OnceLock;
+
+use crate::mem::RawBlockPool;
+
 /// Metadata block size: the kernel's block manager fixes it at 4 KiB.
 pub const BLOCK_SIZE: usize = 4096;
 
@@ -103,40 +108,149 @@ pub fn max_entries(value_size: usize) -> usize {
     n / 3 * 3
 }
 
-/// A btree node, decoded. Values are kept as raw little-endian bytes of
-/// `value_size` each; internal nodes hold child block numbers (8 bytes).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The process's pool of 4 KiB metadata buffers (the kernel's dm-bufio
+/// takes its buffers from a slab the same way): every node a pool caches
+/// or changes lives in one, so the cache costs one O(1) pop per block and
+/// never the general allocator. Chunks stay with the pool once grown, as
+/// in dmapool; what a pool holds is bounded by the budget its cache is
+/// charged to, not here.
+fn node_pool() -> &'static RawBlockPool {
+    static P: OnceLock<RawBlockPool> = OnceLock::new();
+    P.get_or_init(|| match RawBlockPool::new(BLOCK_SIZE, BLOCK_SIZE) {
+        Some(p) => p,
+        // 4096 bytes aligned to 4096 is always a valid layout.
+        None => unreachable!("a 4 KiB block pool layout is valid"),
+    })
+}
+
+/// One 4 KiB buffer of [`node_pool`], owned; returned to the pool on drop.
+pub struct NodeBuf(NonNull<u8>);
+
+// SAFETY: the buffer is owned memory of a pool that lives for the whole
+// process; only this value reaches it (like a `Box<[u8; 4096]>`).
+unsafe impl Send for NodeBuf {}
+// SAFETY: shared references only read the bytes.
+unsafe impl Sync for NodeBuf {}
+
+impl NodeBuf {
+    pub fn zeroed() -> NodeBuf {
+        let p = node_pool().alloc();
+        // SAFETY: a fresh pool block of BLOCK_SIZE bytes, ours alone.
+        unsafe { std::ptr::write_bytes(p.as_ptr(), 0, BLOCK_SIZE) };
+        NodeBuf(p)
+    }
+
+    pub fn bytes(&self) -> &[u8; BLOCK_SIZE] {
+        // SAFETY: the pointer is a live, 4096-byte block of the pool owned
+        // by this value, initialised when it was made (zeroed or copied).
+        unsafe { &*(self.0.as_ptr() as *const [u8; BLOCK_SIZE]) }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8; BLOCK_SIZE] {
+        // SAFETY: as in `bytes`; `&mut self` makes the access unique.
+        unsafe { &mut *(self.0.as_ptr() as *mut [u8; BLOCK_SIZE]) }
+    }
+}
+
+impl Clone for NodeBuf {
+    fn clone(&self) -> NodeBuf {
+        let p = node_pool().alloc();
+        // SAFETY: both are BLOCK_SIZE-byte pool blocks; the new one is ours
+        // alone, so they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.0.as_ptr(), p.as_ptr(), BLOCK_SIZE) };
+        NodeBuf(p)
+    }
+}
+
+impl Drop for NodeBuf {
+    fn drop(&mut self) {
+        // SAFETY: the block came from `node_pool().alloc()` and is freed
+        // once, here; nobody uses it afterwards.
+        unsafe { node_pool().free(self.0) }
+    }
+}
+
+/// A btree node kept in its on-disk layout in a pool buffer: a lookup
+/// binary-searches the keys where the block was read, a shadow is one
+/// 4 KiB copy, and writing it only stamps the checksum. Every method but
+/// [`Node::insert_at`] keeps the layout valid; that one needs a free slot.
+#[derive(Clone)]
 pub struct Node {
-    pub leaf: bool,
-    pub value_size: usize,
-    pub keys: Vec<u64>,
-    pub vals: Vec<u8>,
+    buf: NodeBuf,
 }
 
 impl Node {
     pub fn empty(leaf: bool, value_size: usize) -> Node {
-        Node {
-            leaf,
-            value_size,
-            keys: Vec::new(),
-            vals: Vec::new(),
-        }
+        let mut buf = NodeBuf::zeroed();
+        let b = buf.bytes_mut();
+        put32(b, 4, if leaf { LEAF_NODE } else { INTERNAL_NODE });
+        put32(b, 20, max_entries(value_size) as u32);
+        put32(b, 24, value_size as u32);
+        Node { buf }
+    }
+
+    fn b(&self) -> &[u8; BLOCK_SIZE] {
+        self.buf.bytes()
+    }
+
+    pub fn leaf(&self) -> bool {
+        get32(self.b(), 4) == LEAF_NODE
+    }
+
+    pub fn value_size(&self) -> usize {
+        get32(self.b(), 24) as usize
     }
 
     pub fn len(&self) -> usize {
-        self.keys.len()
+        get32(self.b(), 16) as usize
+    }
+
+    fn set_len(&mut self, n: usize) {
+        put32(self.buf.bytes_mut(), 16, n as u32);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.len() == 0
     }
 
     pub fn max(&self) -> usize {
-        max_entries(self.value_size)
+        get32(self.b(), 20) as usize
+    }
+
+    fn vals_at(&self) -> usize {
+        NODE_HEADER + 8 * self.max()
+    }
+
+    pub fn key(&self, i: usize) -> u64 {
+        get64(self.b(), NODE_HEADER + 8 * i)
+    }
+
+    pub fn set_key(&mut self, i: usize, k: u64) {
+        put64(self.buf.bytes_mut(), NODE_HEADER + 8 * i, k);
+    }
+
+    pub fn last_key(&self) -> Option<u64> {
+        self.len().checked_sub(1).map(|i| self.key(i))
+    }
+
+    /// Binary search of the keys, as `slice::binary_search`.
+    pub fn search(&self, key: u64) -> Result<usize, usize> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.key(mid).cmp(&key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(lo)
     }
 
     pub fn val(&self, i: usize) -> &[u8] {
-        &self.vals[i * self.value_size..(i + 1) * self.value_size]
+        let vs = self.value_size();
+        let at = self.vals_at() + i * vs;
+        &self.b()[at..at + vs]
     }
 
     pub fn val64(&self, i: usize) -> u64 {
@@ -144,48 +258,85 @@ impl Node {
     }
 
     pub fn set_val(&mut self, i: usize, v: &[u8]) {
-        let vs = self.value_size;
-        self.vals[i * vs..(i + 1) * vs].copy_from_slice(v);
+        let vs = self.value_size();
+        let at = self.vals_at() + i * vs;
+        self.buf.bytes_mut()[at..at + vs].copy_from_slice(&v[..vs]);
     }
 
+    /// Insert at `i`; the node must have a free slot (`len() < max()`).
     pub fn insert_at(&mut self, i: usize, key: u64, v: &[u8]) {
-        self.keys.insert(i, key);
-        let at = i * self.value_size;
-        self.vals.splice(at..at, v.iter().copied());
+        let (n, vs, va) = (self.len(), self.value_size(), self.vals_at());
+        debug_assert!(n < self.max(), "insert into a full btree node");
+        let b = self.buf.bytes_mut();
+        let k0 = NODE_HEADER + 8 * i;
+        b.copy_within(k0..NODE_HEADER + 8 * n, k0 + 8);
+        put64(b, k0, key);
+        let v0 = va + vs * i;
+        b.copy_within(v0..va + vs * n, v0 + vs);
+        b[v0..v0 + vs].copy_from_slice(&v[..vs]);
+        self.set_len(n + 1);
     }
 
     pub fn remove_at(&mut self, i: usize) {
-        self.keys.remove(i);
-        let at = i * self.value_size;
-        self.vals.drain(at..at + self.value_size);
+        let (n, vs, va) = (self.len(), self.value_size(), self.vals_at());
+        let b = self.buf.bytes_mut();
+        let k0 = NODE_HEADER + 8 * i;
+        b.copy_within(k0 + 8..NODE_HEADER + 8 * n, k0);
+        b[NODE_HEADER + 8 * (n - 1)..NODE_HEADER + 8 * n].fill(0);
+        let v0 = va + vs * i;
+        b.copy_within(v0 + vs..va + vs * n, v0);
+        b[va + vs * (n - 1)..va + vs * n].fill(0);
+        self.set_len(n - 1);
     }
 
     /// Move the entries from `i` on into a new node of the same kind.
     pub fn split_off(&mut self, i: usize) -> Node {
-        Node {
-            leaf: self.leaf,
-            value_size: self.value_size,
-            keys: self.keys.split_off(i),
-            vals: self.vals.split_off(i * self.value_size),
+        let mut right = Node::empty(self.leaf(), self.value_size());
+        let (n, vs, va) = (self.len(), self.value_size(), self.vals_at());
+        let m = n - i;
+        {
+            let (src, dst) = (self.buf.bytes(), right.buf.bytes_mut());
+            dst[NODE_HEADER..NODE_HEADER + 8 * m]
+                .copy_from_slice(&src[NODE_HEADER + 8 * i..NODE_HEADER + 8 * n]);
+            dst[va..va + vs * m].copy_from_slice(&src[va + vs * i..va + vs * n]);
         }
+        right.set_len(m);
+        let b = self.buf.bytes_mut();
+        b[NODE_HEADER + 8 * i..NODE_HEADER + 8 * n].fill(0);
+        b[va + vs * i..va + vs * n].fill(0);
+        self.set_len(i);
+        right
     }
 
+    /// Move every entry of `other` (all with larger keys) to the end of
+    /// this node; they must fit.
     pub fn append(&mut self, other: &mut Node) {
-        self.keys.append(&mut other.keys);
-        self.vals.append(&mut other.vals);
+        let (n, m, vs, va) = (self.len(), other.len(), self.value_size(), self.vals_at());
+        debug_assert!(n + m <= self.max(), "btree node overflow on append");
+        {
+            let (src, dst) = (other.buf.bytes(), self.buf.bytes_mut());
+            dst[NODE_HEADER + 8 * n..NODE_HEADER + 8 * (n + m)]
+                .copy_from_slice(&src[NODE_HEADER..NODE_HEADER + 8 * m]);
+            dst[va + vs * n..va + vs * (n + m)].copy_from_slice(&src[va..va + vs * m]);
+        }
+        self.set_len(n + m);
+        *other = Node::empty(other.leaf(), vs);
     }
 
     /// Index of the last key `<= key`, if any (the child to descend into,
     /// or the exact entry in a leaf when its key matches).
     pub fn lower_bound(&self, key: u64) -> Option<usize> {
-        match self.keys.binary_search(&key) {
+        match self.search(key) {
             Ok(i) => Some(i),
             Err(0) => None,
             Err(i) => Some(i - 1),
         }
     }
 
-    pub fn decode(b: &[u8; BLOCK_SIZE], loc: u64) -> Result<Node, String> {
+    /// A node read from disk into `buf`, checked: checksum, location,
+    /// header, key order.
+    pub fn from_buf(buf: NodeBuf, loc: u64) -> Result<Node, String> {
+        let b = buf.bytes();
         verify(b, loc, BTREE_XOR, "btree node")?;
         let flags = get32(b, 4);
         let n = get32(b, 16) as usize;
@@ -203,37 +354,51 @@ impl Node {
         if flags == INTERNAL_NODE && vs != 8 {
             return Err(bad("internal value size"));
         }
-        let keys: Vec<u64> = (0..n).map(|i| get64(b, NODE_HEADER + 8 * i)).collect();
-        if keys.windows(2).any(|w| w[0] >= w[1]) {
+        let node = Node { buf };
+        if (1..n).any(|i| node.key(i - 1) >= node.key(i)) {
             return Err(bad("keys out of order"));
         }
-        let vo = NODE_HEADER + 8 * max;
-        Ok(Node {
-            leaf: flags == LEAF_NODE,
-            value_size: vs,
-            keys,
-            vals: b[vo..vo + n * vs].to_vec(),
-        })
+        Ok(node)
     }
 
+    pub fn decode(b: &[u8; BLOCK_SIZE], loc: u64) -> Result<Node, String> {
+        let mut buf = NodeBuf::zeroed();
+        buf.bytes_mut().copy_from_slice(b);
+        Node::from_buf(buf, loc)
+    }
+
+    /// The block to write at `loc`: the node's bytes, stamped and sealed.
     pub fn encode(&self, loc: u64) -> Block {
         let mut b = zeroed();
-        let max = self.max();
-        put32(
-            &mut b[..],
-            4,
-            if self.leaf { LEAF_NODE } else { INTERNAL_NODE },
-        );
-        put32(&mut b[..], 16, self.keys.len() as u32);
-        put32(&mut b[..], 20, max as u32);
-        put32(&mut b[..], 24, self.value_size as u32);
-        for (i, k) in self.keys.iter().enumerate() {
-            put64(&mut b[..], NODE_HEADER + 8 * i, *k);
-        }
-        let vo = NODE_HEADER + 8 * max;
-        b[vo..vo + self.vals.len()].copy_from_slice(&self.vals);
+        b.copy_from_slice(self.b());
+        put32(&mut b[..], 28, 0);
         seal(&mut b, loc, BTREE_XOR);
         b
+    }
+}
+
+impl PartialEq for Node {
+    fn eq(&self, o: &Node) -> bool {
+        let n = self.len();
+        self.leaf() == o.leaf()
+            && self.value_size() == o.value_size()
+            && n == o.len()
+            && (0..n).all(|i| self.key(i) == o.key(i) && self.val(i) == o.val(i))
+    }
+}
+
+impl Eq for Node {}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("leaf", &self.leaf())
+            .field("value_size", &self.value_size())
+            .field(
+                "keys",
+                &(0..self.len()).map(|i| self.key(i)).collect::<Vec<_>>(),
+            )
+            .finish()
     }
 }
 
@@ -261,5 +426,27 @@ mod tests {
         assert!(Node::decode(&b, 42).unwrap_err().contains("checksum"));
         assert_eq!(max_entries(8), 252);
         assert_eq!(max_entries(24), 126);
+    }
+
+    #[test]
+    fn in_place_edits_keep_keys_and_values_together() {
+        let mut n = Node::empty(true, 24);
+        for k in 0..n.max() as u64 {
+            let i = n.search(k * 2).unwrap_err();
+            n.insert_at(i, k * 2, &[k as u8; 24]);
+        }
+        assert_eq!(n.len(), 126);
+        n.remove_at(5);
+        assert_eq!((n.key(5), n.val(5)), (12, &[6u8; 24][..]));
+        let mut r = n.split_off(60);
+        assert_eq!((n.len(), r.len(), r.key(0)), (60, 65, 122));
+        assert_eq!(r.val(0), &[61u8; 24][..]);
+        assert_eq!(n.search(13), Err(6));
+        n.append(&mut r);
+        assert!(r.is_empty());
+        assert_eq!(n.len(), 125);
+        assert_eq!(n.last_key(), Some(250));
+        assert_eq!(n.lower_bound(251), Some(124));
+        assert_eq!(Node::decode(&n.encode(7), 7).unwrap(), n);
     }
 }

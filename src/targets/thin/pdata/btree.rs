@@ -12,12 +12,12 @@ pub fn empty(tm: &mut Tm, value_size: usize) -> Result<u64, String> {
     tm.new_node(Node::empty(true, value_size))
 }
 
-pub fn lookup(tm: &mut Tm, root: u64, key: u64) -> Result<Option<Vec<u8>>, String> {
+pub fn lookup(tm: &Tm, root: u64, key: u64) -> Result<Option<Vec<u8>>, String> {
     let mut b = root;
     loop {
         let n = tm.node(b)?;
-        if n.leaf {
-            return Ok(n.keys.binary_search(&key).ok().map(|i| n.val(i).to_vec()));
+        if n.leaf() {
+            return Ok(n.search(key).ok().map(|i| n.val(i).to_vec()));
         }
         match n.lower_bound(key) {
             Some(i) => b = n.val64(i),
@@ -26,12 +26,14 @@ pub fn lookup(tm: &mut Tm, root: u64, key: u64) -> Result<Option<Vec<u8>>, Strin
     }
 }
 
-pub fn lookup64(tm: &mut Tm, root: u64, key: u64) -> Result<Option<u64>, String> {
+/// A lookup of an 8-byte value: one cached node per level, searched where
+/// it lies, no copy.
+pub fn lookup64(tm: &Tm, root: u64, key: u64) -> Result<Option<u64>, String> {
     let mut b = root;
     loop {
         let n = tm.node(b)?;
-        if n.leaf {
-            return Ok(n.keys.binary_search(&key).ok().map(|i| n.val64(i)));
+        if n.leaf() {
+            return Ok(n.search(key).ok().map(|i| n.val64(i)));
         }
         match n.lower_bound(key) {
             Some(i) => b = n.val64(i),
@@ -41,11 +43,11 @@ pub fn lookup64(tm: &mut Tm, root: u64, key: u64) -> Result<Option<u64>, String>
 }
 
 /// Every entry in key order.
-pub fn walk(tm: &mut Tm, root: u64, f: &mut dyn FnMut(u64, &[u8])) -> Result<(), String> {
+pub fn walk(tm: &Tm, root: u64, f: &mut dyn FnMut(u64, &[u8])) -> Result<(), String> {
     let n = tm.node(root)?;
     for i in 0..n.len() {
-        if n.leaf {
-            f(n.keys[i], n.val(i));
+        if n.leaf() {
+            f(n.key(i), n.val(i));
         } else {
             walk(tm, n.val64(i), f)?;
         }
@@ -68,7 +70,7 @@ pub fn insert(
     let Some((rk, rb)) = split else {
         return Ok(nb);
     };
-    let lk = tm.node(nb)?.keys[0];
+    let lk = tm.node(nb)?.key(0);
     let mut top = Node::empty(false, 8);
     top.insert_at(0, lk, &nb.to_le_bytes());
     top.insert_at(1, rk, &rb.to_le_bytes());
@@ -87,39 +89,56 @@ fn insert_in(
 ) -> Result<(u64, Split), String> {
     let nb = tm.shadow(b, vk)?;
     let n = tm.node(nb)?;
-    if n.leaf {
-        match n.keys.binary_search(&key) {
+    if n.leaf() {
+        return match n.search(key) {
             Ok(i) => {
                 let old = n.val(i).to_vec();
+                drop(n);
                 if old != val {
                     tm.node_mut(nb).set_val(i, val);
                     if drop_old {
                         drop_value(tm, vk, &old)?;
                     }
                 }
+                Ok((nb, None))
             }
-            Err(i) => tm.node_mut(nb).insert_at(i, key, val),
-        }
-    } else {
-        let i = n.lower_bound(key).unwrap_or(0);
-        let child = n.val64(i);
-        let (c2, split) = insert_in(tm, child, key, val, vk, drop_old)?;
-        let node = tm.node_mut(nb);
-        if node.keys[i] > key {
-            node.keys[i] = key;
-        }
-        node.set_val(i, &c2.to_le_bytes());
-        if let Some((rk, rb)) = split {
-            node.insert_at(i + 1, rk, &rb.to_le_bytes());
-        }
+            Err(i) => {
+                drop(n);
+                place(tm, nb, i, key, val)
+            }
+        };
     }
+    let i = n.lower_bound(key).unwrap_or(0);
+    let child = n.val64(i);
+    drop(n);
+    let (c2, split) = insert_in(tm, child, key, val, vk, drop_old)?;
     let node = tm.node_mut(nb);
-    if node.len() <= node.max() {
+    if node.key(i) > key {
+        node.set_key(i, key);
+    }
+    node.set_val(i, &c2.to_le_bytes());
+    match split {
+        Some((rk, rb)) => place(tm, nb, i + 1, rk, &rb.to_le_bytes()),
+        None => Ok((nb, None)),
+    }
+}
+
+/// Put an entry at `i` of the shadow `nb`, splitting it first when it is
+/// full (a node has no room past its maximum); the new right half, if any.
+fn place(tm: &mut Tm, nb: u64, i: usize, key: u64, val: &[u8]) -> Result<(u64, Split), String> {
+    let node = tm.node_mut(nb);
+    if node.len() < node.max() {
+        node.insert_at(i, key, val);
         return Ok((nb, None));
     }
     let half = node.len() / 2;
-    let right = node.split_off(half);
-    let rk = right.keys[0];
+    let mut right = node.split_off(half);
+    if i <= half {
+        node.insert_at(i, key, val);
+    } else {
+        right.insert_at(i - half, key, val);
+    }
+    let rk = right.key(0);
     let rb = tm.new_node(right)?;
     Ok((nb, Some((rk, rb))))
 }
@@ -144,7 +163,7 @@ pub fn del(tm: &mut Tm, root: u64, vk: Vk) -> Result<(), String> {
     }
     let n = tm.node(root)?;
     for i in 0..n.len() {
-        if n.leaf {
+        if n.leaf() {
             drop_value(tm, vk, n.val(i))?;
         } else {
             del(tm, n.val64(i), vk)?;
@@ -164,7 +183,7 @@ pub fn remove(tm: &mut Tm, root: u64, key: u64, vk: Vk) -> Result<(u64, Option<V
     // A root left with one child gives way to it.
     loop {
         let n = tm.node(nb)?;
-        if n.leaf || n.len() != 1 {
+        if n.leaf() || n.len() != 1 {
             break;
         }
         let child = n.val64(0);
@@ -178,8 +197,9 @@ pub fn remove(tm: &mut Tm, root: u64, key: u64, vk: Vk) -> Result<(u64, Option<V
 fn remove_in(tm: &mut Tm, b: u64, key: u64, vk: Vk) -> Result<u64, String> {
     let nb = tm.shadow(b, vk)?;
     let n = tm.node(nb)?;
-    if n.leaf {
-        if let Ok(i) = n.keys.binary_search(&key) {
+    if n.leaf() {
+        if let Ok(i) = n.search(key) {
+            drop(n);
             tm.node_mut(nb).remove_at(i);
         }
         return Ok(nb);
@@ -187,10 +207,12 @@ fn remove_in(tm: &mut Tm, b: u64, key: u64, vk: Vk) -> Result<u64, String> {
     let Some(i) = n.lower_bound(key) else {
         return Ok(nb);
     };
-    let c2 = remove_in(tm, n.val64(i), key, vk)?;
+    let (child_b, siblings) = (n.val64(i), n.len());
+    drop(n);
+    let c2 = remove_in(tm, child_b, key, vk)?;
     tm.node_mut(nb).set_val(i, &c2.to_le_bytes());
     let child = tm.node(c2)?;
-    if child.len() < child.max() / 3 && n.len() > 1 {
+    if child.len() < child.max() / 3 && siblings > 1 {
         rebalance(tm, nb, i, vk)?;
     }
     Ok(nb)
@@ -201,8 +223,10 @@ fn remove_in(tm: &mut Tm, b: u64, key: u64, vk: Vk) -> Result<u64, String> {
 fn rebalance(tm: &mut Tm, parent: u64, i: usize, vk: Vk) -> Result<(), String> {
     let p = tm.node(parent)?;
     let l = if i + 1 < p.len() { i } else { i - 1 };
-    let lb = tm.shadow(p.val64(l), vk)?;
-    let rb = tm.shadow(p.val64(l + 1), vk)?;
+    let (pl, pr) = (p.val64(l), p.val64(l + 1));
+    drop(p);
+    let lb = tm.shadow(pl, vk)?;
+    let rb = tm.shadow(pr, vk)?;
     {
         let pm = tm.node_mut(parent);
         pm.set_val(l, &lb.to_le_bytes());
@@ -218,13 +242,21 @@ fn rebalance(tm: &mut Tm, parent: u64, i: usize, vk: Vk) -> Result<(), String> {
         tm.node_mut(parent).remove_at(l + 1);
         return Ok(());
     }
-    let mut all = left.clone();
-    all.append(&mut right);
-    let right = all.split_off(total / 2);
-    let rk = right.keys[0];
-    *tm.node_mut(lb) = all;
+    // Both nodes are fixed-size blocks: move the difference across.
+    let want = total / 2;
+    if left.len() < want {
+        let tail = right.split_off(want - left.len());
+        left.append(&mut right);
+        right = tail;
+    } else {
+        let mut moved = left.split_off(want);
+        moved.append(&mut right);
+        right = moved;
+    }
+    let rk = right.key(0);
+    *tm.node_mut(lb) = left;
     *tm.node_mut(rb) = right;
-    tm.node_mut(parent).keys[l + 1] = rk;
+    tm.node_mut(parent).set_key(l + 1, rk);
     Ok(())
 }
 
@@ -241,11 +273,11 @@ mod tests {
             dev,
             RefCounts::new(vec![0; blocks]),
             RefCounts::new(vec![0; 64]),
-            1024,
+            crate::mem::Budget::unlimited(),
         )
     }
 
-    fn all(tm: &mut Tm, root: u64) -> Vec<(u64, u64)> {
+    fn all(tm: &Tm, root: u64) -> Vec<(u64, u64)> {
         let mut v = Vec::new();
         walk(tm, root, &mut |k, x| {
             v.push((k, super::super::block::get64(x, 0)))
@@ -262,18 +294,18 @@ mod tests {
         for &k in &keys {
             root = insert(&mut t, root, k, &(k + 1).to_le_bytes(), Vk::Plain, true).unwrap();
         }
-        let got = all(&mut t, root);
+        let got = all(&t, root);
         assert_eq!(got.len(), 3000);
         assert!(got.iter().all(|&(k, v)| v == k + 1));
-        assert_eq!(lookup64(&mut t, root, 77).unwrap(), Some(78));
+        assert_eq!(lookup64(&t, root, 77).unwrap(), Some(78));
         for &k in keys.iter().filter(|k| *k % 3 != 0) {
             let (r, old) = remove(&mut t, root, k, Vk::Plain).unwrap();
             assert_eq!(old.map(|o| super::super::block::get64(&o, 0)), Some(k + 1));
             root = r;
         }
-        let got = all(&mut t, root);
+        let got = all(&t, root);
         assert_eq!(got.len(), 1001);
         assert!(got.iter().all(|&(k, _)| k % 3 == 0));
-        assert_eq!(lookup64(&mut t, root, 77).unwrap(), None);
+        assert_eq!(lookup64(&t, root, 77).unwrap(), None);
     }
 }

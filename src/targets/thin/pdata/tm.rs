@@ -5,12 +5,24 @@
 //! A block freed in the running transaction is not handed out again until
 //! the transaction commits: the last committed superblock may still point
 //! at it, and a crash must find it unchanged.
+//!
+//! Clean nodes live in a [`NodeCache`] under the pool's memory budget;
+//! the transaction's own nodes (shadows and new ones) are pinned here
+//! until the commit has written them, and charged to the same budget, so
+//! the two together stay near the limit and clean nodes make room first.
+//! Lookups take `&self`: many readers walk the trees at once while the
+//! cache's own lock is held only for a map operation.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::block::{Block, Node, BLOCK_SIZE};
+use super::block::{Block, Node, NodeBuf, BLOCK_SIZE};
+use super::cache::NodeCache;
 use crate::core::BlockDevice;
+use crate::mem::Budget;
+
+const NODE_BYTES: u64 = BLOCK_SIZE as u64;
 
 /// What the values of a btree's leaves refer to, so that sharing a node
 /// (shadowing one whose count is above 1) or dropping one adjusts the
@@ -26,19 +38,26 @@ pub enum Vk {
 }
 
 /// Reference counts of one space map: the running transaction's and the
-/// last committed one's.
+/// last committed one's, with the number of blocks in use and of blocks
+/// free in both kept up to date, so a provisioning write and a status
+/// line never count the whole device.
 pub struct RefCounts {
     pub cur: Vec<u32>,
     pub old: Vec<u32>,
     /// Blocks whose count changed in this transaction.
     pub changed: BTreeSet<u64>,
     hint: u64,
+    used: u64,
+    free: u64,
 }
 
 impl RefCounts {
     pub fn new(cur: Vec<u32>) -> RefCounts {
+        let used = cur.iter().filter(|&&c| c > 0).count() as u64;
         RefCounts {
             old: cur.clone(),
+            free: cur.len() as u64 - used,
+            used,
             cur,
             changed: BTreeSet::new(),
             hint: 0,
@@ -58,11 +77,27 @@ impl RefCounts {
     }
 
     pub fn set(&mut self, b: u64, v: u32) {
-        if let Some(c) = self.cur.get_mut(b as usize) {
-            if *c != v {
-                *c = v;
-                self.changed.insert(b);
-            }
+        let i = b as usize;
+        let Some(&c) = self.cur.get(i) else {
+            return;
+        };
+        if c == v {
+            return;
+        }
+        let was_free = c == 0 && self.old[i] == 0;
+        self.cur[i] = v;
+        self.changed.insert(b);
+        match (c > 0, v > 0) {
+            (false, true) => self.used += 1,
+            (true, false) => self.used -= 1,
+            _ => {}
+        }
+        // Only a block free in both transactions counts as free.
+        let now_free = v == 0 && self.old[i] == 0;
+        match (was_free, now_free) {
+            (true, false) => self.free -= 1,
+            (false, true) => self.free += 1,
+            _ => {}
         }
     }
 
@@ -79,7 +114,7 @@ impl RefCounts {
     /// A block free now and in the committed transaction, with count 1.
     pub fn alloc(&mut self) -> Option<u64> {
         let n = self.cur.len();
-        if n == 0 {
+        if n == 0 || self.free == 0 {
             return None;
         }
         let start = (self.hint as usize) % n;
@@ -93,21 +128,18 @@ impl RefCounts {
 
     /// Blocks in use now.
     pub fn allocated(&self) -> u64 {
-        self.cur.iter().filter(|&&c| c > 0).count() as u64
+        self.used
     }
 
     /// Blocks that could be allocated in this transaction.
     pub fn free_now(&self) -> u64 {
-        self.cur
-            .iter()
-            .zip(&self.old)
-            .filter(|(c, o)| **c == 0 && **o == 0)
-            .count() as u64
+        self.free
     }
 
     /// Grow to `n` blocks (a bigger data device).
     pub fn grow(&mut self, n: u64) {
         if n as usize > self.cur.len() {
+            self.free += n - self.cur.len() as u64;
             self.cur.resize(n as usize, 0);
             self.old.resize(n as usize, 0);
         }
@@ -115,7 +147,12 @@ impl RefCounts {
 
     pub fn commit(&mut self) {
         for &b in &self.changed {
-            self.old[b as usize] = self.cur[b as usize];
+            let i = b as usize;
+            let was_free = self.cur[i] == 0 && self.old[i] == 0;
+            self.old[i] = self.cur[i];
+            if self.cur[i] == 0 && !was_free {
+                self.free += 1;
+            }
         }
         self.changed.clear();
     }
@@ -123,48 +160,94 @@ impl RefCounts {
 
 pub struct Tm {
     dev: Arc<dyn BlockDevice>,
-    clean: HashMap<u64, Arc<Node>>,
-    /// Nodes written in this transaction (shadows and new nodes).
+    cache: NodeCache,
+    /// Nodes written in this transaction (shadows and new nodes), pinned
+    /// until the commit writes them.
     dirty: HashMap<u64, Arc<Node>>,
     /// Sealed non-node blocks of this commit (bitmaps, the index).
     raw: HashMap<u64, Block>,
-    /// Most clean nodes kept (the device's share of the memory budget).
-    cache_cap: usize,
     pub msm: RefCounts,
     pub dsm: RefCounts,
 }
 
+/// What a commit writes: taken under the metadata lock, written without
+/// it (lookups go on meanwhile), then [`Tm::finish`] under it again.
+pub struct Pending {
+    nodes: Vec<(u64, Arc<Node>)>,
+    raw: Vec<(u64, Block)>,
+    sb: Block,
+}
+
+impl Pending {
+    /// Write every block, make them durable, then the superblock (FUA),
+    /// which switches the pool to the new transaction.
+    pub fn write(&self, dev: &dyn BlockDevice) -> Result<(), String> {
+        for (b, n) in &self.nodes {
+            write_block(dev, *b, &n.encode(*b)[..])?;
+        }
+        for (b, blk) in &self.raw {
+            write_block(dev, *b, &blk[..])?;
+        }
+        dev.flush()
+            .map_err(|e| format!("flushing the thin metadata device: {e}"))?;
+        dev.write(0, crate::core::WriteBuf::Borrowed(&self.sb[..]), true)
+            .map_err(|e| format!("writing the thin superblock: {e}"))?;
+        dev.flush()
+            .map_err(|e| format!("flushing the thin superblock: {e}"))
+    }
+}
+
+fn write_block(dev: &dyn BlockDevice, b: u64, bytes: &[u8]) -> Result<(), String> {
+    dev.write(
+        b * NODE_BYTES,
+        crate::core::WriteBuf::Borrowed(bytes),
+        false,
+    )
+    .map_err(|e| format!("writing thin metadata block {b}: {e}"))
+}
+
 impl Tm {
-    pub fn new(dev: Arc<dyn BlockDevice>, msm: RefCounts, dsm: RefCounts, cache_cap: usize) -> Tm {
+    /// `budget` bounds the cached and pinned nodes together.
+    pub fn new(
+        dev: Arc<dyn BlockDevice>,
+        msm: RefCounts,
+        dsm: RefCounts,
+        budget: Arc<Budget>,
+    ) -> Tm {
         Tm {
             dev,
-            clean: HashMap::new(),
+            cache: NodeCache::new(budget),
             dirty: HashMap::new(),
             raw: HashMap::new(),
-            cache_cap: cache_cap.max(64),
             msm,
             dsm,
         }
     }
 
+    pub fn dev(&self) -> &Arc<dyn BlockDevice> {
+        &self.dev
+    }
+
     pub fn nr_blocks(&self) -> u64 {
-        self.dev.size() / BLOCK_SIZE as u64
+        self.dev.size() / NODE_BYTES
     }
 
     pub fn read_raw(&self, b: u64) -> Result<Block, String> {
         let mut blk = super::block::zeroed();
         self.dev
-            .read(b * BLOCK_SIZE as u64, &mut blk[..])
+            .read(b * NODE_BYTES, &mut blk[..])
             .map_err(|e| format!("reading thin metadata block {b}: {e}"))?;
         Ok(blk)
     }
 
-    pub fn node(&mut self, b: u64) -> Result<Arc<Node>, String> {
+    /// The node at `b`: this transaction's, a cached one, or read from the
+    /// device straight into a pool buffer and cached.
+    pub fn node(&self, b: u64) -> Result<Arc<Node>, String> {
         if let Some(n) = self.dirty.get(&b) {
             return Ok(n.clone());
         }
-        if let Some(n) = self.clean.get(&b) {
-            return Ok(n.clone());
+        if let Some(n) = self.cache.get(b) {
+            return Ok(n);
         }
         if b >= self.nr_blocks() {
             return Err(format!(
@@ -172,25 +255,52 @@ impl Tm {
                 self.nr_blocks()
             ));
         }
-        let n = Arc::new(Node::decode(&*self.read_raw(b)?, b)?);
-        if self.clean.len() >= self.cache_cap {
-            self.clean.clear();
-        }
-        self.clean.insert(b, n.clone());
+        let mut buf = NodeBuf::zeroed();
+        self.dev
+            .read(b * NODE_BYTES, &mut buf.bytes_mut()[..])
+            .map_err(|e| format!("reading thin metadata block {b}: {e}"))?;
+        let n = Arc::new(Node::from_buf(buf, b)?);
+        self.cache.insert(b, n.clone());
         Ok(n)
     }
 
-    /// The node at `b`, which must be a shadow of this transaction.
+    /// The node at `b`, which must be a shadow of this transaction. A
+    /// caller that still holds an `Arc` of it makes this copy it: drop it
+    /// first.
     pub fn node_mut(&mut self, b: u64) -> &mut Node {
-        let n = self
-            .dirty
-            .entry(b)
-            .or_insert_with(|| Arc::new(Node::empty(true, 8)));
+        let budget = self.cache.budget();
+        let n = match self.dirty.entry(b) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                budget.force_charge(NODE_BYTES);
+                e.insert(Arc::new(Node::empty(true, 8)))
+            }
+        };
         Arc::make_mut(n)
+    }
+
+    /// Pin `n` as this transaction's node at `b`.
+    fn pin(&mut self, b: u64, n: Node) {
+        // A cached node of an earlier life of `b` must not come back.
+        self.cache.remove(b);
+        if self.dirty.insert(b, Arc::new(n)).is_none() {
+            self.cache.budget().force_charge(NODE_BYTES);
+        }
     }
 
     pub fn is_shadow(&self, b: u64) -> bool {
         self.dirty.contains_key(&b)
+    }
+
+    /// The pinned nodes take more than half the budget: time to commit.
+    pub fn pinned_over_budget(&self) -> bool {
+        let limit = self.cache.budget().limit().unwrap_or(u64::MAX);
+        self.dirty.len() as u64 * NODE_BYTES > limit / 2
+    }
+
+    /// Nodes held in memory: cached clean ones and pinned dirty ones.
+    pub fn nodes_held(&self) -> (usize, usize) {
+        (self.cache.len(), self.dirty.len())
     }
 
     pub fn alloc_meta(&mut self) -> Result<u64, String> {
@@ -201,13 +311,15 @@ impl Tm {
 
     pub fn new_node(&mut self, n: Node) -> Result<u64, String> {
         let b = self.alloc_meta()?;
-        self.dirty.insert(b, Arc::new(n));
+        self.pin(b, n);
         Ok(b)
     }
 
     /// Drop a node this transaction made (its contents moved elsewhere).
     pub fn forget(&mut self, b: u64) {
-        self.dirty.remove(&b);
+        if self.dirty.remove(&b).is_some() {
+            self.cache.budget().uncharge(NODE_BYTES);
+        }
         self.msm.dec(b);
     }
 
@@ -224,13 +336,13 @@ impl Tm {
         }
         self.msm.dec(b);
         let nb = self.alloc_meta()?;
-        self.dirty.insert(nb, Arc::new((*n).clone()));
+        self.pin(nb, (*n).clone());
         Ok(nb)
     }
 
     fn inc_children(&mut self, n: &Node, vk: Vk) {
         for i in 0..n.len() {
-            if !n.leaf {
+            if !n.leaf() {
                 self.msm.inc(n.val64(i));
             } else {
                 self.inc_value(vk, n.val64(i));
@@ -251,53 +363,37 @@ impl Tm {
         self.raw.insert(b, blk);
     }
 
-    /// Write every block of the transaction and wait for them to be
-    /// durable; the superblock goes after this.
-    pub fn write_all(&mut self) -> Result<(), String> {
-        let mut blocks: Vec<u64> = self.dirty.keys().chain(self.raw.keys()).copied().collect();
-        blocks.sort_unstable();
-        for b in blocks {
-            let enc;
-            let bytes: &[u8] = match self.raw.get(&b) {
-                Some(r) => &r[..],
-                None => {
-                    enc = self.dirty[&b].encode(b);
-                    &enc[..]
-                }
-            };
-            self.dev
-                .write(
-                    b * BLOCK_SIZE as u64,
-                    crate::core::WriteBuf::Borrowed(bytes),
-                    false,
-                )
-                .map_err(|e| format!("writing thin metadata block {b}: {e}"))?;
-        }
-        self.dev
-            .flush()
-            .map_err(|e| format!("flushing the thin metadata device: {e}"))?;
-        self.raw.clear();
+    /// Everything this transaction writes, with its superblock `sb`; the
+    /// nodes stay pinned (and readable) until [`Tm::finish`].
+    pub fn take_pending(&mut self, sb: Block) -> Pending {
+        let mut nodes: Vec<(u64, Arc<Node>)> =
+            self.dirty.iter().map(|(b, n)| (*b, n.clone())).collect();
+        nodes.sort_unstable_by_key(|(b, _)| *b);
+        let mut raw: Vec<(u64, Block)> = self.raw.drain().collect();
+        raw.sort_unstable_by_key(|(b, _)| *b);
+        Pending { nodes, raw, sb }
+    }
+
+    /// After [`Pending::write`]: the written nodes become clean cached
+    /// ones, and the counts the committed transaction's.
+    pub fn finish(&mut self) {
+        let budget = self.cache.budget().clone();
         for (b, n) in self.dirty.drain() {
-            if self.clean.len() < self.cache_cap {
-                self.clean.insert(b, n);
-            }
+            budget.uncharge(NODE_BYTES);
+            self.cache.insert(b, n);
         }
         self.msm.commit();
         self.dsm.commit();
-        Ok(())
-    }
-
-    pub fn write_super(&mut self, blk: &Block) -> Result<(), String> {
-        self.clean.remove(&0);
-        self.dev
-            .write(0, crate::core::WriteBuf::Borrowed(&blk[..]), true)
-            .map_err(|e| format!("writing the thin superblock: {e}"))?;
-        self.dev
-            .flush()
-            .map_err(|e| format!("flushing the thin superblock: {e}"))
     }
 
     pub fn has_changes(&self) -> bool {
         !self.dirty.is_empty() || !self.msm.changed.is_empty() || !self.dsm.changed.is_empty()
+    }
+}
+
+impl Drop for Tm {
+    fn drop(&mut self) {
+        let pinned = self.dirty.len() as u64;
+        self.cache.budget().uncharge(pinned * NODE_BYTES);
     }
 }
