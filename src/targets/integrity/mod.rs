@@ -7,9 +7,11 @@
 //! Reads check every sector against its tag: a sector whose tag does not
 //! match fails its request with EIO and is counted in the status (the
 //! rest of the device keeps working). Writes go, in `J` mode, first to
-//! the journal ([`journal`]), made durable, then to their places, so a
-//! crash at any point leaves each sector and its tag in step: the journal
-//! is replayed when the device is opened. `D` writes straight to the
+//! the in-memory journal and are acknowledged; a FLUSH makes the journal
+//! durable and a writer thread copies it to the places later
+//! ([`writeback`]), so a crash at any point leaves each sector and its
+//! tag in step: the journal is replayed when the device is opened. `D`
+//! writes straight to the
 //! places (a crash can leave a sector that fails its check), `R` is
 //! read-only and checks nothing (recovery).
 //!
@@ -23,8 +25,10 @@ mod io;
 pub mod journal;
 pub mod layout;
 pub mod params;
+pub mod seal;
 pub mod superblock;
 pub mod tags;
+pub mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,7 +36,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::{Target, TargetArgs, TargetError, TargetOptions};
 use crate::core::device::{write_zeroes_by_writing, TagLayout};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
-use journal::Block;
 use layout::Geometry;
 use params::{IntegrityParams, Mode};
 use superblock::{flags, Superblock, SB_SECTORS};
@@ -47,17 +50,6 @@ pub static TYPE: super::TargetType = super::TargetType {
     more_args: None,
 };
 
-/// Where journal commits go next, and which sections' in-place writes
-/// are not yet known durable (a section is not reused before they are).
-struct State {
-    /// A commit went to the journal since the device was opened.
-    wrote: bool,
-    next_section: u64,
-    seq: u8,
-    unsynced: Vec<bool>,
-    section: Vec<u8>,
-}
-
 pub struct Integrity {
     p: IntegrityParams,
     dev: Arc<dyn BlockDevice>,
@@ -65,9 +57,13 @@ pub struct Integrity {
     g: Geometry,
     alg: Option<Alg>,
     len: u64,
-    /// Serialises writes: journal commits and the read-modify-write of
-    /// tag sectors shared by neighbouring blocks.
-    state: Mutex<State>,
+    /// Serialises `D` writes: the read-modify-write of tag sectors shared
+    /// by neighbouring blocks.
+    state: Mutex<()>,
+    /// `J` mode's journal, once replay is done.
+    journal: Option<writeback::Writeback>,
+    /// `journal_crypt` and `journal_mac`.
+    seal: Option<Arc<seal::Seal>>,
     mismatches: AtomicU64,
     options: TargetOptions,
 }
@@ -86,11 +82,6 @@ fn refuse_unsupported(p: &IntegrityParams, alg: &Option<Alg>) -> Result<(), Targ
     if p.opts.meta_device.is_some() {
         return Err(TargetError::line(
             "meta_device: udm keeps tags on the data device only; leave meta_device out",
-        ));
-    }
-    if p.opts.journal_crypt.is_some() || p.opts.journal_mac.is_some() {
-        return Err(TargetError::line(
-            "journal_crypt and journal_mac are not supported by udm yet; leave them out",
         ));
     }
     if alg.is_none() && (p.mode == Mode::Bitmap || p.opts.allow_discards || p.opts.recalculate) {
@@ -129,20 +120,21 @@ fn spec_of(p: &IntegrityParams, tag_size: u32, has_hash: bool) -> format::Spec {
     }
 }
 
-/// Reads the superblock, formatting a zeroed device as the kernel does.
+/// Reads the superblock, formatting a zeroed device as the kernel does;
+/// whether it formatted.
 fn load_superblock(
     dev: &dyn BlockDevice,
     p: &IntegrityParams,
     tag_size: u32,
     has_hash: bool,
-) -> Result<Superblock, TargetError> {
+) -> Result<(Superblock, bool), TargetError> {
     let mut area = vec![0u8; 512];
     io::read_bytes(dev, p.offset * 512, &mut area)
         .map_err(|e| TargetError::at(0, format!("cannot read the superblock of {}: {e}", p.dev)))?;
     if let Some(sb) =
         Superblock::parse(&area).map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?
     {
-        return Ok(sb);
+        return Ok((sb, false));
     }
     if p.mode == Mode::Recovery {
         return Err(TargetError::at(
@@ -157,7 +149,43 @@ fn load_superblock(
         .map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?;
     format::format(dev, &sb, &g, None, None)
         .map_err(|e| TargetError::at(0, format!("cannot format {}: {e}", p.dev)))?;
-    Ok(sb)
+    Ok((sb, true))
+}
+
+/// With `journal_crypt`/`journal_mac`: a device just formatted gets its
+/// journal sealed and its superblock MAC; an existing one must carry a
+/// superblock MAC the key reproduces (`FIXED_HMAC`), so a wrong key is
+/// refused before anything is replayed.
+fn prepare_seal(
+    dev: &dyn BlockDevice,
+    p: &IntegrityParams,
+    sb: &Superblock,
+    g: &Geometry,
+    s: &seal::Seal,
+    fresh: bool,
+) -> Result<(), TargetError> {
+    let fail = |e: DevError| TargetError::at(0, format!("{}: {e}", p.dev));
+    if fresh {
+        s.write_empty(dev, g, 0).map_err(fail)?;
+        format::write_superblock(
+            dev,
+            sb,
+            p.offset,
+            Some(&|b: &[u8]| s.sb_mac(b).unwrap_or_default()),
+        )
+        .map_err(fail)?;
+        return dev.flush().map_err(fail);
+    }
+    let mut area = vec![0u8; 512];
+    io::read_bytes(dev, p.offset * 512, &mut area).map_err(fail)?;
+    if !s.sb_mac_ok(&area) {
+        return Err(TargetError::line(format!(
+            "journal_mac: the superblock MAC of {} does not match: wrong journal_mac key or \
+             algorithm",
+            p.dev
+        )));
+    }
+    Ok(())
 }
 
 /// For a line over an unopened device: the superblock the kernel would
@@ -240,11 +268,12 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     // the line is checked against the superblock a format of a device
     // just large enough would write, and nothing is read.
     let unopened = dev.size() == u64::MAX;
-    let (sb, dev_sectors) = if unopened {
-        stand_in_superblock(&p, tag_size, alg.is_some(), a.len / 512)?
+    let (sb, dev_sectors, fresh) = if unopened {
+        let (sb, n) = stand_in_superblock(&p, tag_size, alg.is_some(), a.len / 512)?;
+        (sb, n, false)
     } else {
-        let sb = load_superblock(&*dev, &p, tag_size, alg.is_some())?;
-        (sb, dev.size() / 512)
+        let (sb, fresh) = load_superblock(&*dev, &p, tag_size, alg.is_some())?;
+        (sb, dev.size() / 512, fresh)
     };
     check_superblock(&sb, &p, tag_size)?;
     let g = Geometry::of(&sb, p.offset, dev_sectors).map_err(TargetError::line)?;
@@ -256,14 +285,21 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             a.len / 512
         )));
     }
-    let t = Integrity {
-        state: Mutex::new(State {
-            wrote: false,
-            next_section: 0,
-            seq: 0,
-            unsynced: vec![false; g.journal_sections as usize],
-            section: vec![0u8; (g.section_sectors * 512) as usize],
-        }),
+    let seal = seal::Seal::new(
+        p.opts.journal_crypt.as_ref(),
+        p.opts.journal_mac.as_ref(),
+        &sb,
+        &g,
+    )
+    .map_err(TargetError::line)?
+    .map(Arc::new);
+    if let (Some(s), false) = (&seal, unopened) {
+        prepare_seal(&*dev, &p, &sb, &g, s, fresh)?;
+    }
+    let mut t = Integrity {
+        state: Mutex::new(()),
+        seal,
+        journal: None,
         p,
         dev,
         sb,
@@ -274,14 +310,20 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         options: a.options.clone(),
     };
     if t.p.mode != Mode::Recovery && !unopened {
-        t.replay()
+        let (next, seq) = t
+            .replay()
             .map_err(|e| TargetError::line(format!("journal replay on {}: {e}", t.p.dev)))?;
+        if t.p.mode == Mode::Journal {
+            t.journal = Some(t.start_journal(next, seq).map_err(|e| {
+                TargetError::line(format!("cannot start the journal of {}: {e}", t.p.dev))
+            })?);
+        }
     }
     Ok(Arc::new(t))
 }
 
 impl Integrity {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, ()> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -291,13 +333,21 @@ impl Integrity {
 
     /// The kernel's `replay_journal`: committed sections go to their
     /// places, oldest first; then the journal goes on where it was, or is
-    /// rewritten empty when it was torn.
-    fn replay(&self) -> DevResult<()> {
+    /// rewritten empty when it was torn. Returns the section the next
+    /// commit goes to and its sequence number.
+    fn replay(&self) -> DevResult<(u64, u8)> {
         let g = &self.g;
         let mut j = vec![0u8; (g.journal_sections * g.section_sectors * 512) as usize];
         self.dev.read(g.journal_sector(0, 0) * 512, &mut j)?;
-        let plan = journal::plan(g, &j, self.p.mode == Mode::Journal);
         let ss = (g.section_sectors * 512) as usize;
+        let ids = self.seal.as_ref().map_or(&journal::KERNEL_IDS, |s| s.ids());
+        if let Some(s) = &self.seal {
+            for (i, sec) in j.chunks_mut(ss).enumerate() {
+                s.unseal(i as u64, sec);
+            }
+        }
+        let plan = journal::plan_in(g, ids, &j, self.p.mode == Mode::Journal);
+        self.check_macs(&plan, &j)?;
         let mut replayed = 0;
         for &i in &plan.replay {
             for e in journal::entries(g, &j[i as usize * ss..(i as usize + 1) * ss]) {
@@ -332,14 +382,52 @@ impl Integrity {
             );
         }
         self.dev.flush()?;
-        let mut st = self.lock();
         if let Some(seq) = plan.clear_with {
-            format::write_empty_journal(&*self.dev, g, seq, None)?;
+            match &self.seal {
+                Some(s) => s.write_empty(&*self.dev, g, seq)?,
+                None => format::write_empty_journal(&*self.dev, g, seq, None)?,
+            }
             self.dev.flush()?;
         }
-        st.next_section = plan.next_section;
-        st.seq = plan.seq;
+        Ok((plan.next_section, plan.seq))
+    }
+
+    /// `journal_mac`: the sections to replay must carry their MACs (the
+    /// kernel's check), and so must every section of a clean journal, so
+    /// a wrong key is refused even with nothing to replay.
+    fn check_macs(&self, plan: &journal::Plan, j: &[u8]) -> DevResult<()> {
+        let Some(s) = &self.seal else {
+            return Ok(());
+        };
+        let g = &self.g;
+        let ss = (g.section_sectors * 512) as usize;
+        let all: Vec<u64> = (0..g.journal_sections).collect();
+        let check = if plan.replay.is_empty() && plan.clear_with.is_none() {
+            &all
+        } else {
+            &plan.replay
+        };
+        for &i in check {
+            let sec = &j[i as usize * ss..(i as usize + 1) * ss];
+            if !s.mac_ok(g, i, sec) {
+                return Err(DevError::Target(format!(
+                    "journal_mac: the MAC of journal section {i} does not match: wrong \
+                     journal_mac key or algorithm, wrong journal_crypt key, or a damaged journal"
+                )));
+            }
+        }
         Ok(())
+    }
+
+    fn start_journal(&self, next: u64, seq: u8) -> DevResult<writeback::Writeback> {
+        let o = &self.p.opts;
+        let cfg = writeback::Config {
+            name: self.p.dev.clone(),
+            watermark: o.journal_watermark.unwrap_or(writeback::DEFAULT_WATERMARK),
+            commit_time_ms: o.commit_time.unwrap_or(writeback::DEFAULT_COMMIT_TIME_MS),
+            seal: self.seal.clone(),
+        };
+        writeback::Writeback::start(self.dev.clone(), self.g.clone(), next, seq, cfg)
     }
 
     /// Data and tags of whole blocks from logical sector `s` to their
@@ -414,91 +502,25 @@ impl Integrity {
     }
 
     /// Writes through the journal (`J`) or straight (`D`).
-    fn write_blocks(&self, offset: u64, data: &[u8], tags: &[u8]) -> DevResult<()> {
-        let mut st = self.lock();
-        let s0 = offset / 512;
-        if self.p.mode != Mode::Journal {
-            return self.place(s0, data, tags);
+    fn write_blocks(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
+        if let Some(j) = &self.journal {
+            return j.write(offset / 512, data, tags, fua);
         }
-        let g = &self.g;
-        let per = g.section_entries as usize;
-        let bb = g.block_bytes();
-        let ts = g.tag_size as usize;
-        for (c, (dchunk, tchunk)) in data.chunks(per * bb).zip(tags.chunks(per * ts)).enumerate() {
-            let s = s0 + (((c * per) as u64) << g.log2_spb);
-            self.commit(&mut st, s, dchunk, tchunk)?;
-            self.place(s, dchunk, tchunk)?;
-            let i = st.next_section as usize;
-            st.unsynced[i] = true;
-            st.next_section += 1;
-            if st.next_section == g.journal_sections {
-                st.next_section = 0;
-                st.seq = journal::next_seq(st.seq);
+        let _st = self.lock();
+        self.place(offset / 512, data, tags)
+    }
+
+    /// Data and tags of whole blocks at `offset`, the journal's newer
+    /// copies in place of the device's; per block, whether it came from
+    /// the journal (its tag is ours: nothing to check).
+    fn read_current(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> DevResult<Vec<bool>> {
+        match &self.journal {
+            Some(j) => j.read(offset / 512, buf, tags, &|b, t| self.read_raw(offset, b, t)),
+            None => {
+                self.read_raw(offset, buf, tags)?;
+                Ok(vec![false; buf.len() / self.g.block_bytes()])
             }
         }
-        Ok(())
-    }
-
-    /// One journal section holding these blocks, durable on return.
-    fn commit(&self, st: &mut State, s: u64, data: &[u8], tags: &[u8]) -> DevResult<()> {
-        let g = &self.g;
-        let i = st.next_section;
-        if st.unsynced[i as usize] {
-            // Its last contents' in-place copies must be durable before
-            // the journal forgets them.
-            self.dev.flush()?;
-            st.unsynced.fill(false);
-        }
-        let bb = g.block_bytes();
-        let ts = g.tag_size as usize;
-        let blocks: Vec<Block<'_>> = data
-            .chunks(bb)
-            .zip(tags.chunks(ts))
-            .enumerate()
-            .map(|(k, (d, t))| Block {
-                sector: s + ((k as u64) << g.log2_spb),
-                data: d,
-                tag: t,
-            })
-            .collect();
-        let seq = st.seq;
-        journal::fill_section(g, &mut st.section, i, seq, &blocks);
-        self.dev.write(
-            g.journal_sector(i, 0) * 512,
-            WriteBuf::Borrowed(&st.section),
-            false,
-        )?;
-        self.dev.flush()?;
-        st.unsynced.fill(false);
-        st.wrote = true;
-        Ok(())
-    }
-
-    /// The kernel's `postsuspend` in J mode: once every in-place write
-    /// is durable the journal is rewritten empty (sections from the next
-    /// one on with the current sequence number, the ones before with the
-    /// next), so the next open has nothing to replay.
-    fn retire_journal(&self) -> DevResult<()> {
-        let mut st = self.lock();
-        if !st.wrote {
-            return Ok(());
-        }
-        self.dev.flush()?;
-        let g = &self.g;
-        let (next, seq) = (st.next_section, st.seq);
-        for i in 0..g.journal_sections {
-            let s = if i >= next {
-                seq
-            } else {
-                journal::next_seq(seq)
-            };
-            journal::fill_section(g, &mut st.section, i, s, &[]);
-            let at = g.journal_sector(i, 0) * 512;
-            self.dev.write(at, WriteBuf::Borrowed(&st.section), false)?;
-        }
-        self.dev.flush()?;
-        st.wrote = false;
-        Ok(())
     }
 
     fn mismatch(&self, sector: u64) -> DevError {
@@ -537,12 +559,15 @@ impl BlockDevice for Integrity {
         let ts = g.tag_size as usize;
         let bb = g.block_bytes();
         let mut tags = vec![0u8; buf.len() / bb * ts];
-        self.read_raw(offset, buf, &mut tags)?;
+        let journaled = self.read_current(offset, buf, &mut tags)?;
         let Some(a) = self.alg.as_ref().filter(|_| self.p.mode != Mode::Recovery) else {
             return Ok(());
         };
         let mut want = vec![0u8; ts];
         for (k, (blk, t)) in buf.chunks(bb).zip(tags.chunks(ts)).enumerate() {
+            if journaled[k] {
+                continue;
+            }
             let s = offset / 512 + ((k as u64) << g.log2_spb);
             a.tag(self.salt(), s, blk, &mut want);
             if want != t {
@@ -551,7 +576,7 @@ impl BlockDevice for Integrity {
         }
         Ok(())
     }
-    fn write(&self, offset: u64, data: WriteBuf<'_>, _fua: bool) -> DevResult<()> {
+    fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
         if self.p.mode == Mode::Recovery {
             return Err(DevError::ReadOnly);
         }
@@ -559,7 +584,7 @@ impl BlockDevice for Integrity {
         self.check_range(offset, data.len())?;
         let mut tags = vec![0u8; data.len() / self.g.block_bytes() * self.g.tag_size as usize];
         self.compute_tags(offset / 512, data, &mut tags);
-        self.write_blocks(offset, data, &tags)
+        self.write_blocks(offset, data, &tags, fua)
     }
     fn tag_layout(&self) -> Option<TagLayout> {
         self.alg.is_none().then(|| TagLayout {
@@ -581,9 +606,9 @@ impl BlockDevice for Integrity {
                 l.sector_size
             )));
         }
-        self.read_raw(offset, buf, tags)
+        self.read_current(offset, buf, tags).map(|_| ())
     }
-    fn write_tagged(&self, offset: u64, data: &[u8], tags: &[u8], _fua: bool) -> DevResult<()> {
+    fn write_tagged(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
         let l = self.tag_layout().ok_or(DevError::NotSupported(
             "tagged write: this integrity device computes its own tags (internal_hash)",
         ))?;
@@ -600,16 +625,16 @@ impl BlockDevice for Integrity {
                 l.sector_size
             )));
         }
-        self.write_blocks(offset, data, tags)
+        self.write_blocks(offset, data, tags, fua)
     }
     fn flush(&self) -> DevResult<()> {
         if self.p.mode == Mode::Recovery {
             return Ok(());
         }
-        let mut st = self.lock();
-        self.dev.flush()?;
-        st.unsynced.fill(false);
-        Ok(())
+        match &self.journal {
+            Some(j) => j.flush(),
+            None => self.dev.flush(),
+        }
     }
     fn discard(&self, _offset: u64, _len: u64) -> DevResult<()> {
         Err(DevError::NotSupported(
@@ -623,7 +648,10 @@ impl BlockDevice for Integrity {
 
 impl Drop for Integrity {
     fn drop(&mut self) {
-        if let Err(e) = self.retire_journal() {
+        let Some(j) = self.journal.take() else {
+            return;
+        };
+        if let Err(e) = j.close() {
             tracing::warn!("integrity {}: cannot empty the journal at close ({e}); it is replayed at the next open", self.p.dev);
         }
     }
