@@ -88,6 +88,7 @@ fn params(a: &Args, path: &str, sb: &Superblock) -> Result<IntegrityParams, Fail
         }),
         ..Options::default()
     };
+    (o.journal_crypt, o.journal_mac) = super::offline::journal_algs(a)?;
     o.journal_watermark = a.u32("journal-watermark")?;
     o.commit_time = a.u32("journal-commit-time")?;
     o.buffer_sectors = a.u32("buffer-sectors")?;

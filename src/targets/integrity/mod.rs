@@ -310,11 +310,11 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         options: a.options.clone(),
     };
     if t.p.mode != Mode::Recovery && !unopened {
-        let (next, seq) = t
+        let (next, seq, replayed) = t
             .replay()
             .map_err(|e| TargetError::line(format!("journal replay on {}: {e}", t.p.dev)))?;
         if t.p.mode == Mode::Journal {
-            t.journal = Some(t.start_journal(next, seq).map_err(|e| {
+            t.journal = Some(t.start_journal(next, seq, replayed).map_err(|e| {
                 TargetError::line(format!("cannot start the journal of {}: {e}", t.p.dev))
             })?);
         }
@@ -334,8 +334,10 @@ impl Integrity {
     /// The kernel's `replay_journal`: committed sections go to their
     /// places, oldest first; then the journal goes on where it was, or is
     /// rewritten empty when it was torn. Returns the section the next
-    /// commit goes to and its sequence number.
-    fn replay(&self) -> DevResult<(u64, u8)> {
+    /// commit goes to, its sequence number, and whether anything was
+    /// replayed (then the journal is emptied at close, so a later open
+    /// does not write the same entries again over newer changes).
+    fn replay(&self) -> DevResult<(u64, u8, bool)> {
         let g = &self.g;
         let mut j = vec![0u8; (g.journal_sections * g.section_sectors * 512) as usize];
         self.dev.read(g.journal_sector(0, 0) * 512, &mut j)?;
@@ -389,7 +391,7 @@ impl Integrity {
             }
             self.dev.flush()?;
         }
-        Ok((plan.next_section, plan.seq))
+        Ok((plan.next_section, plan.seq, replayed > 0))
     }
 
     /// `journal_mac`: the sections to replay must carry their MACs (the
@@ -419,13 +421,14 @@ impl Integrity {
         Ok(())
     }
 
-    fn start_journal(&self, next: u64, seq: u8) -> DevResult<writeback::Writeback> {
+    fn start_journal(&self, next: u64, seq: u8, replayed: bool) -> DevResult<writeback::Writeback> {
         let o = &self.p.opts;
         let cfg = writeback::Config {
             name: self.p.dev.clone(),
             watermark: o.journal_watermark.unwrap_or(writeback::DEFAULT_WATERMARK),
             commit_time_ms: o.commit_time.unwrap_or(writeback::DEFAULT_COMMIT_TIME_MS),
             seal: self.seal.clone(),
+            replayed,
         };
         writeback::Writeback::start(self.dev.clone(), self.g.clone(), next, seq, cfg)
     }

@@ -177,6 +177,8 @@ pub struct Config {
     pub commit_time_ms: u32,
     /// `journal_crypt`/`journal_mac`.
     pub seal: Option<Arc<Seal>>,
+    /// Replay at open placed entries: the journal is emptied at close.
+    pub replayed: bool,
 }
 
 impl Writeback {
@@ -212,7 +214,7 @@ impl Writeback {
                 since: None,
                 waiting: 0,
                 stop: false,
-                wrote: false,
+                wrote: cfg.replayed,
                 failed: None,
             }),
             g,
