@@ -18,11 +18,14 @@
 //! IV through [`BlockDevice::write_tagged`] and reads them back with
 //! [`BlockDevice::read_tagged`].
 
+pub mod bitmap;
+pub mod discard;
 pub mod format;
 mod io;
 pub mod journal;
 pub mod layout;
 pub mod params;
+mod recalc;
 pub mod superblock;
 pub mod tags;
 
@@ -56,6 +59,11 @@ struct State {
     seq: u8,
     unsynced: Vec<bool>,
     section: Vec<u8>,
+    /// The superblock as it is on disk now (flags and bitmap fields
+    /// change while the device is open).
+    sb: Superblock,
+    /// Bitmap mode's dirty bitmap.
+    bitmap: Option<bitmap::Bitmap>,
 }
 
 pub struct Integrity {
@@ -70,6 +78,8 @@ pub struct Integrity {
     state: Mutex<State>,
     mismatches: AtomicU64,
     options: TargetOptions,
+    /// Reads of blocks from here on are not checked (see [`recalc`]).
+    recalc_at: AtomicU64,
 }
 
 fn alg_of(p: &IntegrityParams) -> Result<Option<Alg>, TargetError> {
@@ -96,17 +106,6 @@ fn refuse_unsupported(p: &IntegrityParams, alg: &Option<Alg>) -> Result<(), Targ
     if alg.is_none() && (p.mode == Mode::Bitmap || p.opts.allow_discards || p.opts.recalculate) {
         return Err(TargetError::line(
             "bitmap mode, allow_discards and recalculate need an internal_hash",
-        ));
-    }
-    if p.mode == Mode::Bitmap {
-        return Err(TargetError::at(
-            3,
-            "bitmap mode (B) is not supported by udm yet: use J or D",
-        ));
-    }
-    if p.opts.recalculate || p.opts.allow_discards {
-        return Err(TargetError::line(
-            "recalculate and allow_discards are not supported by udm yet; leave them out",
         ));
     }
     Ok(())
@@ -263,6 +262,8 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             seq: 0,
             unsynced: vec![false; g.journal_sections as usize],
             section: vec![0u8; (g.section_sectors * 512) as usize],
+            sb: sb.clone(),
+            bitmap: None,
         }),
         p,
         dev,
@@ -272,12 +273,22 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         len: a.len,
         mismatches: AtomicU64::new(0),
         options: a.options.clone(),
+        recalc_at: AtomicU64::new(u64::MAX),
     };
-    if t.p.mode != Mode::Recovery && !unopened {
-        t.replay()
+    let live = t.p.mode != Mode::Recovery && !unopened;
+    if live {
+        t.check_recalc()?;
+        t.resume()
             .map_err(|e| TargetError::line(format!("journal replay on {}: {e}", t.p.dev)))?;
+        t.apply_recalc_options().map_err(|e| {
+            TargetError::line(format!("cannot write the superblock of {}: {e}", t.p.dev))
+        })?;
     }
-    Ok(Arc::new(t))
+    let t = Arc::new(t);
+    if live {
+        Integrity::start_recalc(&t);
+    }
+    Ok(t)
 }
 
 impl Integrity {
@@ -418,7 +429,7 @@ impl Integrity {
         let mut st = self.lock();
         let s0 = offset / 512;
         if self.p.mode != Mode::Journal {
-            return self.place(s0, data, tags);
+            return self.write_direct(&mut st, s0, data, tags);
         }
         let g = &self.g;
         let per = g.section_entries as usize;
@@ -525,7 +536,7 @@ impl BlockDevice for Integrity {
             logical_block_size: bb,
             optimal_io_size: bb.max(4096),
             read_only: self.p.mode == Mode::Recovery,
-            discard: false,
+            discard: self.p.opts.allow_discards,
             write_zeroes: false,
             ..Limits::default()
         };
@@ -542,10 +553,14 @@ impl BlockDevice for Integrity {
             return Ok(());
         };
         let mut want = vec![0u8; ts];
+        let checked_below = self.checked_below();
         for (k, (blk, t)) in buf.chunks(bb).zip(tags.chunks(ts)).enumerate() {
             let s = offset / 512 + ((k as u64) << g.log2_spb);
+            if s >= checked_below {
+                break;
+            }
             a.tag(self.salt(), s, blk, &mut want);
-            if want != t {
+            if !discard::tag_ok(&want, t, self.p.opts.allow_discards) {
                 return Err(self.mismatch(s));
             }
         }
@@ -609,12 +624,10 @@ impl BlockDevice for Integrity {
         let mut st = self.lock();
         self.dev.flush()?;
         st.unsynced.fill(false);
-        Ok(())
+        self.bitmap_tick(&mut st)
     }
-    fn discard(&self, _offset: u64, _len: u64) -> DevResult<()> {
-        Err(DevError::NotSupported(
-            "integrity: discards are not enabled (allow_discards)",
-        ))
+    fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.discard_blocks(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         write_zeroes_by_writing(self, offset, len, fua)
@@ -623,6 +636,9 @@ impl BlockDevice for Integrity {
 
 impl Drop for Integrity {
     fn drop(&mut self) {
+        if let Err(e) = self.close_bitmap() {
+            tracing::warn!("integrity {}: cannot mark the bitmap clean at close ({e}); its regions are recomputed at the next open", self.p.dev);
+        }
         if let Err(e) = self.retire_journal() {
             tracing::warn!("integrity {}: cannot empty the journal at close ({e}); it is replayed at the next open", self.p.dev);
         }
@@ -639,8 +655,9 @@ impl Target for Integrity {
     /// The kernel's: mismatches, provided data sectors, and the
     /// recalculation position or `-`.
     fn status(&self) -> String {
-        let recalc = if self.sb.has(flags::RECALCULATING) {
-            self.sb.recalc_sector.to_string()
+        let sb = self.lock().sb.clone();
+        let recalc = if sb.has(flags::RECALCULATING) {
+            sb.recalc_sector.to_string()
         } else {
             "-".into()
         };
