@@ -10,6 +10,9 @@
 //! then; udm does it before the device is served, which gives the same
 //! result without a window of unchecked reads.
 //!
+//! The superblock is marked dirty at the first write rather than at
+//! open (see [`Integrity::resume`]).
+//!
 //! On disk the bitmap starts at the journal's first sector, in blocks of
 //! 4096 bytes; bit `k` (byte `k / 8`, bit `k % 8`) covers the sectors
 //! from `k << log2_sectors_per_bit`.
@@ -143,42 +146,43 @@ impl Integrity {
     }
 
     /// The kernel's `dm_integrity_resume`: a device left with a dirty
-    /// bitmap gets the tags of its dirty regions recomputed; otherwise the
-    /// journal is replayed. Bitmap mode then marks the superblock
-    /// `DIRTY_BITMAP` and starts from a clear bitmap; the other modes
-    /// take over a once-dirty device with an empty journal.
+    /// bitmap gets the tags of its dirty regions recomputed, and is left
+    /// clean (empty journal, `DIRTY_BITMAP` cleared); otherwise the
+    /// journal is replayed. Bitmap mode marks the superblock dirty at the
+    /// first write ([`Integrity::bitmap_mark`]), not here as the kernel
+    /// does: udm may build a table's targets more than once, and an
+    /// instance that never wrote must not touch the superblock when it
+    /// goes.
     pub(super) fn resume(&self) -> DevResult<()> {
-        let dirty = self.lock().sb.has(flags::DIRTY_BITMAP);
-        if dirty {
+        if self.lock().sb.has(flags::DIRTY_BITMAP) {
             self.recover_bitmap()?;
-        } else {
-            self.replay()?;
-        }
-        let mut st = self.lock();
-        let mut sb = st.sb.clone();
-        if self.p.mode == Mode::Bitmap {
-            sb.flags |= flags::DIRTY_BITMAP;
-            sb.log2_blocks_per_bitmap_bit = self.wanted_log2_bpb();
-            self.write_live_superblock(&mut sb)?;
-            let b = Bitmap::new(
-                &self.g,
-                sb.log2_blocks_per_bitmap_bit,
-                self.p.opts.bitmap_flush_interval,
-            );
-            self.write_bitmap(&b, 0..=b.n_blocks() - 1)?;
-            st.bitmap = Some(b);
-        } else if dirty {
             write_empty_journal(&*self.dev, &self.g, 0, None)?;
             self.dev.flush()?;
+            let mut st = self.lock();
+            let mut sb = st.sb.clone();
             sb.flags &= !flags::DIRTY_BITMAP;
             self.write_live_superblock(&mut sb)?;
+            st.sb = sb;
         }
+        self.replay()
+    }
+
+    /// Bitmap mode's start, at the first write: the superblock says
+    /// `DIRTY_BITMAP` (with this line's bit size) before any bit is set,
+    /// and the bitmap on disk starts clear.
+    fn activate_bitmap(&self, st: &mut State) -> DevResult<()> {
+        let mut sb = st.sb.clone();
+        sb.flags |= flags::DIRTY_BITMAP;
+        sb.log2_blocks_per_bitmap_bit = self.wanted_log2_bpb();
+        self.write_live_superblock(&mut sb)?;
+        let b = Bitmap::new(
+            &self.g,
+            sb.log2_blocks_per_bitmap_bit,
+            self.p.opts.bitmap_flush_interval,
+        );
+        self.write_bitmap(&b, 0..=b.n_blocks() - 1)?;
         st.sb = sb;
-        drop(st);
-        if dirty && self.p.mode != Mode::Bitmap {
-            // Sets where the journal goes on (nothing to replay).
-            self.replay()?;
-        }
+        st.bitmap = Some(b);
         Ok(())
     }
 
@@ -217,7 +221,7 @@ impl Integrity {
         data: &[u8],
         tags: &[u8],
     ) -> DevResult<()> {
-        if st.bitmap.is_none() {
+        if self.p.mode != Mode::Bitmap {
             return self.place(s, data, tags);
         }
         self.bitmap_mark(st, s, data.len() as u64 / 512)?;
@@ -228,6 +232,12 @@ impl Integrity {
     /// In bitmap mode, marks `[s, s + n)` dirty on disk (durable on
     /// return) unless it already is; nothing in the other modes.
     pub(super) fn bitmap_mark(&self, st: &mut State, s: u64, n: u64) -> DevResult<()> {
+        if self.p.mode != Mode::Bitmap {
+            return Ok(());
+        }
+        if st.bitmap.is_none() {
+            self.activate_bitmap(st)?;
+        }
         let Some(b) = st.bitmap.as_mut() else {
             return Ok(());
         };
@@ -354,11 +364,14 @@ mod target_tests {
     fn dirty_while_open_clean_after_close_and_data_round_trips() {
         let m = Arc::new(MemStore::new(DEV));
         let t = open(&m, B, 1 << 20).unwrap();
+        // A second instance that never writes changes nothing when it goes.
+        drop(open(&m, B, 1 << 20).unwrap());
+        assert!(!sb(&m).has(flags::DIRTY_BITMAP));
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 1) as u8).collect();
+        t.write(16 * 512, WriteBuf::Borrowed(&data), false).unwrap();
         let s = sb(&m);
         assert!(s.has(flags::DIRTY_BITMAP) && s.version >= 3, "{s:?}");
         assert_eq!(s.log2_blocks_per_bitmap_bit, 3);
-        let data: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 1) as u8).collect();
-        t.write(16 * 512, WriteBuf::Borrowed(&data), false).unwrap();
         // Bits 2 and 3 (sectors 16 to 31) are set on disk.
         let g = geometry(&m);
         let mut bm = [0u8; 512];
