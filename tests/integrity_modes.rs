@@ -58,10 +58,13 @@ fn serve(d: &Path) -> UdmServe {
     UdmServe::start(&sock, &["--control", ctl.to_str().unwrap()])
 }
 
+/// `format` options, then the dump fields they must give.
+type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)]);
+
 #[test]
 fn bitmap_format_reads_back_in_integritysetup_dump() {
     let d = scratch("integrity-bfmt");
-    let cases: &[(&[&str], &[(&str, &str)])] = &[
+    let cases: &[Case] = &[
         (
             &["--integrity-bitmap-mode"],
             &[

@@ -74,7 +74,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::core::{BlockDevice, WriteBuf};
+    use crate::core::WriteBuf;
     use crate::store::MemStore;
     use crate::targets::integrity::tests::{geometry, open, DEV};
 
