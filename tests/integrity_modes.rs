@@ -51,6 +51,19 @@ fn nbd_py(sock: &Path, export: &str, code: &str) -> Output {
     Command::new(PYTHON).arg("-c").arg(prog).output().unwrap()
 }
 
+/// `close vol`, retried while an NBD client's disconnect is still on
+/// its way to the server.
+fn close(ctl: &str) {
+    wait_for("close vol", std::time::Duration::from_secs(20), || {
+        uis()
+            .args(["close", "vol", "--control", ctl])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    });
+}
+
 fn serve(d: &Path) -> UdmServe {
     let sock = d.join("nbd.sock");
     let _ = std::fs::remove_file(&sock);
@@ -139,7 +152,7 @@ fn bitmap_mode_round_trips_and_marks_the_superblock_dirty_while_open() {
         field(&open_dump, "flags").contains("dirty_bitmap"),
         "{open_dump}"
     );
-    ok(uis().args(["close", "vol", "--control", ctl]));
+    close(ctl);
     srv.stop();
     let closed = dump(&img);
     assert!(
@@ -207,7 +220,7 @@ fn allow_discards_trims_read_back_and_the_table_says_so() {
         "{}",
         show(&o)
     );
-    ok(uis().args(["close", "vol", "--control", ctl]));
+    close(ctl);
     // Without allow_discards the filler tags are mismatches.
     ok(uis().args(["open", p, "vol", "--control", ctl]));
     let o = nbd_py(&srv.sock, "vol", "h.pread(512, 32768)");
@@ -228,7 +241,7 @@ fn recalculate_makes_an_unwiped_device_readable_and_keeps_its_position() {
     // Zeros under zero tags: crc32c does not match.
     let o = nbd_py(&srv.sock, "vol", "h.pread(4096, 0)");
     assert!(!o.status.success(), "{}", show(&o));
-    ok(uis().args(["close", "vol", "--control", ctl]));
+    close(ctl);
     ok(uis().args([
         "open",
         p,
