@@ -11,8 +11,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::process::{Command, Output};
 
 use common::*;
 
@@ -222,7 +221,6 @@ fn written_data_survives_a_restart_and_a_flipped_bit_fails_its_sector_only() {
 #[test]
 fn sigkill_during_journaled_writes_loses_nothing_flushed_and_no_tag_mismatches() {
     const KILLS: u32 = 20;
-    need_python_module("nbd", "python3-libnbd");
     let d = scratch("integrity-kill");
     let p = d.path();
     let img = sparse(p, "v.img", 24 << 20);
@@ -245,75 +243,7 @@ fn sigkill_during_journaled_writes_loses_nothing_flushed_and_no_tag_mismatches()
         ),
     )
     .unwrap();
-    let script = format!("{}/tests/faults/crash_io.py", env!("CARGO_MANIFEST_DIR"));
-    let state = p.join("state.json");
-    let sock = p.join("s.sock");
-    let tables = format!("ig={}", table.display());
-    let serve = || {
-        let _ = std::fs::remove_file(&sock);
-        UdmServe::start(&sock, &["--threads", "2", "--table", &tables])
-    };
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    println!("random seed {seed}");
-    let mut rng = seed | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    let verify = |round: u32| {
-        // Reads every block: a sector whose tag mismatches is an EIO,
-        // which fails the script.
-        let out = run_text(
-            Command::new(PYTHON)
-                .arg(&script)
-                .args(["verify", sock.to_str().unwrap(), "ig"])
-                .arg(&state)
-                .arg("flushed"),
-        );
-        println!("round {round}: {}", out.trim());
-    };
-    let mut acked = 0u64;
-    for round in 0..KILLS {
-        let srv = serve();
-        if round > 0 {
-            verify(round);
-        }
-        let writer = Command::new(PYTHON)
-            .arg(&script)
-            .args(["write", sock.to_str().unwrap(), "ig"])
-            .arg(&state)
-            .arg(next().to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let ready = p.join("state.json.ready");
-        wait_for("the writer", Duration::from_secs(60), || ready.exists());
-        std::fs::remove_file(&ready).unwrap();
-        std::thread::sleep(Duration::from_millis(50 + next() % 750));
-        srv.kill9();
-        let out = writer.wait_with_output().unwrap();
-        assert!(out.status.success(), "writer failed:\n{}", show(&out));
-        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        println!("round {round}: SIGKILL; {line}");
-        acked += line
-            .split(|c: char| !c.is_ascii_digit())
-            .find_map(|w| w.parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    let srv = serve();
-    verify(KILLS);
-    srv.stop();
-    assert!(acked > 0, "the writer never got going");
-    report(&format!(
-        "integrity SIGKILL test: {KILLS} kills, {acked} writes acknowledged, every one \
-         flushed intact, no tag mismatch after each restart"
-    ));
+    crash::sigkill_rounds(p, &table, "ig", KILLS, "integrity", true);
 }
 
 /// `--journal-crypt ctr-aes` and `--journal-integrity hmac-sha256`: the

@@ -11,20 +11,26 @@
 //! durable and a writer thread copies it to the places later
 //! ([`writeback`]), so a crash at any point leaves each sector and its
 //! tag in step: the journal is replayed when the device is opened. `D`
-//! writes straight to the
-//! places (a crash can leave a sector that fails its check), `R` is
-//! read-only and checks nothing (recovery).
+//! writes straight to the places (a crash can leave a sector that fails
+//! its check); `B` does too, after marking the regions it writes in a
+//! durable bitmap ([`bitmap`]) whose dirty regions get their tags
+//! recomputed at the next open after a crash; `R` is read-only and checks
+//! nothing (recovery). [`discard`] serves `allow_discards` and
+//! [`recalc`] `recalculate`, in every writing mode.
 //!
 //! Without an internal hash the tags are the caller's: the layer above
 //! (authenticated dm-crypt) stores its per-sector authentication tag and
 //! IV through [`BlockDevice::write_tagged`] and reads them back with
 //! [`BlockDevice::read_tagged`].
 
+pub mod bitmap;
+pub mod discard;
 pub mod format;
 mod io;
 pub mod journal;
 pub mod layout;
 pub mod params;
+mod recalc;
 pub mod seal;
 pub mod superblock;
 pub mod tags;
@@ -50,6 +56,19 @@ pub static TYPE: super::TargetType = super::TargetType {
     more_args: None,
 };
 
+/// What changes while the device is open, outside the journal: the
+/// superblock and bitmap mode's bitmap. Its lock also serialises `D` and
+/// `B` writes (the read-modify-write of tag sectors shared by
+/// neighbouring blocks), discards and recalculation steps; `J` writes
+/// never take it (the journal has its own locks, see [`writeback`]).
+struct State {
+    /// The superblock as it is on disk now (flags, bitmap and
+    /// recalculation fields change while the device is open).
+    sb: Superblock,
+    /// Bitmap mode's dirty bitmap.
+    bitmap: Option<bitmap::Bitmap>,
+}
+
 pub struct Integrity {
     p: IntegrityParams,
     dev: Arc<dyn BlockDevice>,
@@ -57,15 +76,16 @@ pub struct Integrity {
     g: Geometry,
     alg: Option<Alg>,
     len: u64,
-    /// Serialises `D` writes: the read-modify-write of tag sectors shared
-    /// by neighbouring blocks.
-    state: Mutex<()>,
+    /// The superblock and bitmap as they are now; see [`State`].
+    state: Mutex<State>,
     /// `J` mode's journal, once replay is done.
     journal: Option<writeback::Writeback>,
     /// `journal_crypt` and `journal_mac`.
     seal: Option<Arc<seal::Seal>>,
     mismatches: AtomicU64,
     options: TargetOptions,
+    /// Reads of blocks from here on are not checked (see [`recalc`]).
+    recalc_at: AtomicU64,
 }
 
 fn alg_of(p: &IntegrityParams) -> Result<Option<Alg>, TargetError> {
@@ -87,17 +107,6 @@ fn refuse_unsupported(p: &IntegrityParams, alg: &Option<Alg>) -> Result<(), Targ
     if alg.is_none() && (p.mode == Mode::Bitmap || p.opts.allow_discards || p.opts.recalculate) {
         return Err(TargetError::line(
             "bitmap mode, allow_discards and recalculate need an internal_hash",
-        ));
-    }
-    if p.mode == Mode::Bitmap {
-        return Err(TargetError::at(
-            3,
-            "bitmap mode (B) is not supported by udm yet: use J or D",
-        ));
-    }
-    if p.opts.recalculate || p.opts.allow_discards {
-        return Err(TargetError::line(
-            "recalculate and allow_discards are not supported by udm yet; leave them out",
         ));
     }
     Ok(())
@@ -297,7 +306,10 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         prepare_seal(&*dev, &p, &sb, &g, s, fresh)?;
     }
     let mut t = Integrity {
-        state: Mutex::new(()),
+        state: Mutex::new(State {
+            sb: sb.clone(),
+            bitmap: None,
+        }),
         seal,
         journal: None,
         p,
@@ -308,22 +320,32 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         len: a.len,
         mismatches: AtomicU64::new(0),
         options: a.options.clone(),
+        recalc_at: AtomicU64::new(u64::MAX),
     };
-    if t.p.mode != Mode::Recovery && !unopened {
+    let live = t.p.mode != Mode::Recovery && !unopened;
+    if live {
+        t.check_recalc()?;
         let (next, seq, replayed) = t
-            .replay()
+            .resume()
             .map_err(|e| TargetError::line(format!("journal replay on {}: {e}", t.p.dev)))?;
+        t.apply_recalc_options().map_err(|e| {
+            TargetError::line(format!("cannot write the superblock of {}: {e}", t.p.dev))
+        })?;
         if t.p.mode == Mode::Journal {
             t.journal = Some(t.start_journal(next, seq, replayed).map_err(|e| {
                 TargetError::line(format!("cannot start the journal of {}: {e}", t.p.dev))
             })?);
         }
     }
-    Ok(Arc::new(t))
+    let t = Arc::new(t);
+    if live {
+        Integrity::start_recalc(&t);
+    }
+    Ok(t)
 }
 
 impl Integrity {
-    fn lock(&self) -> MutexGuard<'_, ()> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -385,13 +407,19 @@ impl Integrity {
         }
         self.dev.flush()?;
         if let Some(seq) = plan.clear_with {
-            match &self.seal {
-                Some(s) => s.write_empty(&*self.dev, g, seq)?,
-                None => format::write_empty_journal(&*self.dev, g, seq, None)?,
-            }
+            self.write_empty_journal(seq)?;
             self.dev.flush()?;
         }
         Ok((plan.next_section, plan.seq, replayed > 0))
+    }
+
+    /// The journal rewritten empty, every section with sequence number
+    /// `seq`, sealed with `journal_crypt`/`journal_mac`.
+    fn write_empty_journal(&self, seq: u8) -> DevResult<()> {
+        match &self.seal {
+            Some(s) => s.write_empty(&*self.dev, &self.g, seq),
+            None => format::write_empty_journal(&*self.dev, &self.g, seq, None),
+        }
     }
 
     /// `journal_mac`: the sections to replay must carry their MACs (the
@@ -504,13 +532,24 @@ impl Integrity {
         Ok(())
     }
 
-    /// Writes through the journal (`J`) or straight (`D`).
+    /// Writes through the journal (`J`) or straight (`D`, `B`).
     fn write_blocks(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
         if let Some(j) = &self.journal {
             return j.write(offset / 512, data, tags, fua);
         }
-        let _st = self.lock();
-        self.place(offset / 512, data, tags)
+        let mut st = self.lock();
+        self.write_direct(&mut st, offset / 512, data, tags)
+    }
+
+    /// `f`, which writes tags or data beside the journal, run while the
+    /// journal places nothing (with `drain`, after it placed everything
+    /// acknowledged so far; see [`writeback::Writeback::exclusive`]);
+    /// straight away in the other modes.
+    fn around_journal<R>(&self, drain: bool, f: impl FnOnce() -> DevResult<R>) -> DevResult<R> {
+        match &self.journal {
+            Some(j) => j.exclusive(drain, f),
+            None => f(),
+        }
     }
 
     /// Data and tags of whole blocks at `offset`, the journal's newer
@@ -550,7 +589,7 @@ impl BlockDevice for Integrity {
             logical_block_size: bb,
             optimal_io_size: bb.max(4096),
             read_only: self.p.mode == Mode::Recovery,
-            discard: false,
+            discard: self.p.opts.allow_discards,
             write_zeroes: false,
             ..Limits::default()
         };
@@ -567,13 +606,17 @@ impl BlockDevice for Integrity {
             return Ok(());
         };
         let mut want = vec![0u8; ts];
+        let checked_below = self.checked_below();
         for (k, (blk, t)) in buf.chunks(bb).zip(tags.chunks(ts)).enumerate() {
             if journaled[k] {
                 continue;
             }
             let s = offset / 512 + ((k as u64) << g.log2_spb);
+            if s >= checked_below {
+                break;
+            }
             a.tag(self.salt(), s, blk, &mut want);
-            if want != t {
+            if !discard::tag_ok(&want, t, self.p.opts.allow_discards) {
                 return Err(self.mismatch(s));
             }
         }
@@ -634,15 +677,15 @@ impl BlockDevice for Integrity {
         if self.p.mode == Mode::Recovery {
             return Ok(());
         }
-        match &self.journal {
-            Some(j) => j.flush(),
-            None => self.dev.flush(),
+        if let Some(j) = &self.journal {
+            return j.flush();
         }
+        let mut st = self.lock();
+        self.dev.flush()?;
+        self.bitmap_tick(&mut st)
     }
-    fn discard(&self, _offset: u64, _len: u64) -> DevResult<()> {
-        Err(DevError::NotSupported(
-            "integrity: discards are not enabled (allow_discards)",
-        ))
+    fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.discard_blocks(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         write_zeroes_by_writing(self, offset, len, fua)
@@ -651,6 +694,9 @@ impl BlockDevice for Integrity {
 
 impl Drop for Integrity {
     fn drop(&mut self) {
+        if let Err(e) = self.close_bitmap() {
+            tracing::warn!("integrity {}: cannot mark the bitmap clean at close ({e}); its regions are recomputed at the next open", self.p.dev);
+        }
         let Some(j) = self.journal.take() else {
             return;
         };
@@ -670,8 +716,9 @@ impl Target for Integrity {
     /// The kernel's: mismatches, provided data sectors, and the
     /// recalculation position or `-`.
     fn status(&self) -> String {
-        let recalc = if self.sb.has(flags::RECALCULATING) {
-            self.sb.recalc_sector.to_string()
+        let sb = self.lock().sb.clone();
+        let recalc = if sb.has(flags::RECALCULATING) {
+            sb.recalc_sector.to_string()
         } else {
             "-".into()
         };

@@ -20,9 +20,9 @@ impl DeviceResolver for One {
     }
 }
 
-const DEV: u64 = 8 << 20;
+pub(super) const DEV: u64 = 8 << 20;
 
-fn open(m: &Arc<MemStore>, line: &str, len: u64) -> Result<Arc<dyn Target>, String> {
+pub(super) fn open(m: &Arc<MemStore>, line: &str, len: u64) -> Result<Arc<dyn Target>, String> {
     let args: Vec<String> = line.split_whitespace().map(Into::into).collect();
     let opts = TargetOptions::default();
     let mut r = One(m.clone());
@@ -35,7 +35,7 @@ fn open(m: &Arc<MemStore>, line: &str, len: u64) -> Result<Arc<dyn Target>, Stri
     .map_err(|e| e.msg)
 }
 
-fn geometry(m: &MemStore) -> Geometry {
+pub(super) fn geometry(m: &MemStore) -> Geometry {
     let mut b = vec![0u8; 512];
     m.read(0, &mut b).unwrap();
     let sb = Superblock::parse(&b).unwrap().unwrap();
@@ -165,7 +165,7 @@ fn tagged_io_without_an_internal_hash() {
 fn lines_udm_cannot_serve_are_refused_by_name() {
     let m = Arc::new(MemStore::new(DEV));
     for (line, word) in [
-        ("d 0 4 B 1 internal_hash:crc32c", "bitmap"),
+        ("d 0 4 B 0", "internal_hash"),
         ("d 0 4 J 1 meta_device:/x", "meta_device"),
         ("d 0 4 J 1 allow_discards", "internal_hash"),
         ("d 0 - J 0", "tag size"),

@@ -290,6 +290,39 @@ impl Writeback {
         self.sh.commit(upto, true)
     }
 
+    /// Runs `f` while no entry is being written to its place, so `f` can
+    /// write tags and data around the journal (recalculation, discards)
+    /// without racing the writer's read-modify-write of tag blocks. With
+    /// `drain`, every write acknowledged before the call is in its place
+    /// first, so none of them lands later over what `f` writes.
+    pub fn exclusive<R>(&self, drain: bool, f: impl FnOnce() -> DevResult<R>) -> DevResult<R> {
+        if drain {
+            self.drain()?;
+        }
+        let _p = lock(&self.sh.place_lock);
+        lock(&self.sh.ring).check()?;
+        f()
+    }
+
+    /// Commits every write acknowledged so far and waits until the
+    /// sections committed then are placed.
+    fn drain(&self) -> DevResult<()> {
+        self.flush()?;
+        let sh = &*self.sh;
+        let mut r = lock(&sh.ring);
+        let busy = |r: &Ring, i: usize| matches!(r.state[i], Sec::Committed | Sec::Placing);
+        let pending: Vec<usize> = (0..r.state.len()).filter(|&i| busy(&r, i)).collect();
+        while pending.iter().any(|&i| busy(&r, i)) {
+            r.check()?;
+            // Counted as a waiting write: the writer places at once.
+            r.waiting += 1;
+            sh.cv.notify_all();
+            r = sh.cv.wait(r).unwrap_or_else(|e| e.into_inner());
+            r.waiting -= 1;
+        }
+        r.check()
+    }
+
     /// Reads whole blocks at logical sector `s0`: `raw` reads their places,
     /// then entries still in the journal replace what it read. Returns,
     /// per block, whether it came from the journal (its tag is ours, no
