@@ -4,14 +4,14 @@
 //! integritysetup with the parameters asked for; data written through
 //! udm reads back after a restart; a flipped bit in a data sector is an
 //! EIO on that sector only; and 20 SIGKILLs during journaled writes lose
-//! no acknowledged write and leave no sector whose tag mismatches. FAILS
+//! no write acknowledged before a completed FLUSH and leave no sector
+//! whose tag mismatches. FAILS
 //! if integritysetup or python3-libnbd is missing.
 
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::process::{Command, Output};
 
 use common::*;
 
@@ -212,10 +212,15 @@ fn written_data_survives_a_restart_and_a_flipped_bit_fails_its_sector_only() {
     srv.stop();
 }
 
+/// J mode acknowledges a write once it is in the in-memory journal, as
+/// the kernel does (a volatile write cache): only a FLUSH (or FUA) makes
+/// it durable. So the check is crash_io.py's `flushed` one: every write
+/// acknowledged before a completed FLUSH survives, a later one may be
+/// lost (the block then holds an older acknowledged generation), and no
+/// block's tag mismatches (an EIO fails the script).
 #[test]
-fn sigkill_during_journaled_writes_loses_nothing_acknowledged_and_no_tag_mismatches() {
+fn sigkill_during_journaled_writes_loses_nothing_flushed_and_no_tag_mismatches() {
     const KILLS: u32 = 20;
-    need_python_module("nbd", "python3-libnbd");
     let d = scratch("integrity-kill");
     let p = d.path();
     let img = sparse(p, "v.img", 24 << 20);
@@ -238,72 +243,84 @@ fn sigkill_during_journaled_writes_loses_nothing_acknowledged_and_no_tag_mismatc
         ),
     )
     .unwrap();
-    let script = format!("{}/tests/faults/crash_io.py", env!("CARGO_MANIFEST_DIR"));
-    let state = p.join("state.json");
-    let sock = p.join("s.sock");
-    let tables = format!("ig={}", table.display());
-    let serve = || {
-        let _ = std::fs::remove_file(&sock);
-        UdmServe::start(&sock, &["--threads", "2", "--table", &tables])
+    crash::sigkill_rounds(p, &table, "ig", KILLS, "integrity", true);
+}
+
+/// `--journal-crypt ctr-aes` and `--journal-integrity hmac-sha256`: the
+/// journal of writes that were flushed but never placed (SIGKILL with the
+/// watermark at 100 %, so nothing leaves the journal) is decrypted,
+/// checked and replayed at the next open; a wrong journal MAC key is
+/// refused by name, and the right one reads every byte back.
+#[test]
+fn a_sealed_journal_replays_after_sigkill_and_a_wrong_mac_key_is_refused() {
+    let d = scratch("integrity-seal");
+    let ck = write_file(d.path(), "ck", &[0x11; 32]);
+    let mk = write_file(d.path(), "mk", &[0x22; 32]);
+    let bad = write_file(d.path(), "bad", &[0x23; 32]);
+    let img = sparse(d.path(), "v.img", 32 << 20);
+    let p = img.to_str().unwrap();
+    let jopts = |mk: &Path| {
+        vec![
+            "--journal-crypt".to_string(),
+            "ctr-aes".into(),
+            "--journal-crypt-key-file".into(),
+            ck.display().to_string(),
+            "--journal-integrity".into(),
+            "hmac-sha256".into(),
+            "--journal-integrity-key-file".into(),
+            mk.display().to_string(),
+        ]
     };
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    println!("random seed {seed}");
-    let mut rng = seed | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    let verify = |round: u32| {
-        // Reads every block: a sector whose tag mismatches is an EIO,
-        // which fails the script.
-        let out = run_text(
-            Command::new(PYTHON)
-                .arg(&script)
-                .args(["verify", sock.to_str().unwrap(), "ig"])
-                .arg(&state),
-        );
-        println!("round {round}: {}", out.trim());
-    };
-    let mut acked = 0u64;
-    for round in 0..KILLS {
-        let srv = serve();
-        if round > 0 {
-            verify(round);
-        }
-        let writer = Command::new(PYTHON)
-            .arg(&script)
-            .args(["write", sock.to_str().unwrap(), "ig"])
-            .arg(&state)
-            .arg(next().to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let ready = p.join("state.json.ready");
-        wait_for("the writer", Duration::from_secs(60), || ready.exists());
-        std::fs::remove_file(&ready).unwrap();
-        std::thread::sleep(Duration::from_millis(50 + next() % 750));
-        srv.kill9();
-        let out = writer.wait_with_output().unwrap();
-        assert!(out.status.success(), "writer failed:\n{}", show(&out));
-        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        println!("round {round}: SIGKILL; {line}");
-        acked += line
-            .split(|c: char| !c.is_ascii_digit())
-            .find_map(|w| w.parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    let srv = serve();
-    verify(KILLS);
+    ok(uis().args(["format", "-q", p]).args(jopts(&mk)));
+    let dump = ok(uis().args(["dump", p]));
+    assert!(dump.contains("have_journal_mac"), "{dump}");
+    let ctl = d.path().join("ctl");
+    let ctl = ctl.to_str().unwrap();
+    let srv = serve(d.path());
+    ok(uis()
+        .args([
+            "open",
+            p,
+            "vol",
+            "--control",
+            ctl,
+            "--journal-watermark",
+            "100",
+        ])
+        .args(jopts(&mk)));
+    const BUF: &str = "buf = (b'udm journal seal test ' * 3000)[:1 << 16]\n";
+    let write = format!("{BUF}h.pwrite(buf, 8192)\nh.flush()\nprint('written')");
+    let o = nbd_py(&srv.sock, "vol", &write);
+    assert!(o.status.success(), "{}", show(&o));
+    srv.kill9();
+    // The data is nowhere on the image in the clear: only in the
+    // encrypted journal.
+    let raw = std::fs::read(&img).unwrap();
+    let probe = b"udm journal seal test udm journal seal test ";
+    assert!(
+        !raw.windows(probe.len()).any(|w| w == probe),
+        "plaintext of the write found on the image"
+    );
+    let srv = serve(d.path());
+    let o = uis()
+        .args(["open", p, "vol", "--control", ctl])
+        .args(jopts(&bad))
+        .output()
+        .unwrap();
+    let text = show(&o);
+    assert!(
+        !o.status.success() && text.contains("journal_mac"),
+        "a wrong journal MAC key was not refused:\n{text}"
+    );
+    ok(uis()
+        .args(["open", p, "vol", "--control", ctl])
+        .args(jopts(&mk)));
+    let check = format!("{BUF}assert h.pread(1 << 16, 8192) == buf\nprint('same')");
+    let o = nbd_py(&srv.sock, "vol", &check);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("same"),
+        "{}",
+        show(&o)
+    );
     srv.stop();
-    assert!(acked > 0, "the writer never got going");
-    report(&format!(
-        "integrity SIGKILL test: {KILLS} kills, {acked} writes acknowledged, all intact, \
-         no tag mismatch after each restart"
-    ));
 }

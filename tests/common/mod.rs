@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod alloc;
+pub mod crash;
 pub mod dm;
 pub mod foreign;
 pub mod fs;

@@ -82,15 +82,20 @@ fn params(a: &Args, path: &str, sb: &Superblock) -> Result<IntegrityParams, Fail
         fix_padding: sb.has(flags::FIXED_PADDING),
         fix_hmac: sb.has(flags::FIXED_HMAC),
         recalculate: a.has("integrity-recalculate"),
+        reset_recalculate: a.has("integrity-recalculate-reset"),
+        legacy_recalculate: a.has("integrity-legacy-recalculate"),
         internal_hash: h.as_ref().map(|h| AlgSpec {
             name: h.name().to_string(),
             key: h.key().map(|k| zeroize::Zeroizing::new(k.to_vec())),
         }),
         ..Options::default()
     };
+    (o.journal_crypt, o.journal_mac) = super::offline::journal_algs(a)?;
     o.journal_watermark = a.u32("journal-watermark")?;
     o.commit_time = a.u32("journal-commit-time")?;
     o.buffer_sectors = a.u32("buffer-sectors")?;
+    o.sectors_per_bit = a.u64("bitmap-sectors-per-bit")?;
+    o.bitmap_flush_interval = a.u32("bitmap-flush-time")?;
     Ok(IntegrityParams {
         dev: path.to_string(),
         offset: 0,
@@ -194,10 +199,24 @@ fn print_status(p: &IntegrityParams, sectors: u64, failures: &str) {
     };
     println!("  mode:    {rw}");
     println!("  failures: {failures}");
-    if let Ok(dev) = open_dev(&p.dev, true) {
-        if let Ok(sb) = read_superblock(&*dev, &p.dev) {
-            println!("  journal size: {} bytes", journal_bytes(&sb, &*dev));
-        }
+    let sb = open_dev(&p.dev, true)
+        .ok()
+        .and_then(|dev| read_superblock(&*dev, &p.dev).ok().map(|sb| (sb, dev)));
+    if p.mode == Mode::Bitmap {
+        // The line's, else the superblock's (the format's default).
+        let per_bit = p.opts.sectors_per_bit.unwrap_or_else(|| {
+            sb.as_ref().map_or(0, |(sb, _)| {
+                u64::from(sb.sector_size() / 512) << sb.log2_blocks_per_bitmap_bit
+            })
+        });
+        println!("  bitmap 512-byte sectors per bit: {per_bit}");
+        println!(
+            "  bitmap flush interval: {} ms",
+            p.opts.bitmap_flush_interval.unwrap_or(10000)
+        );
+    }
+    if let Some((sb, dev)) = &sb {
+        println!("  journal size: {} bytes", journal_bytes(sb, &**dev));
     }
     if p.mode == Mode::Journal {
         println!(

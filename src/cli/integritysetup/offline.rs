@@ -12,6 +12,8 @@ use crate::core::BlockDevice;
 use crate::store::OpenFlags;
 use crate::targets::integrity::format::{self, Spec};
 use crate::targets::integrity::layout::Geometry;
+use crate::targets::integrity::params::AlgSpec;
+use crate::targets::integrity::seal::Seal;
 use crate::targets::integrity::superblock::{flags, Superblock, SALT_SIZE};
 use crate::targets::integrity::tags::Alg;
 
@@ -35,14 +37,19 @@ pub(super) fn kernel_alg(name: &str) -> Result<Option<String>, Fail> {
 
 /// `--integrity-key-file` (at most `--integrity-key-size` bits of it).
 pub(super) fn key(a: &Args) -> Result<Option<Zeroizing<Vec<u8>>>, Fail> {
-    let Some(path) = a.str("integrity-key-file") else {
+    key_of(a, "integrity")
+}
+
+/// `--OPT-key-file` (at most `--OPT-key-size` bits of it).
+fn key_of(a: &Args, opt: &str) -> Result<Option<Zeroizing<Vec<u8>>>, Fail> {
+    let Some(path) = a.str(&format!("{opt}-key-file")) else {
         return Ok(None);
     };
     let mut k = Zeroizing::new(
         std::fs::read(path)
             .map_err(|e| Fail::new(4, format!("Cannot read keyfile {path}: {e}.")))?,
     );
-    if let Some(bits) = a.u64("integrity-key-size")? {
+    if let Some(bits) = a.u64(&format!("{opt}-key-size"))? {
         let n = (bits / 8) as usize;
         if n == 0 || n > k.len() {
             return Err(Fail::usage(format!(
@@ -63,6 +70,44 @@ pub(super) fn alg(a: &Args) -> Result<Option<Alg>, Fail> {
     Alg::new(&name, key(a)?)
         .map(Some)
         .map_err(|e| Fail::usage(format!("{e}: give it with --integrity-key-file.")))
+}
+
+/// `--journal-crypt` and `--journal-integrity` with their key files, in
+/// the table's spelling (`ctr-aes` is `ctr(aes)`, `hmac-sha256` is
+/// `hmac(sha256)`).
+pub(super) fn journal_algs(a: &Args) -> Result<(Option<AlgSpec>, Option<AlgSpec>), Fail> {
+    let crypt = match a.str("journal-crypt") {
+        None => None,
+        Some(n) => {
+            let name = match n.split_once('-') {
+                Some((mode, c)) if !n.contains('(') => format!("{mode}({c})"),
+                _ => n.to_string(),
+            };
+            let key = key_of(a, "journal-crypt")?.ok_or_else(|| {
+                Fail::usage(format!(
+                    "Journal encryption {n} needs a key: give it with --journal-crypt-key-file."
+                ))
+            })?;
+            Some(AlgSpec {
+                name,
+                key: Some(key),
+            })
+        }
+    };
+    let mac = match a.str("journal-integrity") {
+        None => None,
+        Some(n) => {
+            let name = kernel_alg(n)?.ok_or_else(|| {
+                Fail::usage("Journal integrity none: leave --journal-integrity out.")
+            })?;
+            let key = key_of(a, "journal-integrity")?;
+            Alg::new(&name, key.clone()).map_err(|e| {
+                Fail::usage(format!("{e}: give it with --journal-integrity-key-file."))
+            })?;
+            Some(AlgSpec { name, key })
+        }
+    };
+    Ok((crypt, mac))
 }
 
 pub(super) fn open_dev(path: &str, read_only: bool) -> Result<Arc<dyn BlockDevice>, Fail> {
@@ -121,7 +166,7 @@ fn spec(a: &Args, alg: &Option<Alg>) -> Result<Spec, Fail> {
         sector_size: a.u32("sector-size")?.unwrap_or(512),
         journal_sectors: a.u64("journal-size")?.map(|b| b / 512),
         interleave_sectors: a.u32("interleave-sectors")?,
-        journal_mac: false,
+        journal_mac: a.str("journal-integrity").is_some(),
         fix_padding: !a.has("integrity-legacy-padding"),
         fix_hmac: !a.has("integrity-legacy-hmac"),
         has_hash: alg.is_some(),
@@ -132,10 +177,8 @@ fn spec(a: &Args, alg: &Option<Alg>) -> Result<Spec, Fail> {
 
 /// The options `format` takes but udm cannot act on yet, refused by name.
 fn refuse_unsupported(a: &Args) -> Outcome {
-    for o in ["journal-crypt", "journal-integrity", "data-device"] {
-        if a.str(o).is_some() {
-            return Err(Fail::usage(format!("--{o} is not supported by udm yet.")));
-        }
+    if a.str("data-device").is_some() {
+        return Err(Fail::usage("--data-device is not supported by udm yet."));
     }
     Ok(())
 }
@@ -144,6 +187,7 @@ pub(super) fn format(a: &Args) -> Outcome {
     let path = &a.pos[1];
     refuse_unsupported(a)?;
     let alg = alg(a)?;
+    let (jcrypt, jmac) = journal_algs(a)?;
     let spec = spec(a, &alg)?;
     let dev = open_dev(path, false)?;
     if !a.has("batch-mode") {
@@ -154,7 +198,16 @@ pub(super) fn format(a: &Args) -> Outcome {
     let (sb, g) = format::superblock(&spec, dev.size() / 512, salt)
         .map_err(|e| Fail::usage(format!("Cannot format integrity for device {path}: {e}.")))?;
     let io = |e| Fail::new(4, format!("Cannot write to device {path}: {e}."));
-    format::format(&*dev, &sb, &g, None, None).map_err(io)?;
+    let seal = Seal::new(jcrypt.as_ref(), jmac.as_ref(), &sb, &g).map_err(Fail::usage)?;
+    match &seal {
+        None => format::format(&*dev, &sb, &g, None, None).map_err(io)?,
+        Some(s) => {
+            s.write_empty(&*dev, &g, 0).map_err(io)?;
+            let mac = |b: &[u8]| s.sb_mac(b).unwrap_or_default();
+            format::write_superblock(&*dev, &sb, 0, Some(&mac)).map_err(io)?;
+            dev.flush().map_err(io)?;
+        }
+    }
     println!(
         "Formatted with tag size {}, internal integrity {}.",
         sb.tag_size,

@@ -24,10 +24,27 @@ pub fn prev_seq(s: u8) -> u8 {
     (s + N_COMMIT_IDS - 1) % N_COMMIT_IDS
 }
 
+/// The base of each sequence number's commit IDs.
+pub type Ids = [u64; N_COMMIT_IDS as usize];
+
+/// The kernel's four bases, 0x1111… to 0x4444…, as a journal without
+/// `journal_crypt` (or with a block cipher) uses them; a stream cipher
+/// encrypts them ([`super::seal`]).
+pub const KERNEL_IDS: Ids = [
+    0x1111_1111_1111_1111,
+    0x2222_2222_2222_2222,
+    0x3333_3333_3333_3333,
+    0x4444_4444_4444_4444,
+];
+
 /// The commit ID of sector `j` of section `i` written with sequence
-/// number `seq` (the kernel's four IDs are 0x1111… to 0x4444…).
+/// number `seq`.
 pub fn commit_id(i: u64, j: u64, seq: u8) -> u64 {
-    0x1111_1111_1111_1111u64.wrapping_mul(u64::from(seq) + 1) ^ ((i << 32) ^ j)
+    commit_id_in(&KERNEL_IDS, i, j, seq)
+}
+
+pub fn commit_id_in(ids: &Ids, i: u64, j: u64, seq: u8) -> u64 {
+    ids[seq as usize % ids.len()] ^ ((i << 32) ^ j)
 }
 
 fn stored_id(buf: &[u8], j: u64) -> u64 {
@@ -58,6 +75,18 @@ pub struct Block<'a> {
 /// `section_entries`), the other entries unused; `buf` is the section
 /// (`section_sectors` × 512 bytes) and is overwritten.
 pub fn fill_section(g: &Geometry, buf: &mut [u8], i: u64, seq: u8, blocks: &[Block<'_>]) {
+    fill_section_in(g, &KERNEL_IDS, buf, i, seq, blocks)
+}
+
+/// [`fill_section`] with the commit ID bases `ids`.
+pub fn fill_section_in(
+    g: &Geometry,
+    ids: &Ids,
+    buf: &mut [u8],
+    i: u64,
+    seq: u8,
+    blocks: &[Block<'_>],
+) {
     buf.fill(0);
     for n in 0..g.section_entries {
         let e = entry_at(g, n);
@@ -79,7 +108,7 @@ pub fn fill_section(g: &Geometry, buf: &mut [u8], i: u64, seq: u8, blocks: &[Blo
     }
     for j in 0..g.section_sectors {
         let at = j as usize * 512 + JOURNAL_SECTOR_DATA;
-        buf[at..at + 8].copy_from_slice(&commit_id(i, j, seq).to_le_bytes());
+        buf[at..at + 8].copy_from_slice(&commit_id_in(ids, i, j, seq).to_le_bytes());
     }
 }
 
@@ -97,13 +126,19 @@ pub fn set_section_mac(g: &Geometry, buf: &mut [u8], mac: &dyn Fn(&[u8]) -> Vec<
     }
 }
 
-fn section_mac(g: &Geometry, buf: &[u8], mac: &dyn Fn(&[u8]) -> Vec<u8>) -> Vec<u8> {
+/// The sector fields of every entry of section `buf`, in order: what
+/// the section MAC covers after the salt and section number.
+pub fn entry_sectors(g: &Geometry, buf: &[u8]) -> Vec<u8> {
     let mut sectors = Vec::with_capacity(g.section_entries as usize * 8);
     for n in 0..g.section_entries {
         let e = entry_at(g, n);
         sectors.extend_from_slice(&buf[e..e + 8]);
     }
-    let mut m = mac(&sectors);
+    sectors
+}
+
+fn section_mac(g: &Geometry, buf: &[u8], mac: &dyn Fn(&[u8]) -> Vec<u8>) -> Vec<u8> {
+    let mut m = mac(&entry_sectors(g, buf));
     m.resize(JOURNAL_MAC_PER_SECTOR * JOURNAL_BLOCK_SECTORS as usize, 0);
     m
 }
@@ -166,6 +201,11 @@ pub struct Plan {
 /// Reads the commit IDs of the whole journal (`journal`: every section
 /// back to back) and decides what to replay and where to go on.
 pub fn plan(g: &Geometry, journal: &[u8], journal_mode: bool) -> Plan {
+    plan_in(g, &KERNEL_IDS, journal, journal_mode)
+}
+
+/// [`plan`] with the commit ID bases `ids`.
+pub fn plan_in(g: &Geometry, ids: &Ids, journal: &[u8], journal_mode: bool) -> Plan {
     let ss = (g.section_sectors * 512) as usize;
     let n = g.journal_sections;
     let section = |i: u64| &journal[i as usize * ss..(i as usize + 1) * ss];
@@ -176,7 +216,7 @@ pub fn plan(g: &Geometry, journal: &[u8], journal_mode: bool) -> Plan {
         let s = section(i);
         for j in 0..g.section_sectors {
             let id = stored_id(s, j);
-            let Some(k) = (0..N_COMMIT_IDS).find(|&k| commit_id(i, j, k) == id) else {
+            let Some(k) = (0..N_COMMIT_IDS).find(|&k| commit_id_in(ids, i, j, k) == id) else {
                 return cleared(n, 0, 0);
             };
             used[k as usize] = true;
@@ -205,7 +245,7 @@ pub fn plan(g: &Geometry, journal: &[u8], journal_mode: bool) -> Plan {
     'ring: while (good.len() as u64) < n {
         let s = section(i);
         for j in 0..g.section_sectors {
-            if stored_id(s, j) != commit_id(i, j, want) {
+            if stored_id(s, j) != commit_id_in(ids, i, j, want) {
                 break 'ring;
             }
         }

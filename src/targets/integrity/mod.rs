@@ -7,24 +7,34 @@
 //! Reads check every sector against its tag: a sector whose tag does not
 //! match fails its request with EIO and is counted in the status (the
 //! rest of the device keeps working). Writes go, in `J` mode, first to
-//! the journal ([`journal`]), made durable, then to their places, so a
-//! crash at any point leaves each sector and its tag in step: the journal
-//! is replayed when the device is opened. `D` writes straight to the
-//! places (a crash can leave a sector that fails its check), `R` is
-//! read-only and checks nothing (recovery).
+//! the in-memory journal and are acknowledged; a FLUSH makes the journal
+//! durable and a writer thread copies it to the places later
+//! ([`writeback`]), so a crash at any point leaves each sector and its
+//! tag in step: the journal is replayed when the device is opened. `D`
+//! writes straight to the places (a crash can leave a sector that fails
+//! its check); `B` does too, after marking the regions it writes in a
+//! durable bitmap ([`bitmap`]) whose dirty regions get their tags
+//! recomputed at the next open after a crash; `R` is read-only and checks
+//! nothing (recovery). [`discard`] serves `allow_discards` and
+//! [`recalc`] `recalculate`, in every writing mode.
 //!
 //! Without an internal hash the tags are the caller's: the layer above
 //! (authenticated dm-crypt) stores its per-sector authentication tag and
 //! IV through [`BlockDevice::write_tagged`] and reads them back with
 //! [`BlockDevice::read_tagged`].
 
+pub mod bitmap;
+pub mod discard;
 pub mod format;
 mod io;
 pub mod journal;
 pub mod layout;
 pub mod params;
+mod recalc;
+pub mod seal;
 pub mod superblock;
 pub mod tags;
+pub mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,7 +42,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::{Target, TargetArgs, TargetError, TargetOptions};
 use crate::core::device::{write_zeroes_by_writing, TagLayout};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
-use journal::Block;
 use layout::Geometry;
 use params::{IntegrityParams, Mode};
 use superblock::{flags, Superblock, SB_SECTORS};
@@ -47,15 +56,17 @@ pub static TYPE: super::TargetType = super::TargetType {
     more_args: None,
 };
 
-/// Where journal commits go next, and which sections' in-place writes
-/// are not yet known durable (a section is not reused before they are).
+/// What changes while the device is open, outside the journal: the
+/// superblock and bitmap mode's bitmap. Its lock also serialises `D` and
+/// `B` writes (the read-modify-write of tag sectors shared by
+/// neighbouring blocks), discards and recalculation steps; `J` writes
+/// never take it (the journal has its own locks, see [`writeback`]).
 struct State {
-    /// A commit went to the journal since the device was opened.
-    wrote: bool,
-    next_section: u64,
-    seq: u8,
-    unsynced: Vec<bool>,
-    section: Vec<u8>,
+    /// The superblock as it is on disk now (flags, bitmap and
+    /// recalculation fields change while the device is open).
+    sb: Superblock,
+    /// Bitmap mode's dirty bitmap.
+    bitmap: Option<bitmap::Bitmap>,
 }
 
 pub struct Integrity {
@@ -65,11 +76,16 @@ pub struct Integrity {
     g: Geometry,
     alg: Option<Alg>,
     len: u64,
-    /// Serialises writes: journal commits and the read-modify-write of
-    /// tag sectors shared by neighbouring blocks.
+    /// The superblock and bitmap as they are now; see [`State`].
     state: Mutex<State>,
+    /// `J` mode's journal, once replay is done.
+    journal: Option<writeback::Writeback>,
+    /// `journal_crypt` and `journal_mac`.
+    seal: Option<Arc<seal::Seal>>,
     mismatches: AtomicU64,
     options: TargetOptions,
+    /// Reads of blocks from here on are not checked (see [`recalc`]).
+    recalc_at: AtomicU64,
 }
 
 fn alg_of(p: &IntegrityParams) -> Result<Option<Alg>, TargetError> {
@@ -88,25 +104,9 @@ fn refuse_unsupported(p: &IntegrityParams, alg: &Option<Alg>) -> Result<(), Targ
             "meta_device: udm keeps tags on the data device only; leave meta_device out",
         ));
     }
-    if p.opts.journal_crypt.is_some() || p.opts.journal_mac.is_some() {
-        return Err(TargetError::line(
-            "journal_crypt and journal_mac are not supported by udm yet; leave them out",
-        ));
-    }
     if alg.is_none() && (p.mode == Mode::Bitmap || p.opts.allow_discards || p.opts.recalculate) {
         return Err(TargetError::line(
             "bitmap mode, allow_discards and recalculate need an internal_hash",
-        ));
-    }
-    if p.mode == Mode::Bitmap {
-        return Err(TargetError::at(
-            3,
-            "bitmap mode (B) is not supported by udm yet: use J or D",
-        ));
-    }
-    if p.opts.recalculate || p.opts.allow_discards {
-        return Err(TargetError::line(
-            "recalculate and allow_discards are not supported by udm yet; leave them out",
         ));
     }
     Ok(())
@@ -129,20 +129,21 @@ fn spec_of(p: &IntegrityParams, tag_size: u32, has_hash: bool) -> format::Spec {
     }
 }
 
-/// Reads the superblock, formatting a zeroed device as the kernel does.
+/// Reads the superblock, formatting a zeroed device as the kernel does;
+/// whether it formatted.
 fn load_superblock(
     dev: &dyn BlockDevice,
     p: &IntegrityParams,
     tag_size: u32,
     has_hash: bool,
-) -> Result<Superblock, TargetError> {
+) -> Result<(Superblock, bool), TargetError> {
     let mut area = vec![0u8; 512];
     io::read_bytes(dev, p.offset * 512, &mut area)
         .map_err(|e| TargetError::at(0, format!("cannot read the superblock of {}: {e}", p.dev)))?;
     if let Some(sb) =
         Superblock::parse(&area).map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?
     {
-        return Ok(sb);
+        return Ok((sb, false));
     }
     if p.mode == Mode::Recovery {
         return Err(TargetError::at(
@@ -157,7 +158,43 @@ fn load_superblock(
         .map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?;
     format::format(dev, &sb, &g, None, None)
         .map_err(|e| TargetError::at(0, format!("cannot format {}: {e}", p.dev)))?;
-    Ok(sb)
+    Ok((sb, true))
+}
+
+/// With `journal_crypt`/`journal_mac`: a device just formatted gets its
+/// journal sealed and its superblock MAC; an existing one must carry a
+/// superblock MAC the key reproduces (`FIXED_HMAC`), so a wrong key is
+/// refused before anything is replayed.
+fn prepare_seal(
+    dev: &dyn BlockDevice,
+    p: &IntegrityParams,
+    sb: &Superblock,
+    g: &Geometry,
+    s: &seal::Seal,
+    fresh: bool,
+) -> Result<(), TargetError> {
+    let fail = |e: DevError| TargetError::at(0, format!("{}: {e}", p.dev));
+    if fresh {
+        s.write_empty(dev, g, 0).map_err(fail)?;
+        format::write_superblock(
+            dev,
+            sb,
+            p.offset,
+            Some(&|b: &[u8]| s.sb_mac(b).unwrap_or_default()),
+        )
+        .map_err(fail)?;
+        return dev.flush().map_err(fail);
+    }
+    let mut area = vec![0u8; 512];
+    io::read_bytes(dev, p.offset * 512, &mut area).map_err(fail)?;
+    if !s.sb_mac_ok(&area) {
+        return Err(TargetError::line(format!(
+            "journal_mac: the superblock MAC of {} does not match: wrong journal_mac key or \
+             algorithm",
+            p.dev
+        )));
+    }
+    Ok(())
 }
 
 /// For a line over an unopened device: the superblock the kernel would
@@ -240,11 +277,12 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     // the line is checked against the superblock a format of a device
     // just large enough would write, and nothing is read.
     let unopened = dev.size() == u64::MAX;
-    let (sb, dev_sectors) = if unopened {
-        stand_in_superblock(&p, tag_size, alg.is_some(), a.len / 512)?
+    let (sb, dev_sectors, fresh) = if unopened {
+        let (sb, n) = stand_in_superblock(&p, tag_size, alg.is_some(), a.len / 512)?;
+        (sb, n, false)
     } else {
-        let sb = load_superblock(&*dev, &p, tag_size, alg.is_some())?;
-        (sb, dev.size() / 512)
+        let (sb, fresh) = load_superblock(&*dev, &p, tag_size, alg.is_some())?;
+        (sb, dev.size() / 512, fresh)
     };
     check_superblock(&sb, &p, tag_size)?;
     let g = Geometry::of(&sb, p.offset, dev_sectors).map_err(TargetError::line)?;
@@ -256,14 +294,24 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             a.len / 512
         )));
     }
-    let t = Integrity {
+    let seal = seal::Seal::new(
+        p.opts.journal_crypt.as_ref(),
+        p.opts.journal_mac.as_ref(),
+        &sb,
+        &g,
+    )
+    .map_err(TargetError::line)?
+    .map(Arc::new);
+    if let (Some(s), false) = (&seal, unopened) {
+        prepare_seal(&*dev, &p, &sb, &g, s, fresh)?;
+    }
+    let mut t = Integrity {
         state: Mutex::new(State {
-            wrote: false,
-            next_section: 0,
-            seq: 0,
-            unsynced: vec![false; g.journal_sections as usize],
-            section: vec![0u8; (g.section_sectors * 512) as usize],
+            sb: sb.clone(),
+            bitmap: None,
         }),
+        seal,
+        journal: None,
         p,
         dev,
         sb,
@@ -272,12 +320,28 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         len: a.len,
         mismatches: AtomicU64::new(0),
         options: a.options.clone(),
+        recalc_at: AtomicU64::new(u64::MAX),
     };
-    if t.p.mode != Mode::Recovery && !unopened {
-        t.replay()
+    let live = t.p.mode != Mode::Recovery && !unopened;
+    if live {
+        t.check_recalc()?;
+        let (next, seq, replayed) = t
+            .resume()
             .map_err(|e| TargetError::line(format!("journal replay on {}: {e}", t.p.dev)))?;
+        t.apply_recalc_options().map_err(|e| {
+            TargetError::line(format!("cannot write the superblock of {}: {e}", t.p.dev))
+        })?;
+        if t.p.mode == Mode::Journal {
+            t.journal = Some(t.start_journal(next, seq, replayed).map_err(|e| {
+                TargetError::line(format!("cannot start the journal of {}: {e}", t.p.dev))
+            })?);
+        }
     }
-    Ok(Arc::new(t))
+    let t = Arc::new(t);
+    if live {
+        Integrity::start_recalc(&t);
+    }
+    Ok(t)
 }
 
 impl Integrity {
@@ -291,13 +355,23 @@ impl Integrity {
 
     /// The kernel's `replay_journal`: committed sections go to their
     /// places, oldest first; then the journal goes on where it was, or is
-    /// rewritten empty when it was torn.
-    fn replay(&self) -> DevResult<()> {
+    /// rewritten empty when it was torn. Returns the section the next
+    /// commit goes to, its sequence number, and whether anything was
+    /// replayed (then the journal is emptied at close, so a later open
+    /// does not write the same entries again over newer changes).
+    fn replay(&self) -> DevResult<(u64, u8, bool)> {
         let g = &self.g;
         let mut j = vec![0u8; (g.journal_sections * g.section_sectors * 512) as usize];
         self.dev.read(g.journal_sector(0, 0) * 512, &mut j)?;
-        let plan = journal::plan(g, &j, self.p.mode == Mode::Journal);
         let ss = (g.section_sectors * 512) as usize;
+        let ids = self.seal.as_ref().map_or(&journal::KERNEL_IDS, |s| s.ids());
+        if let Some(s) = &self.seal {
+            for (i, sec) in j.chunks_mut(ss).enumerate() {
+                s.unseal(i as u64, sec);
+            }
+        }
+        let plan = journal::plan_in(g, ids, &j, self.p.mode == Mode::Journal);
+        self.check_macs(&plan, &j)?;
         let mut replayed = 0;
         for &i in &plan.replay {
             for e in journal::entries(g, &j[i as usize * ss..(i as usize + 1) * ss]) {
@@ -332,14 +406,59 @@ impl Integrity {
             );
         }
         self.dev.flush()?;
-        let mut st = self.lock();
         if let Some(seq) = plan.clear_with {
-            format::write_empty_journal(&*self.dev, g, seq, None)?;
+            self.write_empty_journal(seq)?;
             self.dev.flush()?;
         }
-        st.next_section = plan.next_section;
-        st.seq = plan.seq;
+        Ok((plan.next_section, plan.seq, replayed > 0))
+    }
+
+    /// The journal rewritten empty, every section with sequence number
+    /// `seq`, sealed with `journal_crypt`/`journal_mac`.
+    fn write_empty_journal(&self, seq: u8) -> DevResult<()> {
+        match &self.seal {
+            Some(s) => s.write_empty(&*self.dev, &self.g, seq),
+            None => format::write_empty_journal(&*self.dev, &self.g, seq, None),
+        }
+    }
+
+    /// `journal_mac`: the sections to replay must carry their MACs (the
+    /// kernel's check), and so must every section of a clean journal, so
+    /// a wrong key is refused even with nothing to replay.
+    fn check_macs(&self, plan: &journal::Plan, j: &[u8]) -> DevResult<()> {
+        let Some(s) = &self.seal else {
+            return Ok(());
+        };
+        let g = &self.g;
+        let ss = (g.section_sectors * 512) as usize;
+        let all: Vec<u64> = (0..g.journal_sections).collect();
+        let check = if plan.replay.is_empty() && plan.clear_with.is_none() {
+            &all
+        } else {
+            &plan.replay
+        };
+        for &i in check {
+            let sec = &j[i as usize * ss..(i as usize + 1) * ss];
+            if !s.mac_ok(g, i, sec) {
+                return Err(DevError::Target(format!(
+                    "journal_mac: the MAC of journal section {i} does not match: wrong \
+                     journal_mac key or algorithm, wrong journal_crypt key, or a damaged journal"
+                )));
+            }
+        }
         Ok(())
+    }
+
+    fn start_journal(&self, next: u64, seq: u8, replayed: bool) -> DevResult<writeback::Writeback> {
+        let o = &self.p.opts;
+        let cfg = writeback::Config {
+            name: self.p.dev.clone(),
+            watermark: o.journal_watermark.unwrap_or(writeback::DEFAULT_WATERMARK),
+            commit_time_ms: o.commit_time.unwrap_or(writeback::DEFAULT_COMMIT_TIME_MS),
+            seal: self.seal.clone(),
+            replayed,
+        };
+        writeback::Writeback::start(self.dev.clone(), self.g.clone(), next, seq, cfg)
     }
 
     /// Data and tags of whole blocks from logical sector `s` to their
@@ -413,92 +532,37 @@ impl Integrity {
         Ok(())
     }
 
-    /// Writes through the journal (`J`) or straight (`D`).
-    fn write_blocks(&self, offset: u64, data: &[u8], tags: &[u8]) -> DevResult<()> {
-        let mut st = self.lock();
-        let s0 = offset / 512;
-        if self.p.mode != Mode::Journal {
-            return self.place(s0, data, tags);
+    /// Writes through the journal (`J`) or straight (`D`, `B`).
+    fn write_blocks(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
+        if let Some(j) = &self.journal {
+            return j.write(offset / 512, data, tags, fua);
         }
-        let g = &self.g;
-        let per = g.section_entries as usize;
-        let bb = g.block_bytes();
-        let ts = g.tag_size as usize;
-        for (c, (dchunk, tchunk)) in data.chunks(per * bb).zip(tags.chunks(per * ts)).enumerate() {
-            let s = s0 + (((c * per) as u64) << g.log2_spb);
-            self.commit(&mut st, s, dchunk, tchunk)?;
-            self.place(s, dchunk, tchunk)?;
-            let i = st.next_section as usize;
-            st.unsynced[i] = true;
-            st.next_section += 1;
-            if st.next_section == g.journal_sections {
-                st.next_section = 0;
-                st.seq = journal::next_seq(st.seq);
+        let mut st = self.lock();
+        self.write_direct(&mut st, offset / 512, data, tags)
+    }
+
+    /// `f`, which writes tags or data beside the journal, run while the
+    /// journal places nothing (with `drain`, after it placed everything
+    /// acknowledged so far; see [`writeback::Writeback::exclusive`]);
+    /// straight away in the other modes.
+    fn around_journal<R>(&self, drain: bool, f: impl FnOnce() -> DevResult<R>) -> DevResult<R> {
+        match &self.journal {
+            Some(j) => j.exclusive(drain, f),
+            None => f(),
+        }
+    }
+
+    /// Data and tags of whole blocks at `offset`, the journal's newer
+    /// copies in place of the device's; per block, whether it came from
+    /// the journal (its tag is ours: nothing to check).
+    fn read_current(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> DevResult<Vec<bool>> {
+        match &self.journal {
+            Some(j) => j.read(offset / 512, buf, tags, &|b, t| self.read_raw(offset, b, t)),
+            None => {
+                self.read_raw(offset, buf, tags)?;
+                Ok(vec![false; buf.len() / self.g.block_bytes()])
             }
         }
-        Ok(())
-    }
-
-    /// One journal section holding these blocks, durable on return.
-    fn commit(&self, st: &mut State, s: u64, data: &[u8], tags: &[u8]) -> DevResult<()> {
-        let g = &self.g;
-        let i = st.next_section;
-        if st.unsynced[i as usize] {
-            // Its last contents' in-place copies must be durable before
-            // the journal forgets them.
-            self.dev.flush()?;
-            st.unsynced.fill(false);
-        }
-        let bb = g.block_bytes();
-        let ts = g.tag_size as usize;
-        let blocks: Vec<Block<'_>> = data
-            .chunks(bb)
-            .zip(tags.chunks(ts))
-            .enumerate()
-            .map(|(k, (d, t))| Block {
-                sector: s + ((k as u64) << g.log2_spb),
-                data: d,
-                tag: t,
-            })
-            .collect();
-        let seq = st.seq;
-        journal::fill_section(g, &mut st.section, i, seq, &blocks);
-        self.dev.write(
-            g.journal_sector(i, 0) * 512,
-            WriteBuf::Borrowed(&st.section),
-            false,
-        )?;
-        self.dev.flush()?;
-        st.unsynced.fill(false);
-        st.wrote = true;
-        Ok(())
-    }
-
-    /// The kernel's `postsuspend` in J mode: once every in-place write
-    /// is durable the journal is rewritten empty (sections from the next
-    /// one on with the current sequence number, the ones before with the
-    /// next), so the next open has nothing to replay.
-    fn retire_journal(&self) -> DevResult<()> {
-        let mut st = self.lock();
-        if !st.wrote {
-            return Ok(());
-        }
-        self.dev.flush()?;
-        let g = &self.g;
-        let (next, seq) = (st.next_section, st.seq);
-        for i in 0..g.journal_sections {
-            let s = if i >= next {
-                seq
-            } else {
-                journal::next_seq(seq)
-            };
-            journal::fill_section(g, &mut st.section, i, s, &[]);
-            let at = g.journal_sector(i, 0) * 512;
-            self.dev.write(at, WriteBuf::Borrowed(&st.section), false)?;
-        }
-        self.dev.flush()?;
-        st.wrote = false;
-        Ok(())
     }
 
     fn mismatch(&self, sector: u64) -> DevError {
@@ -525,7 +589,7 @@ impl BlockDevice for Integrity {
             logical_block_size: bb,
             optimal_io_size: bb.max(4096),
             read_only: self.p.mode == Mode::Recovery,
-            discard: false,
+            discard: self.p.opts.allow_discards,
             write_zeroes: false,
             ..Limits::default()
         };
@@ -537,21 +601,28 @@ impl BlockDevice for Integrity {
         let ts = g.tag_size as usize;
         let bb = g.block_bytes();
         let mut tags = vec![0u8; buf.len() / bb * ts];
-        self.read_raw(offset, buf, &mut tags)?;
+        let journaled = self.read_current(offset, buf, &mut tags)?;
         let Some(a) = self.alg.as_ref().filter(|_| self.p.mode != Mode::Recovery) else {
             return Ok(());
         };
         let mut want = vec![0u8; ts];
+        let checked_below = self.checked_below();
         for (k, (blk, t)) in buf.chunks(bb).zip(tags.chunks(ts)).enumerate() {
+            if journaled[k] {
+                continue;
+            }
             let s = offset / 512 + ((k as u64) << g.log2_spb);
+            if s >= checked_below {
+                break;
+            }
             a.tag(self.salt(), s, blk, &mut want);
-            if want != t {
+            if !discard::tag_ok(&want, t, self.p.opts.allow_discards) {
                 return Err(self.mismatch(s));
             }
         }
         Ok(())
     }
-    fn write(&self, offset: u64, data: WriteBuf<'_>, _fua: bool) -> DevResult<()> {
+    fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
         if self.p.mode == Mode::Recovery {
             return Err(DevError::ReadOnly);
         }
@@ -559,7 +630,7 @@ impl BlockDevice for Integrity {
         self.check_range(offset, data.len())?;
         let mut tags = vec![0u8; data.len() / self.g.block_bytes() * self.g.tag_size as usize];
         self.compute_tags(offset / 512, data, &mut tags);
-        self.write_blocks(offset, data, &tags)
+        self.write_blocks(offset, data, &tags, fua)
     }
     fn tag_layout(&self) -> Option<TagLayout> {
         self.alg.is_none().then(|| TagLayout {
@@ -581,9 +652,9 @@ impl BlockDevice for Integrity {
                 l.sector_size
             )));
         }
-        self.read_raw(offset, buf, tags)
+        self.read_current(offset, buf, tags).map(|_| ())
     }
-    fn write_tagged(&self, offset: u64, data: &[u8], tags: &[u8], _fua: bool) -> DevResult<()> {
+    fn write_tagged(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
         let l = self.tag_layout().ok_or(DevError::NotSupported(
             "tagged write: this integrity device computes its own tags (internal_hash)",
         ))?;
@@ -600,21 +671,21 @@ impl BlockDevice for Integrity {
                 l.sector_size
             )));
         }
-        self.write_blocks(offset, data, tags)
+        self.write_blocks(offset, data, tags, fua)
     }
     fn flush(&self) -> DevResult<()> {
         if self.p.mode == Mode::Recovery {
             return Ok(());
         }
+        if let Some(j) = &self.journal {
+            return j.flush();
+        }
         let mut st = self.lock();
         self.dev.flush()?;
-        st.unsynced.fill(false);
-        Ok(())
+        self.bitmap_tick(&mut st)
     }
-    fn discard(&self, _offset: u64, _len: u64) -> DevResult<()> {
-        Err(DevError::NotSupported(
-            "integrity: discards are not enabled (allow_discards)",
-        ))
+    fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.discard_blocks(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         write_zeroes_by_writing(self, offset, len, fua)
@@ -623,7 +694,13 @@ impl BlockDevice for Integrity {
 
 impl Drop for Integrity {
     fn drop(&mut self) {
-        if let Err(e) = self.retire_journal() {
+        if let Err(e) = self.close_bitmap() {
+            tracing::warn!("integrity {}: cannot mark the bitmap clean at close ({e}); its regions are recomputed at the next open", self.p.dev);
+        }
+        let Some(j) = self.journal.take() else {
+            return;
+        };
+        if let Err(e) = j.close() {
             tracing::warn!("integrity {}: cannot empty the journal at close ({e}); it is replayed at the next open", self.p.dev);
         }
     }
@@ -639,8 +716,9 @@ impl Target for Integrity {
     /// The kernel's: mismatches, provided data sectors, and the
     /// recalculation position or `-`.
     fn status(&self) -> String {
-        let recalc = if self.sb.has(flags::RECALCULATING) {
-            self.sb.recalc_sector.to_string()
+        let sb = self.lock().sb.clone();
+        let recalc = if sb.has(flags::RECALCULATING) {
+            sb.recalc_sector.to_string()
         } else {
             "-".into()
         };

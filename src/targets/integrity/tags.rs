@@ -84,7 +84,16 @@ impl Alg {
     /// padded with zeros).
     pub fn tag(&self, salt: Option<&[u8]>, sector: u64, data: &[u8], out: &mut [u8]) {
         let s = sector.to_le_bytes();
-        let parts = [salt.unwrap_or(&[]), &s[..], data];
+        let d = self.digest(&[salt.unwrap_or(&[]), &s[..], data]);
+        let m = self.digest_size().min(out.len());
+        out[..m].copy_from_slice(&d[..m]);
+        out[m..].fill(0);
+    }
+
+    /// The digest (or MAC) of `parts` one after the other, in the first
+    /// [`Alg::digest_size`] bytes; also `journal_mac`'s section and
+    /// superblock MACs.
+    pub fn digest(&self, parts: &[&[u8]]) -> [u8; 64] {
         let mut d = [0u8; 64];
         let n = self.digest_size();
         match self {
@@ -95,14 +104,12 @@ impl Alg {
                 }
                 d[..4].copy_from_slice(&(!c).to_le_bytes());
             }
-            Alg::Sha1 => d[..n].copy_from_slice(&digest::<Sha1>(&parts)),
-            Alg::Sha256 => d[..n].copy_from_slice(&digest::<Sha256>(&parts)),
-            Alg::HmacSha256(k) => d[..n].copy_from_slice(&hmac::<Hmac<Sha256>>(k, &parts)),
-            Alg::HmacSha512(k) => d[..n].copy_from_slice(&hmac::<Hmac<Sha512>>(k, &parts)),
+            Alg::Sha1 => d[..n].copy_from_slice(&digest::<Sha1>(parts)),
+            Alg::Sha256 => d[..n].copy_from_slice(&digest::<Sha256>(parts)),
+            Alg::HmacSha256(k) => d[..n].copy_from_slice(&hmac::<Hmac<Sha256>>(k, parts)),
+            Alg::HmacSha512(k) => d[..n].copy_from_slice(&hmac::<Hmac<Sha512>>(k, parts)),
         }
-        let m = n.min(out.len());
-        out[..m].copy_from_slice(&d[..m]);
-        out[m..].fill(0);
+        d
     }
 }
 

@@ -20,9 +20,9 @@ impl DeviceResolver for One {
     }
 }
 
-const DEV: u64 = 8 << 20;
+pub(super) const DEV: u64 = 8 << 20;
 
-fn open(m: &Arc<MemStore>, line: &str, len: u64) -> Result<Arc<dyn Target>, String> {
+pub(super) fn open(m: &Arc<MemStore>, line: &str, len: u64) -> Result<Arc<dyn Target>, String> {
     let args: Vec<String> = line.split_whitespace().map(Into::into).collect();
     let opts = TargetOptions::default();
     let mut r = One(m.clone());
@@ -35,7 +35,7 @@ fn open(m: &Arc<MemStore>, line: &str, len: u64) -> Result<Arc<dyn Target>, Stri
     .map_err(|e| e.msg)
 }
 
-fn geometry(m: &MemStore) -> Geometry {
+pub(super) fn geometry(m: &MemStore) -> Geometry {
     let mut b = vec![0u8; 512];
     m.read(0, &mut b).unwrap();
     let sb = Superblock::parse(&b).unwrap().unwrap();
@@ -69,6 +69,10 @@ fn a_flipped_bit_fails_its_sector_only() {
     let g = geometry(&m);
     t.write(0, WriteBuf::Borrowed(&vec![0x5a; 8192]), false)
         .unwrap();
+    // Closed, so the journal's copy is in place (a J-mode write waits in
+    // the journal until the watermark, a close or a suspend).
+    drop(t);
+    let t = open(&m, CRC, 1 << 20).unwrap();
     let at = g.data_sector(5) * 512 + 100;
     let mut b = [0u8; 512];
     let base = at / 512 * 512;
@@ -161,7 +165,7 @@ fn tagged_io_without_an_internal_hash() {
 fn lines_udm_cannot_serve_are_refused_by_name() {
     let m = Arc::new(MemStore::new(DEV));
     for (line, word) in [
-        ("d 0 4 B 1 internal_hash:crc32c", "bitmap"),
+        ("d 0 4 B 0", "internal_hash"),
         ("d 0 4 J 1 meta_device:/x", "meta_device"),
         ("d 0 4 J 1 allow_discards", "internal_hash"),
         ("d 0 - J 0", "tag size"),
@@ -173,4 +177,166 @@ fn lines_udm_cannot_serve_are_refused_by_name() {
         .err()
         .unwrap();
     assert!(r.contains("not formatted"), "{r}");
+}
+
+/// The device's bytes as a crash would leave them now (the writer
+/// thread may be between any two of its writes).
+fn crash_copy(m: &MemStore) -> Arc<MemStore> {
+    let mut all = vec![0u8; DEV as usize];
+    m.read(0, &mut all).unwrap();
+    let c = Arc::new(MemStore::new(DEV));
+    c.write(0, WriteBuf::Borrowed(&all), false).unwrap();
+    c
+}
+
+#[test]
+fn acknowledged_writes_read_back_before_any_commit_and_a_flush_makes_them_survive_a_crash() {
+    let m = Arc::new(MemStore::new(DEV));
+    // The watermark at 100 %: nothing is committed or placed until the
+    // journal is full, so only the FLUSH commits.
+    let line = "d 0 4 J 3 journal_watermark:100 fix_padding internal_hash:crc32c";
+    let t = open(&m, line, 4 << 20).unwrap();
+    let g = geometry(&m);
+    let before = crash_copy(&m);
+    for k in 0..20u64 {
+        t.write(
+            k * 8192,
+            WriteBuf::Borrowed(&vec![k as u8 + 1; 4096]),
+            false,
+        )
+        .unwrap();
+    }
+    let mut b = vec![0u8; 4096];
+    t.read(19 * 8192, &mut b).unwrap();
+    assert_eq!(b, vec![20u8; 4096]);
+    // Nothing reached the device yet: the journal area is as it was.
+    let jlen = (g.journal_sections * g.section_sectors * 512) as usize;
+    let (mut now, mut was) = (vec![0u8; jlen], vec![0u8; jlen]);
+    m.read(g.journal_sector(0, 0) * 512, &mut now).unwrap();
+    before.read(g.journal_sector(0, 0) * 512, &mut was).unwrap();
+    assert!(now == was, "a write reached the journal before any commit");
+    t.flush().unwrap();
+    let c = crash_copy(&m);
+    let t2 = open(&c, line, 4 << 20).unwrap();
+    for k in 0..20u64 {
+        t2.read(k * 8192, &mut b).unwrap();
+        assert_eq!(b, vec![k as u8 + 1; 4096], "block {k} after the crash");
+    }
+    drop(t2);
+    drop(t);
+}
+
+#[test]
+fn concurrent_writers_and_flushes_keep_every_flushed_write_through_a_crash() {
+    let m = Arc::new(MemStore::new(DEV));
+    let line = "d 0 4 J 4 journal_sectors:1000 journal_watermark:30 fix_padding \
+                internal_hash:crc32c";
+    let t = open(&m, line, 4 << 20).unwrap();
+    assert!(geometry(&m).journal_sections >= 4);
+    std::thread::scope(|s| {
+        for w in 0..4u64 {
+            let t = &t;
+            s.spawn(move || {
+                for round in 0..60u64 {
+                    let blk = (w * 1000 + round * 7) % 1024;
+                    let d = vec![(w * 61 + round) as u8 | 1; 4096];
+                    t.write(blk * 4096, WriteBuf::Borrowed(&d), round % 9 == 0)
+                        .unwrap();
+                    if round % 10 == 0 {
+                        t.flush().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    t.flush().unwrap();
+    let c = crash_copy(&m);
+    let t2 = open(&c, line, 4 << 20).unwrap();
+    // Only written blocks are read: the others were never wiped.
+    let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
+    for w in 0..4u64 {
+        for round in 0..60u64 {
+            let at = (w * 1000 + round * 7) % 1024 * 4096;
+            t.read(at, &mut a).unwrap();
+            t2.read(at, &mut b).unwrap();
+            assert!(a == b, "block at {at} differs after the crash");
+            assert_ne!(a[0], 0);
+        }
+    }
+    assert!(t2.status().starts_with("0 "), "{}", t2.status());
+}
+
+const K1: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+const K2: &str = "ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+/// A crash after a FLUSH, before any entry reached its place: the
+/// journal alone (sealed) must bring the data back at the next open.
+fn replays_sealed(opts: &str) {
+    let m = Arc::new(MemStore::new(DEV));
+    let n = opts.split_whitespace().count() + 3;
+    let line = format!("d 0 4 J {n} journal_watermark:100 fix_padding internal_hash:crc32c {opts}");
+    let t = open(&m, &line, 4 << 20).unwrap();
+    let g = geometry(&m);
+    let data: Vec<u8> = (0..24 * 1024).map(|i| (i % 251) as u8 ^ 0x5a).collect();
+    t.write(40960, WriteBuf::Borrowed(&data), false).unwrap();
+    t.flush().unwrap();
+    let c = crash_copy(&m);
+    let jlen = (g.journal_sections * g.section_sectors * 512) as usize;
+    let mut j = vec![0u8; jlen];
+    c.read(g.journal_sector(0, 0) * 512, &mut j).unwrap();
+    let plain = j.windows(64).any(|w| w == &data[1000..1064]);
+    assert_eq!(
+        plain,
+        !opts.contains("journal_crypt"),
+        "{opts}: plaintext in the journal"
+    );
+    let t2 = open(&c, &line, 4 << 20).unwrap();
+    let mut back = vec![0u8; data.len()];
+    t2.read(40960, &mut back).unwrap();
+    assert!(back == data, "{opts}: replayed data differs");
+    drop(t2);
+    drop(t);
+}
+
+#[test]
+fn journals_sealed_with_journal_mac_replay() {
+    replays_sealed(&format!("journal_mac:hmac(sha256):{K1}"));
+    replays_sealed(&format!("fix_hmac journal_mac:hmac(sha256):{K1}"));
+}
+
+#[test]
+fn journals_encrypted_with_journal_crypt_replay() {
+    replays_sealed(&format!("journal_crypt:ctr(aes):{K1}"));
+    replays_sealed(&format!("journal_crypt:chacha20:{K1} journal_mac:sha256"));
+    replays_sealed(&format!("journal_crypt:cbc(aes):{}", &K1[..32]));
+}
+
+#[test]
+fn a_wrong_journal_mac_key_is_refused() {
+    for extra in ["", "fix_hmac "] {
+        let m = Arc::new(MemStore::new(DEV));
+        let n = if extra.is_empty() { 3 } else { 4 };
+        let line = |k: &str| {
+            format!(
+                "d 0 4 J {n} fix_padding internal_hash:crc32c {extra}journal_mac:hmac(sha256):{k}"
+            )
+        };
+        let t = open(&m, &line(K1), 1 << 20).unwrap();
+        t.write(0, WriteBuf::Borrowed(&[7u8; 4096]), false).unwrap();
+        t.flush().unwrap();
+        let c = crash_copy(&m);
+        drop(t);
+        for dev in [&m, &c] {
+            let e = open(dev, &line(K2), 1 << 20).err().unwrap();
+            assert!(
+                e.contains("journal_mac") && e.contains("key"),
+                "{extra}: {e}"
+            );
+            assert!(
+                !e.contains(K2) && !e.contains(K1),
+                "a key in the error: {e}"
+            );
+        }
+        assert!(open(&c, &line(K1), 1 << 20).is_ok());
+    }
 }

@@ -1,0 +1,272 @@
+//! Tags recomputed from the data on the device: the regions a dirty
+//! bitmap names after a crash ([`super::bitmap`]), and `recalculate`, as
+//! the kernel's: the superblock says `RECALCULATING` and how far the tags
+//! are known good (`recalc_sector`); a background thread recomputes them
+//! from there a chunk at a time, each chunk's tags durable before the
+//! superblock moves past it, so a restart goes on where it stopped. Reads
+//! beyond the position are not checked (their tags are not yet right).
+//! The kernel leaves the flag set once it reaches the end, with
+//! `recalc_sector` at the provided sectors; so does udm.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use super::superblock::flags;
+use super::{io, Integrity};
+use crate::core::DevResult;
+use crate::targets::TargetError;
+
+/// Sectors read and re-tagged at a time (also the background step).
+const CHUNK_SECTORS: u64 = 2048;
+
+impl Integrity {
+    /// Recomputes the tags of logical sectors `[s, end)` (whole blocks)
+    /// from the data in place, area by area.
+    pub(super) fn recompute_tags(&self, mut s: u64, end: u64) -> DevResult<()> {
+        let g = &self.g;
+        let ts = g.tag_size as usize;
+        let mut data = Vec::new();
+        let mut tags = Vec::new();
+        while s < end {
+            let n = g.left_in_area(s).min(end - s).min(CHUNK_SECTORS);
+            data.resize((n * 512) as usize, 0);
+            tags.resize((n >> g.log2_spb) as usize * ts, 0);
+            self.dev.read(g.data_sector(s) * 512, &mut data)?;
+            self.compute_tags(s, &data, &mut tags);
+            io::write_bytes(&*self.dev, g.tag_byte(s), &tags)?;
+            s += n;
+        }
+        Ok(())
+    }
+
+    /// Where reads stop being checked: `recalc_sector` while
+    /// recalculating, else past the end.
+    pub(super) fn checked_below(&self) -> u64 {
+        self.recalc_at.load(Ordering::Acquire)
+    }
+
+    /// The kernel's `dm_integrity_disable_recalculate`: recomputing keyed
+    /// tags would let whoever can write the data forge them, so it needs
+    /// `legacy_recalculate` (with `fix_hmac`, a journal MAC keeps it safe).
+    pub(super) fn recalc_refused(&self) -> bool {
+        if self.p.opts.legacy_recalculate {
+            return false;
+        }
+        let keyed = self
+            .p
+            .opts
+            .internal_hash
+            .as_ref()
+            .is_some_and(|h| h.key.is_some());
+        let mac_keyed = self
+            .p
+            .opts
+            .journal_mac
+            .as_ref()
+            .is_some_and(|h| h.key.is_some());
+        if self.sb.has(flags::FIXED_HMAC) {
+            keyed && !mac_keyed
+        } else {
+            keyed || mac_keyed
+        }
+    }
+
+    /// Whether the superblock will ask for a recalculation once the
+    /// line's options are applied; refused for keyed tags unless allowed.
+    pub(super) fn check_recalc(&self) -> Result<(), TargetError> {
+        let o = &self.p.opts;
+        let pending = self.sb.has(flags::RECALCULATING)
+            && self.sb.recalc_sector < self.g.provided_data_sectors;
+        if (pending || o.recalculate || o.reset_recalculate) && self.recalc_refused() {
+            return Err(TargetError::line(
+                "recalculating keyed (HMAC) tags is disabled for security reasons: add \
+                 legacy_recalculate if you really need it",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The line's `recalculate`/`reset_recalculate` applied to the
+    /// superblock as the kernel applies them at open (a position past the
+    /// end is pulled back to it), and the read check limit set.
+    pub(super) fn apply_recalc_options(&self) -> DevResult<()> {
+        let mut st = self.lock();
+        let mut sb = st.sb.clone();
+        let o = &self.p.opts;
+        let end = self.g.provided_data_sectors;
+        if o.reset_recalculate || (o.recalculate && !sb.has(flags::RECALCULATING)) {
+            sb.flags |= flags::RECALCULATING;
+            sb.recalc_sector = 0;
+        }
+        if sb.has(flags::RECALCULATING) && sb.recalc_sector > end {
+            sb.recalc_sector = end;
+        }
+        if sb != st.sb {
+            self.write_live_superblock(&mut sb)?;
+        }
+        let limit = if sb.has(flags::RECALCULATING) && sb.recalc_sector < end {
+            sb.recalc_sector
+        } else {
+            u64::MAX
+        };
+        self.recalc_at.store(limit, Ordering::Release);
+        st.sb = sb;
+        Ok(())
+    }
+
+    /// One background step: the next chunk's tags, durable, then the
+    /// superblock's position. `false` once the end is reached.
+    fn recalc_step(&self) -> DevResult<bool> {
+        let mut st = self.lock();
+        let end = self.g.provided_data_sectors;
+        let pos = st.sb.recalc_sector;
+        if !st.sb.has(flags::RECALCULATING) || pos >= end {
+            return Ok(false);
+        }
+        let next = (pos + CHUNK_SECTORS).min(end);
+        // In J mode the writer thread does not place entries meanwhile:
+        // its read-modify-write of a tag block would undo these tags.
+        self.around_journal(false, || self.recompute_tags(pos, next))?;
+        self.dev.flush()?;
+        let mut sb = st.sb.clone();
+        sb.recalc_sector = next;
+        self.write_live_superblock(&mut sb)?;
+        st.sb = sb;
+        self.recalc_at
+            .store(if next >= end { u64::MAX } else { next }, Ordering::Release);
+        Ok(next < end)
+    }
+
+    /// Starts the background recalculation when the superblock asks for
+    /// one; it stops at the end, on an error, or when the target goes.
+    pub(super) fn start_recalc(this: &Arc<Integrity>) {
+        if this.checked_below() == u64::MAX {
+            return;
+        }
+        let weak: Weak<Integrity> = Arc::downgrade(this);
+        let name = format!("integrity-recalc {}", this.p.dev);
+        let spawned = std::thread::Builder::new().name(name).spawn(move || loop {
+            let Some(t) = weak.upgrade() else { return };
+            match t.recalc_step() {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::error!(
+                        "integrity {}: recalculation stopped at an I/O error ({e}); it goes on \
+                         at the next open",
+                        t.p.dev
+                    );
+                    return;
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!(
+                "integrity {}: cannot start the recalculation ({e}); it goes on at the next open",
+                this.p.dev
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use crate::core::{BlockDevice, WriteBuf};
+    use crate::store::MemStore;
+    use crate::targets::integrity::superblock::{flags, Superblock};
+    use crate::targets::integrity::tests::{geometry, open, DEV};
+
+    fn sb(m: &MemStore) -> Superblock {
+        let mut b = vec![0u8; 512];
+        m.read(0, &mut b).unwrap();
+        Superblock::parse(&b).unwrap().unwrap()
+    }
+
+    /// Data straight onto the data area, its tags left wrong.
+    fn raw_data(m: &MemStore, s: u64, byte: u8) {
+        let at = geometry(m).data_sector(s) * 512;
+        m.write(at, WriteBuf::Borrowed(&[byte; 4096]), false)
+            .unwrap();
+    }
+
+    fn wait_done(m: &MemStore) -> Superblock {
+        let t0 = Instant::now();
+        loop {
+            let s = sb(m);
+            if s.recalc_sector >= geometry(m).provided_data_sectors {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "{s:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn recalculate_runs_to_the_end_and_reads_then_check() {
+        let m = Arc::new(MemStore::new(DEV));
+        let d = "d 0 4 D 2 fix_padding internal_hash:crc32c";
+        drop(open(&m, d, 1 << 20).unwrap());
+        raw_data(&m, 8, 0x5c);
+        let t = open(&m, d, 1 << 20).unwrap();
+        let mut b = [0u8; 4096];
+        assert!(t.read(8 * 512, &mut b).is_err(), "tags not yet computed");
+        drop(t);
+        let r = "d 0 4 D 3 recalculate fix_padding internal_hash:crc32c";
+        let t = open(&m, r, 1 << 20).unwrap();
+        let s = wait_done(&m);
+        assert!(s.has(flags::RECALCULATING) && s.version >= 2, "{s:?}");
+        t.read(8 * 512, &mut b).unwrap();
+        assert_eq!(b, [0x5c; 4096]);
+        let p = geometry(&m).provided_data_sectors;
+        assert_eq!(t.status(), format!("0 {p} {p}"));
+        // Checked again: a flipped byte fails.
+        drop(t);
+        raw_data(&m, 16, 0x11);
+        let t = open(&m, d, 1 << 20).unwrap();
+        assert!(t.read(16 * 512, &mut b).is_err());
+    }
+
+    #[test]
+    fn recalculation_goes_on_from_the_superblocks_position() {
+        let m = Arc::new(MemStore::new(DEV));
+        let d = "d 0 4 D 2 fix_padding internal_hash:crc32c";
+        drop(open(&m, d, 4 << 20).unwrap());
+        raw_data(&m, 0, 0x21);
+        raw_data(&m, 4096, 0x22);
+        // As a crash would leave it: recalculating, sector 0 not yet done
+        // but the superblock already past it.
+        let mut s = sb(&m);
+        s.flags |= flags::RECALCULATING;
+        s.recalc_sector = 2048;
+        s.set_version(false);
+        m.write(0, WriteBuf::Borrowed(&s.encode()), false).unwrap();
+        let t = open(&m, d, 4 << 20).unwrap();
+        wait_done(&m);
+        let mut b = [0u8; 4096];
+        t.read(4096 * 512, &mut b).unwrap();
+        assert_eq!(b, [0x22; 4096]);
+        assert!(
+            t.read(0, &mut b).is_err(),
+            "before the position: not redone"
+        );
+        drop(t);
+        let reset = "d 0 4 D 3 reset_recalculate fix_padding internal_hash:crc32c";
+        let t = open(&m, reset, 4 << 20).unwrap();
+        wait_done(&m);
+        t.read(0, &mut b).unwrap();
+        assert_eq!(b, [0x21; 4096]);
+    }
+
+    #[test]
+    fn keyed_tags_need_legacy_recalculate() {
+        let m = Arc::new(MemStore::new(DEV));
+        let l = "d 0 32 D 2 recalculate internal_hash:hmac(sha256):0102";
+        let e = open(&m, l, 1 << 20).err().unwrap();
+        assert!(e.contains("legacy_recalculate"), "{e}");
+        let ok = "d 0 32 D 3 recalculate legacy_recalculate internal_hash:hmac(sha256):0102";
+        assert!(open(&m, ok, 1 << 20).is_ok());
+    }
+}
