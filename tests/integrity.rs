@@ -11,29 +11,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
+use common::integrity::{field, nbd_py, ok, uis};
 use common::*;
-
-fn uis() -> Command {
-    let mut c = udm();
-    c.arg("integritysetup");
-    c
-}
-
-fn ok(c: &mut Command) -> String {
-    let o = c.output().unwrap();
-    assert!(o.status.success(), "{c:?} failed:\n{}", show(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn field<'a>(dump: &'a str, name: &str) -> &'a str {
-    dump.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .map(str::trim)
-        .or_else(|| dump.lines().any(|l| l.trim() == name).then_some(""))
-        .unwrap_or_else(|| panic!("no '{name}' in:\n{dump}"))
-}
 
 /// `format` options, then the dump fields they must give.
 type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)]);
@@ -122,17 +103,6 @@ fn integritysetup_dump_reads_udms_format_with_the_parameters_asked() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
-}
-
-/// Runs python3-libnbd on the export: `code` gets `h` (connected).
-fn nbd_py(sock: &Path, export: &str, code: &str) -> Output {
-    need_python_module("nbd", "python3-libnbd");
-    let prog = format!(
-        "import nbd, sys\nh = nbd.NBD()\nh.set_export_name({export:?})\n\
-         h.connect_unix({:?})\n{code}\n",
-        sock.to_str().unwrap()
-    );
-    Command::new(PYTHON).arg("-c").arg(prog).output().unwrap()
 }
 
 fn serve(d: &Path) -> UdmServe {

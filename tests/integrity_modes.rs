@@ -9,29 +9,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
+use common::integrity::{field, nbd_py, ok, uis};
 use common::*;
-
-fn uis() -> Command {
-    let mut c = udm();
-    c.arg("integritysetup");
-    c
-}
-
-fn ok(c: &mut Command) -> String {
-    let o = c.output().unwrap();
-    assert!(o.status.success(), "{c:?} failed:\n{}", show(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn field<'a>(dump: &'a str, name: &str) -> &'a str {
-    dump.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .map(str::trim)
-        .or_else(|| dump.lines().any(|l| l.trim() == name).then_some(""))
-        .unwrap_or_else(|| panic!("no '{name}' in:\n{dump}"))
-}
 
 /// `integritysetup dump` of `img`, checked equal to udm's own.
 fn dump(img: &Path) -> String {
@@ -39,16 +20,6 @@ fn dump(img: &Path) -> String {
     let theirs = ok(Command::new(need("integritysetup")).args(["dump", p]));
     assert_eq!(ok(uis().args(["dump", p])), theirs);
     theirs
-}
-
-fn nbd_py(sock: &Path, export: &str, code: &str) -> Output {
-    need_python_module("nbd", "python3-libnbd");
-    let prog = format!(
-        "import nbd, sys\nh = nbd.NBD()\nh.set_export_name({export:?})\n\
-         h.connect_unix({:?})\n{code}\n",
-        sock.to_str().unwrap()
-    );
-    Command::new(PYTHON).arg("-c").arg(prog).output().unwrap()
 }
 
 /// `close vol`, retried while an NBD client's disconnect is still on

@@ -18,11 +18,12 @@
 
 mod common;
 
+use common::integrity::nbd_py;
 use common::luks::*;
 use common::*;
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 const UUID: &str = "6f1a3c2e-8d4b-4c1a-9e2f-0123456789ab";
 
@@ -218,17 +219,6 @@ fn unsupported_integrity_is_refused_with_its_name() {
         .output()
         .expect("run udm");
     assert!(String::from_utf8_lossy(&out.stderr).contains("only for LUKS2"));
-}
-
-/// Runs python3-libnbd on the export: `code` gets `h` (connected).
-fn nbd_py(sock: &Path, export: &str, code: &str) -> Output {
-    need_python_module("nbd", "python3-libnbd");
-    let prog = format!(
-        "import nbd, sys\nh = nbd.NBD()\nh.set_export_name({export:?})\n\
-         h.connect_unix({:?})\n{code}\n",
-        sock.to_str().unwrap()
-    );
-    Command::new(PYTHON).arg("-c").arg(prog).output().unwrap()
 }
 
 /// The script's stdout, which must have succeeded.

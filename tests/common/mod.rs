@@ -17,6 +17,7 @@ pub mod crash;
 pub mod dm;
 pub mod foreign;
 pub mod fs;
+pub mod integrity;
 pub mod luks;
 pub mod nbd;
 

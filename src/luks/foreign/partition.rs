@@ -24,34 +24,29 @@ pub struct Partition {
 /// `path`'s partition facts if it is a partition block device; `None` for
 /// files, whole disks, or when sysfs does not say.
 pub fn of(path: &Path) -> Option<Partition> {
+    from_sysfs(&sysfs_dir(path)?, Path::new("/dev"))
+}
+
+/// A block device's sysfs directory (`/sys/dev/block/MAJ:MIN`); `None`
+/// for anything that is not a block device.
+fn sysfs_dir(path: &Path) -> Option<PathBuf> {
     let md = std::fs::metadata(path).ok()?;
     if !md.file_type().is_block_device() {
         return None;
     }
     let rdev = md.rdev();
-    let sys = PathBuf::from(format!(
+    Some(PathBuf::from(format!(
         "/sys/dev/block/{}:{}",
         libc::major(rdev),
         libc::minor(rdev)
-    ));
-    from_sysfs(&sys, Path::new("/dev"))
+    )))
 }
 
 /// The partition of whole-disk `disk` that starts at sector `start` and
 /// is `size` sectors long, as cryptsetup looks for a TrueCrypt system
 /// partition when given the drive.
 pub fn find(disk: &Path, start: u64, size: u64) -> Option<PathBuf> {
-    let md = std::fs::metadata(disk).ok()?;
-    if !md.file_type().is_block_device() {
-        return None;
-    }
-    let rdev = md.rdev();
-    let sys = PathBuf::from(format!(
-        "/sys/dev/block/{}:{}",
-        libc::major(rdev),
-        libc::minor(rdev)
-    ));
-    find_in(&sys, start, size).map(|n| Path::new("/dev").join(n))
+    find_in(&sysfs_dir(disk)?, start, size).map(|n| Path::new("/dev").join(n))
 }
 
 /// [`find`] on a sysfs-shaped directory: the name of the child with
