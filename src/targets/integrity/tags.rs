@@ -132,33 +132,14 @@ fn hmac<M: Mac + KeyInit>(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
-/// CRC-32C (Castagnoli, reflected 0x82F63B78), the kernel's `crc32c`
-/// without its final inversion.
-static CRC_TABLE: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0x82F6_3B78
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
-
-pub fn crc32c_update(mut c: u32, data: &[u8]) -> u32 {
-    for &b in data {
-        c = CRC_TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-    }
-    c
+/// CRC-32C (Castagnoli), the kernel's `crc32c` without its final
+/// inversion: `c` is the running register, `!0` to start. The `crc32c`
+/// crate uses the CPU's CRC32 instruction (SSE 4.2) when it has one; a
+/// byte-wise table ran at a few hundred MB/s and was 30 % of a J-mode
+/// write's server CPU.
+pub fn crc32c_update(c: u32, data: &[u8]) -> u32 {
+    // The crate keeps the register inverted between calls.
+    !crc32c::crc32c_append(!c, data)
 }
 
 #[cfg(test)]
