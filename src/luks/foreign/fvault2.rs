@@ -55,15 +55,8 @@ fn le64(b: &[u8], at: usize) -> u64 {
 /// CRC-32C (Castagnoli, reflected) from `seed`, without a final
 /// inversion: Core Storage stores the register as it ends.
 fn crc32c(seed: u32, data: &[u8]) -> u32 {
-    let mut crc = seed;
-    for &b in data {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            let mask = (crc & 1).wrapping_neg();
-            crc = (crc >> 1) ^ (0x82F6_3B78 & mask);
-        }
-    }
-    crc
+    // The crate keeps the register inverted between calls.
+    !crc32c::crc32c_append(!seed, data)
 }
 
 /// A block starts with its checksum and the seed, which must be all ones.
