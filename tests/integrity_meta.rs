@@ -183,7 +183,10 @@ fn round_trip(d: &Path, mode: &str, flag: Option<&str>) {
         ))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{mode}: data not in the clear at its offset");
+    assert!(
+        o.status.success(),
+        "{mode}: data not in the clear at its offset"
+    );
     let mut b = pread(&data, 5 * 512 + 100, 1);
     b[0] ^= 0x10;
     pwrite(&data, 5 * 512 + 100, &b);

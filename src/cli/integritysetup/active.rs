@@ -110,8 +110,9 @@ pub(super) fn open(a: &Args) -> Outcome {
     let dev = open_dev(path, true)?;
     let sb = read_superblock(&*dev, path)?;
     // The server resolves the path from its own directory.
-    let absolute =
-        |p: &str| std::fs::canonicalize(p).map_or_else(|_| p.to_string(), |f| f.display().to_string());
+    let absolute = |p: &str| {
+        std::fs::canonicalize(p).map_or_else(|_| p.to_string(), |f| f.display().to_string())
+    };
     let full = absolute(path);
     let mut p = params(a, &full, &sb)?;
     // With --data-device the positional device holds the metadata: the

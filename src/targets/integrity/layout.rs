@@ -141,10 +141,12 @@ impl Geometry {
     /// holding data and tags interleaved.
     pub fn of(sb: &Superblock, start: u64, dev_sectors: u64) -> Result<Geometry, String> {
         if sb.log2_interleave_sectors == 0 {
-            return Err("integrity: the superblock is of a device whose data lives on a \
+            return Err(
+                "integrity: the superblock is of a device whose data lives on a \
                         separate data device (log2_interleave_sectors 0): give that device \
                         (meta_device: in a table, --data-device to integritysetup)"
-                .into());
+                    .into(),
+            );
         }
         if !(3..=31).contains(&sb.log2_interleave_sectors) {
             return Err(format!(
@@ -249,8 +251,9 @@ impl Geometry {
 
     /// `calculate_device_limits` with a separate metadata device: one tag
     /// run (`metadata_run` 1), rounded up to the buffer, after the journal.
-    /// The kernel does not count the offset here; nor does udm, so both
-    /// accept the same devices.
+    /// The kernel does not count the offset here, nor does this, so that a
+    /// format picks the kernel's journal sections; [`Geometry::of_separate`]
+    /// checks where the tags really end.
     fn separate_limits(&mut self) -> bool {
         self.metadata_run = 1;
         let unit = 512u64 << self.log2_buffer;
@@ -337,7 +340,8 @@ impl Geometry {
     /// sector `s` starts.
     pub fn tag_byte(&self, s: u64) -> u64 {
         if self.is_separate() {
-            return (self.start + self.initial_sectors) * 512 + (s >> self.log2_spb) * self.tag_size;
+            return (self.start + self.initial_sectors) * 512
+                + (s >> self.log2_spb) * self.tag_size;
         }
         let area = s >> self.log2_interleave;
         let off = s & (self.interleave() - 1);
@@ -502,7 +506,9 @@ mod tests {
         let g = Geometry::of_separate(&b, 0, 8192, 65541, 7).unwrap();
         assert_eq!(g.provided_data_sectors, 65536);
         // The superblocks of the two layouts are not mixed up.
-        assert!(Geometry::of(&s, 0, 1 << 20).unwrap_err().contains("separate"));
+        assert!(Geometry::of(&s, 0, 1 << 20)
+            .unwrap_err()
+            .contains("separate"));
         let e = Geometry::of_separate(&sb(4, 15, 2), 0, 8192, 65536, 7).unwrap_err();
         assert!(e.contains("meta_device"), "{e}");
         assert_eq!(journal_sectors_of(&s), 352);

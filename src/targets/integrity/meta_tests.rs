@@ -86,7 +86,10 @@ fn every_mode_keeps_plain_data_on_the_data_device_and_reads_back_after_a_reopen(
         let s = sb(&m);
         assert_eq!(s.log2_interleave_sectors, 0, "{mode}");
         assert_eq!(s.provided_data_sectors, DATA / 512, "{mode}");
-        assert!(!s.has(flags::FIXED_PADDING) && s.version >= 2, "{mode}: {s:?}");
+        assert!(
+            !s.has(flags::FIXED_PADDING) && s.version >= 2,
+            "{mode}: {s:?}"
+        );
         assert_eq!(t.size(), DATA);
         let data = pattern(96 * 1024, mode.as_bytes()[0]);
         t.write(8192, WriteBuf::Borrowed(&data), false).unwrap();
@@ -189,7 +192,9 @@ fn discards_fill_tags_on_the_metadata_device_and_recalculate_reads_the_data() {
     let g = geometry(&d, &m);
     let mut tags = [0u8; 8 * 4];
     io::read_bytes(&*m, g.tag_byte(0), &mut tags).unwrap();
-    assert!(tags[8..24].iter().all(|&b| b == super::discard::DISCARD_FILLER));
+    assert!(tags[8..24]
+        .iter()
+        .all(|&b| b == super::discard::DISCARD_FILLER));
     let mut all = vec![0u8; 8192];
     t.read(0, &mut all).unwrap();
     drop(t);
@@ -258,6 +263,9 @@ fn the_layouts_are_not_mixed_up_and_the_line_prints_meta_device() {
         .err()
         .unwrap();
     assert!(e.contains("data device itself"), "{e}");
+    // One device under two names.
+    let e = open(&d, &d, &line("J")).err().unwrap();
+    assert!(e.contains(" itself"), "{e}");
     // A metadata device too small for the tags of the data device.
     let tiny = Arc::new(MemStore::new(64 * 1024));
     let e = open(&d, &tiny, &line("J")).err().unwrap();

@@ -210,13 +210,14 @@ fn load_superblock(
     let mut area = vec![0u8; 512];
     io::read_bytes(meta, p.offset * 512, &mut area)
         .map_err(|e| sb_err(p, format!("cannot read the superblock of {name}: {e}")))?;
-    if let Some(sb) =
-        Superblock::parse(&area).map_err(|e| sb_err(p, format!("{name}: {e}")))?
-    {
+    if let Some(sb) = Superblock::parse(&area).map_err(|e| sb_err(p, format!("{name}: {e}")))? {
         return Ok((sb, false));
     }
     if p.mode == Mode::Recovery {
-        return Err(sb_err(p, format!("{name} is not formatted (no superblock)")));
+        return Err(sb_err(
+            p,
+            format!("{name} is not formatted (no superblock)"),
+        ));
     }
     let mut salt = [0u8; superblock::SALT_SIZE];
     getrandom::fill(&mut salt).map_err(|e| TargetError::line(format!("no random salt: {e}")))?;
@@ -353,13 +354,22 @@ fn resolve_devices(a: &mut TargetArgs<'_>, p: &IntegrityParams) -> Result<Device
         .resolver
         .resolve(&p.dev)
         .map_err(|e| TargetError::at(0, e))?;
-    let meta = match &p.opts.meta_device {
-        None => dev.clone(),
-        Some(m) => a
-            .resolver
-            .resolve(m)
-            .map_err(|e| TargetError::line(format!("meta_device:{m}: {e}")))?,
+    let Some(m) = &p.opts.meta_device else {
+        return Ok((dev.clone(), dev));
     };
+    let meta = a
+        .resolver
+        .resolve(m)
+        .map_err(|e| TargetError::line(format!("meta_device:{m}: {e}")))?;
+    // One opened device under two names (an unopened placeholder stands
+    // for every device of `udm table check`).
+    if std::ptr::addr_eq(Arc::as_ptr(&dev), Arc::as_ptr(&meta)) && dev.size() != u64::MAX {
+        return Err(TargetError::line(format!(
+            "meta_device:{m} is the data device {} itself: give a device of its own, or leave \
+             meta_device out to interleave tags with the data",
+            p.dev
+        )));
+    }
     Ok((dev, meta))
 }
 
