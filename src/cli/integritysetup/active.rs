@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::args::Args;
-use super::offline::{alg, journal_bytes, open_dev, read_superblock};
+use super::offline::{alg, data_device, journal_bytes, open_dev, read_superblock};
 use super::{Fail, Outcome};
 use crate::control::proto::{Code, Request};
 use crate::control::{Client, ClientError};
@@ -110,9 +110,17 @@ pub(super) fn open(a: &Args) -> Outcome {
     let dev = open_dev(path, true)?;
     let sb = read_superblock(&*dev, path)?;
     // The server resolves the path from its own directory.
-    let full =
-        std::fs::canonicalize(path).map_or_else(|_| path.clone(), |f| f.display().to_string());
-    let p = params(a, &full, &sb)?;
+    let absolute = |p: &str| {
+        std::fs::canonicalize(p).map_or_else(|_| p.to_string(), |f| f.display().to_string())
+    };
+    let full = absolute(path);
+    let mut p = params(a, &full, &sb)?;
+    // With --data-device the positional device holds the metadata: the
+    // table maps the data device, with the metadata as `meta_device`.
+    if let Some(data) = data_device(a, path) {
+        p.opts.meta_device = Some(full);
+        p.dev = absolute(data);
+    }
     let line = format!(
         "0 {} integrity {}",
         sb.provided_data_sectors,
@@ -185,12 +193,19 @@ fn print_status(p: &IntegrityParams, sectors: u64, failures: &str) {
         .as_ref()
         .map_or("(none)", |h| h.name.as_str());
     println!("  integrity: {h}");
-    println!("  device:  {}", p.dev);
+    let meta = p.opts.meta_device.as_deref();
+    let detached = if meta.is_some() { " (detached)" } else { "" };
+    println!("  device:  {}{detached}", p.dev);
+    if let Some(m) = meta {
+        println!("  metadata device:  {m}");
+    }
     println!("  sector size:  {} bytes", p.opts.block_size.unwrap_or(512));
-    println!(
-        "  interleave sectors: {}",
-        p.opts.interleave_sectors.unwrap_or(32768)
-    );
+    // The kernel's: 1 (2^0) with a separate metadata device.
+    let interleave = match meta {
+        Some(_) => 1,
+        None => p.opts.interleave_sectors.unwrap_or(32768),
+    };
+    println!("  interleave sectors: {interleave}");
     println!("  size:    {sectors} sectors");
     let rw = if p.mode == Mode::Recovery {
         "readonly"
@@ -199,13 +214,14 @@ fn print_status(p: &IntegrityParams, sectors: u64, failures: &str) {
     };
     println!("  mode:    {rw}");
     println!("  failures: {failures}");
-    let sb = open_dev(&p.dev, true)
+    let sb_path = meta.unwrap_or(&p.dev);
+    let sb = open_dev(sb_path, true)
         .ok()
-        .and_then(|dev| read_superblock(&*dev, &p.dev).ok().map(|sb| (sb, dev)));
+        .and_then(|dev| read_superblock(&*dev, sb_path).ok());
     if p.mode == Mode::Bitmap {
         // The line's, else the superblock's (the format's default).
         let per_bit = p.opts.sectors_per_bit.unwrap_or_else(|| {
-            sb.as_ref().map_or(0, |(sb, _)| {
+            sb.as_ref().map_or(0, |sb| {
                 u64::from(sb.sector_size() / 512) << sb.log2_blocks_per_bitmap_bit
             })
         });
@@ -215,8 +231,8 @@ fn print_status(p: &IntegrityParams, sectors: u64, failures: &str) {
             p.opts.bitmap_flush_interval.unwrap_or(10000)
         );
     }
-    if let Some((sb, dev)) = &sb {
-        println!("  journal size: {} bytes", journal_bytes(sb, &**dev));
+    if let Some(sb) = &sb {
+        println!("  journal size: {} bytes", journal_bytes(sb));
     }
     if p.mode == Mode::Journal {
         println!(

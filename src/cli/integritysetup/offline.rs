@@ -11,7 +11,7 @@ use super::{Fail, Outcome};
 use crate::core::BlockDevice;
 use crate::store::OpenFlags;
 use crate::targets::integrity::format::{self, Spec};
-use crate::targets::integrity::layout::Geometry;
+use crate::targets::integrity::layout::journal_sectors_of;
 use crate::targets::integrity::params::AlgSpec;
 use crate::targets::integrity::seal::Seal;
 use crate::targets::integrity::superblock::{flags, Superblock, SALT_SIZE};
@@ -172,31 +172,37 @@ fn spec(a: &Args, alg: &Option<Alg>) -> Result<Spec, Fail> {
         has_hash: alg.is_some(),
         bitmap_mode: a.has("integrity-bitmap-mode"),
         sectors_per_bit: a.u64("bitmap-sectors-per-bit")?,
+        buffer_sectors: a.u32("buffer-sectors")?,
     })
 }
 
-/// The options `format` takes but udm cannot act on yet, refused by name.
-fn refuse_unsupported(a: &Args) -> Outcome {
-    if a.str("data-device").is_some() {
-        return Err(Fail::usage("--data-device is not supported by udm yet."));
-    }
-    Ok(())
+/// `--data-device`: the device of the data when the positional one holds
+/// only the metadata (the same path as the positional one is no
+/// separate device, as libcryptsetup takes it).
+pub(super) fn data_device<'a>(a: &'a Args, path: &str) -> Option<&'a str> {
+    a.str("data-device").filter(|d| *d != path)
 }
 
 pub(super) fn format(a: &Args) -> Outcome {
     let path = &a.pos[1];
-    refuse_unsupported(a)?;
     let alg = alg(a)?;
     let (jcrypt, jmac) = journal_algs(a)?;
     let spec = spec(a, &alg)?;
     let dev = open_dev(path, false)?;
+    let data = data_device(a, path)
+        .map(|d| open_dev(d, false))
+        .transpose()?;
     if !a.has("batch-mode") {
         confirm(path)?;
     }
     let mut salt = [0u8; SALT_SIZE];
     getrandom::fill(&mut salt).map_err(|e| Fail::new(3, format!("No random salt: {e}.")))?;
-    let (sb, g) = format::superblock(&spec, dev.size() / 512, salt)
-        .map_err(|e| Fail::usage(format!("Cannot format integrity for device {path}: {e}.")))?;
+    let meta_sectors = dev.size() / 512;
+    let (sb, g) = match &data {
+        None => format::superblock(&spec, meta_sectors, salt),
+        Some(d) => format::superblock_separate(&spec, meta_sectors, d.size() / 512, salt),
+    }
+    .map_err(|e| Fail::usage(format!("Cannot format integrity for device {path}: {e}.")))?;
     let io = |e| Fail::new(4, format!("Cannot write to device {path}: {e}."));
     let seal = Seal::new(jcrypt.as_ref(), jmac.as_ref(), &sb, &g).map_err(Fail::usage)?;
     match &seal {
@@ -222,7 +228,8 @@ pub(super) fn format(a: &Args) -> Outcome {
          invalid checksum)."
     );
     let salt = sb.has(flags::FIXED_HMAC).then_some(&sb.salt[..]);
-    format::wipe(&*dev, &g, alg.as_ref(), salt).map_err(io)
+    let data = data.unwrap_or_else(|| dev.clone());
+    format::wipe_to(&*data, &*dev, &g, alg.as_ref(), salt).map_err(io)
 }
 
 fn flag_words(sb: &Superblock) -> String {
@@ -260,7 +267,8 @@ pub(super) fn dump(a: &Args) -> Outcome {
     Ok(())
 }
 
-/// The journal size in bytes of a formatted device.
-pub(super) fn journal_bytes(sb: &Superblock, dev: &dyn BlockDevice) -> u64 {
-    Geometry::of(sb, 0, dev.size() / 512).map_or(0, |g| (g.initial_sectors - 8) * 512)
+/// The journal size in bytes of a formatted device (also of a separate
+/// metadata device, whose data device's size it does not need).
+pub(super) fn journal_bytes(sb: &Superblock) -> u64 {
+    journal_sectors_of(sb) * 512
 }

@@ -132,23 +132,23 @@ impl Integrity {
 
     fn write_bitmap(&self, b: &Bitmap, r: std::ops::RangeInclusive<usize>) -> DevResult<()> {
         let at = (self.g.journal_sector(0, 0) * 512) as usize + r.start() * BITMAP_BLOCK_BYTES;
-        self.dev
+        self.meta
             .write(at as u64, WriteBuf::Borrowed(b.blocks(r)), false)?;
-        self.dev.flush()
+        self.meta.flush()
     }
 
     /// The superblock, version set as the kernel's `sync_rw_sb` sets it,
     /// with its MAC under `journal_mac` (`FIXED_HMAC`), durable on
     /// return.
     pub(super) fn write_live_superblock(&self, sb: &mut Superblock) -> DevResult<()> {
-        sb.set_version(self.p.mode == Mode::Bitmap);
+        sb.set_version_for(self.p.mode == Mode::Bitmap, self.g.is_separate());
         let mac = self
             .seal
             .as_ref()
             .map(|s| move |b: &[u8]| s.sb_mac(b).unwrap_or_default());
         let mac = mac.as_ref().map(|f| f as &dyn Fn(&[u8]) -> Vec<u8>);
-        write_superblock(&*self.dev, sb, self.g.start, mac)?;
-        self.dev.flush()
+        write_superblock(&*self.meta, sb, self.g.start, mac)?;
+        self.meta.flush()
     }
 
     /// The kernel's `dm_integrity_resume`: a device left with a dirty
@@ -161,10 +161,11 @@ impl Integrity {
     /// instance that never wrote must not touch the superblock when it
     /// goes.
     pub(super) fn resume(&self) -> DevResult<(u64, u8, bool)> {
+        let grown = self.resize_superblock()?;
         if self.lock().sb.has(flags::DIRTY_BITMAP) {
-            self.recover_bitmap()?;
+            self.recover_bitmap(grown)?;
             self.write_empty_journal(0)?;
-            self.dev.flush()?;
+            self.meta.flush()?;
             let mut st = self.lock();
             let mut sb = st.sb.clone();
             sb.flags &= !flags::DIRTY_BITMAP;
@@ -172,6 +173,28 @@ impl Integrity {
             st.sb = sb;
         }
         self.replay()
+    }
+
+    /// The kernel's resize at resume: when the device now provides another
+    /// number of sectors than the superblock says (a data device that grew
+    /// or shrank, with a separate metadata device; a larger device with
+    /// interleaved tags), the superblock takes the new size. Returns the
+    /// old size when it grew, whose new sectors a dirty bitmap covers.
+    fn resize_superblock(&self) -> DevResult<Option<u64>> {
+        let mut st = self.lock();
+        let (old, new) = (st.sb.provided_data_sectors, self.g.provided_data_sectors);
+        if old == new {
+            return Ok(None);
+        }
+        tracing::info!(
+            "integrity {}: the device provides {new} sectors, the superblock said {old}",
+            self.p.dev
+        );
+        let mut sb = st.sb.clone();
+        sb.provided_data_sectors = new;
+        self.write_live_superblock(&mut sb)?;
+        st.sb = sb;
+        Ok((new > old).then_some(old))
     }
 
     /// Bitmap mode's start, at the first write: the superblock says
@@ -194,16 +217,23 @@ impl Integrity {
     }
 
     /// Recomputes the tags of the regions the on-disk bitmap marks dirty
-    /// (all of the device when it was written with another bit size).
-    fn recover_bitmap(&self) -> DevResult<()> {
+    /// (all of the device when it was written with another bit size), and
+    /// of the sectors from `grown` on, which a device that grew added (the
+    /// kernel sets their bits at resume).
+    fn recover_bitmap(&self, grown: Option<u64>) -> DevResult<()> {
         let sb_l2 = self.lock().sb.log2_blocks_per_bitmap_bit;
         let mut b = Bitmap::new(&self.g, sb_l2, None);
         let at = self.g.journal_sector(0, 0) * 512;
-        self.dev.read(at, b.bytes_mut())?;
+        self.meta.read(at, b.bytes_mut())?;
+        let end = self.g.provided_data_sectors;
         let ranges = if sb_l2 == self.wanted_log2_bpb() {
-            b.dirty()
+            let mut r = b.dirty();
+            if let Some(old) = grown {
+                r.push((old, end));
+            }
+            r
         } else {
-            vec![(0, self.g.provided_data_sectors)]
+            vec![(0, end)]
         };
         let mut n = 0;
         for &(s, e) in &ranges {
@@ -216,7 +246,7 @@ impl Integrity {
                 self.p.dev
             );
         }
-        self.dev.flush()
+        self.flush_both()
     }
 
     /// A `D` or `B` write: in bitmap mode its regions are marked dirty
@@ -265,7 +295,7 @@ impl Integrity {
         if !b.any() {
             return Ok(());
         }
-        self.dev.flush()?;
+        self.flush_both()?;
         b.clear();
         let n = b.n_blocks();
         self.write_bitmap(b, 0..=n - 1)
@@ -279,9 +309,9 @@ impl Integrity {
         if st.bitmap.is_none() {
             return Ok(());
         }
-        self.dev.flush()?;
+        self.flush_both()?;
         self.write_empty_journal(0)?;
-        self.dev.flush()?;
+        self.meta.flush()?;
         let mut sb = st.sb.clone();
         sb.flags &= !flags::DIRTY_BITMAP;
         self.write_live_superblock(&mut sb)?;

@@ -64,11 +64,11 @@ impl Integrity {
         while s < s0 + n {
             let k = g.left_in_area(s).min(s0 + n - s);
             let fill = vec![DISCARD_FILLER; ((k >> g.log2_spb) * g.tag_size) as usize];
-            io::write_bytes(&*self.dev, g.tag_byte(s), &fill)?;
+            io::write_bytes(&*self.meta, g.tag_byte(s), &fill)?;
             runs.push((g.data_sector(s) * 512, k * 512));
             s += k;
         }
-        self.dev.flush()?;
+        self.meta.flush()?;
         if lower {
             for (at, bytes) in runs {
                 self.dev.discard(at, bytes)?;

@@ -6,7 +6,9 @@
 //! constructor both call [`format`], so a device is laid out one way.
 
 use super::journal::{fill_section, set_section_mac};
-use super::layout::{default_journal_sectors, log2_blocks_per_bitmap_bit, Geometry};
+use super::layout::{
+    default_journal_sectors, log2_blocks_per_bitmap_bit, log2_buffer_of, Geometry,
+};
 use super::superblock::{flags, Superblock, SALT_SIZE, SB_SECTORS};
 use super::tags::Alg;
 use crate::core::{BlockDevice, DevResult, WriteBuf};
@@ -34,11 +36,15 @@ pub struct Spec {
     pub has_hash: bool,
     pub bitmap_mode: bool,
     pub sectors_per_bit: Option<u64>,
+    /// The table's `buffer_sectors`, which with a separate metadata device
+    /// rounds the tag run up (the kernel's default 128 when `None`).
+    pub buffer_sectors: Option<u32>,
 }
 
-/// The superblock the kernel's `initialize_superblock` writes for `spec`
-/// on a device of `dev_sectors`, with its geometry.
-pub fn superblock(
+/// What both layouts' superblocks start from: tag size, block size,
+/// journal MAC and salt flags, and the journal's section geometry on a
+/// device (the metadata device) of `dev_sectors`.
+fn start_superblock(
     spec: &Spec,
     dev_sectors: u64,
     salt: [u8; SALT_SIZE],
@@ -58,7 +64,7 @@ pub fn superblock(
     if spec.journal_mac {
         sb.flags |= flags::HAVE_JOURNAL_MAC;
     }
-    let mut g = Geometry::sections(
+    let g = Geometry::sections(
         spec.start,
         dev_sectors,
         u64::from(spec.tag_size),
@@ -71,14 +77,25 @@ pub fn superblock(
             spec.tag_size
         ));
     }
-    let journal = spec
-        .journal_sectors
-        .unwrap_or_else(|| default_journal_sectors(dev_sectors));
-    let sections = (journal / g.section_sectors).max(1);
     if spec.fix_hmac && (spec.has_hash || spec.journal_mac) {
         sb.flags |= flags::FIXED_HMAC;
         sb.salt = salt;
     }
+    Ok((sb, g))
+}
+
+/// The superblock the kernel's `initialize_superblock` writes for `spec`
+/// on a device of `dev_sectors`, with its geometry.
+pub fn superblock(
+    spec: &Spec,
+    dev_sectors: u64,
+    salt: [u8; SALT_SIZE],
+) -> Result<(Superblock, Geometry), String> {
+    let (mut sb, mut g) = start_superblock(spec, dev_sectors, salt)?;
+    let journal = spec
+        .journal_sectors
+        .unwrap_or_else(|| default_journal_sectors(dev_sectors));
+    let sections = (journal / g.section_sectors).max(1);
     if spec.fix_padding {
         sb.flags |= flags::FIXED_PADDING;
     }
@@ -101,6 +118,73 @@ pub fn superblock(
     sb.log2_blocks_per_bitmap_bit = log2_blocks_per_bitmap_bit(&g, spec.sectors_per_bit);
     sb.set_version(spec.bitmap_mode);
     Ok((sb, g))
+}
+
+/// The superblock the kernel writes on a separate metadata device of
+/// `meta_sectors` for a data device of `data_sectors`
+/// (`initialize_superblock` with `meta_dev`): nothing interleaved, no
+/// `fix_padding` flag, the whole data device provided, and the most
+/// journal sections up to the size asked for (chosen bit by bit, with a
+/// smaller dm-bufio buffer when even one does not fit) that leave room
+/// for the tags.
+pub fn superblock_separate(
+    spec: &Spec,
+    meta_sectors: u64,
+    data_sectors: u64,
+    salt: [u8; SALT_SIZE],
+) -> Result<(Superblock, Geometry), String> {
+    let (mut sb, mut g) = start_superblock(spec, meta_sectors, salt)?;
+    let journal = spec
+        .journal_sectors
+        .unwrap_or_else(|| default_journal_sectors(data_sectors));
+    let wanted = (journal / g.section_sectors).clamp(1, u64::from(u32::MAX));
+    g.data_sectors = Some(data_sectors);
+    g.log2_buffer = log2_buffer_of(spec.buffer_sectors);
+    g.provided_data_sectors = g.max_provided();
+    if g.provided_data_sectors == 0 {
+        return Err(format!(
+            "the data device ({data_sectors} sectors) is smaller than one block"
+        ));
+    }
+    g.journal_sections = most_sections(&mut g, wanted).ok_or_else(|| {
+        format!(
+            "the metadata device ({meta_sectors} sectors) is too small for a journal and the \
+             tags of {} data sectors",
+            g.provided_data_sectors
+        )
+    })?;
+    g.limits();
+    sb.journal_sections = g.journal_sections as u32;
+    sb.provided_data_sectors = g.provided_data_sectors;
+    sb.log2_blocks_per_bitmap_bit = log2_blocks_per_bitmap_bit(&g, spec.sectors_per_bit);
+    sb.set_version_for(spec.bitmap_mode, true);
+    Ok((sb, g))
+}
+
+/// The kernel's search for journal sections on a separate metadata
+/// device: bit by bit from the top, the most sections up to `wanted`
+/// that fit; with none, again with half the buffer, down to 8 sectors.
+fn most_sections(g: &mut Geometry, wanted: u64) -> Option<u64> {
+    loop {
+        let mut sections = 0u64;
+        for bit in (0..=63 - wanted.leading_zeros()).rev() {
+            let test = sections | 1 << bit;
+            if test > wanted {
+                continue;
+            }
+            g.journal_sections = test;
+            if g.limits() {
+                sections = test;
+            }
+        }
+        if sections > 0 {
+            return Some(sections);
+        }
+        if g.log2_buffer <= 3 {
+            return None;
+        }
+        g.log2_buffer -= 1;
+    }
 }
 
 /// Writes an empty journal (every section with sequence number `seq`)
@@ -167,12 +251,24 @@ pub fn wipe(
     alg: Option<&Alg>,
     salt: Option<&[u8]>,
 ) -> DevResult<()> {
+    wipe_to(dev, dev, g, alg, salt)
+}
+
+/// [`wipe`] with the data on `data` and the tags on `meta` (the same
+/// device unless the layout has a separate metadata device).
+pub fn wipe_to(
+    data: &dyn BlockDevice,
+    meta: &dyn BlockDevice,
+    g: &Geometry,
+    alg: Option<&Alg>,
+    salt: Option<&[u8]>,
+) -> DevResult<()> {
     let bb = g.block_bytes();
     let zeros = vec![0u8; bb];
     let mut s = 0;
     while s < g.provided_data_sectors {
         let n = g.left_in_area(s).min(g.provided_data_sectors - s);
-        dev.write_zeroes(g.data_sector(s) * 512, n * 512, false)?;
+        data.write_zeroes(g.data_sector(s) * 512, n * 512, false)?;
         let blocks = n >> g.log2_spb;
         let mut tags = vec![0u8; (blocks * g.tag_size) as usize];
         if let Some(a) = alg {
@@ -180,8 +276,8 @@ pub fn wipe(
                 a.tag(salt, s + ((k as u64) << g.log2_spb), &zeros, t);
             }
         }
-        super::io::write_bytes(dev, g.tag_byte(s), &tags)?;
+        super::io::write_bytes(meta, g.tag_byte(s), &tags)?;
         s += n;
     }
-    dev.flush()
+    super::io::flush_both(data, meta, g)
 }

@@ -1,9 +1,21 @@
 //! Byte-granular reads and writes on the device below: tags sit at any
 //! byte, the device takes whole logical blocks. Writes of part of a block
 //! read the block first; callers hold the target's write lock, so no two
-//! such read-modify-writes of one block overlap.
+//! such read-modify-writes of one block overlap. And the flush of both
+//! devices of a layout with a separate metadata device.
 
+use super::layout::Geometry;
 use crate::core::{BlockDevice, DevResult, WriteBuf};
+
+/// Makes everything written to `data` and `meta` durable: data first,
+/// then the metadata device, or the one device when they are the same
+/// (`g` says which).
+pub fn flush_both(data: &dyn BlockDevice, meta: &dyn BlockDevice, g: &Geometry) -> DevResult<()> {
+    if g.is_separate() {
+        data.flush()?;
+    }
+    meta.flush()
+}
 
 fn span(dev: &dyn BlockDevice, pos: u64, len: usize) -> (u64, usize) {
     let lbs = u64::from(dev.limits().logical_block_size.max(512));

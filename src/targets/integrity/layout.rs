@@ -4,6 +4,13 @@
 //! journal sections, then areas of `metadata_run` sectors of tags
 //! followed by `interleave_sectors` of data. A device formatted by udm
 //! must map the same way in the kernel, so nothing here is udm's choice.
+//!
+//! With a separate metadata device (the kernel's `meta_device`) nothing
+//! is interleaved: the superblock, journal and one run of tags (rounded
+//! up to dm-bufio's buffer) sit on the metadata device from the target's
+//! offset, and the data device holds only data, logical sector `s` at
+//! its sector `s` (the offset does not apply to it), so it reads as a
+//! plain device without the metadata. Its size is the provided size.
 
 use super::superblock::{flags, Superblock, SB_SECTORS};
 
@@ -24,6 +31,13 @@ pub const DEFAULT_JOURNAL_SIZE_FACTOR: u32 = 7;
 /// `sectors_per_bit` of bitmap mode by default.
 pub const DEFAULT_SECTORS_PER_BITMAP_BIT: u64 = 32768;
 const METADATA_PADDING_SECTORS: u64 = 8;
+/// log2 of the kernel's `DEFAULT_BUFFER_SECTORS` (128).
+pub const DEFAULT_LOG2_BUFFER_SECTORS: u32 = 7;
+/// The smallest dm-bufio buffer the kernel falls back to (8 sectors).
+const MIN_LOG2_BUFFER_SECTORS: u32 = 3;
+/// With a separate metadata device data and tags are each one run; runs
+/// are cut at multiples of this many sectors only to bound buffers.
+const SEPARATE_RUN_LOG2: u32 = 15;
 
 /// The layout of one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,8 +50,15 @@ pub struct Geometry {
     pub journal_sections: u64,
     pub journal_mac: bool,
     pub fixed_padding: bool,
-    /// The whole device, sectors.
+    /// The device holding the superblock (with interleaved data, the one
+    /// device), sectors.
     pub dev_sectors: u64,
+    /// With a separate metadata device: the data device's size, sectors.
+    /// `None`: data interleaved with the tags on one device.
+    pub data_sectors: Option<u64>,
+    /// log2 of dm-bufio's buffer (`buffer_sectors`), to which the tag run
+    /// of a separate metadata device is rounded up.
+    pub log2_buffer: u32,
     pub entry_size: u64,
     pub entries_per_sector: u64,
     pub section_entries: u64,
@@ -77,6 +98,8 @@ impl Geometry {
             journal_mac,
             fixed_padding: false,
             dev_sectors,
+            data_sectors: None,
+            log2_buffer: DEFAULT_LOG2_BUFFER_SECTORS,
             entry_size,
             entries_per_sector,
             section_entries,
@@ -87,18 +110,12 @@ impl Geometry {
         }
     }
 
-    /// The geometry a superblock describes on a device of `dev_sectors`.
-    pub fn of(sb: &Superblock, start: u64, dev_sectors: u64) -> Result<Geometry, String> {
+    /// The checks and journal geometry both layouts share.
+    fn base(sb: &Superblock, start: u64, dev_sectors: u64) -> Result<Geometry, String> {
         let tag = u64::from(sb.tag_size);
         if tag as usize > MAX_TAG_SIZE {
             return Err(format!(
                 "integrity: tag size {tag} is larger than {MAX_TAG_SIZE}"
-            ));
-        }
-        if !(3..=31).contains(&sb.log2_interleave_sectors) {
-            return Err(format!(
-                "integrity: invalid interleave_sectors 2^{} in the superblock",
-                sb.log2_interleave_sectors
             ));
         }
         if sb.journal_sections == 0 {
@@ -116,14 +133,92 @@ impl Geometry {
                 "integrity: tag size {tag} leaves no room for journal entries"
             ));
         }
-        g.log2_interleave = u32::from(sb.log2_interleave_sectors);
         g.journal_sections = u64::from(sb.journal_sections);
+        Ok(g)
+    }
+
+    /// The geometry a superblock describes on a device of `dev_sectors`
+    /// holding data and tags interleaved.
+    pub fn of(sb: &Superblock, start: u64, dev_sectors: u64) -> Result<Geometry, String> {
+        if sb.log2_interleave_sectors == 0 {
+            return Err(
+                "integrity: the superblock is of a device whose data lives on a \
+                        separate data device (log2_interleave_sectors 0): give that device \
+                        (meta_device: in a table, --data-device to integritysetup)"
+                    .into(),
+            );
+        }
+        if !(3..=31).contains(&sb.log2_interleave_sectors) {
+            return Err(format!(
+                "integrity: invalid interleave_sectors 2^{} in the superblock",
+                sb.log2_interleave_sectors
+            ));
+        }
+        let mut g = Geometry::base(sb, start, dev_sectors)?;
+        g.log2_interleave = u32::from(sb.log2_interleave_sectors);
         g.fixed_padding = sb.has(flags::FIXED_PADDING);
         g.provided_data_sectors = g.max_provided();
         if g.provided_data_sectors == 0 || !g.limits() {
             return Err(format!(
                 "integrity: the device ({dev_sectors} sectors) is too small for its journal \
                  and tags"
+            ));
+        }
+        Ok(g)
+    }
+
+    /// The geometry a superblock describes on a metadata device of
+    /// `meta_sectors` whose data device has `data_sectors`: the kernel's
+    /// constructor, which tries smaller dm-bufio buffers (from
+    /// `log2_buffer` down to 8 sectors) until the tags fit.
+    pub fn of_separate(
+        sb: &Superblock,
+        start: u64,
+        meta_sectors: u64,
+        data_sectors: u64,
+        log2_buffer: u32,
+    ) -> Result<Geometry, String> {
+        if sb.log2_interleave_sectors != 0 {
+            return Err(format!(
+                "integrity: the superblock is of a device with data and tags interleaved \
+                 (log2_interleave_sectors {}), not of a separate metadata device: leave \
+                 meta_device (--data-device) out",
+                sb.log2_interleave_sectors
+            ));
+        }
+        let mut g = Geometry::base(sb, start, meta_sectors)?;
+        g.data_sectors = Some(data_sectors);
+        g.log2_buffer = log2_buffer;
+        g.provided_data_sectors = g.max_provided();
+        if g.provided_data_sectors == 0 {
+            return Err(format!(
+                "integrity: the data device ({data_sectors} sectors) is smaller than one block"
+            ));
+        }
+        while !g.limits() {
+            if g.log2_buffer <= MIN_LOG2_BUFFER_SECTORS {
+                return Err(format!(
+                    "integrity: the metadata device ({meta_sectors} sectors) is too small for \
+                     the journal and the tags of {} data sectors",
+                    g.provided_data_sectors
+                ));
+            }
+            g.log2_buffer -= 1;
+        }
+        // The kernel's fit leaves the offset out; the tags must still end
+        // on the device, or their I/O would fail later.
+        let tags_at = start
+            .checked_add(g.initial_sectors)
+            .and_then(|s| s.checked_mul(512));
+        let tags_end = (g.provided_data_sectors >> g.log2_spb)
+            .checked_mul(g.tag_size)
+            .zip(tags_at)
+            .and_then(|(t, at)| t.checked_add(at));
+        if tags_end.is_none_or(|e| e > meta_sectors * 512) {
+            return Err(format!(
+                "integrity: the metadata device ({meta_sectors} sectors) is too small for the \
+                 tags of {} data sectors after offset {start}",
+                g.provided_data_sectors
             ));
         }
         Ok(g)
@@ -137,6 +232,9 @@ impl Geometry {
             return false;
         }
         self.initial_sectors = initial;
+        if self.data_sectors.is_some() {
+            return self.separate_limits();
+        }
         let padding: u64 = if self.fixed_padding {
             METADATA_PADDING_SECTORS << 9
         } else {
@@ -151,9 +249,34 @@ impl Geometry {
         last >= self.start && last < self.dev_sectors
     }
 
+    /// `calculate_device_limits` with a separate metadata device: one tag
+    /// run (`metadata_run` 1), rounded up to the buffer, after the journal.
+    /// The kernel does not count the offset here, nor does this, so that a
+    /// format picks the kernel's journal sections; [`Geometry::of_separate`]
+    /// checks where the tags really end.
+    fn separate_limits(&mut self) -> bool {
+        self.metadata_run = 1;
+        let unit = 512u64 << self.log2_buffer;
+        let Some(bytes) = (self.provided_data_sectors >> self.log2_spb).checked_mul(self.tag_size)
+        else {
+            return false;
+        };
+        let meta = bytes.div_ceil(unit) << self.log2_buffer;
+        self.initial_sectors
+            .checked_add(meta)
+            .is_some_and(|end| end <= self.dev_sectors)
+    }
+
     /// `get_provided_data_sectors`: the most sectors (a multiple of 8)
-    /// whose data and tags fit, found bit by bit from the top.
+    /// whose data and tags fit, found bit by bit from the top; with a
+    /// separate metadata device the data device's whole blocks.
     pub fn max_provided(&mut self) -> u64 {
+        if let Some(d) = self.data_sectors {
+            self.provided_data_sectors = d & !(self.sectors_per_block() - 1);
+            let p = self.provided_data_sectors;
+            self.limits();
+            return p;
+        }
         self.provided_data_sectors = 0;
         if self.dev_sectors == 0 {
             return 0;
@@ -183,8 +306,27 @@ impl Geometry {
         512 << self.log2_spb
     }
 
-    /// The device sector holding logical sector `s`.
+    /// Whether tags and data are on devices of their own (`meta_device`).
+    pub fn is_separate(&self) -> bool {
+        self.data_sectors.is_some()
+    }
+
+    /// The area of logical sector `s`: sectors of one area are contiguous
+    /// on the data device, and so are their tags (with a separate
+    /// metadata device everything is one area).
+    pub fn area(&self, s: u64) -> u64 {
+        if self.is_separate() {
+            0
+        } else {
+            s >> self.log2_interleave
+        }
+    }
+
+    /// The data device's sector holding logical sector `s`.
     pub fn data_sector(&self, s: u64) -> u64 {
+        if self.is_separate() {
+            return s;
+        }
         let area = s >> self.log2_interleave;
         let off = s & (self.interleave() - 1);
         self.start
@@ -194,9 +336,13 @@ impl Geometry {
             + off
     }
 
-    /// The device byte where the tag of the block at logical sector `s`
-    /// starts.
+    /// The metadata device's byte where the tag of the block at logical
+    /// sector `s` starts.
     pub fn tag_byte(&self, s: u64) -> u64 {
+        if self.is_separate() {
+            return (self.start + self.initial_sectors) * 512
+                + (s >> self.log2_spb) * self.tag_size;
+        }
         let area = s >> self.log2_interleave;
         let off = s & (self.interleave() - 1);
         let run = area * (self.interleave() + self.metadata_run);
@@ -204,9 +350,16 @@ impl Geometry {
     }
 
     /// Sectors from `s` to the end of its area (a run of data and of
-    /// tags that is contiguous on the device).
+    /// tags that is contiguous on the device); with a separate metadata
+    /// device, to the next multiple of 2^15 sectors, so that no buffer
+    /// grows with the device.
     pub fn left_in_area(&self, s: u64) -> u64 {
-        self.interleave() - (s & (self.interleave() - 1))
+        let unit = if self.is_separate() {
+            1 << SEPARATE_RUN_LOG2
+        } else {
+            self.interleave()
+        };
+        unit - (s & (unit - 1))
     }
 
     /// Device sector of journal section `i`, sector `j`.
@@ -215,7 +368,30 @@ impl Geometry {
     }
 }
 
-/// The journal size the kernel picks when none is given.
+/// Sectors of the journal a superblock describes (its sections), which
+/// needs neither device's size.
+pub fn journal_sectors_of(sb: &Superblock) -> u64 {
+    let g = Geometry::sections(
+        0,
+        0,
+        u64::from(sb.tag_size),
+        u32::from(sb.log2_sectors_per_block),
+        sb.has(flags::HAVE_JOURNAL_MAC),
+    );
+    g.section_sectors * u64::from(sb.journal_sections)
+}
+
+/// log2 of the table's `buffer_sectors` as the kernel's constructor
+/// takes it (0 counts as 1, at most 2^22).
+pub fn log2_buffer_of(buffer_sectors: Option<u32>) -> u32 {
+    match buffer_sectors {
+        None => DEFAULT_LOG2_BUFFER_SECTORS,
+        Some(n) => (31 - n.max(1).leading_zeros()).min(22),
+    }
+}
+
+/// The journal size the kernel picks when none is given (from the data
+/// device's size, also with a separate metadata device).
 pub fn default_journal_sectors(dev_sectors: u64) -> u64 {
     DEFAULT_MAX_JOURNAL_SECTORS.min(dev_sectors >> DEFAULT_JOURNAL_SIZE_FACTOR)
 }
@@ -286,5 +462,57 @@ mod tests {
         assert_eq!(p % 8, 0);
         assert!(p > 120_000, "{p}");
         assert!(Geometry::of(&sb(4, 15, 5), 0, 800).is_err());
+    }
+
+    #[test]
+    fn a_separate_metadata_device_holds_one_tag_run() {
+        let mut s = sb(4, 0, 2);
+        s.flags = 0;
+        // 32 MiB of data, 4 MiB of metadata: 2 sections of 176 sectors,
+        // 65536 tags of 4 bytes = 512 sectors (four 64 KiB buffers).
+        let g = Geometry::of_separate(&s, 0, 8192, 65536, 7).unwrap();
+        assert!(g.is_separate());
+        assert_eq!(g.initial_sectors, 8 + 2 * 176);
+        assert_eq!(g.provided_data_sectors, 65536);
+        // Data at its own sector, no offset, no areas.
+        assert_eq!(g.data_sector(0), 0);
+        assert_eq!(g.data_sector(40_000), 40_000);
+        assert_eq!(g.area(40_000), g.area(0));
+        assert_eq!(g.tag_byte(0), g.initial_sectors * 512);
+        assert_eq!(g.tag_byte(40_000), g.initial_sectors * 512 + 160_000);
+        // The offset moves the metadata only.
+        let o = Geometry::of_separate(&s, 16, 8192, 65536, 7).unwrap();
+        assert_eq!(o.data_sector(5), 5);
+        assert_eq!(o.tag_byte(0), (16 + o.initial_sectors) * 512);
+        assert_eq!(o.journal_sector(0, 0), 16 + 8);
+        // Runs are cut only to bound buffers.
+        assert_eq!(g.left_in_area(1), 32767);
+        // 65544 tags need five 64 KiB buffers (640 sectors), or 65 of
+        // 4 KiB (520): the kernel falls back to the smaller buffer.
+        let g = Geometry::of_separate(&s, 0, 360 + 520, 65544, 7).unwrap();
+        assert_eq!(g.log2_buffer, 3);
+        assert_eq!(
+            Geometry::of_separate(&s, 0, 2000, 65544, 7)
+                .unwrap()
+                .log2_buffer,
+            7
+        );
+        // Too small a metadata device is refused by name.
+        let e = Geometry::of_separate(&s, 0, 360 + 519, 65544, 7).unwrap_err();
+        assert!(e.contains("metadata device"), "{e}");
+        // An odd data size is cut to whole blocks.
+        let mut b = s.clone();
+        b.log2_sectors_per_block = 3;
+        let g = Geometry::of_separate(&b, 0, 8192, 65541, 7).unwrap();
+        assert_eq!(g.provided_data_sectors, 65536);
+        // The superblocks of the two layouts are not mixed up.
+        assert!(Geometry::of(&s, 0, 1 << 20)
+            .unwrap_err()
+            .contains("separate"));
+        let e = Geometry::of_separate(&sb(4, 15, 2), 0, 8192, 65536, 7).unwrap_err();
+        assert!(e.contains("meta_device"), "{e}");
+        assert_eq!(journal_sectors_of(&s), 352);
+        assert_eq!((log2_buffer_of(None), log2_buffer_of(Some(64))), (7, 6));
+        assert_eq!(log2_buffer_of(Some(0)), 0);
     }
 }

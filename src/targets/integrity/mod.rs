@@ -18,6 +18,12 @@
 //! nothing (recovery). [`discard`] serves `allow_discards` and
 //! [`recalc`] `recalculate`, in every writing mode.
 //!
+//! With `meta_device:<dev>` the superblock, journal, bitmap and tags live
+//! on that device and the data device holds only the data, at the same
+//! offsets as the mapping's (see [`layout`]); every path below reads and
+//! writes tags and journal through `meta` and data through `dev`, which
+//! are one device otherwise.
+//!
 //! Without an internal hash the tags are the caller's: the layer above
 //! (authenticated dm-crypt) stores its per-sector authentication tag and
 //! IV through [`BlockDevice::write_tagged`] and reads them back with
@@ -42,7 +48,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::{Target, TargetArgs, TargetError, TargetOptions};
 use crate::core::device::{write_zeroes_by_writing, TagLayout};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
-use layout::Geometry;
+use layout::{log2_buffer_of, Geometry};
 use params::{IntegrityParams, Mode};
 use superblock::{flags, Superblock, SB_SECTORS};
 use tags::Alg;
@@ -71,7 +77,11 @@ struct State {
 
 pub struct Integrity {
     p: IntegrityParams,
+    /// The data device.
     dev: Arc<dyn BlockDevice>,
+    /// The device of the superblock, journal, bitmap and tags: `dev`
+    /// itself unless the line has `meta_device`.
+    meta: Arc<dyn BlockDevice>,
     sb: Superblock,
     g: Geometry,
     alg: Option<Alg>,
@@ -97,12 +107,21 @@ fn alg_of(p: &IntegrityParams) -> Result<Option<Alg>, TargetError> {
         .map_err(TargetError::line)
 }
 
-/// What the line asks for that udm does not do, refused by name.
+/// What the line asks for that cannot work, refused by name.
 fn refuse_unsupported(p: &IntegrityParams, alg: &Option<Alg>) -> Result<(), TargetError> {
-    if p.opts.meta_device.is_some() {
-        return Err(TargetError::line(
-            "meta_device: udm keeps tags on the data device only; leave meta_device out",
-        ));
+    match p.opts.meta_device.as_deref() {
+        Some("") => {
+            return Err(TargetError::line(
+                "meta_device: the metadata device is missing (meta_device:<dev>)",
+            ))
+        }
+        Some(m) if m == p.dev => {
+            return Err(TargetError::line(format!(
+                "meta_device:{m} names the data device itself: give a device of its own, or \
+                 leave meta_device out to interleave tags with the data"
+            )))
+        }
+        _ => {}
     }
     if alg.is_none() && (p.mode == Mode::Bitmap || p.opts.allow_discards || p.opts.recalculate) {
         return Err(TargetError::line(
@@ -126,38 +145,87 @@ fn spec_of(p: &IntegrityParams, tag_size: u32, has_hash: bool) -> format::Spec {
         has_hash,
         bitmap_mode: p.mode == Mode::Bitmap,
         sectors_per_bit: p.opts.sectors_per_bit,
+        buffer_sectors: p.opts.buffer_sectors,
     }
 }
 
-/// Reads the superblock, formatting a zeroed device as the kernel does;
+/// The superblock a format writes for this line on a (metadata) device of
+/// `meta_sectors`, and for a separate metadata device, a data device of
+/// `data_sectors`.
+fn format_superblock(
+    p: &IntegrityParams,
+    spec: &format::Spec,
+    meta_sectors: u64,
+    data_sectors: u64,
+    salt: [u8; superblock::SALT_SIZE],
+) -> Result<(Superblock, Geometry), String> {
+    match &p.opts.meta_device {
+        None => format::superblock(spec, meta_sectors, salt),
+        Some(_) => format::superblock_separate(spec, meta_sectors, data_sectors, salt),
+    }
+}
+
+/// The geometry `sb` describes for this line's devices.
+fn geometry_of(
+    p: &IntegrityParams,
+    sb: &Superblock,
+    meta_sectors: u64,
+    data_sectors: u64,
+) -> Result<Geometry, TargetError> {
+    let log2_buffer = log2_buffer_of(p.opts.buffer_sectors);
+    match &p.opts.meta_device {
+        None => Geometry::of(sb, p.offset, meta_sectors),
+        Some(m) => Geometry::of_separate(sb, p.offset, meta_sectors, data_sectors, log2_buffer)
+            .map_err(|e| format!("{e} (metadata device {m}, data device {})", p.dev)),
+    }
+    .map_err(TargetError::line)
+}
+
+/// The device holding the superblock: the metadata device if there is
+/// one, for errors.
+fn sb_dev(p: &IntegrityParams) -> &str {
+    p.opts.meta_device.as_deref().unwrap_or(&p.dev)
+}
+
+/// An error about the superblock's device: the line's device argument,
+/// or the `meta_device` option.
+fn sb_err(p: &IntegrityParams, msg: String) -> TargetError {
+    match p.opts.meta_device {
+        None => TargetError::at(0, msg),
+        Some(_) => TargetError::line(msg),
+    }
+}
+
+/// Reads the superblock from `meta` (the data device unless the line has
+/// `meta_device`), formatting a zeroed device as the kernel does;
 /// whether it formatted.
 fn load_superblock(
-    dev: &dyn BlockDevice,
+    meta: &dyn BlockDevice,
+    data_sectors: u64,
     p: &IntegrityParams,
     tag_size: u32,
     has_hash: bool,
 ) -> Result<(Superblock, bool), TargetError> {
+    let name = sb_dev(p);
     let mut area = vec![0u8; 512];
-    io::read_bytes(dev, p.offset * 512, &mut area)
-        .map_err(|e| TargetError::at(0, format!("cannot read the superblock of {}: {e}", p.dev)))?;
-    if let Some(sb) =
-        Superblock::parse(&area).map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?
-    {
+    io::read_bytes(meta, p.offset * 512, &mut area)
+        .map_err(|e| sb_err(p, format!("cannot read the superblock of {name}: {e}")))?;
+    if let Some(sb) = Superblock::parse(&area).map_err(|e| sb_err(p, format!("{name}: {e}")))? {
         return Ok((sb, false));
     }
     if p.mode == Mode::Recovery {
-        return Err(TargetError::at(
-            0,
-            format!("{} is not formatted (no superblock)", p.dev),
+        return Err(sb_err(
+            p,
+            format!("{name} is not formatted (no superblock)"),
         ));
     }
-    let dev_sectors = dev.size() / 512;
     let mut salt = [0u8; superblock::SALT_SIZE];
     getrandom::fill(&mut salt).map_err(|e| TargetError::line(format!("no random salt: {e}")))?;
-    let (sb, g) = format::superblock(&spec_of(p, tag_size, has_hash), dev_sectors, salt)
-        .map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?;
-    format::format(dev, &sb, &g, None, None)
-        .map_err(|e| TargetError::at(0, format!("cannot format {}: {e}", p.dev)))?;
+    let spec = spec_of(p, tag_size, has_hash);
+    let (sb, g) = format_superblock(p, &spec, meta.size() / 512, data_sectors, salt)
+        .map_err(|e| sb_err(p, format!("{name}: {e}")))?;
+    format::format(meta, &sb, &g, None, None)
+        .map_err(|e| sb_err(p, format!("cannot format {name}: {e}")))?;
     Ok((sb, true))
 }
 
@@ -197,23 +265,30 @@ fn prepare_seal(
     Ok(())
 }
 
-/// For a line over an unopened device: the superblock the kernel would
+/// For a line over unopened devices: the superblock the kernel would
 /// write on a device big enough for `len` provided sectors (twice that,
-/// plus room for the journal), and that device's size in sectors.
+/// plus room for the journal; with a separate metadata device, a data
+/// device of `len` and a metadata device with room for its tags), and
+/// the sizes in sectors of the (metadata) device and the data device.
 fn stand_in_superblock(
     p: &IntegrityParams,
     tag_size: u32,
     has_hash: bool,
     len: u64,
-) -> Result<(Superblock, u64), TargetError> {
-    let dev_sectors = p
-        .offset
-        .saturating_add(len.saturating_mul(2))
-        .saturating_add(1 << 20)
-        .min(u64::MAX / 1024);
-    let (sb, _) = format::superblock(&spec_of(p, tag_size, has_hash), dev_sectors, [0; 16])
-        .map_err(|e| TargetError::at(0, format!("{}: {e}", p.dev)))?;
-    Ok((sb, dev_sectors))
+) -> Result<(Superblock, u64, u64), TargetError> {
+    let (meta_sectors, data_sectors) = if p.opts.meta_device.is_some() {
+        let data = len.div_ceil(8).saturating_mul(8).max(8);
+        let tags = data.saturating_mul(u64::from(tag_size)).div_ceil(512);
+        (p.offset.saturating_add(tags).saturating_add(1 << 20), data)
+    } else {
+        let n = p.offset.saturating_add(len.saturating_mul(2));
+        (n.saturating_add(1 << 20), 0)
+    };
+    let meta_sectors = meta_sectors.min(u64::MAX / 1024);
+    let spec = spec_of(p, tag_size, has_hash);
+    let (sb, _) = format_superblock(p, &spec, meta_sectors, data_sectors, [0; 16])
+        .map_err(|e| sb_err(p, format!("{}: {e}", sb_dev(p))))?;
+    Ok((sb, meta_sectors, data_sectors))
 }
 
 fn check_superblock(
@@ -246,11 +321,9 @@ fn check_superblock(
     Ok(())
 }
 
-pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
-    let p = IntegrityParams::parse(a.args)?;
-    let alg = alg_of(&p)?;
-    refuse_unsupported(&p, &alg)?;
-    let tag_size = match (p.tag_size, &alg) {
+/// The tag size: the line's, else the internal hash's digest size.
+fn tag_size_of(p: &IntegrityParams, alg: &Option<Alg>) -> Result<u32, TargetError> {
+    let tag_size = match (p.tag_size, alg) {
         (Some(t), _) => t,
         (None, Some(h)) => h.digest_size() as u32,
         (None, None) => {
@@ -269,31 +342,80 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             ),
         ));
     }
+    Ok(tag_size)
+}
+
+/// The data device and the metadata device (the data device again
+/// without `meta_device`).
+type Devices = (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>);
+
+fn resolve_devices(a: &mut TargetArgs<'_>, p: &IntegrityParams) -> Result<Devices, TargetError> {
     let dev = a
         .resolver
         .resolve(&p.dev)
         .map_err(|e| TargetError::at(0, e))?;
-    // A device `udm table check` did not open (unlimited, refuses I/O):
-    // the line is checked against the superblock a format of a device
-    // just large enough would write, and nothing is read.
-    let unopened = dev.size() == u64::MAX;
-    let (sb, dev_sectors, fresh) = if unopened {
-        let (sb, n) = stand_in_superblock(&p, tag_size, alg.is_some(), a.len / 512)?;
-        (sb, n, false)
-    } else {
-        let (sb, fresh) = load_superblock(&*dev, &p, tag_size, alg.is_some())?;
-        (sb, dev.size() / 512, fresh)
+    let Some(m) = &p.opts.meta_device else {
+        return Ok((dev.clone(), dev));
     };
-    check_superblock(&sb, &p, tag_size)?;
-    let g = Geometry::of(&sb, p.offset, dev_sectors).map_err(TargetError::line)?;
-    if a.len > g.provided_data_sectors * 512 {
+    let meta = a
+        .resolver
+        .resolve(m)
+        .map_err(|e| TargetError::line(format!("meta_device:{m}: {e}")))?;
+    // One opened device under two names (an unopened placeholder stands
+    // for every device of `udm table check`).
+    if std::ptr::addr_eq(Arc::as_ptr(&dev), Arc::as_ptr(&meta)) && dev.size() != u64::MAX {
+        return Err(TargetError::line(format!(
+            "meta_device:{m} is the data device {} itself: give a device of its own, or leave \
+             meta_device out to interleave tags with the data",
+            p.dev
+        )));
+    }
+    Ok((dev, meta))
+}
+
+/// The superblock (read, or written by a first format) and the
+/// geometry it gives the devices; whether it was formatted now. A
+/// device `udm table check` did not open (unlimited, refuses I/O) is
+/// checked against the superblock a format of a device just large
+/// enough would write, and nothing is read.
+fn open_layout(
+    p: &IntegrityParams,
+    devs: &Devices,
+    tag_size: u32,
+    has_hash: bool,
+    len: u64,
+) -> Result<(Superblock, Geometry, bool), TargetError> {
+    let (dev, meta) = devs;
+    let unopened = dev.size() == u64::MAX || meta.size() == u64::MAX;
+    let (sb, meta_sectors, data_sectors, fresh) = if unopened {
+        let (sb, m, d) = stand_in_superblock(p, tag_size, has_hash, len / 512)?;
+        (sb, m, d, false)
+    } else {
+        let d = dev.size() / 512;
+        let (sb, fresh) = load_superblock(&**meta, d, p, tag_size, has_hash)?;
+        (sb, meta.size() / 512, d, fresh)
+    };
+    check_superblock(&sb, p, tag_size)?;
+    let g = geometry_of(p, &sb, meta_sectors, data_sectors)?;
+    if len > g.provided_data_sectors * 512 {
         return Err(TargetError::line(format!(
             "not enough provided sectors for the mapping: {} has {}, the segment {}",
             p.dev,
             g.provided_data_sectors,
-            a.len / 512
+            len / 512
         )));
     }
+    Ok((sb, g, fresh))
+}
+
+pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
+    let p = IntegrityParams::parse(a.args)?;
+    let alg = alg_of(&p)?;
+    refuse_unsupported(&p, &alg)?;
+    let tag_size = tag_size_of(&p, &alg)?;
+    let devs = resolve_devices(&mut a, &p)?;
+    let unopened = devs.0.size() == u64::MAX || devs.1.size() == u64::MAX;
+    let (sb, g, fresh) = open_layout(&p, &devs, tag_size, alg.is_some(), a.len)?;
     let seal = seal::Seal::new(
         p.opts.journal_crypt.as_ref(),
         p.opts.journal_mac.as_ref(),
@@ -303,8 +425,9 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     .map_err(TargetError::line)?
     .map(Arc::new);
     if let (Some(s), false) = (&seal, unopened) {
-        prepare_seal(&*dev, &p, &sb, &g, s, fresh)?;
+        prepare_seal(&*devs.1, &p, &sb, &g, s, fresh)?;
     }
+    let (dev, meta) = devs;
     let mut t = Integrity {
         state: Mutex::new(State {
             sb: sb.clone(),
@@ -314,6 +437,7 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         journal: None,
         p,
         dev,
+        meta,
         sb,
         g,
         alg,
@@ -349,6 +473,11 @@ impl Integrity {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Everything written to either device durable.
+    fn flush_both(&self) -> DevResult<()> {
+        io::flush_both(&*self.dev, &*self.meta, &self.g)
+    }
+
     fn salt(&self) -> Option<&[u8]> {
         self.sb.has(flags::FIXED_HMAC).then_some(&self.sb.salt[..])
     }
@@ -362,7 +491,7 @@ impl Integrity {
     fn replay(&self) -> DevResult<(u64, u8, bool)> {
         let g = &self.g;
         let mut j = vec![0u8; (g.journal_sections * g.section_sectors * 512) as usize];
-        self.dev.read(g.journal_sector(0, 0) * 512, &mut j)?;
+        self.meta.read(g.journal_sector(0, 0) * 512, &mut j)?;
         let ss = (g.section_sectors * 512) as usize;
         let ids = self.seal.as_ref().map_or(&journal::KERNEL_IDS, |s| s.ids());
         if let Some(s) = &self.seal {
@@ -405,10 +534,10 @@ impl Integrity {
                 self.p.dev
             );
         }
-        self.dev.flush()?;
+        self.flush_both()?;
         if let Some(seq) = plan.clear_with {
             self.write_empty_journal(seq)?;
-            self.dev.flush()?;
+            self.meta.flush()?;
         }
         Ok((plan.next_section, plan.seq, replayed > 0))
     }
@@ -417,8 +546,8 @@ impl Integrity {
     /// `seq`, sealed with `journal_crypt`/`journal_mac`.
     fn write_empty_journal(&self, seq: u8) -> DevResult<()> {
         match &self.seal {
-            Some(s) => s.write_empty(&*self.dev, &self.g, seq),
-            None => format::write_empty_journal(&*self.dev, &self.g, seq, None),
+            Some(s) => s.write_empty(&*self.meta, &self.g, seq),
+            None => format::write_empty_journal(&*self.meta, &self.g, seq, None),
         }
     }
 
@@ -458,7 +587,8 @@ impl Integrity {
             seal: self.seal.clone(),
             replayed,
         };
-        writeback::Writeback::start(self.dev.clone(), self.g.clone(), next, seq, cfg)
+        let devs = (self.dev.clone(), self.meta.clone());
+        writeback::Writeback::start(devs, self.g.clone(), next, seq, cfg)
     }
 
     /// Data and tags of whole blocks from logical sector `s` to their
@@ -473,7 +603,7 @@ impl Integrity {
             let (th, tt) = t.split_at((blocks * g.tag_size) as usize);
             self.dev
                 .write(g.data_sector(s) * 512, WriteBuf::Borrowed(dh), false)?;
-            io::write_bytes(&*self.dev, g.tag_byte(s), th)?;
+            io::write_bytes(&*self.meta, g.tag_byte(s), th)?;
             s += n;
             d = dt;
             t = tt;
@@ -524,7 +654,7 @@ impl Integrity {
             let (dh, dt) = std::mem::take(&mut d).split_at_mut((n * 512) as usize);
             let (th, tt) = std::mem::take(&mut t).split_at_mut((blocks * g.tag_size) as usize);
             self.dev.read(g.data_sector(s) * 512, dh)?;
-            io::read_bytes(&*self.dev, g.tag_byte(s), th)?;
+            io::read_bytes(&*self.meta, g.tag_byte(s), th)?;
             s += n;
             d = dt;
             t = tt;
@@ -593,7 +723,9 @@ impl BlockDevice for Integrity {
             write_zeroes: false,
             ..Limits::default()
         };
-        own.stack(self.dev.limits())
+        let mut l = own.stack(self.dev.limits());
+        l.read_only |= self.meta.limits().read_only;
+        l
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.check_range(offset, buf.len())?;
@@ -681,7 +813,7 @@ impl BlockDevice for Integrity {
             return j.flush();
         }
         let mut st = self.lock();
-        self.dev.flush()?;
+        self.flush_both()?;
         self.bitmap_tick(&mut st)
     }
     fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
@@ -733,5 +865,7 @@ impl Target for Integrity {
 /// The superblock area's size in bytes.
 pub const SB_BYTES: u64 = SB_SECTORS * 512;
 
+#[cfg(test)]
+mod meta_tests;
 #[cfg(test)]
 mod tests;

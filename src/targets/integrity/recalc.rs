@@ -33,7 +33,7 @@ impl Integrity {
             tags.resize((n >> g.log2_spb) as usize * ts, 0);
             self.dev.read(g.data_sector(s) * 512, &mut data)?;
             self.compute_tags(s, &data, &mut tags);
-            io::write_bytes(&*self.dev, g.tag_byte(s), &tags)?;
+            io::write_bytes(&*self.meta, g.tag_byte(s), &tags)?;
             s += n;
         }
         Ok(())
@@ -127,7 +127,7 @@ impl Integrity {
         // In J mode the writer thread does not place entries meanwhile:
         // its read-modify-write of a tag block would undo these tags.
         self.around_journal(false, || self.recompute_tags(pos, next))?;
-        self.dev.flush()?;
+        self.meta.flush()?;
         let mut sb = st.sb.clone();
         sb.recalc_sector = next;
         self.write_live_superblock(&mut sb)?;

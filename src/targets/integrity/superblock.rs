@@ -129,6 +129,12 @@ impl Superblock {
     /// The kernel's `sb_set_version`: the lowest version that can say
     /// what the flags and the mode say.
     pub fn set_version(&mut self, bitmap_mode: bool) {
+        self.set_version_for(bitmap_mode, false);
+    }
+
+    /// [`Superblock::set_version`] for a device whose tags may live on a
+    /// separate metadata device (`separate`), which needs version 2.
+    pub fn set_version_for(&mut self, bitmap_mode: bool, separate: bool) {
         self.version = if self.has(flags::INLINE) {
             6
         } else if self.has(flags::FIXED_HMAC) {
@@ -137,7 +143,7 @@ impl Superblock {
             4
         } else if bitmap_mode || self.has(flags::DIRTY_BITMAP) {
             3
-        } else if self.has(flags::RECALCULATING) {
+        } else if separate || self.has(flags::RECALCULATING) {
             2
         } else {
             1
@@ -188,6 +194,10 @@ mod tests {
         let mut sb = Superblock::default();
         sb.set_version(false);
         assert_eq!(sb.version, 1);
+        sb.set_version_for(false, true);
+        assert_eq!(sb.version, 2, "a separate metadata device");
+        sb.set_version_for(true, true);
+        assert_eq!(sb.version, 3);
         sb.set_version(true);
         assert_eq!(sb.version, 3);
         sb.flags = flags::FIXED_PADDING;

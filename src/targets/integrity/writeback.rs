@@ -12,6 +12,10 @@
 //! always holds whatever the places may still lack, and replay at open
 //! finishes the job after a crash.
 //!
+//! With a separate metadata device the journal and the tags are written
+//! there and the data to the data device; a placed batch is made durable
+//! on both before its sections are freed.
+//!
 //! Reads see the newest data: an entry stays in the in-memory index until
 //! its place has it. No lock is held across device I/O by a request
 //! except the commit's, which FLUSHes share.
@@ -22,6 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::io;
 use super::journal::{self, Block};
 use super::layout::Geometry;
 use super::seal::Seal;
@@ -141,7 +146,10 @@ impl Ring {
 
 /// State shared by requests and the writer thread.
 struct Shared {
+    /// The data device.
     dev: Arc<dyn BlockDevice>,
+    /// The device of the journal and the tags (`dev` unless separate).
+    meta: Arc<dyn BlockDevice>,
     g: Geometry,
     name: String,
     seal: Option<Arc<Seal>>,
@@ -183,17 +191,21 @@ pub struct Config {
 
 impl Writeback {
     /// Starts the journal where replay left it: section `next` is the
-    /// next to fill, with sequence number `seq`.
+    /// next to fill, with sequence number `seq`. `devs` are the data
+    /// device and the device of the journal and tags (the same one
+    /// unless `g` is separate).
     pub fn start(
-        dev: Arc<dyn BlockDevice>,
+        devs: (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>),
         g: Geometry,
         next: u64,
         seq: u8,
         cfg: Config,
     ) -> DevResult<Writeback> {
         let n = g.journal_sections as usize;
+        let (dev, meta) = devs;
         let sh = Arc::new(Shared {
             dev,
+            meta,
             name: cfg.name,
             seal: cfg.seal,
             watermark: cfg.watermark.min(100),
@@ -399,9 +411,9 @@ impl Writeback {
                 seal.seal(g, i, &mut buf);
             }
             let at = g.journal_sector(i, 0) * 512;
-            sh.dev.write(at, WriteBuf::Borrowed(&buf), false)?;
+            sh.meta.write(at, WriteBuf::Borrowed(&buf), false)?;
         }
-        sh.dev.flush()
+        sh.meta.flush()
     }
 
     fn stop_thread(&mut self) {
@@ -458,7 +470,7 @@ impl Shared {
             }
             (secs, target)
         };
-        let res = self.write_sections(&secs).and_then(|()| self.dev.flush());
+        let res = self.write_sections(&secs).and_then(|()| self.meta.flush());
         let mut r = lock(&self.ring);
         if let Err(e) = res {
             tracing::error!("integrity {}: journal commit failed: {e}", self.name);
@@ -504,7 +516,7 @@ impl Shared {
                 }
             }
             let at = g.journal_sector(first, 0) * 512;
-            self.dev.write(at, WriteBuf::Owned(&mut buf), false)?;
+            self.meta.write(at, WriteBuf::Owned(&mut buf), false)?;
             k += run;
         }
         Ok(())
@@ -570,7 +582,8 @@ impl Shared {
         drop(r);
         let res = {
             let _p = lock(&self.place_lock);
-            self.place(&entries).and_then(|()| self.dev.flush())
+            self.place(&entries)
+                .and_then(|()| io::flush_both(&*self.dev, &*self.meta, &self.g))
         };
         let mut r = lock(&self.ring);
         if let Err(e) = res {
@@ -608,13 +621,12 @@ impl Shared {
         let spb = g.sectors_per_block();
         let mut k = 0;
         while k < list.len() {
-            let area = list[k].sector >> g.log2_interleave;
+            let area = g.area(list[k].sector);
             let run = list[k..]
                 .iter()
                 .enumerate()
                 .take_while(|(m, e)| {
-                    e.sector == list[k].sector + *m as u64 * spb
-                        && e.sector >> g.log2_interleave == area
+                    e.sector == list[k].sector + *m as u64 * spb && g.area(e.sector) == area
                 })
                 .count();
             let mut buf: Vec<u8> = Vec::with_capacity(run * g.block_bytes());
@@ -633,7 +645,7 @@ impl Shared {
     fn place_tags(&self, list: &[&Entry]) -> DevResult<()> {
         let g = &self.g;
         let ts = g.tag_size;
-        let lbs = u64::from(self.dev.limits().logical_block_size.max(512));
+        let lbs = u64::from(self.meta.limits().logical_block_size.max(512));
         let unit = TAG_BLOCK.max(lbs);
         let mut k = 0;
         while k < list.len() {
@@ -651,12 +663,12 @@ impl Shared {
                 m += 1;
             }
             let mut buf = vec![0u8; (hi - lo) as usize];
-            self.dev.read(lo, &mut buf)?;
+            self.meta.read(lo, &mut buf)?;
             for e in &list[k..m] {
                 let at = (g.tag_byte(e.sector) - lo) as usize;
                 buf[at..at + ts as usize].copy_from_slice(&e.tag);
             }
-            self.dev.write(lo, WriteBuf::Owned(&mut buf), false)?;
+            self.meta.write(lo, WriteBuf::Owned(&mut buf), false)?;
             k = m;
         }
         Ok(())
