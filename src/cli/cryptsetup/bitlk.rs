@@ -77,6 +77,18 @@ pub(super) fn write_key_file(p: &str, key: &[u8]) -> Outcome {
         .map_err(|e| LuksError::io(format!("Cannot write volume key file {p}"), e))
 }
 
+/// cryptsetup's question before a volume key dump (BITLK and FVAULT2
+/// ask the same); a no is "Operation aborted.".
+pub(super) fn confirm_key_dump(c: &Ctx) -> Outcome {
+    use crate::luks::feedback::Feedback;
+    if !ui(c).confirm(
+        "The header dump with volume key is sensitive information\nthat allows access to encrypted partition without a passphrase.\nThis dump should be stored encrypted in a safe place.",
+    )? {
+        return Err(LuksError::Denied("Operation aborted.".into()));
+    }
+    Ok(())
+}
+
 /// `bitlkDump [--dump-volume-key [--volume-key-file F]]`.
 pub(super) fn dump(c: &Ctx) -> Outcome {
     let m = load(c)?;
@@ -84,12 +96,7 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
         print!("{}", m.dump_text(&c.argv[0]));
         return Ok(());
     }
-    use crate::luks::feedback::Feedback;
-    if !ui(c).confirm(
-        "The header dump with volume key is sensitive information\nthat allows access to encrypted partition without a passphrase.\nThis dump should be stored encrypted in a safe place.",
-    )? {
-        return Err(LuksError::Denied("Operation aborted.".into()));
-    }
+    confirm_key_dump(c)?;
     let key = unlock(c, &m)?;
     let file = c.a.str("volume-key-file");
     if let Some(f) = file {

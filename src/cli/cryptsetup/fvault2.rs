@@ -7,8 +7,8 @@
 use std::path::Path;
 
 use super::active::flags;
-use super::bitlk::{print_dump, with_passphrase, write_key_file};
-use super::ctx::{ui, Ctx, Outcome};
+use super::bitlk::{confirm_key_dump, print_dump, with_passphrase, write_key_file};
+use super::ctx::{Ctx, Outcome};
 use super::foreign::create_layers;
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
@@ -36,12 +36,7 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
         print!("{}", m.dump_text(&c.argv[0]));
         return Ok(());
     }
-    use crate::luks::feedback::Feedback;
-    if !ui(c).confirm(
-        "The header dump with volume key is sensitive information\nthat allows access to encrypted partition without a passphrase.\nThis dump should be stored encrypted in a safe place.",
-    )? {
-        return Err(LuksError::Denied("Operation aborted.".into()));
-    }
+    confirm_key_dump(c)?;
     let key = with_passphrase(c, |pass| m.volume_key(pass))?;
     if let Some(f) = c.a.str("volume-key-file") {
         write_key_file(f, &key[..])?;
