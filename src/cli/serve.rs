@@ -54,6 +54,11 @@ pub struct Args {
     /// recovery password or startup key (.BEK) of --key-file.
     #[arg(long = "bitlk", value_name = "NAME=IMAGE")]
     pub bitlk: Vec<String>,
+    /// For --bitlk: map a volume cryptsetup refuses (its encryption never
+    /// finished, or it encrypts used space only) read-only, crypt where
+    /// its metadata says encrypted and linear where it says clear.
+    #[arg(long)]
+    pub allow_partial_bitlk: bool,
     /// A FileVault2 volume (cryptsetup's `open --type fvault2`).
     #[arg(long = "fvault2", value_name = "NAME=IMAGE")]
     pub fvault2: Vec<String>,
@@ -495,6 +500,9 @@ fn foreign_specs(
     read_only_exports: &mut Vec<String>,
 ) -> Result<(), String> {
     use crate::luks::foreign::activate;
+    if a.allow_partial_bitlk && a.bitlk.is_empty() {
+        return Err("--allow-partial-bitlk is for --bitlk volumes, and none is given".into());
+    }
     let key = crate::luks::passphrase::KeySource::file(a.key_file.as_deref());
     let tc = crate::luks::foreign::tcrypt::Params {
         hash: a.hash.clone(),
@@ -530,13 +538,13 @@ fn foreign_specs(
             };
             let layers = match flag {
                 "--tcrypt" => activate::open_tcrypt(&r, &tc),
-                "--bitlk" => activate::open_bitlk(&r),
+                "--bitlk" => activate::open_bitlk_with(&r, a.allow_partial_bitlk),
                 _ => activate::open_fvault2(&r),
             }
             .map_err(|e| format!("{flag} {name}: {kind} volume on {image}: {e}"))?;
             tracing::info!("{kind} volume {name} on {image} opened");
             for l in layers.into_iter().rev() {
-                if ro {
+                if ro || l.read_only {
                     read_only_exports.push(l.name.clone());
                 }
                 specs.push((

@@ -191,6 +191,8 @@ pub static SPECS: &[Spec] = &[
     spec!("write-log", None, Flag),
     spec!("no-kdf-limit", None, Flag),
     spec!("allow-weak-cipher", None, Flag),
+    // udm's: map a BitLocker volume cryptsetup refuses (partly encrypted).
+    spec!("allow-partial-bitlk", None, Flag, [OPEN]),
     spec!("control", None, Str),
     // udm's: narrows who may use the opened device over NBD.
     spec!("allow", None, Str, [OPEN]),

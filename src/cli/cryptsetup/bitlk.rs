@@ -9,8 +9,9 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::active::{call, flags, req};
+use super::active::flags;
 use super::ctx::{key_source, ui, Ctx, Outcome};
+use super::foreign::create_layers;
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
 use crate::luks::foreign::activate;
@@ -76,6 +77,18 @@ pub(super) fn write_key_file(p: &str, key: &[u8]) -> Outcome {
         .map_err(|e| LuksError::io(format!("Cannot write volume key file {p}"), e))
 }
 
+/// cryptsetup's question before a volume key dump (BITLK and FVAULT2
+/// ask the same); a no is "Operation aborted.".
+pub(super) fn confirm_key_dump(c: &Ctx) -> Outcome {
+    use crate::luks::feedback::Feedback;
+    if !ui(c).confirm(
+        "The header dump with volume key is sensitive information\nthat allows access to encrypted partition without a passphrase.\nThis dump should be stored encrypted in a safe place.",
+    )? {
+        return Err(LuksError::Denied("Operation aborted.".into()));
+    }
+    Ok(())
+}
+
 /// `bitlkDump [--dump-volume-key [--volume-key-file F]]`.
 pub(super) fn dump(c: &Ctx) -> Outcome {
     let m = load(c)?;
@@ -83,12 +96,7 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
         print!("{}", m.dump_text(&c.argv[0]));
         return Ok(());
     }
-    use crate::luks::feedback::Feedback;
-    if !ui(c).confirm(
-        "The header dump with volume key is sensitive information\nthat allows access to encrypted partition without a passphrase.\nThis dump should be stored encrypted in a safe place.",
-    )? {
-        return Err(LuksError::Denied("Operation aborted.".into()));
-    }
+    confirm_key_dump(c)?;
     let key = unlock(c, &m)?;
     let file = c.a.str("volume-key-file");
     if let Some(f) = file {
@@ -113,14 +121,28 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
         t.hex(&key, " ", 16, "\t\t")?;
         t.write_str("\n")
     })();
-    text.map_err(|_| LuksError::Usage("volume key dump does not fit its buffer".into()))?;
+    print_dump(&t, text)
+}
+
+/// Print a volume key dump once it was written whole into `t`.
+pub(super) fn print_dump(t: &SecretText, written: std::fmt::Result) -> Outcome {
+    written.map_err(|_| LuksError::Usage("volume key dump does not fit its buffer".into()))?;
     print!("{}", t.as_str());
     Ok(())
 }
 
-/// `open --type bitlk DEVICE NAME` (and `--test-passphrase`).
+/// `open --type bitlk DEVICE NAME` (and `--test-passphrase`); udm's
+/// `--allow-partial-bitlk` maps a volume cryptsetup refuses from its map
+/// of encrypted parts, read-only.
 pub(super) fn open(c: &Ctx) -> Outcome {
     let m = load(c)?;
+    let partial = c.a.has("allow-partial-bitlk");
+    if let (Some(why), false) = (activate::bitlk_refusal(&m), partial) {
+        // cryptsetup refuses before it asks for the secret, also for
+        // --test-passphrase and --volume-key-file.
+        eprintln!("{why}");
+        return Err(LuksError::Silent(1));
+    }
     let key = match c.a.str("volume-key-file") {
         Some(f) => {
             let len = (m.key_bits / 8) as usize;
@@ -137,15 +159,12 @@ pub(super) fn open(c: &Ctx) -> Outcome {
     if c.a.has("test-passphrase") {
         return Ok(());
     }
-    if let Some(why) = m.activation_refusal() {
-        eprintln!("{why}");
-        return Err(LuksError::Silent(1));
-    }
     let name = c
         .argv
         .get(1)
         .ok_or_else(|| LuksError::Usage("Argument <name> missing.".into()))?;
-    let size = Disk::open(&PathBuf::from(&c.argv[0]), false)?.size()?;
+    let disk = Disk::open(&PathBuf::from(&c.argv[0]), false)?;
+    let size = disk.size()?;
     if size != m.volume_size {
         print!(
             "WARNING: BitLocker volume size {} does not match the underlying device size {size}",
@@ -156,13 +175,21 @@ pub(super) fn open(c: &Ctx) -> Outcome {
         eprintln!("{why}");
         return Err(LuksError::Silent(1));
     }
+    let (segs, partly) = match activate::bitlk_segments(&m, &disk, size / 512, partial) {
+        Err(LuksError::Unsupported(why)) => {
+            eprintln!("{why}");
+            return Err(LuksError::Silent(1));
+        }
+        other => other?,
+    };
+    if partly {
+        eprintln!(
+            "BITLK device {} is mapped read-only: parts of it are not encrypted.",
+            c.argv[0]
+        );
+    }
     let dev = super::ctx::table_dev(&c.argv[0]);
-    let l = activate::bitlk_layer(&m, &key, name, &dev, size / 512, &flags(c))?;
-    let mut r = req("create", name);
-    r.has_table = true;
-    r.readonly = c.a.has("readonly");
-    r.allow = c.a.str("allow").map(str::to_string);
-    r.uuid = Some(l.uuid);
-    call(c, name, r, l.table.as_bytes())?;
-    Ok(())
+    let mut l = activate::bitlk_layer(&m, &key, name, &dev, &segs, &flags(c));
+    l.read_only = partly;
+    create_layers(c, &[l])
 }

@@ -176,11 +176,18 @@ pub(super) fn open(c: &Ctx) -> Outcome {
         &g,
         &flags(c),
     );
-    let mut created: Vec<String> = Vec::new();
+    create_layers(c, &layers)
+}
+
+/// Create a volume's devices on the running server, lowest first (the
+/// order cryptsetup stacks them in); if one fails, remove those already
+/// made, top first, so that no half-built stack is left behind.
+pub(super) fn create_layers(c: &Ctx, layers: &[activate::Layer]) -> Outcome {
+    let mut created: Vec<&str> = Vec::new();
     for layer in layers {
         let mut r = req("create", &layer.name);
         r.has_table = true;
-        r.readonly = c.a.has("readonly");
+        r.readonly = c.a.has("readonly") || layer.read_only;
         r.allow = c.a.str("allow").map(str::to_string);
         r.uuid = Some(layer.uuid.clone());
         if let Err(e) = call(c, &layer.name, r, layer.table.as_bytes()) {
@@ -189,7 +196,7 @@ pub(super) fn open(c: &Ctx) -> Outcome {
             }
             return Err(e);
         }
-        created.push(layer.name);
+        created.push(&layer.name);
     }
     Ok(())
 }

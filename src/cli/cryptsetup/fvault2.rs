@@ -6,9 +6,10 @@
 
 use std::path::Path;
 
-use super::active::{call, flags, req};
-use super::bitlk::{with_passphrase, write_key_file};
-use super::ctx::{ui, Ctx, Outcome};
+use super::active::flags;
+use super::bitlk::{confirm_key_dump, print_dump, with_passphrase, write_key_file};
+use super::ctx::{Ctx, Outcome};
+use super::foreign::create_layers;
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
 use crate::luks::foreign::activate;
@@ -35,12 +36,7 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
         print!("{}", m.dump_text(&c.argv[0]));
         return Ok(());
     }
-    use crate::luks::feedback::Feedback;
-    if !ui(c).confirm(
-        "The header dump with volume key is sensitive information\nthat allows access to encrypted partition without a passphrase.\nThis dump should be stored encrypted in a safe place.",
-    )? {
-        return Err(LuksError::Denied("Operation aborted.".into()));
-    }
+    confirm_key_dump(c)?;
     let key = with_passphrase(c, |pass| m.volume_key(pass))?;
     if let Some(f) = c.a.str("volume-key-file") {
         write_key_file(f, &key[..])?;
@@ -54,9 +50,7 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
         t.hex(&key[..], " ", 0, "")?;
         t.write_str(" \n")
     })();
-    text.map_err(|_| LuksError::Usage("volume key dump does not fit its buffer".into()))?;
-    print!("{}", t.as_str());
-    Ok(())
+    print_dump(&t, text)
 }
 
 /// `open --type fvault2 DEVICE NAME` (and `--test-passphrase`).
@@ -83,11 +77,5 @@ pub(super) fn open(c: &Ctx) -> Outcome {
     let disk_sectors = Disk::open(Path::new(&c.argv[0]), false)?.size()? / 512;
     let dev = super::ctx::table_dev(&c.argv[0]);
     let l = activate::fvault2_layer(&m, &key, name, &dev, disk_sectors, &flags(c), &c.argv[0])?;
-    let mut r = req("create", name);
-    r.has_table = true;
-    r.readonly = c.a.has("readonly");
-    r.allow = c.a.str("allow").map(str::to_string);
-    r.uuid = Some(l.uuid);
-    call(c, name, r, l.table.as_bytes())?;
-    Ok(())
+    create_layers(c, &[l])
 }

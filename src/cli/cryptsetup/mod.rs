@@ -41,6 +41,11 @@ struct Action {
 
 /// `open`: the offline checks (and `--test-passphrase`), then the mapping.
 fn open(c: &Ctx) -> Outcome {
+    if c.a.has("allow-partial-bitlk") && c.device_type.as_deref() != Some("bitlk") {
+        return Err(LuksError::Usage(
+            "Option --allow-partial-bitlk is allowed only with --type bitlk.".into(),
+        ));
+    }
     if foreign::handles_open(c) {
         return foreign::open(c);
     }
@@ -246,7 +251,8 @@ pub fn usage_text() -> String {
         "\nOptions are those of cryptsetup 2.6 (see cryptsetup(8)); README.md lists which\n\
          udm implements. --no-kdf-limit lets udm try passphrases on keyslots whose KDF\n\
          cost is above its limit; --allow-weak-cipher lets it open a header whose data\n\
-         or keyslot cipher is cipher_null or ECB.\n",
+         or keyslot cipher is cipher_null or ECB; --allow-partial-bitlk maps a BitLocker\n\
+         volume cryptsetup refuses (partly encrypted) read-only from its metadata.\n",
     );
     s
 }

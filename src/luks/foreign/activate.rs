@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use zeroize::Zeroizing;
 
 use super::bitlk;
+use super::bitlk_partial;
 use super::fvault2;
 use super::partition;
 use super::tcrypt::{self, Header, Params};
@@ -29,6 +30,9 @@ pub struct Layer {
     /// The device UUID cryptsetup gives it (`status` and `close` read
     /// the volume type from it).
     pub uuid: String,
+    /// The device must be read-only (a partly encrypted BitLocker volume,
+    /// whose chunk map udm does not keep current).
+    pub read_only: bool,
 }
 
 impl std::fmt::Debug for Layer {
@@ -189,6 +193,7 @@ pub fn tcrypt_layers(
             name: dev_name,
             table: t,
             uuid,
+            read_only: false,
         });
     }
     out
@@ -215,36 +220,72 @@ pub fn bitlk_check_cipher(m: &bitlk::Metadata, key: &[u8]) -> Result<(), String>
     }
 }
 
+/// Why cryptsetup would not map a BitLocker volume, if it would not:
+/// its message, then how udm could map it anyway (not for a volume of
+/// unknown type, whose layout no one knows).
+pub fn bitlk_refusal(m: &bitlk::Metadata) -> Option<String> {
+    let why = m.activation_refusal()?;
+    if m.kind == 2 {
+        return Some(why.to_string());
+    }
+    Some(format!(
+        "{why}\nudm can map it read-only as its metadata describes it (crypt where it \
+         is encrypted, linear where it is still in the clear): add --allow-partial-bitlk \
+         (to cryptsetup open, or to serve with --bitlk)."
+    ))
+}
+
+/// The segments of a BitLocker volume on `disk` of `sectors`: cryptsetup's
+/// layout, or, for a volume cryptsetup refuses and with `allow_partial`,
+/// the one its map of encrypted parts gives (then the second value is
+/// true: the device must be read-only). The error names the refusal.
+pub fn bitlk_segments(
+    m: &bitlk::Metadata,
+    disk: &Disk,
+    sectors: u64,
+    allow_partial: bool,
+) -> Result<(bitlk::Segments, bool), LuksError> {
+    match (bitlk_refusal(m), allow_partial) {
+        (None, _) => Ok((m.segments(sectors)?, false)),
+        (Some(why), false) => Err(LuksError::Unsupported(why)),
+        (Some(_), true) => Ok((bitlk_partial::layout(m, disk, sectors)?, true)),
+    }
+}
+
 /// The device cryptsetup creates for a BitLocker volume `name` over `dev`
-/// (a table word) of `sectors`: crypt segments around the metadata,
-/// which reads as zeros.
+/// (a table word) from its segments: crypt where it is encrypted, zero
+/// over the metadata, and (partly encrypted volumes only) linear where it
+/// is in the clear. A partly encrypted volume's layer must then be made
+/// read-only by the caller, which knows how the segments were found.
 pub fn bitlk_layer(
     m: &bitlk::Metadata,
     key: &[u8],
     name: &str,
     dev: &str,
-    sectors: u64,
+    segs: &[(u64, u64, bitlk::Seg)],
     flags: &[&str],
-) -> Result<Layer, LuksError> {
+) -> Layer {
     let spec = format!("aes-{}", m.cipher_mode);
     let tail = opt_tail(flags, m.sector_size, true);
     let hex_key = Zeroizing::new(hex::encode(key));
     let mut t = Zeroizing::new(String::new());
-    for (start, len, iv) in m.segments(sectors)? {
-        match iv {
-            None => t.push_str(&format!("{start} {len} zero\n")),
-            Some(iv) => {
+    for &(start, len, seg) in segs {
+        match seg {
+            bitlk::Seg::Zero => t.push_str(&format!("{start} {len} zero\n")),
+            bitlk::Seg::Clear(at) => t.push_str(&format!("{start} {len} linear {dev} {at}\n")),
+            bitlk::Seg::Crypt(iv) => {
                 t.push_str(&format!("{start} {len} crypt {spec} "));
                 t.push_str(&hex_key);
                 t.push_str(&format!(" {iv} {dev} {iv}{tail}\n"));
             }
         }
     }
-    Ok(Layer {
+    Layer {
         name: name.to_string(),
         table: t,
         uuid: format!("CRYPT-BITLK-{}-{name}", m.guid.replace('-', "")),
-    })
+        read_only: false,
+    }
 }
 
 /// The one crypt line cryptsetup loads for a FileVault2 volume: the
@@ -270,6 +311,7 @@ pub fn fvault2_layer(
         name: name.to_string(),
         table: t,
         uuid: format!("CRYPT-FVAULT2-{}-{name}", m.family_uuid.replace('-', "")),
+        read_only: false,
     })
 }
 
@@ -362,17 +404,24 @@ pub fn open_tcrypt(r: &Request, p: &Params) -> Result<Vec<Layer>, LuksError> {
 
 /// Unlock a BitLocker volume (through its clear key if it has one, else
 /// with the passphrase, recovery password or startup key file) and give
-/// its device.
+/// its device, as cryptsetup maps it.
 pub fn open_bitlk(r: &Request) -> Result<Vec<Layer>, LuksError> {
+    open_bitlk_with(r, false)
+}
+
+/// [`open_bitlk`], where a volume cryptsetup refuses is mapped with
+/// `allow_partial` (read-only, see `bitlk_partial`).
+pub fn open_bitlk_with(r: &Request, allow_partial: bool) -> Result<Vec<Layer>, LuksError> {
     let disk = Disk::open(r.device, false)?;
     let m = bitlk::read(&disk)?;
+    if let (Some(why), false) = (bitlk_refusal(&m), allow_partial) {
+        // cryptsetup refuses before it asks for the secret.
+        return Err(LuksError::Usage(why));
+    }
     let key = match m.volume_key(None) {
         Err(LuksError::WrongPassphrase) => r.with_secret(false, |s| m.volume_key(Some(s)))?,
         other => other?,
     };
-    if let Some(why) = m.activation_refusal() {
-        return Err(LuksError::Usage(why.into()));
-    }
     let size = disk.size()?;
     if size != m.volume_size {
         tracing::warn!(
@@ -382,7 +431,13 @@ pub fn open_bitlk(r: &Request) -> Result<Vec<Layer>, LuksError> {
         );
     }
     bitlk_check_cipher(&m, &key).map_err(LuksError::Usage)?;
-    let l = bitlk_layer(&m, &key, r.name, &r.dev_word(), size / 512, r.flags)?;
+    let (segs, partly) =
+        bitlk_segments(&m, &disk, size / 512, allow_partial).map_err(|e| match e {
+            LuksError::Unsupported(why) => LuksError::Usage(why),
+            e => e,
+        })?;
+    let mut l = bitlk_layer(&m, &key, r.name, &r.dev_word(), &segs, r.flags);
+    l.read_only = partly;
     Ok(vec![l])
 }
 
@@ -429,6 +484,7 @@ mod tests {
             name: "v".into(),
             table: Zeroizing::new("0 8 crypt aes-xts-plain64 00112233 0 /x 0".into()),
             uuid: "CRYPT-TCRYPT-v".into(),
+            read_only: false,
         };
         let s = format!("{l:?}");
         assert!(

@@ -17,7 +17,7 @@ use super::crc32;
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
 
-const FVE_SIZE: u64 = 64 * 1024;
+pub(super) const FVE_SIZE: u64 = 64 * 1024;
 const NONCE: usize = 12;
 const TAG: usize = 16;
 const GUID_NORMAL: [u8; 16] = [
@@ -87,12 +87,39 @@ pub struct Vmk {
     clear_key: Option<Zeroizing<Vec<u8>>>,
 }
 
+/// What one segment of a mapped volume reads, by 512-byte sector of
+/// the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seg {
+    /// Zeros: an area Windows keeps for itself (metadata, the relocated
+    /// boot sectors' home, chunk maps).
+    Zero,
+    /// Encrypted data at this sector, which is also its IV sector.
+    Crypt(u64),
+    /// Data still in the clear at this sector.
+    Clear(u64),
+}
+
+/// A volume's table as segments: (start, length, what it reads), in
+/// 512-byte sectors.
+pub type Segments = Vec<(u64, u64, Seg)>;
+
 /// The parsed metadata.
 pub struct Metadata {
     pub togo: bool,
     pub sector_size: u32,
+    /// The FVE information's "state offset", which cryptsetup prints as
+    /// the volume size: for a volume converted the old way, how many bytes
+    /// from the start are encrypted (the rest is still in the clear).
     pub volume_size: u64,
     pub normal_state: bool,
+    /// The conversion's current and next state (4 and 4: encrypted).
+    pub state: [u16; 2],
+    /// The bytes at `volume_size` a conversion in progress keeps for
+    /// itself (state 2).
+    pub state_size: u32,
+    /// Where an encrypt-on-write volume keeps its two chunk map copies.
+    pub eow_offsets: [u64; 2],
     /// 0 normal, 1 encrypt-on-write, 2 unknown.
     pub kind: u8,
     pub cipher_mode: &'static str,
@@ -110,15 +137,15 @@ pub struct Metadata {
     fvek: Wrapped,
 }
 
-fn le16(b: &[u8], at: usize) -> u16 {
+pub(super) fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
-fn le32(b: &[u8], at: usize) -> u32 {
+pub(super) fn le32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default())
 }
 
-fn le64(b: &[u8], at: usize) -> u64 {
+pub(super) fn le64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
 }
 
@@ -269,7 +296,9 @@ pub fn read(disk: &Disk) -> Result<Metadata, LuksError> {
             )))
         }
     };
-    let mut sb = [0u8; 40];
+    // The GUID and three metadata offsets; an encrypt-on-write volume
+    // adds its two chunk map offsets.
+    let mut sb = [0u8; 56];
     disk.read_at(sb_at, &mut sb).map_err(|_| not())?;
     let offsets = [le64(&sb, 16), le64(&sb, 24), le64(&sb, 32)];
     let (idx, block) = offsets
@@ -289,7 +318,11 @@ pub fn read(disk: &Disk) -> Result<Metadata, LuksError> {
             "Failed to validate the location of BITLK FVE metadata from {name}."
         )));
     }
-    parse_block(fve, val, togo, sector_size, &sb[..16], fve_offsets)
+    let mut m = parse_block(fve, val, togo, sector_size, &sb[..16], fve_offsets)?;
+    if m.kind == 1 {
+        m.eow_offsets = [le64(&sb, 40), le64(&sb, 48)];
+    }
+    Ok(m)
 }
 
 fn parse_block(
@@ -318,6 +351,9 @@ fn parse_block(
         sector_size,
         volume_size: le64(fve, 16),
         normal_state: le16(fve, 12) == 4 && le16(fve, 14) == 4,
+        state: [le16(fve, 12), le16(fve, 14)],
+        state_size: le32(fve, 24),
+        eow_offsets: [0; 2],
         kind: if sb_guid == GUID_NORMAL {
             0
         } else if sb_guid == GUID_EOW {
@@ -602,9 +638,8 @@ impl Metadata {
     }
 
     /// The table's segments over a device of `sectors` sectors, as
-    /// cryptsetup lays them out: `(start, length, Some(iv_offset))` for a
-    /// crypt line (its data at the same offset), None for zero.
-    pub fn segments(&self, sectors: u64) -> Result<Vec<(u64, u64, Option<u64>)>, LuksError> {
+    /// cryptsetup lays them out (every one of them zero or crypt).
+    pub fn segments(&self, sectors: u64) -> Result<Segments, LuksError> {
         let mut segs: Vec<(u64, u64, Option<u64>)> = self
             .metadata_offset
             .iter()
@@ -644,7 +679,10 @@ impl Metadata {
             }
         }
         segs.sort_by_key(|s| s.0);
-        Ok(segs)
+        Ok(segs
+            .into_iter()
+            .map(|(start, len, iv)| (start, len, iv.map_or(Seg::Zero, Seg::Crypt)))
+            .collect())
     }
 }
 

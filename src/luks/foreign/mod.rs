@@ -12,6 +12,7 @@
 
 pub mod activate;
 pub mod bitlk;
+pub mod bitlk_partial;
 pub mod fvault2;
 pub mod partition;
 pub mod tcrypt;
