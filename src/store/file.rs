@@ -432,18 +432,6 @@ impl FileStore {
 }
 
 impl FileStore {
-    /// A submitted write, with `pwrite` on this thread.
-    ///
-    /// # Safety
-    ///
-    /// As [`BlockDevice::submit`].
-    unsafe fn write_submitted(&self, io: AsyncIo) {
-        // SAFETY: the caller's buffer, valid for reads until `done`.
-        let data = unsafe { std::slice::from_raw_parts(io.buf, io.len) };
-        let r = self.file.write_all_at(data, io.offset).map_err(DevError::Io);
-        (io.done)(Some(r))
-    }
-
     /// A submitted write, queued to the writer threads.
     ///
     /// # Safety
@@ -463,7 +451,10 @@ impl FileStore {
             // SAFETY: the caller keeps the store and the buffer alive and
             // the buffer untouched until `done` ran (the submit contract).
             let (store, data) = unsafe { (&*p.store, std::slice::from_raw_parts(p.buf, p.len)) };
-            let r = store.file.write_all_at(data, p.offset).map_err(DevError::Io);
+            let r = store
+                .file
+                .write_all_at(data, p.offset)
+                .map_err(DevError::Io);
             done(Some(r))
         }));
     }
@@ -582,8 +573,6 @@ impl BlockDevice for FileStore {
             match &self.writes {
                 Writes::Ring => {}
                 // SAFETY: the caller's guarantees, passed on.
-                Writes::Inline => return unsafe { self.write_submitted(io) },
-                // SAFETY: as above.
                 Writes::Threads(w) => return unsafe { self.write_on(w, io) },
             }
         }
@@ -898,6 +887,14 @@ mod tests {
             .map(|r| r.io)
             .collect();
         assert_eq!(shown, ["uring", "pwrite"]);
+        // ext4 cannot take a buffered write without blocking: the ring
+        // path writes on a thread of the store (writers.rs).
+        let writers: Vec<u32> = file_io::reports_for(&path)
+            .into_iter()
+            .map(|r| r.writers)
+            .collect();
+        assert_eq!(writers, [super::super::writers::DEFAULT_WRITERS as u32, 0]);
+        assert!(matches!(u.writes, Writes::Threads(_)), "{u:?}");
         let data: Vec<u8> = (0..(256 << 10)).map(|i| (i % 253) as u8).collect();
         u.write(8192, WriteBuf::Borrowed(&data), true).unwrap();
         let mut back = vec![0u8; data.len()];

@@ -137,7 +137,7 @@ mod tests {
             fixed_file: true,
             queue_depth: 32,
             direct: false,
-            writers: 4,
+            writers: 1,
         };
         let reg = register(r.clone());
         assert_eq!(reports_for(&r.path), vec![r.clone()]);
