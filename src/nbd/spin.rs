@@ -40,7 +40,7 @@ pub struct Spin {
     /// Poll (zero timeouts) until then.
     until: Instant,
     /// No new window before then.
-    off_until: Instant,
+    off_until: Option<Instant>,
     /// Windows in a row that ended without an event.
     misses: u32,
     /// The current window has seen an event.
@@ -59,7 +59,7 @@ impl Spin {
         Spin {
             window,
             until: now,
-            off_until: now,
+            off_until: None,
             misses: 0,
             hit: false,
             open: false,
@@ -98,7 +98,7 @@ impl Spin {
             self.until = now;
             return;
         }
-        if events && now >= self.off_until {
+        if events && self.off_until.is_none_or(|t| now >= t) {
             if !self.open {
                 self.open = true;
                 self.hit = false;
@@ -142,7 +142,7 @@ impl Spin {
         self.hit = false;
         self.misses = 0;
         self.until = now;
-        self.off_until = now + BACKOFF;
+        self.off_until = Some(now + BACKOFF);
     }
 }
 
