@@ -893,10 +893,8 @@ mod tests {
         // SAFETY: fstatfs writes one statfs struct into the zeroed local.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: the descriptor is open and `st` is a live, writable struct.
-        assert_eq!(
-            unsafe { libc::fstatfs(tmp.as_file().as_raw_fd(), &mut st) },
-            0
-        );
+        let rc = unsafe { libc::fstatfs(tmp.as_file().as_raw_fd(), &mut st) };
+        assert_eq!(rc, 0);
         if st.f_type as i64 == 0xEF53 {
             let writers: Vec<u32> = file_io::reports_for(&path)
                 .into_iter()
