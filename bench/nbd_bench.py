@@ -10,6 +10,11 @@ report gives the median of the rounds and the same-run ratio to a baseline.
 
 Usage: bench/nbd_bench.py [--runtime S] [--rounds N] [--only a,b] [--jobs a,b] [--json FILE]
                           [--compare OLD_UDM_BINARY] [--dir DIR[,DIR...]]
+                          [--variant NAME:ENV=VALUE[,ENV=VALUE]]...
+--variant runs every udm configuration once more with extra environment
+variables, as CONFIG+NAME, in the same rounds (an A/B of a knob). Each
+round's line also gives the server's CPU per request (utime + stime of
+all its threads over the fio run, divided by fio's requests).
 
 The issue-31 table, ext4 and tmpfs in one run:
   bench/nbd_bench.py --dir /var/tmp/udm-bench,/dev/shm/udm-bench \
@@ -54,6 +59,17 @@ def fio_json(uri, rw, bs, qd, runtime, size):
 def fio(uri, rw, bs, qd, runtime, size):
     side = fio_json(uri, rw, bs, qd, runtime, size)
     return side["bw_bytes"] / 1e6, side["iops"]
+
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    """utime + stime of process `pid`, all its threads (fields 14 and 15 of
+    /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / HZ
 
 
 def crypt_configs(d, sock, udm, size_mib):
@@ -203,7 +219,15 @@ def main():
     ap.add_argument("--compare", default="",
                     help="another udm binary (e.g. an older commit's): every udm configuration is also run "
                          "with it, as NAME@old, interleaved in the same rounds")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME:ENV=VALUE[,ENV=VALUE]: every udm configuration is also run with these "
+                         "environment variables, as CONFIG+NAME, in the same rounds")
     a = ap.parse_args()
+    variants = []
+    for v in a.variant:
+        vname, _, kv = v.partition(":")
+        variants.append((vname, dict(x.split("=", 1) for x in kv.split(",") if x)))
+    envs = {}
 
     jobs = [j for j in JOBS if not a.jobs or j[0] in a.jobs.split(",")]
     if not jobs:
@@ -219,19 +243,27 @@ def main():
             old = os.path.abspath(a.compare)
             for k in [k for k in configs if k.startswith("udm")]:
                 configs[k + "@old"] = [old if w == udm else w for w in configs[k]]
+        for vname, env in variants:
+            for k in [k for k in configs if k.startswith("udm") and "+" not in k]:
+                configs[f"{k}+{vname}"] = configs[k]
+                envs[f"{k}+{vname}"] = env
         dirs[d] = (sock, configs, {k: {job[0]: [] for job in jobs} for k in configs})
 
     size = a.size_mib << 20
     for r in range(a.rounds):
         for d, (sock, configs, results) in dirs.items():
             for name, cmd in configs.items():
-                p = serve(cmd, sock)
+                p = serve(cmd, sock, envs.get(name))
                 try:
                     for job in jobs:
-                        mbs, iops = fio(uri_of(name, sock), job[1], job[2], job[3], a.runtime, size // 2)
+                        c0 = cpu_seconds(p.pid)
+                        side = fio_json(uri_of(name, sock), job[1], job[2], job[3], a.runtime, size // 2)
+                        cpu = cpu_seconds(p.pid) - c0
+                        mbs, iops = side["bw_bytes"] / 1e6, side["iops"]
+                        us = cpu * 1e6 / side["total_ios"] if side["total_ios"] else float("nan")
                         results[name][job[0]].append((mbs, iops))
-                        print(f"round {r + 1} {d} {name:14} {job[0]:20} {mbs:9.0f} MB/s {iops:9.0f} IOPS",
-                              file=sys.stderr)
+                        print(f"round {r + 1} {d} {name:14} {job[0]:20} {mbs:9.0f} MB/s {iops:9.0f} IOPS "
+                              f"{us:7.1f} us/req", file=sys.stderr)
                 finally:
                     stop(p)
 

@@ -7,7 +7,7 @@
 //! changeable at runtime, with their allow-lists), [`handshake`] (option
 //! haggling, a state machine), [`conn`] (one connection: replies and their
 //! queue, the session state machine), [`handshaker`] (the thread that runs TLS handshakes off
-//! the loops), [`reactor`] (the event loops that
+//! the loops), [`spin`] (when a loop busy-polls), [`reactor`] (the event loops that
 //! drive sessions), [`admission`] (the connection cap, per client), [`server`] (listen/accept/cap/shutdown). Request
 //! execution, ordering and fairness live in [`crate::engine`].
 //!
@@ -34,6 +34,7 @@ pub use crate::protocol::nbd as proto;
 pub mod reactor;
 pub mod server;
 pub mod sock;
+pub mod spin;
 pub mod tls;
 
 pub use conn::NetOptions;

@@ -31,7 +31,10 @@
 //! server still sleeps, and only after rounds whose requests all ran
 //! inline: while requests run on the engine's workers the loop sleeps
 //! (their completion wakes it), so it never takes a core from them
-//! (polling then cost 1 MiB writes 5 %).
+//! (polling then cost 1 MiB writes 5 %). And it backs off (`spin.rs`)
+//! when a yield shows other processes want the core, or when windows keep
+//! ending before the client's next request: under load a spinning loop
+//! lost its core for a time slice per request.
 //!
 //! Deadlines (handshake, idle, stalled replies) are checked by sweeping the
 //! loop's connections four times a second: a few microseconds for ten
@@ -52,6 +55,7 @@ use crate::engine::Waker;
 
 use super::conn::{Conn, Cx, Drive, NetOptions, Session};
 use super::handshaker::Handshaker;
+use super::spin::Spin;
 
 const WAKE: Token = Token(0);
 const SWEEP: Duration = Duration::from_millis(250);
@@ -414,11 +418,9 @@ impl Loop {
         } else {
             SWEEP
         };
-        let busy_poll = self.cx.opts.busy_poll;
-        // Until then the loop polls instead of sleeping.
-        let mut poll_until = Instant::now();
+        let mut spin = Spin::new(self.cx.opts.busy_poll);
         loop {
-            let timeout = if !self.pending.is_empty() || Instant::now() < poll_until {
+            let timeout = if !self.pending.is_empty() || spin.polling(Instant::now()) {
                 Duration::ZERO
             } else {
                 tick
@@ -432,8 +434,9 @@ impl Loop {
             }
             let had_events = !events.is_empty();
             if !had_events && timeout.is_zero() && self.pending.is_empty() {
-                // Polling: let a runnable thread on this core go first.
-                std::thread::yield_now();
+                // Polling: let a runnable thread on this core go first
+                // (and stop polling if one took the core for a slice).
+                spin.idle_poll();
             }
             self.workers_busy = false;
             for ev in events.iter() {
@@ -495,11 +498,7 @@ impl Loop {
             // Poll for the next request only after a round whose requests
             // all finished here (small ones, run inline): that is the
             // client waiting on us. Requests on workers end polling.
-            if self.workers_busy {
-                poll_until = now;
-            } else if had_events || woken {
-                poll_until = now + busy_poll;
-            }
+            spin.after_round(now, had_events || woken, self.workers_busy);
             if now.duration_since(last_sweep) >= tick {
                 last_sweep = now;
                 self.sweep(now);

@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 use super::file_io::{self, FileIo, IoReport, Registered};
 use super::filemap::{on_tmpfs, FileMap};
 use super::uring::{Op, Ring};
+use super::writers::{Writers, Writes};
 use super::MemStore;
 use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
 use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Extent, Limits, WriteBuf};
@@ -42,6 +43,9 @@ pub struct FileStore {
     /// The io_uring path (declared before `file`: the ring is dropped, its
     /// thread stopped, before the file closes). `None`: the syscalls.
     ring: Option<Ring>,
+    /// Buffered writes the ring would hand to io-wq one at a time (see
+    /// `writers.rs`); dropped before the file, as the ring.
+    writes: Writes,
     file: File,
     path: PathBuf,
     size: u64,
@@ -79,6 +83,7 @@ impl std::fmt::Debug for FileStore {
             .field("direct", &self.direct)
             .field("mapped", &self.mapped().is_some())
             .field("uring", &self.ring.is_some())
+            .field("writes", &self.writes)
             .finish()
     }
 }
@@ -156,6 +161,11 @@ impl FileStore {
                 }
             })
             .flatten();
+        let writes = if ring.is_some() && !block_device && !flags.direct && !flags.read_only {
+            Writes::for_file(&file, path)
+        } else {
+            Writes::Ring
+        };
         let report = IoReport {
             path: path.display().to_string(),
             io: if map.is_some() {
@@ -169,9 +179,11 @@ impl FileStore {
             fixed_file: ring.as_ref().is_some_and(Ring::fixed_file),
             queue_depth: if can_block { FILE_QUEUE_DEPTH } else { 0 },
             direct: flags.direct,
+            writers: writes.threads() as u32,
         };
         Ok(FileStore {
             ring,
+            writes,
             can_block,
             _registered: file_io::register(report),
             file,
@@ -419,6 +431,35 @@ impl FileStore {
     }
 }
 
+impl FileStore {
+    /// A submitted write, queued to the writer threads.
+    ///
+    /// # Safety
+    ///
+    /// As [`BlockDevice::submit`].
+    unsafe fn write_on(&self, w: &Writers, io: AsyncIo) {
+        let pending = PendingIo {
+            write: true,
+            offset: io.offset,
+            buf: io.buf,
+            len: io.len,
+            store: self,
+        };
+        let done = io.done;
+        w.run(Box::new(move || {
+            let p = pending;
+            // SAFETY: the caller keeps the store and the buffer alive and
+            // the buffer untouched until `done` ran (the submit contract).
+            let (store, data) = unsafe { (&*p.store, std::slice::from_raw_parts(p.buf, p.len)) };
+            let r = store
+                .file
+                .write_all_at(data, p.offset)
+                .map_err(DevError::Io);
+            done(Some(r))
+        }));
+    }
+}
+
 /// A completion's result as `io::Result`: bytes, or the errno.
 fn ring_result(res: i32) -> std::io::Result<usize> {
     if res < 0 {
@@ -527,6 +568,13 @@ impl BlockDevice for FileStore {
         };
         if (io.write && (io.fua || self.read_only)) || io.len > u32::MAX as usize {
             return io.decline();
+        }
+        if io.write {
+            match &self.writes {
+                Writes::Ring => {}
+                // SAFETY: the caller's guarantees, passed on.
+                Writes::Threads(w) => return unsafe { self.write_on(w, io) },
+            }
         }
         let pending = PendingIo {
             write: io.write,
@@ -839,6 +887,22 @@ mod tests {
             .map(|r| r.io)
             .collect();
         assert_eq!(shown, ["uring", "pwrite"]);
+        // ext4 cannot take a buffered write without blocking: the ring
+        // path writes on a thread of the store (writers.rs); XFS and
+        // btrfs keep writes on the ring.
+        // SAFETY: fstatfs writes one statfs struct into the zeroed local.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: the descriptor is open and `st` is a live, writable struct.
+        let rc = unsafe { libc::fstatfs(tmp.as_file().as_raw_fd(), &mut st) };
+        assert_eq!(rc, 0);
+        if st.f_type as i64 == 0xEF53 {
+            let writers: Vec<u32> = file_io::reports_for(&path)
+                .into_iter()
+                .map(|r| r.writers)
+                .collect();
+            assert_eq!(writers, [super::super::writers::DEFAULT_WRITERS as u32, 0]);
+            assert!(matches!(u.writes, Writes::Threads(_)), "{u:?}");
+        }
         let data: Vec<u8> = (0..(256 << 10)).map(|i| (i % 253) as u8).collect();
         u.write(8192, WriteBuf::Borrowed(&data), true).unwrap();
         let mut back = vec![0u8; data.len()];

@@ -88,6 +88,10 @@ pub struct IoReport {
     pub queue_depth: u32,
     /// Opened with O_DIRECT.
     pub direct: bool,
+    /// Threads of its own that run its buffered writes (`uring` on a
+    /// filesystem that cannot take them without blocking); 0: none.
+    #[serde(default)]
+    pub writers: u32,
 }
 
 static OPEN: Mutex<Vec<Weak<IoReport>>> = Mutex::new(Vec::new());
@@ -133,6 +137,7 @@ mod tests {
             fixed_file: true,
             queue_depth: 32,
             direct: false,
+            writers: 1,
         };
         let reg = register(r.clone());
         assert_eq!(reports_for(&r.path), vec![r.clone()]);

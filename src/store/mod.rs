@@ -15,6 +15,7 @@ pub mod nbd;
 pub mod rbd;
 pub mod rbd_spec;
 mod uring;
+mod writers;
 
 pub use file::{FileStore, OpenFlags, FILE_QUEUE_DEPTH};
 pub use file_io::FileIo;

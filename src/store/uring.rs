@@ -9,6 +9,11 @@
 //! out from whichever thread sees the completion; the kernel does the
 //! waiting (inline for page-cache hits, in its own workers otherwise).
 //!
+//! Buffered writes to a file whose filesystem cannot take them without
+//! blocking (ext4) do not come here: the kernel would punt each to io-wq
+//! and run them one at a time, so the store gives them a writer thread
+//! (`writers.rs`).
+//!
 //! Who reaps: the thread that submitted looks at the completion queue
 //! right after `io_uring_enter` returns, because a page-cache hit has
 //! completed by then: a 4 KiB read at QD1 is answered on the reader
