@@ -238,35 +238,24 @@ impl Thin {
     ) -> DevResult<()> {
         let bs = self.bs();
         let at = nb * bs;
-        let whole = within == 0 && data.len() as u64 == bs;
-        if !whole && (cur.is_some() || self.origin.is_some()) {
-            return self.fill_block(dd, vb, cur, nb, within, data);
+        if within == 0 && data.len() as u64 == bs {
+            return dd.write(at, WriteBuf::Borrowed(data), false);
         }
-        if !whole && !self.core.features().skip_block_zeroing {
-            zero_around(dd, at, bs, within, data.len() as u64)?;
+        if cur.is_none() && self.origin.is_none() {
+            if !self.core.features().skip_block_zeroing {
+                zero_around(dd, at, bs, within, data.len() as u64)?;
+            }
+            return dd.write(at + within, WriteBuf::Borrowed(data), false);
         }
-        dd.write(at + within, WriteBuf::Borrowed(data), false)
-    }
-
-    /// Write the whole of new block `nb`: what `vb` held (its old block
-    /// `cur`, or the origin's bytes) with `data` at `within`.
-    fn fill_block(
-        &self,
-        dd: &dyn BlockDevice,
-        vb: u64,
-        cur: Option<(u64, u32)>,
-        nb: u64,
-        within: u64,
-        data: &[u8],
-    ) -> DevResult<()> {
-        let bs = self.bs();
+        // The rest is what `vb` held: its shared block or the origin's
+        // bytes, copied whole with `data` laid over them.
         let mut blk = vec![0u8; bs as usize];
         match cur {
             Some((db, _)) => dd.read(db * bs, &mut blk)?,
             None => self.read_unmapped(vb * bs, &mut blk)?,
         }
         blk[within as usize..within as usize + data.len()].copy_from_slice(data);
-        dd.write(nb * bs, WriteBuf::Borrowed(&blk), false)
+        dd.write(at, WriteBuf::Borrowed(&blk), false)
     }
 
     /// Unmap `vb`; the data block it mapped, if that is now free.
