@@ -10,12 +10,12 @@ with `udm integritysetup format` (crc32c, the defaults), serves it as an
 writes, queue depth 8, SECONDS each (default 10). Prints a Markdown table
 (IOPS, MiB/s, mean and p99 completion latency).
 """
-import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import fio_nbd, scratch_dir, sparse, wait_socket  # noqa: E402
 
 UDM = sys.argv[1]
 SECS = int(sys.argv[2]) if len(sys.argv) > 2 else 10
@@ -24,23 +24,21 @@ SIZE = 256 << 20
 
 
 def fio(uri, name):
-    out = subprocess.run(
-        ["fio", "--name=" + name, "--ioengine=nbd", "--uri=" + uri,
-         "--rw=randwrite", "--bs=4k", "--iodepth=8", "--time_based",
-         "--runtime=%d" % SECS, "--output-format=json"],
-        check=True, capture_output=True, text=True).stdout
-    j = json.loads(out[out.index("{"):])["jobs"][0]["write"]
+    j = fio_nbd(uri, name, "randwrite", ["--time_based", "--runtime=%d" % SECS])
     lat = j["clat_ns"]
     return (j["iops"], j["bw"] / 1024, lat["mean"] / 1000,
             lat["percentile"]["99.000000"] / 1000)
 
 
 def main():
-    d = tempfile.mkdtemp(prefix="udm-ibench-", dir=BASE)
-    ig, lin = os.path.join(d, "ig.img"), os.path.join(d, "lin.img")
-    for f in (ig, lin):
-        with open(f, "wb") as fh:
-            fh.truncate(SIZE)
+    with scratch_dir("udm-ibench-", BASE) as d:
+        rows = serve_and_run(d)
+    report(rows)
+
+
+def serve_and_run(d):
+    ig = sparse(os.path.join(d, "ig.img"), SIZE)
+    lin = sparse(os.path.join(d, "lin.img"), SIZE)
     subprocess.run([UDM, "integritysetup", "format", "-q", ig], check=True,
                    capture_output=True)
     dump = subprocess.run([UDM, "integritysetup", "dump", ig], check=True,
@@ -59,20 +57,18 @@ def main():
          "--table", "lin=" + os.path.join(d, "lin.table")],
         stderr=subprocess.DEVNULL)
     try:
-        for _ in range(300):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.1)
+        wait_socket(sock, srv)
         rows = []
         for name in ("lin", "ig"):
             uri = "nbd+unix:///%s?socket=%s" % (name, sock)
             rows.append((name, fio(uri, name)))
+        return rows
     finally:
         srv.terminate()
         srv.wait()
-        for f in os.listdir(d):
-            os.unlink(os.path.join(d, f))
-        os.rmdir(d)
+
+
+def report(rows):
     print("| device | IOPS | MiB/s | mean µs | p99 µs |")
     print("|---|---:|---:|---:|---:|")
     names = {"lin": "linear", "ig": "integrity J (crc32c)"}

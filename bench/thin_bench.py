@@ -29,11 +29,10 @@ import statistics
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import wait_socket  # noqa: E402
+from benchlib import fio_nbd, scratch_dir, sparse, wait_socket  # noqa: E402
 
 UDM = sys.argv[1]
 SECS = int(sys.argv[2]) if len(sys.argv) > 2 else 10
@@ -83,18 +82,7 @@ class Control:
 
 
 def fio(uri, name, rw, extra=()):
-    out = subprocess.run(
-        ["fio", "--name=" + name, "--ioengine=nbd", "--uri=" + uri,
-         "--rw=" + rw, "--bs=4k", "--iodepth=8", "--output-format=json",
-         *extra], check=True, capture_output=True, text=True).stdout
-    j = json.loads(out[out.index("{"):])["jobs"][0]
-    return j["write" if "write" in rw else "read"]["iops"]
-
-
-def sparse(path, size):
-    with open(path, "wb") as f:
-        f.truncate(size)
-    return path
+    return fio_nbd(uri, name, rw, extra)["iops"]
 
 
 def pool_table(p, meta, data, features):
@@ -103,7 +91,12 @@ def pool_table(p, meta, data, features):
 
 
 def main():
-    d = tempfile.mkdtemp(prefix="udm-thinbench-", dir=BASE)
+    with scratch_dir("udm-thinbench-", BASE) as d:
+        res = serve_and_run(d)
+    report(res)
+
+
+def serve_and_run(d):
     files = {}
     for p in ("z", "s"):
         files[p] = (sparse(os.path.join(d, p + ".meta"), 64 << 20),
@@ -120,14 +113,10 @@ def main():
         c.create("spool", pool_table("s", *files["s"], "skip_block_zeroing"))
         c.create("lin", f"0 {SNAP_BIG // 512} linear {lin} 0\n")
         uri = lambda n: f"nbd+unix:///{n}?socket={sock}"
-        res = run_rounds(c, uri)
+        return run_rounds(c, uri)
     finally:
         srv.terminate()
         srv.wait()
-        for f in os.listdir(d):
-            os.unlink(os.path.join(d, f))
-        os.rmdir(d)
-    report(res)
 
 
 def thin(c, pool, dev_id, size, name):

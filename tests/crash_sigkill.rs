@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
@@ -89,31 +89,21 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() {
         if round > 0 {
             verify(round);
         }
-        let writer = Command::new(PYTHON)
-            .arg(&script)
-            .args(["write", sock.to_str().unwrap(), "cr"])
-            .arg(&state)
-            .arg(next().to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
         // A random moment: 50 to 800 ms after the writer started writing.
-        let ready = p.join("state.json.ready");
-        wait_for("the writer", Duration::from_secs(60), || ready.exists());
-        std::fs::remove_file(&ready).unwrap();
-        std::thread::sleep(Duration::from_millis(50 + next() % 750));
-        srv.kill9();
-        let out = writer.wait_with_output().unwrap();
-        assert!(out.status.success(), "writer failed:\n{}", show(&out));
-        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        println!("round {round}: SIGKILL; {line}");
-        let nums: Vec<u64> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        acked += nums.first().copied().unwrap_or(0);
-        flushes += nums.get(1).copied().unwrap_or(0);
+        let delay = Duration::from_millis(50 + next() % 750);
+        let (a, f) = common::crash::kill_during(
+            Command::new(PYTHON)
+                .arg(&script)
+                .args(["write", sock.to_str().unwrap(), "cr"])
+                .arg(&state)
+                .arg(next().to_string()),
+            &p.join("state.json.ready"),
+            delay,
+            || srv.kill9(),
+            round,
+        );
+        acked += a;
+        flushes += f;
     }
     let srv = serve(KILLS);
     verify(KILLS);

@@ -11,7 +11,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::dm::DmServer;
@@ -98,29 +98,19 @@ fn sigkill_during_provisioning_keeps_metadata_clean_and_flushed_writes() {
         }
         srv.ok(&["message", "pool", "0", "create_thin", &round.to_string()]);
         open_thin(&srv, round);
-        let writer = py("write", round)
-            .arg(next().to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
         let ready = p.join(format!("state{round}.json.ready"));
-        wait_for("the writer", Duration::from_secs(60), || ready.exists());
-        std::fs::remove_file(&ready).unwrap();
         // A random moment, 20 to 1200 ms in: some rounds die while most
         // writes still provision, some after the 1 s timer's commit.
-        std::thread::sleep(Duration::from_millis(20 + next() % 1180));
-        srv.serve.kill9();
-        let out = writer.wait_with_output().unwrap();
-        assert!(out.status.success(), "writer failed:\n{}", show(&out));
-        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        println!("round {round}: SIGKILL; {line}");
-        let nums: Vec<u64> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        acked += nums.first().copied().unwrap_or(0);
-        flushes += nums.get(1).copied().unwrap_or(0);
+        let delay = Duration::from_millis(20 + next() % 1180);
+        let (a, f) = crash::kill_during(
+            py("write", round).arg(next().to_string()),
+            &ready,
+            delay,
+            || srv.serve.kill9(),
+            round,
+        );
+        acked += a;
+        flushes += f;
         thin_check(&meta, round);
     }
     let srv = start_pool(p, &meta, &data);

@@ -89,50 +89,41 @@ fn full_pool(dir: &Path, error: bool) -> (DmServer, String) {
 /// Move the pool to a bigger data device, `data.big` (`blocks` long,
 /// what `data` holds first), with a reload.
 fn grow(srv: &DmServer, dir: &Path, blocks: u64, error: bool) {
-    let (meta, data) = (dir.join("meta"), dir.join("data.big"));
+    let data = dir.join("data.big");
     std::fs::copy(dir.join("data"), &data).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&data)
-        .unwrap()
-        .set_len(blocks * BLOCK)
-        .unwrap();
-    srv.ok(&[
-        "reload",
-        "pool",
-        "--table",
-        &pool_line(&meta, &data, blocks, error),
-    ]);
-    srv.ok(&["resume", "pool"]);
-    let st = srv.ok(&["status", "pool"]);
-    assert!(
-        st.contains(&format!("/{blocks} ")),
-        "grown to {blocks} blocks: {st}"
-    );
+    reload_onto(srv, dir, &data, blocks, blocks, error);
 }
 
 /// Grow the pool's own data file in place (`truncate -s +N`) and reload
 /// the very table it was created with (4 blocks long): the pool must see
 /// the file's new size.
 fn grow_in_place(srv: &DmServer, dir: &Path, blocks: u64, error: bool) {
-    let (meta, data) = (dir.join("meta"), dir.join("data"));
+    reload_onto(srv, dir, &dir.join("data"), blocks, 4, error);
+}
+
+/// Make `data` `blocks` long, reload the pool onto it with a table of
+/// `table_blocks` and resume; the pool must then count `blocks`.
+fn reload_onto(
+    srv: &DmServer,
+    dir: &Path,
+    data: &Path,
+    blocks: u64,
+    table_blocks: u64,
+    error: bool,
+) {
     std::fs::OpenOptions::new()
         .write(true)
-        .open(&data)
+        .open(data)
         .unwrap()
         .set_len(blocks * BLOCK)
         .unwrap();
-    srv.ok(&[
-        "reload",
-        "pool",
-        "--table",
-        &pool_line(&meta, &data, 4, error),
-    ]);
+    let line = pool_line(&dir.join("meta"), data, table_blocks, error);
+    srv.ok(&["reload", "pool", "--table", &line]);
     srv.ok(&["resume", "pool"]);
     let st = srv.ok(&["status", "pool"]);
     assert!(
         st.contains(&format!("/{blocks} ")),
-        "grown in place to {blocks} blocks: {st}"
+        "grown to {blocks} blocks: {st}"
     );
 }
 

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dm::stats::Snapshot;
 pub use crate::store::file_io::IoReport;
+pub use crate::targets::TargetMemory;
 
 /// udm devices have no block device node; their "major" is 0, which no
 /// kernel block device uses, so a script cannot mistake one for a real
@@ -66,6 +67,10 @@ pub struct TargetStatus {
     pub target_type: String,
     /// What the kernel's target prints for `dmsetup status`.
     pub status: String,
+    /// udm's own: the memory a target keeps under its budget (the thin
+    /// pool's metadata cache); absent for targets that keep none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<TargetMemory>,
 }
 
 /// One device's `status`: dm's lines and udm's counters.

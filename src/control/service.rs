@@ -497,6 +497,7 @@ impl Service {
                         length: s.len,
                         target_type: s.target,
                         status: s.status,
+                        memory: s.memory,
                     })
                     .collect(),
                 stats: d.device.stats().snapshot(),

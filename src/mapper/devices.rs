@@ -120,6 +120,8 @@ pub struct SegmentInfo {
     pub params: Zeroizing<String>,
     /// `status` parameters.
     pub status: String,
+    /// What the target holds under its budget, if it keeps anything.
+    pub memory: Option<crate::targets::TargetMemory>,
 }
 
 fn targets_of(t: &Table) -> Vec<Arc<dyn Target>> {
@@ -705,6 +707,7 @@ impl Devices {
                     target: s.target.type_name().to_string(),
                     params: Zeroizing::new(s.target.table_params(show_keys)),
                     status: s.target.status(),
+                    memory: s.target.memory(),
                 })
                 .collect()
         }))

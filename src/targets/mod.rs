@@ -56,6 +56,14 @@ pub trait Target: BlockDevice {
         ))
     }
 
+    /// The memory this target keeps under a budget of its own, for
+    /// `status --json`: a target whose working set outgrew its budget
+    /// slows down without failing, and this is where that shows. `None`
+    /// for targets that keep nothing between requests.
+    fn memory(&self) -> Option<TargetMemory> {
+        None
+    }
+
     /// dm's `postsuspend`: the device's requests are held and the ones in
     /// flight have finished. dm-crypt takes key messages only from here
     /// until [`Target::resume`].
@@ -78,6 +86,19 @@ pub trait Target: BlockDevice {
     fn as_linear(&self) -> Option<(&Arc<dyn BlockDevice>, u64)> {
         None
     }
+}
+
+/// A target's memory against its budget ([`Target::memory`]), in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TargetMemory {
+    /// Clean cached data (the thin pool's metadata nodes), dropped first
+    /// when the budget is short.
+    pub cached_bytes: u64,
+    /// Data that must stay until it is written (the thin pool's nodes of
+    /// the running transaction).
+    pub pinned_bytes: u64,
+    /// The budget both are charged to.
+    pub budget_bytes: u64,
 }
 
 /// How a target tells its device that something happened that `dmsetup

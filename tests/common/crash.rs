@@ -11,6 +11,37 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{need_python_module, report, run_text, show, wait_for, UdmServe, PYTHON};
 
+/// The end of one crash round: start `writer` (crash_io.py's `write`),
+/// wait until it has writes in flight (its `ready` file), let `delay`
+/// pass, `kill` the server, and read the writer's summary line. Returns
+/// the writes it saw acknowledged and the flushes that completed. The
+/// hooks are the callers' own: how the server dies, how long it lives.
+pub fn kill_during(
+    writer: &mut Command,
+    ready: &Path,
+    delay: Duration,
+    kill: impl FnOnce(),
+    round: u32,
+) -> (u64, u64) {
+    let writer = writer
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the writer", Duration::from_secs(60), || ready.exists());
+    std::fs::remove_file(ready).unwrap();
+    std::thread::sleep(delay);
+    kill();
+    let out = writer.wait_with_output().unwrap();
+    assert!(out.status.success(), "writer failed:\n{}", show(&out));
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    println!("round {round}: SIGKILL; {line}");
+    let mut nums = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse::<u64>().ok());
+    (nums.next().unwrap_or(0), nums.next().unwrap_or(0))
+}
+
 /// `kills` rounds over export `name` of `table` (a table file) served
 /// from `dir`; returns the writes acknowledged in all rounds (asserted
 /// above zero). `what` names the device in the printed summary. With
@@ -64,28 +95,15 @@ pub fn sigkill_rounds(
         if round > 0 {
             verify(round);
         }
-        let writer = Command::new(PYTHON)
+        let delay = Duration::from_millis(50 + next() % 750);
+        let mut writer = Command::new(PYTHON);
+        writer
             .arg(&script)
             .args(["write", sock.to_str().unwrap(), name])
             .arg(&state)
-            .arg(next().to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .arg(next().to_string());
         let ready = dir.join("state.json.ready");
-        wait_for("the writer", Duration::from_secs(60), || ready.exists());
-        std::fs::remove_file(&ready).unwrap();
-        std::thread::sleep(Duration::from_millis(50 + next() % 750));
-        srv.kill9();
-        let out = writer.wait_with_output().unwrap();
-        assert!(out.status.success(), "writer failed:\n{}", show(&out));
-        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        println!("round {round}: SIGKILL; {line}");
-        acked += line
-            .split(|c: char| !c.is_ascii_digit())
-            .find_map(|w| w.parse::<u64>().ok())
-            .unwrap_or(0);
+        acked += kill_during(&mut writer, &ready, delay, || srv.kill9(), round).0;
     }
     let srv = serve();
     verify(kills);

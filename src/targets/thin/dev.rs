@@ -112,6 +112,26 @@ fn pieces(bs: u64, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64
     })
 }
 
+/// Make the block of `bs` bytes at `at` read as zeros except for the
+/// `len` bytes at `within` that the caller writes next. Where the device
+/// zeroes without writing (a hole punched in a file) the whole block is
+/// zeroed in one call, data's part included: cheaper than two calls, and
+/// the data is written after it returns. Elsewhere only the parts around
+/// the data are zeroed, so no byte is written twice.
+fn zero_around(dd: &dyn BlockDevice, at: u64, bs: u64, within: u64, len: u64) -> DevResult<()> {
+    if dd.limits().write_zeroes {
+        return dd.write_zeroes(at, bs, false);
+    }
+    if within > 0 {
+        dd.write_zeroes(at, within, false)?;
+    }
+    let end = within + len;
+    if end < bs {
+        dd.write_zeroes(at + end, bs - end, false)?;
+    }
+    Ok(())
+}
+
 impl Thin {
     fn bs(&self) -> u64 {
         self.core.block_bytes
@@ -167,15 +187,17 @@ impl Thin {
             let seen = self.core.space_seen();
             let p = self.core.provision();
             let mut md = p.md();
-            // Another write may have provisioned it while we waited for the cell.
-            if let Some(db) = self.own_block(&md, vb)? {
-                let _pin = self.core.pin(db);
-                drop(md);
-                drop(p);
-                let at = db * bs + within;
-                return self.core.data().write(at, WriteBuf::Borrowed(data), false);
-            }
             let cur = md.lookup(self.id, vb).map_err(meta_err)?;
+            // Another write may have provisioned it while we waited for the cell.
+            if let Some((db, time)) = cur {
+                if !md.shared(self.id, db, time) {
+                    let _pin = self.core.pin(db);
+                    drop(md);
+                    drop(p);
+                    let at = db * bs + within;
+                    return self.core.data().write(at, WriteBuf::Borrowed(data), false);
+                }
+            }
             if let Some(nb) = self.core.alloc_data(&mut md)? {
                 // The shared block is copied with no lock held: pinned, so
                 // a discard that frees it meanwhile passes it down only
@@ -190,14 +212,7 @@ impl Thin {
         };
         // Waiting for space may have seen a reload swap in a bigger data device.
         let dd = self.core.data();
-        let whole = within == 0 && data.len() as u64 == bs;
-        let r = if whole
-            || (cur.is_none() && self.origin.is_none() && self.core.features().skip_block_zeroing)
-        {
-            dd.write(nb * bs + within, WriteBuf::Borrowed(data), false)
-        } else {
-            self.fill_block(&*dd, vb, cur, nb, within, data)
-        };
+        let r = self.fill_new(&*dd, vb, cur, nb, within, data);
         // Before the lock: a passdown waits for the pin under it.
         drop(cur_pin);
         let mut md = p.md();
@@ -208,9 +223,11 @@ impl Thin {
         md.insert(self.id, vb, nb).map_err(meta_err)
     }
 
-    /// Write the whole of new block `nb`: what `vb` held (its old block
-    /// `cur`, the origin's bytes or zeros) with `data` at `within`.
-    fn fill_block(
+    /// Write new block `nb` of `vb`: `data` at `within`, and around it what
+    /// the block must read as. Its mapping is inserted only after this
+    /// returns and committed only after the data device's flush, so
+    /// neither a reader nor a crash can see the block before its zeros.
+    fn fill_new(
         &self,
         dd: &dyn BlockDevice,
         vb: u64,
@@ -220,13 +237,25 @@ impl Thin {
         data: &[u8],
     ) -> DevResult<()> {
         let bs = self.bs();
+        let at = nb * bs;
+        if within == 0 && data.len() as u64 == bs {
+            return dd.write(at, WriteBuf::Borrowed(data), false);
+        }
+        if cur.is_none() && self.origin.is_none() {
+            if !self.core.features().skip_block_zeroing {
+                zero_around(dd, at, bs, within, data.len() as u64)?;
+            }
+            return dd.write(at + within, WriteBuf::Borrowed(data), false);
+        }
+        // The rest is what `vb` held: its shared block or the origin's
+        // bytes, copied whole with `data` laid over them.
         let mut blk = vec![0u8; bs as usize];
         match cur {
             Some((db, _)) => dd.read(db * bs, &mut blk)?,
             None => self.read_unmapped(vb * bs, &mut blk)?,
         }
         blk[within as usize..within as usize + data.len()].copy_from_slice(data);
-        dd.write(nb * bs, WriteBuf::Borrowed(&blk), false)
+        dd.write(at, WriteBuf::Borrowed(&blk), false)
     }
 
     /// Unmap `vb`; the data block it mapped, if that is now free.
@@ -359,5 +388,135 @@ impl Target for Thin {
             Ok(Some(h)) => format!("{} {}", d.mapped * spb, (h + 1) * spb - 1),
             _ => format!("{} -", d.mapped * spb),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    /// A data device that counts what reaches it and says whether its
+    /// write-zeroes is cheap.
+    struct Counting {
+        inner: MemStore,
+        cheap_zeroes: bool,
+        written: AtomicU64,
+        zeroes: Mutex<Vec<(u64, u64)>>,
+    }
+
+    impl BlockDevice for Counting {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn limits(&self) -> Limits {
+            Limits {
+                write_zeroes: self.cheap_zeroes,
+                ..self.inner.limits()
+            }
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+            self.inner.read(offset, buf)
+        }
+        fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
+            self.written.fetch_add(data.len() as u64, Ordering::SeqCst);
+            self.inner.write(offset, data, fua)
+        }
+        fn flush(&self) -> DevResult<()> {
+            self.inner.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> DevResult<()> {
+            self.inner.discard(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+            self.zeroes.lock().unwrap().push((offset, len));
+            self.inner.write_zeroes(offset, len, fua)
+        }
+    }
+
+    const BS: u64 = 65536;
+
+    /// A thin device 0 of a new pool over `data`, whose blocks all hold
+    /// stale bytes (0xee), as after an earlier device's use.
+    fn thin(name: &str, data: Arc<Counting>, skip_zeroing: bool) -> Thin {
+        let stale = vec![0xee; data.size() as usize];
+        data.inner
+            .write(0, WriteBuf::Borrowed(&stale), false)
+            .unwrap();
+        let meta: Arc<dyn BlockDevice> = Arc::new(MemStore::new(1 << 20));
+        let f = super::super::pool::Features {
+            skip_block_zeroing: skip_zeroing,
+            ..Default::default()
+        };
+        let blocks = data.size() / BS;
+        let core = super::super::pool::bind(name, meta, data, BS, blocks, f).unwrap();
+        core.md().create_thin(0).unwrap();
+        core.set_open(0, true);
+        Thin {
+            core,
+            pool_name: name.into(),
+            id: 0,
+            origin: None,
+            len: 64 * BS,
+        }
+    }
+
+    fn counting(cheap_zeroes: bool) -> Arc<Counting> {
+        Arc::new(Counting {
+            inner: MemStore::new(8 * BS),
+            cheap_zeroes,
+            written: AtomicU64::new(0),
+            zeroes: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A 4 KiB write into a new block: the block reads zeros around it
+    /// although the data device held other bytes there, and only the 4 KiB
+    /// are written as data: the rest is zeroed by write-zeroes, whole
+    /// where that is cheap, around the data elsewhere.
+    #[test]
+    fn a_partial_write_to_a_new_block_zeroes_the_rest_without_writing_it() {
+        for cheap in [true, false] {
+            let data = counting(cheap);
+            let t = thin(&format!("zero-rest-{cheap}"), data.clone(), false);
+            let at = 3 * BS + 8192;
+            t.write(at, WriteBuf::Borrowed(&[7u8; 4096]), false)
+                .unwrap();
+            let mut blk = vec![1u8; BS as usize];
+            t.read(3 * BS, &mut blk).unwrap();
+            assert!(blk[..8192].iter().all(|&b| b == 0), "cheap {cheap}");
+            assert!(blk[8192..12288].iter().all(|&b| b == 7), "cheap {cheap}");
+            assert!(blk[12288..].iter().all(|&b| b == 0), "cheap {cheap}");
+            assert_eq!(data.written.load(Ordering::SeqCst), 4096, "cheap {cheap}");
+            let z = data.zeroes.lock().unwrap().clone();
+            let nb = t.core.md_read().lookup(0, 3).unwrap().unwrap().0;
+            let want = if cheap {
+                vec![(nb * BS, BS)]
+            } else {
+                vec![(nb * BS, 8192), (nb * BS + 12288, BS - 12288)]
+            };
+            assert_eq!(z, want, "cheap {cheap}");
+            // A whole-block write zeroes nothing.
+            t.write(5 * BS, WriteBuf::Borrowed(&[9u8; BS as usize]), false)
+                .unwrap();
+            assert_eq!(data.zeroes.lock().unwrap().len(), want.len());
+        }
+    }
+
+    /// `skip_block_zeroing`: only the data is written, as the kernel does
+    /// (the rest of the block keeps whatever the data device held).
+    #[test]
+    fn skip_block_zeroing_writes_only_the_data() {
+        let data = counting(true);
+        let t = thin("zero-skip", data.clone(), true);
+        t.write(2 * BS, WriteBuf::Borrowed(&[7u8; 4096]), false)
+            .unwrap();
+        assert_eq!(data.written.load(Ordering::SeqCst), 4096);
+        assert!(data.zeroes.lock().unwrap().is_empty());
+        let mut b = vec![0u8; 4096];
+        t.read(2 * BS, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 7));
     }
 }

@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use super::metadata::Metadata;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::mem::{default_total_budget, per_device_budget, Budget};
-use crate::targets::{parse_number, EventHook, Target, TargetArgs, TargetError, TargetType};
+use crate::targets::{
+    parse_number, EventHook, Target, TargetArgs, TargetError, TargetMemory, TargetType,
+};
 
 /// The `thin-pool` target type, for [`crate::targets::TYPES`].
 pub static TYPE: TargetType = TargetType {
@@ -117,7 +119,7 @@ pub struct PoolCore {
     /// Held shared by whatever changes the metadata, alone by a commit.
     gate: RwLock<()>,
     /// Virtual blocks `(dev id, block)` being provisioned or unshared.
-    cells: Mutex<HashSet<(u64, u64)>>,
+    cells: Mutex<Cells>,
     cell_free: Condvar,
     /// Bumped when a reload grows the data device (or changes what a
     /// full pool does), so writes waiting for space try again.
@@ -143,6 +145,14 @@ pub struct PoolCore {
     /// Thin devices with a table (live or loaded), by id, so that `delete`
     /// refuses them as the kernel does (its `open_count`).
     open_devs: Mutex<HashMap<u64, usize>>,
+}
+
+/// The held cells and how many writes wait for one, so that letting a
+/// cell go wakes nobody (no futex call) when nobody waits, the usual case.
+#[derive(Default)]
+struct Cells {
+    held: HashSet<(u64, u64)>,
+    waiting: usize,
 }
 
 /// Counters of [`PoolCore::pins`]; a collision only makes the allocator
@@ -246,10 +256,12 @@ impl PoolCore {
     /// The cell of virtual block `vb` of device `dev`, waited for.
     pub fn cell(&self, dev: u64, vb: u64) -> Cell<'_> {
         let mut c = self.cells.lock().unwrap_or_else(|e| e.into_inner());
-        while c.contains(&(dev, vb)) {
+        while c.held.contains(&(dev, vb)) {
+            c.waiting += 1;
             c = self.cell_free.wait(c).unwrap_or_else(|e| e.into_inner());
+            c.waiting -= 1;
         }
-        c.insert((dev, vb));
+        c.held.insert((dev, vb));
         Cell {
             core: self,
             key: (dev, vb),
@@ -559,9 +571,12 @@ pub struct Cell<'a> {
 impl Drop for Cell<'_> {
     fn drop(&mut self) {
         let mut c = self.core.cells.lock().unwrap_or_else(|e| e.into_inner());
-        c.remove(&self.key);
+        c.held.remove(&self.key);
+        let wake = c.waiting > 0;
         drop(c);
-        self.core.cell_free.notify_all();
+        if wake {
+            self.core.cell_free.notify_all();
+        }
     }
 }
 
@@ -662,7 +677,7 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
 
 /// The running pool on this metadata device, updated to the new line, or a
 /// new one.
-fn bind(
+pub(super) fn bind(
     meta_name: &str,
     meta: Arc<dyn BlockDevice>,
     data: Arc<dyn BlockDevice>,
@@ -710,7 +725,7 @@ fn bind(
         meta_name: meta_name.to_string(),
         md: RwLock::new(md),
         gate: RwLock::new(()),
-        cells: Mutex::new(HashSet::new()),
+        cells: Mutex::default(),
         cell_free: Condvar::new(),
         space_gen: Mutex::new(0),
         data: RwLock::new(data),
@@ -845,6 +860,18 @@ impl Target for Pool {
 
     fn message(&self, argv: &[String]) -> Result<Option<String>, String> {
         self.core.message(argv)
+    }
+
+    /// The metadata cache: clean nodes, the transaction's pinned ones, and
+    /// the pool's budget (the reference counts, 8 bytes per block, are
+    /// outside it: see docs/THIN.md).
+    fn memory(&self) -> Option<TargetMemory> {
+        let (cached_bytes, pinned_bytes, budget_bytes) = self.core.md_read().tm.memory();
+        Some(TargetMemory {
+            cached_bytes,
+            pinned_bytes,
+            budget_bytes,
+        })
     }
 }
 

@@ -4,6 +4,8 @@
 //! superblock points at the new root. Removal keeps every node but the root
 //! at least a third full, as the kernel does and thin_check requires.
 
+use std::ops::ControlFlow;
+
 use super::block::Node;
 use super::tm::{Tm, Vk};
 
@@ -27,17 +29,22 @@ pub fn lookup(tm: &Tm, root: u64, key: u64) -> Result<Option<Vec<u8>>, String> {
 }
 
 /// A lookup of an 8-byte value: one cached node per level, searched where
-/// it lies, no copy.
+/// it lies, no copy and no reference taken.
 pub fn lookup64(tm: &Tm, root: u64, key: u64) -> Result<Option<u64>, String> {
     let mut b = root;
     loop {
-        let n = tm.node(b)?;
-        if n.leaf() {
-            return Ok(n.search(key).ok().map(|i| n.val64(i)));
-        }
-        match n.lower_bound(key) {
-            Some(i) => b = n.val64(i),
-            None => return Ok(None),
+        let step = tm.with_node(b, |n| {
+            if n.leaf() {
+                return ControlFlow::Break(n.search(key).ok().map(|i| n.val64(i)));
+            }
+            match n.lower_bound(key) {
+                Some(i) => ControlFlow::Continue(n.val64(i)),
+                None => ControlFlow::Break(None),
+            }
+        })?;
+        match step {
+            ControlFlow::Continue(child) => b = child,
+            ControlFlow::Break(found) => return Ok(found),
         }
     }
 }

@@ -13,12 +13,39 @@
 //! across I/O.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::block::{Node, BLOCK_SIZE};
 use crate::mem::Budget;
 
 const NODE_BYTES: u64 = BLOCK_SIZE as u64;
+
+/// Hashes a block number with one multiplication (Fibonacci hashing):
+/// block numbers are not chosen by anyone who could aim at collisions, and
+/// a lookup of a mapped block hashes once per tree level, where SipHash
+/// cost more than the binary search of the node.
+#[derive(Default)]
+pub struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A map keyed by metadata block number.
+pub type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<BlockHasher>>;
 
 pub struct NodeCache {
     budget: Arc<Budget>,
@@ -27,7 +54,7 @@ pub struct NodeCache {
 
 #[derive(Default)]
 struct Clock {
-    map: HashMap<u64, Slot>,
+    map: BlockMap<Slot>,
     /// The hand's order (front next); may hold blocks no longer cached.
     ring: VecDeque<u64>,
 }
@@ -58,6 +85,16 @@ impl NodeCache {
         let s = c.map.get_mut(&b)?;
         s.hit = true;
         Some(s.node.clone())
+    }
+
+    /// `f` of the cached node at `b`, if there is one, under the cache's
+    /// lock: a lookup's step (a binary search) needs no reference of its
+    /// own, so it costs no reference-count traffic.
+    pub fn with<R>(&self, b: u64, f: &mut impl FnMut(&Node) -> R) -> Option<R> {
+        let mut c = self.lock();
+        let s = c.map.get_mut(&b)?;
+        s.hit = true;
+        Some(f(&s.node))
     }
 
     /// Keep a clean node (replacing what was cached for `b`), evicting

@@ -18,7 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::block::{Block, Node, NodeBuf, BLOCK_SIZE};
-use super::cache::NodeCache;
+use super::cache::{BlockMap, NodeCache};
 use crate::core::BlockDevice;
 use crate::mem::Budget;
 
@@ -163,7 +163,7 @@ pub struct Tm {
     cache: NodeCache,
     /// Nodes written in this transaction (shadows and new nodes), pinned
     /// until the commit writes them.
-    dirty: HashMap<u64, Arc<Node>>,
+    dirty: BlockMap<Arc<Node>>,
     /// Sealed non-node blocks of this commit (bitmaps, the index).
     raw: HashMap<u64, Block>,
     pub msm: RefCounts,
@@ -217,7 +217,7 @@ impl Tm {
         Tm {
             dev,
             cache: NodeCache::new(budget),
-            dirty: HashMap::new(),
+            dirty: BlockMap::default(),
             raw: HashMap::new(),
             msm,
             dsm,
@@ -264,6 +264,18 @@ impl Tm {
         Ok(n)
     }
 
+    /// `f` of the node at `b`, borrowed where it lies (this transaction's
+    /// or the cache's) rather than cloned out: a lookup's step.
+    pub fn with_node<R>(&self, b: u64, mut f: impl FnMut(&Node) -> R) -> Result<R, String> {
+        if let Some(n) = self.dirty.get(&b) {
+            return Ok(f(n));
+        }
+        if let Some(r) = self.cache.with(b, &mut f) {
+            return Ok(r);
+        }
+        Ok(f(&*self.node(b)?))
+    }
+
     /// The node at `b`, which must be a shadow of this transaction. A
     /// caller that still holds an `Arc` of it makes this copy it: drop it
     /// first.
@@ -301,6 +313,17 @@ impl Tm {
     /// Nodes held in memory: cached clean ones and pinned dirty ones.
     pub fn nodes_held(&self) -> (usize, usize) {
         (self.cache.len(), self.dirty.len())
+    }
+
+    /// Bytes held as `(cached, pinned, budget)`, for the pool's status.
+    pub fn memory(&self) -> (u64, u64, u64) {
+        let (cached, pinned) = self.nodes_held();
+        let budget = self.cache.budget().limit().unwrap_or(0);
+        (
+            cached as u64 * NODE_BYTES,
+            pinned as u64 * NODE_BYTES,
+            budget,
+        )
     }
 
     pub fn alloc_meta(&mut self) -> Result<u64, String> {
