@@ -88,28 +88,111 @@ pub fn fill_section_in(
     blocks: &[Block<'_>],
 ) {
     buf.fill(0);
+    open_section(g, ids, buf, i, seq);
+    for (n, b) in blocks.iter().enumerate() {
+        put_block(g, ids, buf, (i, seq), n as u64, b);
+    }
+}
+
+/// Starts section `i` in `buf` empty for sequence number `seq`: every
+/// entry unused, every sector's commit ID in place. Only the entry
+/// sectors are cleared: the data sectors of a section reused from an
+/// earlier lap keep their old bytes until [`put_block`] overwrites them
+/// or [`close_section`] clears those no entry used, so opening costs
+/// 4 KiB of writes, not the section's size, per section of writes.
+pub fn open_section(g: &Geometry, ids: &Ids, buf: &mut [u8], i: u64, seq: u8) {
+    buf[..JOURNAL_BLOCK_SECTORS as usize * 512].fill(0);
     for n in 0..g.section_entries {
         let e = entry_at(g, n);
         buf[e + 4..e + 8].copy_from_slice(&UNUSED_HI.to_le_bytes());
-    }
-    let spb = g.sectors_per_block() as usize;
-    let tag_at = 8 + 8 * spb;
-    for (n, b) in blocks.iter().enumerate() {
-        let e = entry_at(g, n as u64);
-        let d = data_at(g, n as u64);
-        buf[d..d + b.data.len()].copy_from_slice(b.data);
-        for k in 0..spb {
-            let last = d + k * 512 + JOURNAL_SECTOR_DATA;
-            buf.copy_within(last..last + 8, e + 8 + 8 * k);
-        }
-        let t = e + tag_at;
-        buf[t..t + b.tag.len()].copy_from_slice(b.tag);
-        buf[e..e + 8].copy_from_slice(&b.sector.to_le_bytes());
     }
     for j in 0..g.section_sectors {
         let at = j as usize * 512 + JOURNAL_SECTOR_DATA;
         buf[at..at + 8].copy_from_slice(&commit_id_in(ids, i, j, seq).to_le_bytes());
     }
+}
+
+/// Clears the data sectors of entries `used..` of section `buf` (opened
+/// by [`open_section`] with `i`, `seq`), commit IDs kept, so a section
+/// committed part full is what [`fill_section`] makes of its blocks.
+pub fn close_section(g: &Geometry, ids: &Ids, buf: &mut [u8], (i, seq): (u64, u8), used: u64) {
+    if used >= g.section_entries {
+        return;
+    }
+    let from = data_at(g, used);
+    buf[from..].fill(0);
+    for j in (from / 512) as u64..g.section_sectors {
+        let at = j as usize * 512 + JOURNAL_SECTOR_DATA;
+        buf[at..at + 8].copy_from_slice(&commit_id_in(ids, i, j, seq).to_le_bytes());
+    }
+}
+
+/// Writes `b` as entry `n` of section `buf` (section `i`, sequence
+/// number `seq`): its data in the entry's data sectors, the last 8 bytes
+/// of each moved to the entry to make room for that sector's commit ID.
+pub fn put_block(
+    g: &Geometry,
+    ids: &Ids,
+    buf: &mut [u8],
+    (i, seq): (u64, u8),
+    n: u64,
+    b: &Block<'_>,
+) {
+    let e = entry_at(g, n);
+    let d = data_at(g, n);
+    buf[d..d + b.data.len()].copy_from_slice(b.data);
+    for k in 0..g.sectors_per_block() as usize {
+        let last = d + k * 512 + JOURNAL_SECTOR_DATA;
+        buf.copy_within(last..last + 8, e + 8 + 8 * k);
+        let j = (d / 512 + k) as u64;
+        buf[last..last + 8].copy_from_slice(&commit_id_in(ids, i, j, seq).to_le_bytes());
+    }
+    let t = e + 8 + 8 * g.sectors_per_block() as usize;
+    buf[t..t + b.tag.len()].copy_from_slice(b.tag);
+    buf[e..e + 8].copy_from_slice(&b.sector.to_le_bytes());
+}
+
+/// The logical sector of used entry `n` of section `buf`.
+pub fn sector_of(g: &Geometry, buf: &[u8], n: u64) -> u64 {
+    let e = entry_at(g, n);
+    u64::from_le_bytes(buf[e..e + 8].try_into().unwrap_or([0; 8]))
+}
+
+/// The tag of entry `n` of section `buf`.
+pub fn tag_of<'a>(g: &Geometry, buf: &'a [u8], n: u64) -> &'a [u8] {
+    let t = entry_at(g, n) + 8 + 8 * g.sectors_per_block() as usize;
+    &buf[t..t + g.tag_size as usize]
+}
+
+/// Where entry `n`'s data sits in its section (whole once
+/// [`restore_block`] has put its last bytes back).
+pub fn data_range(g: &Geometry, n: u64) -> std::ops::Range<usize> {
+    let d = data_at(g, n);
+    d..d + g.block_bytes()
+}
+
+/// Puts the last 8 bytes of each data sector of entry `n` back in place
+/// of the commit IDs, so the entry's data can be written from the section
+/// itself; the section is no longer the one on disk after this.
+pub fn restore_block(g: &Geometry, buf: &mut [u8], n: u64) {
+    let e = entry_at(g, n);
+    let d = data_at(g, n);
+    for k in 0..g.sectors_per_block() as usize {
+        let last = d + k * 512 + JOURNAL_SECTOR_DATA;
+        buf.copy_within(e + 8 + 8 * k..e + 16 + 8 * k, last);
+    }
+}
+
+/// Entry `n`'s data into `data` (its last bytes restored) and its tag
+/// into `tag`.
+pub fn read_block(g: &Geometry, buf: &[u8], n: u64, data: &mut [u8], tag: &mut [u8]) {
+    let e = entry_at(g, n);
+    data.copy_from_slice(&buf[data_range(g, n)]);
+    for k in 0..g.sectors_per_block() as usize {
+        let last = k * 512 + JOURNAL_SECTOR_DATA;
+        data[last..last + 8].copy_from_slice(&buf[e + 8 + 8 * k..e + 16 + 8 * k]);
+    }
+    tag.copy_from_slice(tag_of(g, buf, n));
 }
 
 /// Writes the section MAC of `journal_mac` into the 8 MAC bytes of each

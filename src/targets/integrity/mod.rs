@@ -665,7 +665,7 @@ impl Integrity {
     /// Writes through the journal (`J`) or straight (`D`, `B`).
     fn write_blocks(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
         if let Some(j) = &self.journal {
-            return j.write(offset / 512, data, tags, fua);
+            return j.write(offset / 512, data, writeback::Tags::Given(tags), fua);
         }
         let mut st = self.lock();
         self.write_direct(&mut st, offset / 512, data, tags)
@@ -760,6 +760,18 @@ impl BlockDevice for Integrity {
         }
         let data = data.as_slice();
         self.check_range(offset, data.len())?;
+        if let Some(j) = &self.journal {
+            // The journal hashes each block as it copies it in: no buffer
+            // of tags per write.
+            let tags = match &self.alg {
+                Some(alg) => writeback::Tags::Hash {
+                    alg,
+                    salt: self.salt(),
+                },
+                None => writeback::Tags::Zero,
+            };
+            return j.write(offset / 512, data, tags, fua);
+        }
         let mut tags = vec![0u8; data.len() / self.g.block_bytes() * self.g.tag_size as usize];
         self.compute_tags(offset / 512, data, &mut tags);
         self.write_blocks(offset, data, &tags, fua)
