@@ -8,6 +8,12 @@
 //!
 //! Exit codes are integritysetup's: 1 wrong parameters, 2 no permission,
 //! 3 out of memory, 4 wrong device, 5 busy or exists.
+//!
+//! The words are integritysetup 2.6.1's, the version installed beside
+//! udm, whose `dump` output udm's must equal. Scripts written against
+//! integritysetup 2.8 (cryptsetup's own tests among them) read `dump` and
+//! `status` lines that name their units; `UDM_INTEGRITYSETUP_OUTPUT=2.8`
+//! prints those. `resize` (2.7's) is there either way.
 
 mod active;
 mod args;
@@ -39,6 +45,32 @@ impl Fail {
 
 pub(crate) type Outcome = Result<(), Fail>;
 
+/// Whose words `dump` and `status` print (see the module's text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wording {
+    V2_6,
+    V2_8,
+}
+
+const WORDING_VAR: &str = "UDM_INTEGRITYSETUP_OUTPUT";
+
+/// `UDM_INTEGRITYSETUP_OUTPUT` read: unset or `2.6`, or `2.8`; anything
+/// else is an error naming the variable.
+fn wording_from_env() -> Result<Wording, String> {
+    match std::env::var(WORDING_VAR).ok().as_deref() {
+        None | Some("" | "2.6" | "2.6.1") => Ok(Wording::V2_6),
+        Some("2.8") => Ok(Wording::V2_8),
+        Some(v) => Err(format!(
+            "{WORDING_VAR}={v}: udm prints integritysetup 2.6 (unset, or 2.6) or 2.8 output."
+        )),
+    }
+}
+
+/// The wording in force; [`main`] has refused a bad value already.
+pub(crate) fn wording() -> Wording {
+    wording_from_env().unwrap_or(Wording::V2_6)
+}
+
 const USAGE: &str = "\
 Usage: integritysetup [-?VqDBRv] [-?|--help] [--usage] [-V|--version]
         [--allow-discards] [-q|--batch-mode] [--buffer-sectors=SECTORS]
@@ -53,6 +85,7 @@ Usage: integritysetup [-?VqDBRv] [-?|--help] [--usage] [-V|--version]
         [-j|--journal-size=bytes] [--journal-watermark=percent] [--no-wipe]
         [-B|--integrity-bitmap-mode] [-R|--integrity-recovery-mode]
         [-s|--sector-size=bytes] [-t|--tag-size=bytes] [-v|--verbose]
+        [--device-size=bytes] [--wipe] [--deferred] [--cancel-deferred]
         [OPTION...] <action> <action-specific>";
 
 const HELP: &str = "\
@@ -104,6 +137,12 @@ const ACTIONS: &[Action] = &[
         usage: "<integrity_device>",
         run: offline::dump,
     },
+    Action {
+        name: "resize",
+        args: 1,
+        usage: "<name>",
+        run: active::resize,
+    },
 ];
 
 fn code_text(code: i32) -> &'static str {
@@ -151,7 +190,12 @@ pub fn main(argv: Vec<std::ffi::OsString>) -> i32 {
     let Some(act) = ACTIONS.iter().find(|x| x.name == name) else {
         return usage_error("integritysetup: Unknown action.");
     };
-    if a.pos.len() - 1 != act.args {
+    if let Err(e) = wording_from_env() {
+        return usage_error(&e);
+    }
+    // Fewer arguments are an error; more are ignored, as integritysetup
+    // ignores them.
+    if a.pos.len() - 1 < act.args {
         return usage_error(&format!(
             "integritysetup: {}: requires {} as arguments",
             act.name, act.usage
