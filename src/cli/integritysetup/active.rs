@@ -3,56 +3,14 @@
 //! `integrity` table (device UUID `CRYPT-INTEGRITY-<name>`, as
 //! libcryptsetup names it) and so an NBD export of that name.
 
-use std::path::PathBuf;
-
-use serde_json::Value;
-
 use super::args::Args;
 use super::offline::{alg, journal_bytes, open_dev, read_superblock};
 use super::{Fail, Outcome, Wording};
-use crate::control::proto::{Code, Request};
-use crate::control::{Client, ClientError};
+use crate::cli::setup_shell::{call, req};
 use crate::core::{table, BlockDevice, WriteBuf};
 use crate::targets::integrity::layout::Geometry;
 use crate::targets::integrity::params::{AlgSpec, IntegrityParams, Mode, Options};
 use crate::targets::integrity::superblock::{flags, Superblock};
-
-fn socket(a: &Args) -> Result<PathBuf, Fail> {
-    if let Some(p) = a.str("control") {
-        return Ok(PathBuf::from(p));
-    }
-    crate::control::default_path().ok_or_else(|| {
-        Fail::usage(
-            "no udm control socket: start `udm serve --control PATH` and give PATH with \
-             --control or $UDM_CONTROL",
-        )
-    })
-}
-
-fn client_err(name: &str, e: ClientError) -> Fail {
-    match e.code {
-        Some(Code::Eexist) => Fail::new(5, format!("Device {name} already exists.")),
-        Some(Code::Ebusy) => Fail::new(5, format!("Device {name} is still in use ({e}).")),
-        Some(Code::Enxio) => Fail::new(4, format!("Device {name} is not active.")),
-        Some(Code::Eperm) => Fail::new(2, e.to_string()),
-        _ => Fail::usage(e.to_string()),
-    }
-}
-
-fn call(a: &Args, name: &str, req: Request, payload: &[u8]) -> Result<(Value, Vec<u8>), Fail> {
-    let mut cl = Client::connect(&socket(a)?).map_err(|e| Fail::usage(e.to_string()))?;
-    cl.call(req, payload)
-        .map(|(v, p)| (v, p.to_vec()))
-        .map_err(|e| client_err(name, e))
-}
-
-fn req(op: &str, name: &str) -> Request {
-    Request {
-        op: op.into(),
-        names: vec![name.to_string()],
-        ..Request::default()
-    }
-}
 
 /// The mode the flags pick, as libcryptsetup picks it: recovery, else
 /// bitmap, else direct (`-D` with `-B` is bitmap mode), else journal.
@@ -145,34 +103,6 @@ pub(super) fn open(a: &Args) -> Outcome {
     r.allow = a.str("allow").map(str::to_string);
     call(a, name, r, line.as_bytes())?;
     Ok(())
-}
-
-pub(super) fn close(a: &Args) -> Outcome {
-    let name = &a.pos[1];
-    if a.has("cancel-deferred") {
-        if a.has("deferred") {
-            return Err(Fail::usage(
-                "Options --cancel-deferred and --deferred cannot be used at the same time.",
-            ));
-        }
-        // dm's own message, as libcryptsetup sends it.
-        let mut r = req("message", name);
-        r.message = vec!["@cancel_deferred_remove".into()];
-        call(a, name, r, &[])?;
-        return Ok(());
-    }
-    let mut r = req("remove", name);
-    r.deferred = a.has("deferred");
-    call(a, name, r, &[])?;
-    if still_active(a, name) {
-        println!("Device {name} is still active and scheduled for deferred removal.");
-    }
-    Ok(())
-}
-
-/// After `close --deferred`: whether the device is still there.
-fn still_active(a: &Args, name: &str) -> bool {
-    a.has("deferred") && call(a, name, req("info", name), &[]).is_ok()
 }
 
 pub(super) fn status(a: &Args) -> Outcome {
