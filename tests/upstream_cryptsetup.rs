@@ -29,6 +29,11 @@
 //! /dev/mapper (`--mapper-block`, a tmpfs there); udm is `veritysetup` and
 //! `dmsetup`. It runs whole, and when it fails, once per section (the
 //! script stops at its first failure), with [`VERITY_EXPECTED_FAILURES`].
+//!
+//! `integrity-compat-test` ([`integrity_compat_test_against_udm`]) runs the
+//! same way with udm as `integritysetup` (in integritysetup 2.8's wording,
+//! which the script reads) and `dmsetup`, cut into sections by
+//! [`integrity_sections`], with [`INTEGRITY_EXPECTED_FAILURES`].
 
 mod common;
 
