@@ -832,18 +832,9 @@ fn verity_compat_test_against_udm() {
     );
 }
 
-/// Why the separate-metadata cases fail.
-const INTEGRITY_META: &str = "separate metadata device: in progress";
-
 /// Sections of `integrity-compat-test` known to fail, each with why (goal:
 /// none). Keys are [`integrity_sections`]' names.
-const INTEGRITY_EXPECTED_FAILURES: &[(&str, &str)] = &[
-    ("Separate metadata device:", INTEGRITY_META),
-    ("[INTEGRITY RESIZE NOKEY DETACHED] 1 0", INTEGRITY_META),
-    ("[INTEGRITY RESIZE NOKEY DETACHED] 1 1", INTEGRITY_META),
-    ("[INTEGRITY RESIZE KEY DETACHED] 1 0", INTEGRITY_META),
-    ("[INTEGRITY RESIZE KEY DETACHED] 1 1", INTEGRITY_META),
-];
+const INTEGRITY_EXPECTED_FAILURES: &[(&str, &str)] = &[];
 
 /// The line that ends the script's definitions and starts its tests.
 const INTEGRITY_TESTS_MARK: &str = "\ndm_integrity_features\n";

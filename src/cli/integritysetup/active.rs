@@ -8,7 +8,7 @@ use super::offline::{alg, data_device, journal_bytes, open_dev, read_superblock}
 use super::{Fail, Outcome, Wording};
 use crate::cli::setup_shell::{call, req};
 use crate::core::{table, BlockDevice, WriteBuf};
-use crate::targets::integrity::layout::Geometry;
+use crate::targets::integrity::layout::{log2_buffer_of, Geometry};
 use crate::targets::integrity::params::{AlgSpec, IntegrityParams, Mode, Options};
 use crate::targets::integrity::superblock::{flags, Superblock};
 
@@ -336,11 +336,7 @@ fn wanted_sectors(a: &Args) -> Result<Option<u64>, Fail> {
 pub(super) fn resize(a: &Args) -> Outcome {
     let name = &a.pos[1];
     let (old, mut p) = live_line(a, name)?;
-    let dev = open_dev(&p.dev, true)?;
-    let sb = read_superblock_at(&*dev, &p.dev, p.offset)?;
-    let max = Geometry::of(&sb, p.offset, dev.size() / 512)
-        .map_err(|e| Fail::usage(format!("{}: {e}", p.dev)))?
-        .provided_data_sectors;
+    let max = max_sectors(&p)?;
     let new = wanted_sectors(a)?.unwrap_or(max);
     if new > max {
         return Err(Fail::usage(format!(
@@ -361,6 +357,31 @@ pub(super) fn resize(a: &Args) -> Outcome {
         wipe_range(a, name, old, new)?;
     }
     Ok(())
+}
+
+/// The most sectors the line's devices provide now. With a metadata
+/// device the superblock is there and the data device's whole blocks
+/// count, as far as their tags fit the metadata device.
+fn max_sectors(p: &IntegrityParams) -> Result<u64, Fail> {
+    let sb_path = p.opts.meta_device.as_deref().unwrap_or(&p.dev);
+    let meta = open_dev(sb_path, true)?;
+    let sb = read_superblock_at(&*meta, sb_path, p.offset)?;
+    let g = match &p.opts.meta_device {
+        None => Geometry::of(&sb, p.offset, meta.size() / 512),
+        Some(_) => {
+            let data = open_dev(&p.dev, true)?;
+            let log2_buffer = log2_buffer_of(p.opts.buffer_sectors);
+            Geometry::of_separate(
+                &sb,
+                p.offset,
+                meta.size() / 512,
+                data.size() / 512,
+                log2_buffer,
+            )
+        }
+    };
+    g.map(|g| g.provided_data_sectors)
+        .map_err(|e| Fail::usage(format!("{sb_path}: {e}")))
 }
 
 /// Zeros over sectors `from..to` of the active device, through its NBD
