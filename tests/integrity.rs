@@ -66,7 +66,7 @@ fn integritysetup_dump_reads_udms_format_with_the_parameters_asked() {
                 "--integrity-key-file",
                 key,
                 "--integrity-key-size",
-                "256",
+                "32",
             ],
             &[("integrity_tag_size", "32"), ("superblock_version", "5")],
         ),

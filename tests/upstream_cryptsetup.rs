@@ -39,6 +39,11 @@
 //! /dev/mapper (`--mapper-block`, a tmpfs there); udm is `veritysetup` and
 //! `dmsetup`. It runs whole, and when it fails, once per section (the
 //! script stops at its first failure), with [`VERITY_EXPECTED_FAILURES`].
+//!
+//! `integrity-compat-test` ([`integrity_compat_test_against_udm`]) runs the
+//! same way with udm as `integritysetup` (in integritysetup 2.8's wording,
+//! which the script reads) and `dmsetup`, cut into sections by
+//! [`integrity_sections`], with [`INTEGRITY_EXPECTED_FAILURES`].
 
 mod common;
 
@@ -823,6 +828,213 @@ fn verity_compat_test_against_udm() {
     assert!(
         bad.is_empty(),
         "verity-compat-test sections:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// Sections of `integrity-compat-test` known to fail, each with why (goal:
+/// none). Keys are [`integrity_sections`]' names.
+const INTEGRITY_EXPECTED_FAILURES: &[(&str, &str)] = &[];
+
+/// The line that ends the script's definitions and starts its tests.
+const INTEGRITY_TESTS_MARK: &str = "\ndm_integrity_features\n";
+
+/// `integrity-compat-test` cut into its sections: the definitions (with
+/// the functions the test part defines on its way) and the sections, each
+/// from one top-level `echo` (or `if` after a blank line) to the next, and
+/// every `test_resize` call one of its own (one left inside an `if`
+/// becomes `:` there). A section is named by its first `echo`'s text, a
+/// `test_resize` call by its description and its detached and wipe
+/// arguments.
+fn integrity_sections(script: &str) -> (String, Vec<(String, String)>) {
+    let (head, tests) = script
+        .split_once(INTEGRITY_TESTS_MARK)
+        .expect("integrity-compat-test has no dm_integrity_features call");
+    let mut prelude = format!("{head}{INTEGRITY_TESTS_MARK}");
+    let mut sections: Vec<(String, String)> = Vec::new();
+    let mut cur: Option<usize> = None;
+    let mut in_fn = false;
+    let mut after_blank = false;
+    for line in tests.lines() {
+        let top = !line.starts_with(char::is_whitespace);
+        let t = line.trim_start();
+        if in_fn || (top && t.contains("() #")) {
+            in_fn = line != "}";
+            after_blank = !in_fn;
+            prelude.push_str(line);
+            prelude.push('\n');
+            continue;
+        }
+        let blank_before = std::mem::replace(&mut after_blank, t.is_empty());
+        if cur.is_none() && t.is_empty() {
+            continue;
+        }
+        if let Some(rest) = t.strip_prefix("test_resize ") {
+            let mut words = rest.split('"');
+            let desc = words.nth(1).unwrap_or(rest);
+            let flags: Vec<&str> = words.next().unwrap_or("").split_whitespace().collect();
+            sections.push((format!("{desc} {}", flags.join(" ")), format!("{t}\n")));
+            if top {
+                cur = Some(sections.len() - 1);
+            } else if let Some(c) = cur {
+                sections[c].1.push_str("\t:\n");
+            }
+            continue;
+        }
+        let text = t.strip_prefix("echo ").map(|e| {
+            e.trim_start_matches("-n ")
+                .trim_matches('"')
+                .trim()
+                .to_string()
+        });
+        let header = top
+            && ((blank_before && t.starts_with("if "))
+                || text
+                    .as_ref()
+                    .is_some_and(|e| !e.starts_with('[') || e.starts_with("[INTEGRITY")));
+        if header || cur.is_none() {
+            sections.push((String::new(), String::new()));
+            cur = Some(sections.len() - 1);
+        }
+        let s = &mut sections[cur.unwrap_or_default()];
+        if let Some(e) = text.filter(|_| s.0.is_empty()) {
+            s.0 = e;
+        }
+        s.1.push_str(line);
+        s.1.push('\n');
+    }
+    for (name, body) in &mut sections {
+        if name.is_empty() {
+            *name = body.lines().next().unwrap_or("").trim().to_string();
+        }
+    }
+    (prelude, sections)
+}
+
+/// The marker printed after section `i` of a run.
+fn section_mark(i: usize) -> String {
+    format!("@@udm-section {i} done")
+}
+
+/// Runs `which` sections of the script, in order, in one script (the
+/// definitions first, with fresh images and udm's 2.8 wording, see
+/// `udm integritysetup`); each section's result, up to the first that
+/// stops the script. A section passes when the script goes on after it
+/// and it printed no `[N/A` (a case it skipped).
+fn run_integrity_sections(
+    tmp: &Path,
+    t: &Path,
+    prelude: &str,
+    sections: &[(String, String)],
+    which: &[usize],
+    run: usize,
+) -> Vec<(usize, Result<(), String>)> {
+    let mut text = prelude.replacen('\n', "\nexport UDM_INTEGRITYSETUP_OUTPUT=2.8\n", 1);
+    text.push_str("add_device\n");
+    for &i in which {
+        text.push_str(&sections[i].1);
+        text.push_str(&format!("printf '\\n%s\\n' '{}'\n", section_mark(i)));
+    }
+    text.push_str("cleanup\nexit 0\n");
+    let part = format!("integrity-compat-test.run{run}");
+    write_exe(&t.join(&part), &text);
+    let (code, out) = run_script_with(tmp, t, &part, "activate-block.sh");
+    let mut found = Vec::new();
+    let mut rest = out.as_str();
+    for &i in which {
+        let Some((own, after)) = rest.split_once(&section_mark(i)) else {
+            found.push((i, Err(format!("exit {code}: {}", tail(rest, 8)))));
+            break;
+        };
+        let r = if own.contains("[N/A") {
+            Err(format!("skipped as not applicable: {}", tail(own, 4)))
+        } else {
+            Ok(())
+        };
+        found.push((i, r));
+        rest = after;
+    }
+    found
+}
+
+#[test]
+fn integrity_compat_test_against_udm() {
+    for tool in [
+        "unshare",
+        "blockdev",
+        "losetup",
+        "hexdump",
+        "xxd",
+        "sha256sum",
+    ] {
+        common::need(tool);
+    }
+    // SAFETY: geteuid has no preconditions.
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "integrity-compat-test needs root (loop devices, mount namespaces, FUSE)"
+    );
+    let up = upstream();
+    let (tmp, t) = scratch(&up);
+    let full = fs::read_to_string(t.join("integrity-compat-test")).unwrap();
+    let (prelude, sections) = integrity_sections(&full);
+    assert!(sections.len() >= 20, "sections: {sections:?}");
+    let listed = |name: &str| {
+        INTEGRITY_EXPECTED_FAILURES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, why)| *why)
+    };
+    for (name, _) in INTEGRITY_EXPECTED_FAILURES {
+        assert!(
+            sections.iter().any(|(n, _)| n == name),
+            "{name}: listed in INTEGRITY_EXPECTED_FAILURES but no such section"
+        );
+    }
+    // The sections expected to pass run as the script runs them, in one
+    // go; a failure stops the script, so the rest go on in a new run.
+    // The listed ones run one by one.
+    let mut results: Vec<Option<Result<(), String>>> = vec![None; sections.len()];
+    let mut todo: Vec<usize> = (0..sections.len())
+        .filter(|&i| listed(&sections[i].0).is_none())
+        .collect();
+    let mut run = 0;
+    while !todo.is_empty() {
+        for (i, r) in run_integrity_sections(tmp.path(), &t, &prelude, &sections, &todo, run) {
+            results[i] = Some(r);
+        }
+        todo.retain(|&i| results[i].is_none());
+        run += 1;
+    }
+    let alone: Vec<usize> = (0..sections.len())
+        .filter(|&i| results[i].is_none())
+        .collect();
+    for i in alone {
+        let r = run_integrity_sections(tmp.path(), &t, &prelude, &sections, &[i], run);
+        results[i] = r.into_iter().next().map(|(_, r)| r);
+        run += 1;
+    }
+    let mut bad = Vec::new();
+    for ((name, _), r) in sections.iter().zip(&results) {
+        let r = r.clone().unwrap_or(Err("never ran".into()));
+        match (&r, listed(name)) {
+            (Ok(()), None) => println!("PASS      integrity-compat-test/{name}"),
+            (Ok(()), Some(_)) => {
+                println!("PASS (listed as failing) integrity-compat-test/{name}");
+                bad.push(format!(
+                    "{name}: passes now, take it off INTEGRITY_EXPECTED_FAILURES"
+                ));
+            }
+            (Err(m), Some(why)) => println!("XFAIL     integrity-compat-test/{name} ({why}): {m}"),
+            (Err(m), None) => {
+                println!("FAIL      integrity-compat-test/{name}: {m}");
+                bad.push(format!("{name}: {m}"));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "integrity-compat-test sections:\n{}",
         bad.join("\n")
     );
 }

@@ -15,6 +15,7 @@ pub mod luks;
 pub mod manpages;
 pub mod replay_log;
 pub mod serve;
+mod setup_shell;
 pub mod table;
 pub mod ui;
 pub mod veritysetup;

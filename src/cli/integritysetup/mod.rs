@@ -8,36 +8,48 @@
 //!
 //! Exit codes are integritysetup's: 1 wrong parameters, 2 no permission,
 //! 3 out of memory, 4 wrong device, 5 busy or exists.
+//!
+//! The words are integritysetup 2.6.1's, the version installed beside
+//! udm, whose `dump` output udm's must equal. Scripts written against
+//! integritysetup 2.8 (cryptsetup's own tests among them) read `dump` and
+//! `status` lines that name their units; `UDM_INTEGRITYSETUP_OUTPUT=2.8`
+//! prints those. `resize` (2.7's) is there either way.
 
 mod active;
 mod args;
 mod offline;
 
-use args::Args;
-
 /// The version line: integritysetup's command line, served by udm.
 pub const VERSION: &str = concat!("integritysetup 2.6.1 (udm ", env!("CARGO_PKG_VERSION"), ")");
 
-/// A failed command: its exit code and what to print on stderr.
-#[derive(Debug)]
-pub(crate) struct Fail {
-    pub code: i32,
-    pub msg: String,
+use super::setup_shell::{Action, Tool};
+pub(crate) use super::setup_shell::{Fail, Outcome};
+
+/// Whose words `dump` and `status` print (see the module's text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wording {
+    V2_6,
+    V2_8,
 }
 
-impl Fail {
-    pub fn new(code: i32, msg: impl Into<String>) -> Fail {
-        Fail {
-            code,
-            msg: msg.into(),
-        }
-    }
-    pub fn usage(msg: impl Into<String>) -> Fail {
-        Fail::new(1, msg)
+const WORDING_VAR: &str = "UDM_INTEGRITYSETUP_OUTPUT";
+
+/// `UDM_INTEGRITYSETUP_OUTPUT` read: unset or `2.6`, or `2.8`; anything
+/// else is an error naming the variable.
+fn wording_from_env() -> Result<Wording, String> {
+    match std::env::var(WORDING_VAR).ok().as_deref() {
+        None | Some("" | "2.6" | "2.6.1") => Ok(Wording::V2_6),
+        Some("2.8") => Ok(Wording::V2_8),
+        Some(v) => Err(format!(
+            "{WORDING_VAR}={v}: udm prints integritysetup 2.6 (unset, or 2.6) or 2.8 output."
+        )),
     }
 }
 
-pub(crate) type Outcome = Result<(), Fail>;
+/// The wording in force; [`main`] has refused a bad value already.
+pub(crate) fn wording() -> Wording {
+    wording_from_env().unwrap_or(Wording::V2_6)
+}
 
 const USAGE: &str = "\
 Usage: integritysetup [-?VqDBRv] [-?|--help] [--usage] [-V|--version]
@@ -53,6 +65,7 @@ Usage: integritysetup [-?VqDBRv] [-?|--help] [--usage] [-V|--version]
         [-j|--journal-size=bytes] [--journal-watermark=percent] [--no-wipe]
         [-B|--integrity-bitmap-mode] [-R|--integrity-recovery-mode]
         [-s|--sector-size=bytes] [-t|--tag-size=bytes] [-v|--verbose]
+        [--device-size=bytes] [--wipe] [--deferred] [--cancel-deferred]
         [OPTION...] <action> <action-specific>";
 
 const HELP: &str = "\
@@ -66,116 +79,69 @@ const HELP: &str = "\
 udm: open, close and status act on a running `udm serve` (its control
 socket from --control PATH or $UDM_CONTROL); the device is its NBD export.";
 
-struct Action {
-    name: &'static str,
-    args: usize,
-    usage: &'static str,
-    run: fn(&Args) -> Outcome,
-}
-
 const ACTIONS: &[Action] = &[
     Action {
         name: "format",
-        args: 1,
+        min: 1,
+        max: usize::MAX,
         usage: "<integrity_device>",
         run: offline::format,
     },
     Action {
         name: "open",
-        args: 2,
+        min: 2,
+        max: usize::MAX,
         usage: "<integrity_device> <name>",
         run: active::open,
     },
     Action {
         name: "close",
-        args: 1,
+        min: 1,
+        max: usize::MAX,
         usage: "<name>",
-        run: active::close,
+        run: super::setup_shell::close,
     },
     Action {
         name: "status",
-        args: 1,
+        min: 1,
+        max: usize::MAX,
         usage: "<name>",
         run: active::status,
     },
     Action {
         name: "dump",
-        args: 1,
+        min: 1,
+        max: usize::MAX,
         usage: "<integrity_device>",
         run: offline::dump,
     },
+    Action {
+        name: "resize",
+        min: 1,
+        max: usize::MAX,
+        usage: "<name>",
+        run: active::resize,
+    },
 ];
 
-fn code_text(code: i32) -> &'static str {
-    match code {
-        2 => "no permission or bad passphrase",
-        3 => "out of memory",
-        4 => "wrong device or file specified",
-        5 => "device already exists or device is busy",
-        _ => "wrong or missing parameters",
-    }
-}
-
-fn usage_error(msg: &str) -> i32 {
-    eprintln!("{USAGE}");
-    eprintln!("{msg}");
-    1
-}
+/// integritysetup for the shell; arguments past an action's own are
+/// ignored, as integritysetup ignores them.
+const TOOL: Tool = Tool {
+    name: "integritysetup",
+    version: VERSION,
+    usage: USAGE,
+    help: HELP,
+    valued: args::VALUED,
+    flags: args::FLAGS,
+    actions: ACTIONS,
+};
 
 /// Entry point: integritysetup's argv (without the program name).
 pub fn main(argv: Vec<std::ffi::OsString>) -> i32 {
-    let a = match Args::parse(argv) {
-        Ok(a) => a,
-        Err(e) => return usage_error(&e),
-    };
-    if a.has("help") {
-        println!("{VERSION}\n{USAGE}\n\n{HELP}");
-        return 0;
+    if let Err(e) = wording_from_env() {
+        eprintln!("{USAGE}");
+        eprintln!("{e}");
+        return 1;
     }
-    if a.has("usage") {
-        println!("{USAGE}");
-        return 0;
-    }
-    if a.has("version") {
-        println!("{VERSION}");
-        return 0;
-    }
-    let Some(name) = a.pos.first() else {
-        return usage_error("integritysetup: Argument <action> missing.");
-    };
-    let name = match name.as_str() {
-        "create" => "open",
-        "remove" => "close",
-        n => n,
-    };
-    let Some(act) = ACTIONS.iter().find(|x| x.name == name) else {
-        return usage_error("integritysetup: Unknown action.");
-    };
-    if a.pos.len() - 1 != act.args {
-        return usage_error(&format!(
-            "integritysetup: {}: requires {} as arguments",
-            act.name, act.usage
-        ));
-    }
-    match (act.run)(&a) {
-        Ok(()) => {
-            if a.has("verbose") {
-                println!("Command successful.");
-            }
-            0
-        }
-        Err(f) => {
-            if !f.msg.is_empty() {
-                eprintln!("{}", f.msg);
-            }
-            if a.has("verbose") {
-                println!(
-                    "Command failed with code -{} ({}).",
-                    f.code,
-                    code_text(f.code)
-                );
-            }
-            f.code
-        }
-    }
+    super::setup_shell::main(&TOOL, argv)
 }

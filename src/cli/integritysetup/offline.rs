@@ -17,21 +17,36 @@ use crate::targets::integrity::seal::Seal;
 use crate::targets::integrity::superblock::{flags, Superblock, SALT_SIZE};
 use crate::targets::integrity::tags::Alg;
 
-/// The kernel's name of an `--integrity` algorithm (`hmac-sha256` is
-/// `hmac(sha256)`), or `None` for `none`.
-pub(super) fn kernel_alg(name: &str) -> Result<Option<String>, Fail> {
-    let n = match name {
-        "none" => return Ok(None),
-        "crc32c" | "sha1" | "sha256" => name.to_string(),
-        "hmac-sha256" | "hmac(sha256)" => "hmac(sha256)".into(),
-        "hmac-sha512" | "hmac(sha512)" => "hmac(sha512)".into(),
-        _ => {
-            return Err(Fail::usage(format!(
-                "Integrity algorithm {name} is not supported: use crc32c, sha1, sha256, \
-                 hmac-sha256 or hmac-sha512."
-            )))
+/// An algorithm option in the kernel's spelling, as libcryptsetup turns
+/// it: `MODE-NAME` is `MODE(NAME)` (`hmac-sha256` is `hmac(sha256)`,
+/// `cbc-aes` is `cbc(aes)`) unless NAME starts with a digit
+/// (`blake2b-256` stays). A name already in the kernel's spelling is
+/// kept.
+pub(super) fn kernel_spelling(name: &str) -> String {
+    match name.split_once('-') {
+        Some((mode, rest))
+            if !name.contains('(') && !rest.starts_with(|c: char| c.is_ascii_digit()) =>
+        {
+            format!("{mode}({rest})")
         }
-    };
+        _ => name.to_string(),
+    }
+}
+
+/// The kernel's name of an `--integrity` or `--journal-integrity`
+/// algorithm, or `None` for `none`; one udm cannot compute is refused
+/// here, by name.
+pub(super) fn kernel_alg(name: &str) -> Result<Option<String>, Fail> {
+    if name == "none" {
+        return Ok(None);
+    }
+    let n = kernel_spelling(name);
+    if !crate::targets::integrity::tags::is_known(&n) {
+        return Err(Fail::usage(format!(
+            "Integrity algorithm {name} is not supported: udm has {}.",
+            crate::targets::integrity::tags::known_names()
+        )));
+    }
     Ok(Some(n))
 }
 
@@ -40,8 +55,19 @@ pub(super) fn key(a: &Args) -> Result<Option<Zeroizing<Vec<u8>>>, Fail> {
     key_of(a, "integrity")
 }
 
-/// `--OPT-key-file` (at most `--OPT-key-size` bits of it).
+/// The largest key integritysetup reads from a key file, in bytes.
+const MAX_KEY_BYTES: u64 = 4096;
+
+/// `--OPT-key-file`: its first `--OPT-key-size` bytes (integritysetup
+/// counts key sizes in bytes), or the whole file without a size (udm's
+/// leniency; integritysetup wants both).
 fn key_of(a: &Args, opt: &str) -> Result<Option<Zeroizing<Vec<u8>>>, Fail> {
+    let size = a.u64(&format!("{opt}-key-size"))?;
+    if size.is_some_and(|n| n == 0 || n > MAX_KEY_BYTES) {
+        return Err(Fail::usage(format!(
+            "Invalid --{opt}-key-size size. Maximum is {MAX_KEY_BYTES} bytes."
+        )));
+    }
     let Some(path) = a.str(&format!("{opt}-key-file")) else {
         return Ok(None);
     };
@@ -49,15 +75,19 @@ fn key_of(a: &Args, opt: &str) -> Result<Option<Zeroizing<Vec<u8>>>, Fail> {
         std::fs::read(path)
             .map_err(|e| Fail::new(4, format!("Cannot read keyfile {path}: {e}.")))?,
     );
-    if let Some(bits) = a.u64(&format!("{opt}-key-size"))? {
-        let n = (bits / 8) as usize;
-        if n == 0 || n > k.len() {
+    if let Some(n) = size {
+        let n = n as usize;
+        if n > k.len() {
             return Err(Fail::usage(format!(
-                "Cannot read {n} bytes from keyfile {path} ({} bytes).",
-                k.len()
+                "Cannot read {n} bytes from keyfile {path}."
             )));
         }
         k.truncate(n);
+    }
+    if k.len() as u64 > MAX_KEY_BYTES {
+        return Err(Fail::usage(format!(
+            "Key file {path} holds more than {MAX_KEY_BYTES} bytes: give --{opt}-key-size."
+        )));
     }
     Ok(Some(k))
 }
@@ -79,10 +109,7 @@ pub(super) fn journal_algs(a: &Args) -> Result<(Option<AlgSpec>, Option<AlgSpec>
     let crypt = match a.str("journal-crypt") {
         None => None,
         Some(n) => {
-            let name = match n.split_once('-') {
-                Some((mode, c)) if !n.contains('(') => format!("{mode}({c})"),
-                _ => n.to_string(),
-            };
+            let name = kernel_spelling(n);
             let key = key_of(a, "journal-crypt")?.ok_or_else(|| {
                 Fail::usage(format!(
                     "Journal encryption {n} needs a key: give it with --journal-crypt-key-file."
@@ -214,19 +241,25 @@ pub(super) fn format(a: &Args) -> Outcome {
             dev.flush().map_err(io)?;
         }
     }
-    println!(
-        "Formatted with tag size {}, internal integrity {}.",
-        sb.tag_size,
-        alg.as_ref().map_or("none", |h| h.name())
-    );
+    // integritysetup says nothing of this in batch mode (-q).
+    let quiet = a.has("batch-mode");
+    if !quiet {
+        println!(
+            "Formatted with tag size {}, internal integrity {}.",
+            sb.tag_size,
+            alg.as_ref().map_or("none", |h| h.name())
+        );
+    }
     if a.has("no-wipe") {
         return Ok(());
     }
-    println!(
-        "Wiping device to initialize integrity checksum.\n\
-         You can interrupt this by pressing CTRL+c (rest of not wiped device will contain \
-         invalid checksum)."
-    );
+    if !quiet {
+        println!(
+            "Wiping device to initialize integrity checksum.\n\
+             You can interrupt this by pressing CTRL+c (rest of not wiped device will contain \
+             invalid checksum)."
+        );
+    }
     let salt = sb.has(flags::FIXED_HMAC).then_some(&sb.salt[..]);
     let data = data.unwrap_or_else(|| dev.clone());
     format::wipe_to(&*data, &*dev, &g, alg.as_ref(), salt).map_err(io)
@@ -252,6 +285,10 @@ pub(super) fn dump(a: &Args) -> Outcome {
     let path = &a.pos[1];
     let dev = open_dev(path, true)?;
     let sb = read_superblock(&*dev, path)?;
+    if super::wording() == super::Wording::V2_8 {
+        dump_units(path, &sb);
+        return Ok(());
+    }
     println!("Info for integrity device {path}.");
     println!("superblock_version {}", sb.version);
     println!("log2_interleave_sectors {}", sb.log2_interleave_sectors);
@@ -265,6 +302,26 @@ pub(super) fn dump(a: &Args) -> Outcome {
     println!("log2_blocks_per_bitmap {}", sb.log2_blocks_per_bitmap_bit);
     println!("flags {}", flag_words(&sb));
     Ok(())
+}
+
+/// The same fields as integritysetup 2.8 prints them, with their units.
+fn dump_units(path: &str, sb: &Superblock) {
+    let n = sb.provided_data_sectors;
+    println!("INTEGRITY header information for {path}.");
+    println!("version: {}", sb.version);
+    println!("tag size: {} [bytes]", sb.tag_size);
+    println!("sector size: {} [bytes]", sb.sector_size());
+    println!(
+        "data size: {n} [512-byte units] ({} [bytes])",
+        n.saturating_mul(512)
+    );
+    if sb.version >= 2 && sb.has(flags::RECALCULATING) {
+        println!("recalculate sector: {}", sb.recalc_sector);
+    }
+    println!("journal sections: {}", sb.journal_sections);
+    println!("log2 interleave sectors: {}", sb.log2_interleave_sectors);
+    println!("log2 blocks per bitmap: {}", sb.log2_blocks_per_bitmap_bit);
+    println!("flags: {}", flag_words(sb));
 }
 
 /// The journal size in bytes of a formatted device (also of a separate

@@ -3,54 +3,12 @@
 //! table (device UUID `CRYPT-VERITY-<uuid>-<name>`, as libcryptsetup names
 //! it) and so an NBD export of that name.
 
-use std::path::PathBuf;
-
 use super::args::Args;
 use super::offline::{open_checked, Checked};
 use super::{Fail, Outcome};
-use crate::control::proto::{Code, Request};
-use crate::control::{Client, ClientError};
+use crate::cli::setup_shell::{call, req};
 use crate::core::table;
 use crate::targets::verity::params::{Fec, Mode, Options, VerityParams};
-use serde_json::Value;
-
-fn socket(a: &Args) -> Result<PathBuf, Fail> {
-    if let Some(p) = a.str("control") {
-        return Ok(PathBuf::from(p));
-    }
-    crate::control::default_path().ok_or_else(|| {
-        Fail::usage(
-            "no udm control socket: start `udm serve --control PATH` and give PATH with \
-             --control or $UDM_CONTROL",
-        )
-    })
-}
-
-fn client_err(name: &str, e: ClientError) -> Fail {
-    match e.code {
-        Some(Code::Eexist) => Fail::new(5, format!("Device {name} already exists.")),
-        Some(Code::Ebusy) => Fail::new(5, format!("Device {name} is still in use ({e}).")),
-        Some(Code::Enxio) => Fail::new(4, format!("Device {name} is not active.")),
-        Some(Code::Eperm) => Fail::new(2, e.to_string()),
-        _ => Fail::usage(e.to_string()),
-    }
-}
-
-/// One request to the server: its result and its payload (a table).
-fn call(a: &Args, name: &str, req: Request, payload: &[u8]) -> Result<(Value, Vec<u8>), Fail> {
-    let mut cl = Client::connect(&socket(a)?).map_err(|e| Fail::usage(e.to_string()))?;
-    cl.call(req, payload)
-        .map(|(v, p)| (v, p.to_vec()))
-        .map_err(|e| client_err(name, e))
-}
-
-fn req(op: &str, name: &str) -> Request {
-    Request {
-        op: op.into(),
-        names: vec![name.to_string()],
-        ..Request::default()
-    }
-}
 
 fn options(a: &Args) -> Result<Options, Fail> {
     let mut o = Options::default();
@@ -135,21 +93,6 @@ pub(super) fn open(a: &Args) -> Outcome {
 /// `path` from the root: the server resolves paths from its own folder.
 fn absolute(path: &str) -> String {
     std::fs::canonicalize(path).map_or_else(|_| path.to_string(), |p| p.display().to_string())
-}
-
-pub(super) fn close(a: &Args) -> Outcome {
-    let name = &a.pos[1];
-    if a.has("cancel-deferred") {
-        // dm's own message, as libcryptsetup sends it.
-        let mut r = req("message", name);
-        r.message = vec!["@cancel_deferred_remove".into()];
-        call(a, name, r, &[])?;
-        return Ok(());
-    }
-    let mut r = req("remove", name);
-    r.deferred = a.has("deferred");
-    call(a, name, r, &[])?;
-    Ok(())
 }
 
 pub(super) fn status(a: &Args) -> Outcome {

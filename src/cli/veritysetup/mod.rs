@@ -16,32 +16,11 @@ mod files;
 mod offline;
 mod superblock;
 
-use args::Args;
-
 /// The version line: veritysetup's command line, served by udm.
 pub const VERSION: &str = concat!("veritysetup 2.6.1 (udm ", env!("CARGO_PKG_VERSION"), ")");
 
-/// A failed command: its exit code and what to print on stderr (may be
-/// several lines, or none).
-#[derive(Debug)]
-pub(crate) struct Fail {
-    pub code: i32,
-    pub msg: String,
-}
-
-impl Fail {
-    pub fn new(code: i32, msg: impl Into<String>) -> Fail {
-        Fail {
-            code,
-            msg: msg.into(),
-        }
-    }
-    pub fn usage(msg: impl Into<String>) -> Fail {
-        Fail::new(1, msg)
-    }
-}
-
-pub(crate) type Outcome = Result<(), Fail>;
+use super::setup_shell::{Action, Tool};
+pub(crate) use super::setup_shell::{Fail, Outcome};
 
 const USAGE: &str = "\
 Usage: veritysetup [-?Vv] [-?|--help] [--usage] [-V|--version]
@@ -67,15 +46,6 @@ const HELP: &str = "\
 udm: open, close and status act on a running `udm serve` (its control
 socket from --control PATH or $UDM_CONTROL); the device is its NBD export.
 Root hash signatures are not checked.";
-
-/// An action: its name, the positional arguments it takes, its usage.
-struct Action {
-    name: &'static str,
-    min: usize,
-    max: usize,
-    usage: &'static str,
-    run: fn(&Args) -> Outcome,
-}
 
 const ACTIONS: &[Action] = &[
     Action {
@@ -104,7 +74,7 @@ const ACTIONS: &[Action] = &[
         min: 1,
         max: 1,
         usage: "<name>",
-        run: active::close,
+        run: super::setup_shell::close,
     },
     Action {
         name: "status",
@@ -122,84 +92,17 @@ const ACTIONS: &[Action] = &[
     },
 ];
 
-/// veritysetup's words for an exit code, after "Command failed with code".
-fn code_text(code: i32) -> &'static str {
-    match code {
-        2 => "no permission or bad passphrase",
-        3 => "out of memory",
-        4 => "wrong device or file specified",
-        5 => "device already exists or device is busy",
-        _ => "wrong or missing parameters",
-    }
-}
-
-fn usage_error(msg: &str) -> i32 {
-    eprintln!("{USAGE}");
-    eprintln!("{msg}");
-    1
-}
+const TOOL: Tool = Tool {
+    name: "veritysetup",
+    version: VERSION,
+    usage: USAGE,
+    help: HELP,
+    valued: args::VALUED,
+    flags: args::FLAGS,
+    actions: ACTIONS,
+};
 
 /// Entry point: veritysetup's argv (without the program name).
 pub fn main(argv: Vec<std::ffi::OsString>) -> i32 {
-    let mut a = match Args::parse(argv) {
-        Ok(a) => a,
-        Err(e) => return usage_error(&e),
-    };
-    if a.has("help") {
-        println!("{VERSION}\n{USAGE}\n\n{HELP}");
-        return 0;
-    }
-    if a.has("usage") {
-        println!("{USAGE}");
-        return 0;
-    }
-    if a.has("version") {
-        println!("{VERSION}");
-        return 0;
-    }
-    let Some(name) = a.pos.first().cloned() else {
-        return usage_error("veritysetup: Argument <action> missing.");
-    };
-    let name = match name.as_str() {
-        // The old spelling: `create <name> <data_device> ...`.
-        "create" => {
-            if a.pos.len() > 2 {
-                a.pos.swap(1, 2);
-            }
-            "open"
-        }
-        "remove" => "close",
-        n => n,
-    };
-    let Some(act) = ACTIONS.iter().find(|x| x.name == name) else {
-        return usage_error("veritysetup: Unknown action.");
-    };
-    let n = a.pos.len() - 1;
-    if n < act.min || n > act.max {
-        return usage_error(&format!(
-            "veritysetup: {}: requires {} as arguments",
-            act.name, act.usage
-        ));
-    }
-    match (act.run)(&a) {
-        Ok(()) => {
-            if a.has("verbose") {
-                println!("Command successful.");
-            }
-            0
-        }
-        Err(f) => {
-            if !f.msg.is_empty() {
-                eprintln!("{}", f.msg);
-            }
-            if a.has("verbose") {
-                println!(
-                    "Command failed with code -{} ({}).",
-                    f.code,
-                    code_text(f.code)
-                );
-            }
-            f.code
-        }
-    }
+    super::setup_shell::main(&TOOL, argv)
 }

@@ -56,7 +56,9 @@ use tags::Alg;
 /// The `integrity` target type, for the table of [`super::TYPES`].
 pub static TYPE: super::TargetType = super::TargetType {
     name: "integrity",
-    version: [1, 13, 0],
+    // The kernel's last version before inline mode (1.12, `I`), which udm
+    // has not: scripts pick their tests by it.
+    version: [1, 11, 0],
     new,
     args: params::ARGS,
     more_args: None,

@@ -3,7 +3,14 @@
 //! sector number as a little-endian u64 and the sector's data, cut or
 //! zero-padded to the tag size. The sector number is in the hash so a
 //! block copied to another place fails its check there.
+//!
+//! Each algorithm is the kernel crypto API's of that name, down to its
+//! seed and byte order, so a device moves between udm and the kernel: the
+//! kernel's `crc32` is the raw CRC-32 register (seed 0, no final
+//! inversion, unlike zlib's), `crc32c` the usual Castagnoli CRC, and
+//! `xxhash64` XXH64 with seed 0; all three little-endian.
 
+use blake2::{Blake2b256, Blake2s256};
 use hmac::{Hmac, KeyInit, Mac};
 use sha1::Sha1;
 use sha2::{Digest, Sha256, Sha512};
@@ -12,10 +19,53 @@ use zeroize::Zeroizing;
 /// An internal hash of a table line (`internal_hash:ALG[:KEY]`).
 pub enum Alg {
     Crc32c,
+    Crc32,
+    XxHash64,
     Sha1,
     Sha256,
+    Blake2b256,
+    Blake2s256,
+    HmacSha1(Zeroizing<Vec<u8>>),
     HmacSha256(Zeroizing<Vec<u8>>),
     HmacSha512(Zeroizing<Vec<u8>>),
+}
+
+/// A kernel name and what it builds.
+type Unkeyed = (&'static str, fn() -> Alg);
+type Keyed = (&'static str, fn(Zeroizing<Vec<u8>>) -> Alg);
+
+/// The kernel names of the unkeyed algorithms, in the order errors list
+/// them, with what each is.
+const UNKEYED: &[Unkeyed] = &[
+    ("crc32c", || Alg::Crc32c),
+    ("crc32", || Alg::Crc32),
+    ("xxhash64", || Alg::XxHash64),
+    ("sha1", || Alg::Sha1),
+    ("sha256", || Alg::Sha256),
+    ("blake2b-256", || Alg::Blake2b256),
+    ("blake2s-256", || Alg::Blake2s256),
+];
+
+/// The keyed ones (HMACs), likewise.
+const KEYED: &[Keyed] = &[
+    ("hmac(sha1)", Alg::HmacSha1),
+    ("hmac(sha256)", Alg::HmacSha256),
+    ("hmac(sha512)", Alg::HmacSha512),
+];
+
+/// Whether [`Alg::new`] knows `name` (keyed or not).
+pub fn is_known(name: &str) -> bool {
+    UNKEYED.iter().any(|(n, _)| *n == name) || KEYED.iter().any(|(n, _)| *n == name)
+}
+
+/// Every name [`Alg::new`] takes, for errors.
+pub fn known_names() -> String {
+    let names: Vec<&str> = UNKEYED
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(KEYED.iter().map(|(n, _)| *n))
+        .collect();
+    names.join(", ")
 }
 
 impl std::fmt::Debug for Alg {
@@ -28,36 +78,34 @@ impl Alg {
     /// The algorithm named as the kernel's crypto API names it (`crc32c`,
     /// `sha256`, `hmac(sha256)`), with its key for the HMACs.
     pub fn new(name: &str, key: Option<Zeroizing<Vec<u8>>>) -> Result<Alg, String> {
-        let keyed = |k: Option<Zeroizing<Vec<u8>>>| {
-            k.filter(|k| !k.is_empty()).ok_or_else(|| {
-                format!("internal hash {name} needs a key (internal_hash:{name}:HEXKEY)")
-            })
-        };
-        let a = match name {
-            "crc32c" => Alg::Crc32c,
-            "sha1" => Alg::Sha1,
-            "sha256" => Alg::Sha256,
-            "hmac(sha256)" => Alg::HmacSha256(keyed(key.clone())?),
-            "hmac(sha512)" => Alg::HmacSha512(keyed(key.clone())?),
-            _ => {
-                return Err(format!(
-                    "unknown internal hash '{name}': udm has crc32c, sha1, sha256, \
-                     hmac(sha256), hmac(sha512)"
-                ))
+        if let Some((_, make)) = UNKEYED.iter().find(|(n, _)| *n == name) {
+            if key.is_some() {
+                return Err(format!("internal hash {name} takes no key"));
             }
-        };
-        if key.is_some() && matches!(a, Alg::Crc32c | Alg::Sha1 | Alg::Sha256) {
-            return Err(format!("internal hash {name} takes no key"));
+            return Ok(make());
         }
-        Ok(a)
+        let Some((_, make)) = KEYED.iter().find(|(n, _)| *n == name) else {
+            return Err(format!(
+                "unknown internal hash '{name}': udm has {}",
+                known_names()
+            ));
+        };
+        key.filter(|k| !k.is_empty()).map(make).ok_or_else(|| {
+            format!("internal hash {name} needs a key (internal_hash:{name}:HEXKEY)")
+        })
     }
 
     /// The kernel's name, as tables write it.
     pub fn name(&self) -> &'static str {
         match self {
             Alg::Crc32c => "crc32c",
+            Alg::Crc32 => "crc32",
+            Alg::XxHash64 => "xxhash64",
             Alg::Sha1 => "sha1",
             Alg::Sha256 => "sha256",
+            Alg::Blake2b256 => "blake2b-256",
+            Alg::Blake2s256 => "blake2s-256",
+            Alg::HmacSha1(_) => "hmac(sha1)",
             Alg::HmacSha256(_) => "hmac(sha256)",
             Alg::HmacSha512(_) => "hmac(sha512)",
         }
@@ -65,16 +113,17 @@ impl Alg {
 
     pub fn digest_size(&self) -> usize {
         match self {
-            Alg::Crc32c => 4,
-            Alg::Sha1 => 20,
-            Alg::Sha256 | Alg::HmacSha256(_) => 32,
+            Alg::Crc32c | Alg::Crc32 => 4,
+            Alg::XxHash64 => 8,
+            Alg::Sha1 | Alg::HmacSha1(_) => 20,
+            Alg::Sha256 | Alg::Blake2b256 | Alg::Blake2s256 | Alg::HmacSha256(_) => 32,
             Alg::HmacSha512(_) => 64,
         }
     }
 
     pub fn key(&self) -> Option<&[u8]> {
         match self {
-            Alg::HmacSha256(k) | Alg::HmacSha512(k) => Some(k),
+            Alg::HmacSha1(k) | Alg::HmacSha256(k) | Alg::HmacSha512(k) => Some(k),
             _ => None,
         }
     }
@@ -104,8 +153,19 @@ impl Alg {
                 }
                 d[..4].copy_from_slice(&(!c).to_le_bytes());
             }
+            Alg::Crc32 => d[..4].copy_from_slice(&kernel_crc32(parts).to_le_bytes()),
+            Alg::XxHash64 => {
+                let mut h = xxhash_rust::xxh64::Xxh64::new(0);
+                for p in parts {
+                    h.update(p);
+                }
+                d[..8].copy_from_slice(&h.digest().to_le_bytes());
+            }
             Alg::Sha1 => digest::<Sha1>(parts, &mut d[..n]),
             Alg::Sha256 => digest::<Sha256>(parts, &mut d[..n]),
+            Alg::Blake2b256 => digest::<Blake2b256>(parts, &mut d[..n]),
+            Alg::Blake2s256 => digest::<Blake2s256>(parts, &mut d[..n]),
+            Alg::HmacSha1(k) => hmac::<Hmac<Sha1>>(k, parts, &mut d[..n]),
             Alg::HmacSha256(k) => hmac::<Hmac<Sha256>>(k, parts, &mut d[..n]),
             Alg::HmacSha512(k) => hmac::<Hmac<Sha512>>(k, parts, &mut d[..n]),
         }
@@ -121,6 +181,17 @@ fn digest<D: Digest>(parts: &[&[u8]], out: &mut [u8]) {
         h.update(p);
     }
     out.copy_from_slice(&h.finalize());
+}
+
+/// The kernel's `crc32`: the reflected CRC-32 register started at 0 and
+/// never inverted. crc32fast keeps its state inverted on both ends, so
+/// starting it at !0 and inverting its result gives the raw register.
+fn kernel_crc32(parts: &[&[u8]]) -> u32 {
+    let mut h = crc32fast::Hasher::new_with_initial(!0);
+    for p in parts {
+        h.update(p);
+    }
+    !h.finalize()
 }
 
 fn hmac<M: Mac + KeyInit>(key: &[u8], parts: &[&[u8]], out: &mut [u8]) {
@@ -152,6 +223,34 @@ mod tests {
     fn crc32c_check_value() {
         // The standard check value of CRC-32C over "123456789".
         assert_eq!(!crc32c_update(!0, b"123456789"), 0xE306_9283);
+    }
+
+    /// Each new hash against a value computed elsewhere: the raw CRC-32
+    /// register (seed 0, no inversion) of "123456789", XXH64 of nothing,
+    /// and the BLAKE2 test strings; split input must not change them.
+    #[test]
+    fn kernel_hashes_match_known_values() {
+        let d = |name: &str, parts: &[&[u8]]| {
+            let a = Alg::new(name, None).unwrap();
+            a.digest(parts)[..a.digest_size()].to_vec()
+        };
+        assert_eq!(
+            d("crc32", &[&b"1234"[..], &b"56789"[..]]),
+            0x2dfd_2d88u32.to_le_bytes()
+        );
+        assert_eq!(d("crc32", &[]), [0; 4]);
+        assert_eq!(d("xxhash64", &[]), 0xef46_db37_51d8_e999u64.to_le_bytes());
+        assert_eq!(
+            hex::encode(d("blake2b-256", &[&b"a"[..], &b"bc"[..]])),
+            "bddd813c634239723171ef3fee98579b94964e3bb1cb3e427262c8c068d52319"
+        );
+        assert_eq!(
+            hex::encode(d("blake2s-256", &[&b"abc"[..]])),
+            "508c5e8c327c14e2e1a72ba34eeb452f37458b209ed63a294d999b4c86675982"
+        );
+        let k = Some(Zeroizing::new(vec![7u8; 16]));
+        assert_eq!(Alg::new("hmac(sha1)", k).unwrap().digest_size(), 20);
+        assert!(Alg::new("crc32", Some(Zeroizing::new(vec![1]))).is_err());
     }
 
     #[test]
