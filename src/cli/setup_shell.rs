@@ -335,13 +335,31 @@ pub(crate) fn close(a: &Args) -> Outcome {
         call(a, name, r, &[])?;
         return Ok(());
     }
-    let mut r = req("remove", name);
-    r.deferred = a.has("deferred");
-    call(a, name, r, &[])?;
+    remove(a, name, a.has("deferred"))?;
     if a.has("deferred") && call(a, name, req("info", name), &[]).is_ok() {
         println!("Device {name} is still active and scheduled for deferred removal.");
     }
     Ok(())
+}
+
+/// `remove` as libcryptsetup does it for both tools: libdevmapper's
+/// retry-remove tries again for about 5 s while the device is busy, so
+/// the last release of a block node or mapper file, still on its way
+/// through the loop driver and FUSE, does not fail a `close` that
+/// follows a writer at once.
+fn remove(a: &Args, name: &str, deferred: bool) -> Outcome {
+    let mut r = req("remove", name);
+    r.deferred = deferred;
+    for _ in 1..25 {
+        let mut cl = Client::connect(&socket(a)?).map_err(|e| Fail::usage(e.to_string()))?;
+        match cl.call(r.clone(), &[]) {
+            Err(e) if e.code == Some(Code::Ebusy) => {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            res => return res.map(|_| ()).map_err(|e| client_err(name, e)),
+        }
+    }
+    call(a, name, r, &[]).map(|_| ())
 }
 
 #[cfg(test)]
