@@ -114,8 +114,9 @@ fn journal_writes_through_commits_and_placements_allocate_per_batch_only() {
     eprintln!("allocations per {N} writes: {all:?}");
     // A placement batch takes a few buffers (the list of its sections'
     // locks, the write's slices), a commit two: about 24 batches and
-    // commits here; one allocation per write would be 3000.
-    assert!(n < N / 20, "{n} allocations for {N} writes: {all:?}");
+    // commits here (52 allocations quiet); a loaded machine makes smaller
+    // batches (154-166 seen in CI). One allocation per write would be 3000.
+    assert!(n < N / 10, "{n} allocations for {N} writes: {all:?}");
     dev.flush().unwrap();
     let mut back = vec![0u8; 4096];
     let last = w - 1;
