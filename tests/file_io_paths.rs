@@ -125,7 +125,82 @@ fn assert_path(srv: &DmServer, dev: &str, io: &str) {
     if fs.trim() == "ext2/ext3" {
         let want = u64::from(io == "uring");
         assert_eq!(files[0]["writers"].as_u64(), Some(want), "{dev}: {st}");
+        assert_eq!(
+            files[0]["sole_client_inline"].as_bool(),
+            Some(io == "uring"),
+            "{dev}: {st}"
+        );
     }
+}
+
+/// Writes through one connection, then through the same connection once
+/// every event loop has another: how often the file's writer thread woke
+/// for each (its voluntary context switches). Prints "alone shared".
+const SOLE: &str = r#"
+import sys, os, nbd
+pid, uri, loops = int(sys.argv[1]), sys.argv[2], os.cpu_count()
+def wakes():
+    n = 0
+    for t in os.listdir("/proc/%d/task" % pid):
+        d = "/proc/%d/task/%s/" % (pid, t)
+        if open(d + "comm").read().strip() == "udm-write":
+            for l in open(d + "status"):
+                if l.startswith("voluntary_ctxt_switches:"):
+                    n += int(l.split()[1])
+    return n
+def burst(h):
+    before = wakes()
+    cs = [h.aio_pwrite(bytes([i % 251]) * 4096, (i * 4096 * 7) % (8 << 20)) for i in range(400)]
+    while cs:
+        h.poll(-1)
+        cs = [c for c in cs if not h.aio_command_completed(c)]
+    h.flush()
+    return wakes() - before
+h = nbd.NBD(); h.connect_uri(uri)
+alone = burst(h)
+others = []
+for _ in range(loops):
+    o = nbd.NBD(); o.connect_uri(uri); o.get_size(); others.append(o)
+print(alone, burst(h))
+"#;
+
+/// On the ring path over ext4, a client alone on its event loop has its
+/// buffered writes run by that loop (no hand-off to the writer thread:
+/// `core::sole`); once its loop serves another connection, its writes
+/// go to the writer thread, so one client's stalled write never holds up
+/// another's requests.
+#[test]
+fn a_lone_clients_writes_run_on_its_loop_and_a_shared_loop_hands_them_off() {
+    need_python_module("nbd", "python3-libnbd");
+    let d = disk_scratch("udm-fileio-sole-");
+    let p = d.path();
+    let fs = run_text(Command::new("stat").args(["-f", "-c", "%T", "/var/tmp"]));
+    assert_eq!(
+        fs.trim(),
+        "ext2/ext3",
+        "/var/tmp must be ext4 for this test"
+    );
+    let lin = sparse(p, "lin.img", SECTORS * 512);
+    let enc = sparse(p, "enc.img", SECTORS * 512);
+    let srv = start(p, "uring", &lin, &enc);
+    assert_path(&srv, "lin", "uring");
+    let out = run_text(Command::new(PYTHON).args([
+        "-c",
+        SOLE,
+        &srv.serve.pid().to_string(),
+        &srv.uri("lin"),
+    ]));
+    let v: Vec<u64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert_eq!(v.len(), 2, "{out}");
+    assert!(
+        v[0] <= 2,
+        "a lone client's writes woke the writer thread: {out}"
+    );
+    assert!(
+        v[1] >= 5,
+        "a shared loop's writes did not go to the writer thread: {out}"
+    );
+    assert_eq!(srv.serve.stop(), Some(0));
 }
 
 fn exercise(io: &str) {

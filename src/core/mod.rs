@@ -4,6 +4,7 @@
 
 pub mod device;
 pub mod error;
+pub mod sole;
 pub mod table;
 pub mod units;
 

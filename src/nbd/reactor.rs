@@ -308,7 +308,11 @@ impl Loop {
             let h = h.clone();
             Arc::new(move || h.post(|i| i.wakes.push(tok)))
         };
-        let d = slot.s.drive(&self.cx, &make_waker);
+        // Alone on this loop, the connection may have its blocking writes
+        // run right here (`core::sole`).
+        let d = crate::core::sole::with_sole_client(self.live == 1, || {
+            slot.s.drive(&self.cx, &make_waker)
+        });
         if let Some(tx) = &self.tls_handshakes {
             let c = &slot.s.conn;
             if slot.s.in_handshake()

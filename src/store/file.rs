@@ -180,6 +180,7 @@ impl FileStore {
             queue_depth: if can_block { FILE_QUEUE_DEPTH } else { 0 },
             direct: flags.direct,
             writers: writes.threads() as u32,
+            sole_client_inline: matches!(&writes, Writes::Threads(w) if w.sole_inline()),
         };
         Ok(FileStore {
             ring,
@@ -908,6 +909,13 @@ mod tests {
                 .map(|r| r.writers)
                 .collect();
             assert_eq!(writers, [super::super::writers::DEFAULT_WRITERS as u32, 0]);
+            if std::env::var_os(super::super::writers::ENV).is_none() {
+                let sole: Vec<bool> = file_io::reports_for(&path)
+                    .into_iter()
+                    .map(|r| r.sole_client_inline)
+                    .collect();
+                assert_eq!(sole, [true, false]);
+            }
             assert!(matches!(u.writes, Writes::Threads(_)), "{u:?}");
         }
         let data: Vec<u8> = (0..(256 << 10)).map(|i| (i % 253) as u8).collect();

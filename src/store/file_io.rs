@@ -92,6 +92,10 @@ pub struct IoReport {
     /// filesystem that cannot take them without blocking); 0: none.
     #[serde(default)]
     pub writers: u32,
+    /// Those writes run on the event loop itself when it reads for one
+    /// client only (`core::sole`): no hand-off to the writer threads.
+    #[serde(default)]
+    pub sole_client_inline: bool,
 }
 
 static OPEN: Mutex<Vec<Weak<IoReport>>> = Mutex::new(Vec::new());
@@ -138,6 +142,7 @@ mod tests {
             queue_depth: 32,
             direct: false,
             writers: 1,
+            sole_client_inline: true,
         };
         let reg = register(r.clone());
         assert_eq!(reports_for(&r.path), vec![r.clone()]);

@@ -72,7 +72,10 @@ impl Writes {
             Err(_) => DEFAULT_WRITERS,
         };
         match Writers::new(n) {
-            Ok(w) => Writes::Threads(w),
+            // The default also runs a lone client's writes on its own
+            // event loop (`core::sole`); a count given explicitly means
+            // threads only, for the A/B.
+            Ok(w) => Writes::Threads(w.inline_when_sole(std::env::var_os(ENV).is_none())),
             Err(e) => {
                 tracing::warn!(
                     "{}: cannot start writer threads ({e}); writes go through the ring",
@@ -112,6 +115,9 @@ struct Inner {
 pub struct Writers {
     inner: Arc<Inner>,
     threads: Vec<JoinHandle<()>>,
+    /// Run a job on the submitting thread when that is an event loop
+    /// reading for one client only ([`crate::core::sole`]).
+    sole_inline: bool,
 }
 
 impl std::fmt::Debug for Writers {
@@ -132,6 +138,7 @@ impl Writers {
         let mut w = Writers {
             inner,
             threads: Vec::new(),
+            sole_inline: false,
         };
         for _ in 0..n.max(1) {
             let inner = w.inner.clone();
@@ -148,9 +155,26 @@ impl Writers {
         self.threads.len()
     }
 
+    /// Let a lone client's event loop run its jobs itself (see
+    /// [`Writers::run`]).
+    pub fn inline_when_sole(mut self, on: bool) -> Writers {
+        self.sole_inline = on;
+        self
+    }
+
+    /// Whether a lone client's jobs run on its event loop.
+    pub fn sole_inline(&self) -> bool {
+        self.sole_inline
+    }
+
     /// Queue `job`; an idle thread is woken only if there is one (a busy
-    /// thread takes it next).
+    /// thread takes it next). On an event loop that reads for one client
+    /// only, the job runs right here unless told otherwise
+    /// ([`crate::core::sole`], [`Writers::inline_when_sole`]).
     pub fn run(&self, job: Job) {
+        if self.sole_inline && crate::core::sole::sole_client() {
+            return job();
+        }
         let mut q = self.inner.q.lock().unwrap_or_else(|p| p.into_inner());
         q.jobs.push_back(job);
         let wake = q.idle > 0;

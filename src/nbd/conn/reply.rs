@@ -94,6 +94,14 @@ pub struct Conn {
     /// (`nbd/handshaker.rs`), which holds the TLS session meanwhile: the
     /// session and the loop leave the connection alone until it is done.
     pub tls_offloaded: AtomicBool,
+    /// A TLS session was started (set once, on the connection's loop, and
+    /// never cleared): plain connections read and check without the reply
+    /// lock, which a worker holds while it writes a reply — a reader
+    /// waiting on it cost a sleep and a wake-up per request.
+    tls_on: AtomicBool,
+    /// The socket became writable while someone held the reply lock: the
+    /// holder flushes again after it lets go (see [`Conn::flush`]).
+    kick: AtomicBool,
     /// Ask the owning event loop to look at this connection.
     notify: OnceLock<Waker>,
     /// An extent list kept from the last BLOCK_STATUS reply, handed to the
@@ -134,6 +142,8 @@ impl Conn {
             source: OnceLock::new(),
             idle_ms: AtomicU64::new(0),
             tls_offloaded: AtomicBool::new(false),
+            tls_on: AtomicBool::new(false),
+            kick: AtomicBool::new(false),
             notify: OnceLock::new(),
             spare_extents: Mutex::new(Vec::new()),
             failures: OnceLock::new(),
@@ -222,6 +232,32 @@ impl Conn {
     /// message, now if the socket takes it, else queued (taking the
     /// request's buffer, which stays charged until sent).
     fn send(&self, head: &[u8], body: &[u8], req: Option<&mut Request>) {
+        self.send_locked(head, body, req);
+        self.after_unlock();
+    }
+
+    /// A writable edge that found the lock taken set `kick`: whoever held
+    /// it flushes now, having let go (the edge may be the only one, and a
+    /// reply queued by this holder would wait for the next).
+    fn after_unlock(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        while self.kick.swap(false, Ordering::SeqCst) {
+            let mut out = self.out();
+            if out.dead {
+                return;
+            }
+            let r = flush_locked(&self.sock, &mut out);
+            self.queued.store(out.cost(), Ordering::Relaxed);
+            drop(out);
+            if let Err(e) = r {
+                self.fail(&e);
+                return;
+            }
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+    }
+
+    fn send_locked(&self, head: &[u8], body: &[u8], req: Option<&mut Request>) {
         let mut out = self.out();
         if out.dead {
             return;
@@ -291,8 +327,21 @@ impl Conn {
     /// Send what is queued, as far as the socket takes it (the event loop
     /// calls this when the socket is writable). Returns the bytes still
     /// queued.
+    ///
+    /// Without waiting for the lock: a worker holding it is sending a
+    /// reply right now, and sleeping on it cost the loop a context switch
+    /// per reply at a deep queue. `kick` makes that worker flush again
+    /// once it lets go (a Dekker pair of fences: either this side sees the
+    /// lock free or the holder sees the kick).
     pub fn flush(&self) -> u64 {
-        let mut out = self.out();
+        self.kick.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let mut out = match self.out.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return self.queued(),
+        };
+        self.kick.store(false, Ordering::Relaxed);
         if out.dead {
             return 0;
         }
@@ -322,6 +371,7 @@ impl Conn {
         let s = rustls::ServerConnection::new(cfg.clone())
             .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
         out.tls = Some(Box::new(s));
+        self.tls_on.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -359,18 +409,17 @@ impl Conn {
     }
 
     pub fn is_tls(&self) -> bool {
-        self.out().tls.is_some()
+        self.tls_on.load(Ordering::Acquire)
     }
 
     /// Read client bytes: straight from the socket, or decrypted.
     /// `WouldBlock` when none are available, `Ok(0)` at the end.
     pub(super) fn read_input(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut guard = self.out();
-        let out = &mut *guard;
-        if out.tls.is_none() {
-            drop(guard);
+        if !self.is_tls() {
             return self.sock.try_read(buf);
         }
+        let mut guard = self.out();
+        let out = &mut *guard;
         loop {
             let tls = out.tls.as_mut().expect("TLS session present");
             match tls.reader().read(buf) {
