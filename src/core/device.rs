@@ -420,6 +420,20 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
+    /// Whether [`BlockDevice::read_transformed`] of `[offset, offset+len)`
+    /// would be served from memory right now, with no wait for a disk or
+    /// a network: a file whose pages for the range are in the page cache
+    /// and mapped into udm. A crypt target then decrypts straight out of
+    /// those pages on the thread that has the request, instead of a read
+    /// that copies them into its buffer first (one pass over the data
+    /// instead of two). The answer may be stale by the time of the read
+    /// (pages evicted meanwhile): the read then waits for the disk, which
+    /// is correct, only slower. Default `false`.
+    fn resident(&self, offset: u64, len: usize) -> bool {
+        let _ = (offset, len);
+        false
+    }
+
     /// Whether [`BlockDevice::submit`] may take requests. Like
     /// [`BlockDevice::direct_access`] a method, not a limit: only a device
     /// that implements `submit` (or forwards it to one that does) says

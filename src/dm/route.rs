@@ -244,6 +244,15 @@ impl BlockDevice for Routes {
         self.submit
     }
 
+    /// Asked of the one route that holds the whole range; a range that
+    /// would be cut is not.
+    fn resident(&self, offset: u64, len: usize) -> bool {
+        self.check(offset, len as u64).is_ok()
+            && self
+                .whole(offset, len as u64)
+                .is_some_and(|(r, at)| r.dev.resident(at, len))
+    }
+
     /// Forwarded when the request is one piece (as direct access); one
     /// that would be cut, at a route's end or at its device's I/O
     /// boundary, is declined and runs the synchronous way, which cuts it.

@@ -104,6 +104,10 @@ impl BlockDevice for MappedDevice {
         self.routes.direct_access()
     }
 
+    fn resident(&self, offset: u64, len: usize) -> bool {
+        self.routes.resident(offset, len)
+    }
+
     fn can_submit(&self) -> bool {
         self.routes.can_submit()
     }

@@ -38,6 +38,10 @@ use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Extent, Limits, Wri
 /// measured 0.77x of nbdkit's thread pool for 4 KiB random writes on ext4.
 pub const FILE_QUEUE_DEPTH: u32 = 32;
 
+/// The environment variable that turns the read-only mapping of disk
+/// files off (`0`), for an A/B of the crypt path over them.
+pub const READ_MAP_ENV: &str = "UDM_FILE_READ_MAP";
+
 /// A file or block device as a [`BlockDevice`].
 pub struct FileStore {
     /// The io_uring path (declared before `file`: the ring is dropped, its
@@ -58,6 +62,13 @@ pub struct FileStore {
     /// The file's pages, mapped, when it lives on tmpfs: direct access.
     /// Abandoned (for the syscalls) after the first SIGBUS in it.
     map: Option<MemStore>,
+    /// A disk file's pages mapped read-only, for reads of ranges already in
+    /// the page cache through a transform (`resident`,
+    /// `read_transformed`): crypt decrypts out of the page cache instead
+    /// of copying into its buffer first. Writes never use it (they keep
+    /// the ring or `pwrite`, where the filesystem allocates and reports
+    /// errors). `UDM_FILE_READ_MAP=0` turns it off (for the A/B).
+    read_map: Option<MemStore>,
     /// The first failed `fdatasync`, latched: Linux reports a writeback
     /// error once per open file, so the next `fdatasync` would succeed over
     /// writes that were lost (PostgreSQL's "fsyncgate"). Once set, every
@@ -143,6 +154,15 @@ impl FileStore {
         } else {
             None
         };
+        let read_map = (!block_device
+            && !flags.direct
+            && !flags.no_map
+            && map.is_none()
+            && std::env::var(READ_MAP_ENV).map_or(true, |v| v != "0"))
+        .then(|| usize::try_from(size).ok())
+        .flatten()
+        .and_then(|len| FileMap::new(&file, len, false).ok().flatten())
+        .map(MemStore::map_file);
         let fast_zero = if block_device {
             block_device_zeroes(&file)
         } else {
@@ -195,6 +215,7 @@ impl FileStore {
             direct: flags.direct,
             fast_zero,
             map,
+            read_map,
             sync_failed: OnceLock::new(),
             #[cfg(test)]
             sync_fn: None,
@@ -216,6 +237,14 @@ impl FileStore {
     /// a full file, on every call).
     fn mapped_for_read(&self, offset: u64, len: usize) -> Option<&MemStore> {
         let m = self.mapped()?;
+        m.resident(offset, len).then_some(m)
+    }
+
+    /// The read-only mapping of a disk file, for a read of a range whose
+    /// pages are all in the page cache (so no access through it waits for
+    /// the disk), while it has taken no fault.
+    fn read_mapped(&self, offset: u64, len: usize) -> Option<&MemStore> {
+        let m = self.read_map.as_ref().filter(|m| m.faults() == 0)?;
         m.resident(offset, len).then_some(m)
     }
 
@@ -704,10 +733,18 @@ impl BlockDevice for FileStore {
     /// the transform reads the file's pages. Any SIGBUS during the call
     /// fails it.
     fn read_transformed(&self, offset: u64, buf: &mut [u8], t: &dyn Transform) -> DevResult<()> {
-        let Some(m) = self.mapped_for_read(offset, buf.len()) else {
+        let len = buf.len();
+        let Some(m) = self
+            .mapped_for_read(offset, len)
+            .or_else(|| self.read_mapped(offset, len))
+        else {
             return read_transformed_by_reading(self, offset, buf, t);
         };
         self.on_map(m, false, |m| m.read_transformed(offset, buf, t))
+    }
+
+    fn resident(&self, offset: u64, len: usize) -> bool {
+        self.mapped_for_read(offset, len).is_some() || self.read_mapped(offset, len).is_some()
     }
 
     /// Through the mapping when there is one: the transform writes the
@@ -1079,6 +1116,58 @@ mod tests {
             ro.write_transformed(0, &b, false, &t),
             Err(DevError::ReadOnly)
         ));
+    }
+
+    /// A disk file is mapped for reads only: a range whose pages are in
+    /// the page cache is `resident` and read through the transform from
+    /// them; a hole, a range evicted from the cache, or a store told not
+    /// to map is not; writes never go through the mapping.
+    #[test]
+    fn disk_files_read_resident_pages_through_a_read_only_mapping() {
+        use crate::core::device::testing::{xored, Xor};
+        let tmp = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
+        assert!(
+            !on_tmpfs(tmp.as_file()),
+            "/var/tmp must be a disk filesystem"
+        );
+        tmp.as_file().set_len(4 << 20).unwrap();
+        let s = FileStore::open(tmp.path(), OpenFlags::default()).unwrap();
+        assert!(!s.direct_access(), "writes keep the syscalls");
+        let data: Vec<u8> = (0..(512 << 10)).map(|i| (i % 251) as u8).collect();
+        s.write(1 << 20, WriteBuf::Borrowed(&xored(&data)), false)
+            .unwrap();
+        assert!(s.resident(1 << 20, data.len()), "just written: cached");
+        assert!(!s.resident(3 << 20, 64 << 10), "a hole is never cached");
+        assert!(!s.resident(4 << 20, 4096), "past the end");
+        // Written back and dropped from the cache (nothing mapped it yet):
+        // no longer resident, and a read takes the syscalls.
+        s.flush().unwrap();
+        // SAFETY: advice on an open descriptor; no memory is passed.
+        let rc = unsafe {
+            libc::posix_fadvise(tmp.as_file().as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+        };
+        assert_eq!(rc, 0);
+        assert!(!s.resident(1 << 20, data.len()), "evicted");
+        let t = Xor::new(4096);
+        let mut again = vec![0u8; data.len()];
+        s.read_transformed(1 << 20, &mut again, &t).unwrap();
+        assert!(again == data);
+        // That read brought the pages back: now through the mapping.
+        assert!(s.resident(1 << 20, data.len()));
+        let mut back = vec![0u8; data.len()];
+        s.read_transformed(1 << 20, &mut back, &t).unwrap();
+        assert!(back == data);
+        let no = FileStore::open(
+            tmp.path(),
+            OpenFlags {
+                no_map: true,
+                ..OpenFlags::default()
+            },
+        )
+        .unwrap();
+        let mut b = vec![0u8; 4096];
+        no.read(1 << 20, &mut b).unwrap();
+        assert!(!no.resident(1 << 20, 4096), "--no-mmap maps nothing");
     }
 
     /// Reading never-written parts of a sparse tmpfs file must not fill

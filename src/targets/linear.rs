@@ -66,6 +66,9 @@ impl BlockDevice for Linear {
     fn direct_access(&self) -> bool {
         self.area.dev.direct_access()
     }
+    fn resident(&self, offset: u64, len: usize) -> bool {
+        self.area.dev.resident(self.area.offset + offset, len)
+    }
     fn can_submit(&self) -> bool {
         self.area.dev.can_submit()
     }
