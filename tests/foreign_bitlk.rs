@@ -422,4 +422,45 @@ fn partly_encrypted_volumes_open_with_allow_partial_bitlk() {
         !w.status.success(),
         "a write to the served volume was accepted"
     );
+    drop(srv);
+
+    // A crypttab bitlk line: refused without bitlk-partial, naming it;
+    // with it served read-only, as with --allow-partial-bitlk.
+    let ct = keep.path().join("crypttab");
+    let sock = keep.path().join("crypttab.sock");
+    let line = |opts: &str| format!("bl {} {} {opts}\n", dir.join(&img).display(), kf.display());
+    std::fs::write(&ct, line("bitlk")).unwrap();
+    let o = udm()
+        .args(["serve", "--socket"])
+        .arg(&sock)
+        .arg("--no-control")
+        .arg("--crypttab")
+        .arg(&ct)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("bitlk-partial to its crypttab line"),
+        "{}",
+        show(&o)
+    );
+    std::fs::write(&ct, line("bitlk-partial")).unwrap();
+    let a = [
+        std::ffi::OsStr::new("--no-control"),
+        std::ffi::OsStr::new("--crypttab"),
+        ct.as_os_str(),
+    ];
+    let srv = UdmServe::start(&sock, &a);
+    let copy = keep.path().join("crypttab.copy");
+    run(Command::new("nbdcopy").arg(srv.uri("bl")).arg(&copy));
+    check_copy(&copy, "04E0BBC1E0BBB770", &pattern).unwrap();
+    let w = Command::new("nbdcopy")
+        .arg(&copy)
+        .arg(srv.uri("bl"))
+        .output()
+        .unwrap();
+    assert!(
+        !w.status.success(),
+        "a write to the crypttab volume was accepted"
+    );
 }

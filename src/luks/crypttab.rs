@@ -631,6 +631,15 @@ mod tests {
         let sys = e[1].tcrypt.as_ref().unwrap();
         assert!(sys.system && !sys.veracrypt && e[1].read_only);
         assert!(e[2].bitlk && e[2].tcrypt.is_none() && e[2].discard && e[2].tries == 1);
+        assert!(!tc.map_legacy && !e[2].bitlk_partial);
+
+        // udm's options for volumes cryptsetup refuses, each implying its
+        // kind as systemd's tcrypt-* options do.
+        let t = "old /img/old /k tcrypt-legacy,hash=sha1\npart /img/part /k bitlk-partial\n";
+        let e = parse(t, p).unwrap();
+        let old = e[0].tcrypt.as_ref().unwrap();
+        assert!(old.map_legacy && old.legacy && !e[0].bitlk);
+        assert!(e[1].bitlk && e[1].bitlk_partial && e[1].tcrypt.is_none());
 
         for (line, want) in [
             (
@@ -642,6 +651,14 @@ mod tests {
                 "options luks and tcrypt exclude each other",
             ),
             ("a /x - tcrypt,veracrypt-pim=5", "add tcrypt-veracrypt"),
+            (
+                "a /x - bitlk,tcrypt-legacy",
+                "options bitlk and tcrypt exclude each other",
+            ),
+            (
+                "a /x - luks,bitlk-partial",
+                "options luks and bitlk exclude each other",
+            ),
             (
                 "a /x - luks,veracrypt-pim=5",
                 "belong to a TrueCrypt/VeraCrypt line",
