@@ -162,6 +162,13 @@ fn bitlk_conf(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
 }
 
 /// The volume key `udm cryptsetup` dumps for `args`, as one hex string.
+/// The volume key of TrueCrypt volume `file` (passphrase [`TC_PASS`],
+/// KDFs narrowed to `hash`).
+fn tcrypt_key(dir: &Path, hash: &str, file: &str) -> String {
+    let args = ["tcryptDump", "-q", "--dump-volume-key", "-h", hash, file];
+    dumped_key(dir, &args, TC_PASS)
+}
+
 fn dumped_key(dir: &Path, args: &[&str], pass: &str) -> String {
     let o = cs_piped(dir, None, args, pass);
     assert!(o.status.success(), "{}", show(&o));
@@ -218,18 +225,7 @@ fn serve_options_open_each_format() {
         assert!(list.contains(e), "{e} not listed:\n{list}");
     }
     assert_eq!(read_export(&tc, &srv, "tc").0, "DEAD-BABE");
-    let key = dumped_key(
-        &tc,
-        &[
-            "tcryptDump",
-            "-q",
-            "--dump-volume-key",
-            "-h",
-            "sha512",
-            TC_CASCADE,
-        ],
-        TC_PASS,
-    );
+    let key = tcrypt_key(&tc, "sha512", TC_CASCADE);
     assert_eq!(key.len(), 192 * 2, "three 512-bit XTS keys");
     assert_no_secret(&srv.stop(), &key, TC_PASS);
 
@@ -461,18 +457,7 @@ fn legacy_truecrypt_volumes_need_their_option() {
     with.push("--allow-tcrypt-legacy".into());
     let srv = serve(&tc, "legacy", &with);
     assert!(zero_sector_reads_zeros(&tc, &srv, "old"));
-    let key = dumped_key(
-        &tc,
-        &[
-            "tcryptDump",
-            "-q",
-            "--dump-volume-key",
-            "-h",
-            "sha1",
-            TC_LEGACY,
-        ],
-        TC_PASS,
-    );
+    let key = tcrypt_key(&tc, "sha1", TC_LEGACY);
     assert_no_secret(&srv.stop(), &key, TC_PASS);
 
     let ct = tc.join("crypttab");
