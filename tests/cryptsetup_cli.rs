@@ -296,6 +296,7 @@ fn key_script(l2: bool) -> Vec<Step> {
         step("isLuks @IMG", 0, Out::Code),
         step(if l2 { "isLuks --type luks1 @IMG" } else { "isLuks --type luks2 @IMG" }, 1, Out::Code),
         step("isLuks @K/k0", 1, Out::Code),
+        step("isLuks @IMG @IMG", 4, Out::Code),
         step("token add --key-description some-key @IMG", only2(0), Out::Code),
         step("token export --token-id 0 @IMG", only2(0), Out::Stdout),
         step("token import --json-file @K/tok.json --token-id 3 --key-slot 0 @IMG", only2(0), Out::Code),

@@ -23,6 +23,7 @@ mod common;
 use common::foreign::*;
 use common::*;
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 
@@ -387,39 +388,52 @@ fn partly_encrypted_volumes_open_with_allow_partial_bitlk() {
     let sock = keep.path().join("serve.sock");
     let (img, pattern) = with_chunk_map(&dir, partial, &[]);
     let vol = format!("bl={}", dir.join(&img).display());
+    let os = |v: &[&str]| -> Vec<OsString> { v.iter().map(OsString::from).collect() };
+    let mut args = os(&["--no-control", "--bitlk", &vol, "--key-file"]);
+    args.push(kf.clone().into());
+    serve_refused(&sock, &args, "--allow-partial-bitlk");
+    args.push("--allow-partial-bitlk".into());
+    let copy = keep.path().join("served.copy");
+    served_read_only(&sock, &args, &copy, &pattern);
+
+    // A crypttab bitlk line: refused without bitlk-partial, naming it;
+    // with it served read-only, as with --allow-partial-bitlk.
+    let ct = keep.path().join("crypttab");
+    let sock = keep.path().join("crypttab.sock");
+    let line = |opts: &str| format!("bl {} {} {opts}\n", dir.join(&img).display(), kf.display());
+    let args = vec![
+        OsString::from("--no-control"),
+        "--crypttab".into(),
+        ct.clone().into(),
+    ];
+    std::fs::write(&ct, line("bitlk")).unwrap();
+    serve_refused(&sock, &args, "bitlk-partial to its crypttab line");
+    std::fs::write(&ct, line("bitlk-partial")).unwrap();
+    served_read_only(&sock, &args, &keep.path().join("crypttab.copy"), &pattern);
+}
+
+/// `udm serve ARGS` on `sock` must fail, its error containing `way_out`.
+fn serve_refused(sock: &Path, args: &[OsString], way_out: &str) {
     let o = udm()
         .args(["serve", "--socket"])
-        .arg(&sock)
-        .args(["--no-control", "--bitlk", &vol, "--key-file"])
-        .arg(&kf)
+        .arg(sock)
+        .args(args)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("--allow-partial-bitlk"),
-        "{}",
-        show(&o)
-    );
-    let args = [
-        "--no-control",
-        "--bitlk",
-        &vol,
-        "--allow-partial-bitlk",
-        "--key-file",
-    ];
-    let mut a: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
-    a.push(kf.as_os_str());
-    let srv = UdmServe::start(&sock, &a);
-    let copy = keep.path().join("served.copy");
-    run(Command::new("nbdcopy").arg(srv.uri("bl")).arg(&copy));
-    check_copy(&copy, "04E0BBC1E0BBB770", &pattern).unwrap();
+    assert!(!o.status.success() && err.contains(way_out), "{}", show(&o));
+}
+
+/// `udm serve ARGS` on `sock` serves `bl` as the partly encrypted volume
+/// (copied out to `copy`, its clear chunk `pattern`), read-only.
+fn served_read_only(sock: &Path, args: &[OsString], copy: &Path, pattern: &[u8]) {
+    let srv = UdmServe::start(sock, args);
+    run(Command::new("nbdcopy").arg(srv.uri("bl")).arg(copy));
+    check_copy(copy, "04E0BBC1E0BBB770", pattern).unwrap();
     let w = Command::new("nbdcopy")
-        .arg(&copy)
+        .arg(copy)
         .arg(srv.uri("bl"))
         .output()
         .unwrap();
-    assert!(
-        !w.status.success(),
-        "a write to the served volume was accepted"
-    );
+    assert!(!w.status.success(), "{args:?}: a write was accepted");
 }

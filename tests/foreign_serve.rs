@@ -162,6 +162,13 @@ fn bitlk_conf(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
 }
 
 /// The volume key `udm cryptsetup` dumps for `args`, as one hex string.
+/// The volume key of TrueCrypt volume `file` (passphrase [`TC_PASS`],
+/// KDFs narrowed to `hash`).
+fn tcrypt_key(dir: &Path, hash: &str, file: &str) -> String {
+    let args = ["tcryptDump", "-q", "--dump-volume-key", "-h", hash, file];
+    dumped_key(dir, &args, TC_PASS)
+}
+
 fn dumped_key(dir: &Path, args: &[&str], pass: &str) -> String {
     let o = cs_piped(dir, None, args, pass);
     assert!(o.status.success(), "{}", show(&o));
@@ -218,18 +225,7 @@ fn serve_options_open_each_format() {
         assert!(list.contains(e), "{e} not listed:\n{list}");
     }
     assert_eq!(read_export(&tc, &srv, "tc").0, "DEAD-BABE");
-    let key = dumped_key(
-        &tc,
-        &[
-            "tcryptDump",
-            "-q",
-            "--dump-volume-key",
-            "-h",
-            "sha512",
-            TC_CASCADE,
-        ],
-        TC_PASS,
-    );
+    let key = tcrypt_key(&tc, "sha512", TC_CASCADE);
     assert_eq!(key.len(), 192 * 2, "three 512-bit XTS keys");
     assert_no_secret(&srv.stop(), &key, TC_PASS);
 
@@ -421,4 +417,66 @@ fn a_wrong_passphrase_names_the_volume() {
         log.contains("--bitlk win: BITLK volume on keyfile1"),
         "{log}"
     );
+}
+
+/// A TrueCrypt legacy blowfish volume (cryptsetup's archive keeps its
+/// header and image sector 35, encrypted zeros).
+const TC_LEGACY: &str = "tc_1-sha1-cbc-blowfish";
+
+/// Copy `export` out over NBD: whether device sector 34 (image sector 35,
+/// behind the 512-byte header) reads as the zeros TrueCrypt encrypted.
+fn zero_sector_reads_zeros(dir: &Path, srv: &Server, export: &str) -> bool {
+    let copy = dir.join(format!("{export}.copy"));
+    run(Command::new(need("nbdcopy"))
+        .arg(srv.uri(export))
+        .arg(&copy));
+    let zeros = pread(&copy, 34 * 512, 512).iter().all(|&b| b == 0);
+    std::fs::remove_file(&copy).unwrap();
+    zeros
+}
+
+/// TrueCrypt's legacy CBC volumes are refused by `--tcrypt` and by a
+/// crypttab `tcrypt` line as cryptsetup refuses them (its message), with
+/// udm's way out named; `--allow-tcrypt-legacy` and crypttab's
+/// `tcrypt-legacy` serve them with udm's own crypt line.
+#[test]
+fn legacy_truecrypt_volumes_need_their_option() {
+    need("nbdcopy");
+    let (_k, tc) = unpack_upstream("tcrypt-images.tar.xz", "tcrypt-images");
+    let pass = write(&tc, "pass", &format!("{TC_PASS}\n"));
+    let vol = format!("old={TC_LEGACY}");
+    let args = ["--tcrypt", &vol, "--key-file", "pass", "--hash", "sha1"];
+    let (code, log) = serve_fails(&tc, "legacy", &os(&args));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains("Kernel does not support activation for this TCRYPT legacy mode.")
+            && log.contains("add --allow-tcrypt-legacy"),
+        "{log}"
+    );
+    let mut with = os(&args);
+    with.push("--allow-tcrypt-legacy".into());
+    let srv = serve(&tc, "legacy", &with);
+    assert!(zero_sector_reads_zeros(&tc, &srv, "old"));
+    let key = tcrypt_key(&tc, "sha1", TC_LEGACY);
+    assert_no_secret(&srv.stop(), &key, TC_PASS);
+
+    let ct = tc.join("crypttab");
+    let line = |opts: &str| {
+        let text = format!(
+            "old {}/{TC_LEGACY} {} {opts}\n",
+            tc.display(),
+            pass.display()
+        );
+        std::fs::write(&ct, text).unwrap();
+        vec![OsString::from("--crypttab"), ct.clone().into()]
+    };
+    let (code, log) = serve_fails(&tc, "ct-legacy", &line("tcrypt,hash=sha1"));
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains("crypttab line 1 (old)") && log.contains("tcrypt-legacy to its crypttab line"),
+        "{log}"
+    );
+    let srv = serve(&tc, "ct-legacy", &line("tcrypt,tcrypt-legacy,hash=sha1"));
+    assert!(zero_sector_reads_zeros(&tc, &srv, "old"));
+    srv.stop();
 }

@@ -7,8 +7,9 @@
 //! (`DEAD-BABE`, `CAFE-BABE` for hidden volumes). That includes
 //! TrueCrypt's legacy blowfish and CBC cascade volumes, which cryptsetup
 //! refuses to activate and udm maps with its own `-cbc-tcrypt` /
-//! `-cbci-tcrypt` specs; their sectors are also checked straight through
-//! udm's crypto, both ways.
+//! `-cbci-tcrypt` specs given `--allow-tcrypt-legacy` (without it udm
+//! refuses them as cryptsetup does, which is checked too); their sectors
+//! are also checked straight through udm's crypto, both ways.
 //!
 //! Images udm cannot open yet are listed in [`EXPECTED_FAILURES`] with the
 //! reason; they are reported, and one that starts passing is reported too
@@ -339,7 +340,10 @@ fn every_upstream_volume_opens_over_nbd() {
     let n = std::sync::atomic::AtomicUsize::new(0);
     let failed = each(&files, |f| {
         let name = format!("tc{}", n.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let (args, pass) = params(f);
+        let (mut args, pass) = params(f);
+        if headers_only(f) {
+            args.push("--allow-tcrypt-legacy".into());
+        }
         let uuid = open_and_read_uuid(&dir, &ctl, &srv, f, &args, pass, &name)?;
         if headers_only(f) {
             // Opened and served; the zero sector was checked on the copy.
@@ -366,6 +370,81 @@ fn every_upstream_volume_opens_over_nbd() {
     });
     let bad = judge("open --type tcrypt", &files, failed);
     assert!(bad.is_empty(), "volumes not opened:\n{}", bad.join("\n"));
+}
+
+/// Without `--allow-tcrypt-legacy` every legacy volume (and a hidden
+/// one's inner volume) is refused as cryptsetup 2.6.1 refuses it: exit 1,
+/// its message first (which `tcrypt-compat-test` greps for), then udm's
+/// way out; no server is reached, and `--test-passphrase`, which
+/// cryptsetup passes since it refuses only activation, still succeeds.
+#[test]
+fn legacy_volumes_are_refused_without_the_option() {
+    let (keep, dir) = images();
+    let nowhere = keep.path().join("no-server").join("control");
+    let files = list(&dir, headers_only);
+    assert_eq!(files.len(), 10, "{files:?}");
+    let failed = each(&files, |f| {
+        let (args, pass) = params(f);
+        let mut runs = vec![(args.clone(), pass)];
+        if f.ends_with("-hidden") {
+            let mut h = args.clone();
+            h.push("--tcrypt-hidden".into());
+            runs.push((h, PASS_HIDDEN));
+        }
+        for (opts, pass) in runs {
+            let mut a = vec!["tcryptOpen".to_string(), "-r".into()];
+            a.extend(opts);
+            a.extend([f.to_string(), "legacy".into()]);
+            let o = cs(&dir, Some(&nowhere), &a, pass);
+            let err = String::from_utf8_lossy(&o.stderr).into_owned();
+            let first = err.lines().next().unwrap_or("");
+            if o.status.code() != Some(1)
+                || first != "Kernel does not support activation for this TCRYPT legacy mode."
+                || !err.contains("--allow-tcrypt-legacy")
+                || !err.contains("tcrypt-legacy to its crypttab line")
+            {
+                return Err(format!(
+                    "not refused as cryptsetup refuses it: {}",
+                    show(&o)
+                ));
+            }
+            a.push("--test-passphrase".into());
+            let o = cs(&dir, Some(&nowhere), &a, pass);
+            if !o.status.success() {
+                return Err(format!("--test-passphrase: {}", show(&o)));
+            }
+        }
+        Ok(())
+    });
+    let bad: Vec<String> = failed.iter().map(|(f, e)| format!("{f}: {e}")).collect();
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// A device too small for its volume, or for a header, is named in one
+/// sentence (not wrapped in "does not exist"), exit 1 as cryptsetup's
+/// `-EINVAL`, before any server is reached.
+#[test]
+fn a_too_small_device_is_one_clear_sentence() {
+    let (keep, dir) = images();
+    let nowhere = keep.path().join("no-server").join("control");
+    // A header that gives the volume's size (TrueCrypt 1's say 0: the
+    // rest of the device).
+    let f = "tc_4-sha512-xts-aes";
+    let bytes = std::fs::read(dir.join(f)).unwrap();
+    let (opts, pass) = params(f);
+    for (len, want) in [
+        (4096, "Device short is too small."),
+        (300, "Device short is too small for a TCRYPT header."),
+    ] {
+        std::fs::write(dir.join("short"), &bytes[..len]).unwrap();
+        let mut a = vec!["tcryptOpen".to_string(), "-r".into()];
+        a.extend(opts.iter().cloned());
+        a.extend(["short".to_string(), "small".into()]);
+        let o = cs(&dir, Some(&nowhere), &a, pass);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(1), "{len} bytes: {}", show(&o));
+        assert_eq!(err.trim_end(), want, "{len} bytes: {}", show(&o));
+    }
 }
 
 /// The volume key, chain and mode of `file` from `tcryptDump

@@ -357,12 +357,13 @@ fn reload_once(service: &Service, ct: &mut CrypttabSource) -> Result<String, Str
 /// already created. Returns the names under the volume's own device.
 fn activate_all(
     service: &Service,
-    devs: Vec<(String, zeroize::Zeroizing<String>)>,
+    devs: Vec<crate::luks::crypttab::LineDevice>,
     read_only: bool,
 ) -> Result<Vec<String>, String> {
     let mut made: Vec<String> = Vec::new();
-    for (name, table) in devs {
-        if let Err(e) = service.activate(&name, table, read_only) {
+    for d in devs {
+        let name = d.name;
+        if let Err(e) = service.activate(&name, d.table, read_only || d.read_only) {
             for m in made.iter().rev() {
                 let _ = service.deactivate(m);
             }

@@ -59,6 +59,11 @@ pub struct Args {
     /// its metadata says encrypted and linear where it says clear.
     #[arg(long)]
     pub allow_partial_bitlk: bool,
+    /// For --tcrypt: map a TrueCrypt legacy volume cryptsetup refuses
+    /// (blowfish, CBC cascades) with udm's own crypt line, which the
+    /// kernel cannot load.
+    #[arg(long)]
+    pub allow_tcrypt_legacy: bool,
     /// A FileVault2 volume (cryptsetup's `open --type fvault2`).
     #[arg(long = "fvault2", value_name = "NAME=IMAGE")]
     pub fvault2: Vec<String>,
@@ -503,6 +508,9 @@ fn foreign_specs(
     if a.allow_partial_bitlk && a.bitlk.is_empty() {
         return Err("--allow-partial-bitlk is for --bitlk volumes, and none is given".into());
     }
+    if a.allow_tcrypt_legacy && a.tcrypt.is_empty() {
+        return Err("--allow-tcrypt-legacy is for --tcrypt volumes, and none is given".into());
+    }
     let key = crate::luks::passphrase::KeySource::file(a.key_file.as_deref());
     let tc = crate::luks::foreign::tcrypt::Params {
         hash: a.hash.clone(),
@@ -513,6 +521,7 @@ fn foreign_specs(
         backup: a.tcrypt_backup,
         keyfiles: a.tcrypt_keyfiles.clone(),
         legacy: true,
+        map_legacy: a.allow_tcrypt_legacy,
         cipher: None,
     };
     let kinds: [(&str, &str, &Vec<String>); 3] = [
@@ -585,21 +594,21 @@ fn crypttab_specs(
             lower.insert(
                 e.name.clone(),
                 devs.iter()
-                    .map(|(n, _)| n.clone())
+                    .map(|d| d.name.clone())
                     .filter(|n| *n != e.name)
                     .collect(),
             );
             // The volume's own device first, so that the first line's is
             // the default export.
-            for (dev, table) in devs.into_iter().rev() {
-                if e.read_only {
-                    read_only_exports.push(dev.clone());
+            for d in devs.into_iter().rev() {
+                if e.read_only || d.read_only {
+                    read_only_exports.push(d.name.clone());
                 }
                 specs.push((
                     position(&ct.display().to_string()).saturating_add(e.line),
-                    dev,
+                    d.name,
                     DeviceSpec::Table {
-                        text: table,
+                        text: d.table,
                         source: format!("{} line {}", ct.display(), e.line),
                     },
                 ));

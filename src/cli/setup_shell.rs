@@ -69,6 +69,18 @@ fn split_option(w: &str) -> (Option<String>, Option<char>, Option<String>) {
     }
 }
 
+#[cfg(test)]
+impl Args {
+    /// [`Args::parse`] of a test's command line, split at whitespace.
+    pub(crate) fn parse_words(s: &str, valued: OptTable, flags: OptTable) -> Result<Args, String> {
+        Args::parse(
+            s.split_whitespace().map(Into::into).collect(),
+            valued,
+            flags,
+        )
+    }
+}
+
 impl Args {
     /// popt's rules: `--name=value` or `--name value`, `-xVALUE` or `-x
     /// VALUE`, options anywhere among the positional arguments, `--`
@@ -310,6 +322,39 @@ pub(crate) fn call(
         .map_err(|e| client_err(name, e))
 }
 
+/// The start of both tools' `status NAME`: "/dev/mapper/NAME is
+/// inactive." (exit 4), or "... is active[ and is in use]." printed and
+/// the device's status entry and table lines returned, for the tool to
+/// print its own target's lines.
+pub(crate) fn active_status(
+    a: &Args,
+    name: &str,
+) -> Result<(Value, Vec<crate::core::table::TableLine>), Fail> {
+    let path = format!("/dev/mapper/{name}");
+    let st = match call(a, name, req("status", name), &[]) {
+        Ok((v, _)) => v,
+        Err(f) if f.code == 4 => {
+            println!("{path} is inactive.");
+            return Err(Fail::new(4, ""));
+        }
+        Err(f) => return Err(f),
+    };
+    let dev = st["devices"][0].clone();
+    let (_, text) = call(a, name, req("table", name), &[])?;
+    let text = String::from_utf8_lossy(&text);
+    let lines = crate::core::table::parse(&text).map_err(|e| {
+        Fail::usage(format!(
+            "the table of {name} from the server does not parse: {e}"
+        ))
+    })?;
+    let in_use = dev["open_count"].as_u64().unwrap_or(0) > 0;
+    println!(
+        "{path} is active{}.",
+        if in_use { " and is in use" } else { "" }
+    );
+    Ok((dev, lines))
+}
+
 /// A request of `op` about device `name`.
 pub(crate) fn req(op: &str, name: &str) -> Request {
     Request {
@@ -370,11 +415,7 @@ mod tests {
     const FLAGS: OptTable = &[("batch-mode", Some('q')), ("verbose", Some('v'))];
 
     fn p(s: &str) -> Result<Args, String> {
-        Args::parse(
-            s.split_whitespace().map(Into::into).collect(),
-            VALUED,
-            FLAGS,
-        )
+        Args::parse_words(s, VALUED, FLAGS)
     }
 
     #[test]

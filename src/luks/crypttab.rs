@@ -13,7 +13,13 @@
 //!
 //! Volumes of other systems take systemd's options for them: `tcrypt`
 //! (with `tcrypt-hidden`, `tcrypt-system`, `tcrypt-veracrypt`,
-//! `veracrypt-pim=`, `tcrypt-keyfile=`) and `bitlk`. systemd has no
+//! `veracrypt-pim=`, `tcrypt-keyfile=`) and `bitlk`, and two of udm's in
+//! their style for volumes cryptsetup refuses: `tcrypt-legacy`
+//! (`--allow-tcrypt-legacy`: TrueCrypt's legacy CBC chains) and
+//! `bitlk-partial` (`--allow-partial-bitlk`: a partly encrypted BitLocker
+//! volume, served read-only). systemd warns about options it does not know
+//! and ignores them, so on a systemd host such a line is refused by
+//! cryptsetup instead. systemd has no
 //! FileVault2 option, so neither has udm's crypttab (`udm serve --fvault2`
 //! serves one). A TrueCrypt line's key file gives its first line as the
 //! passphrase, as systemd reads it; a BitLocker line's key file is a
@@ -50,6 +56,16 @@ const PERF: &[&str] = &[
     "submit-from-crypt-cpus",
 ];
 
+/// One device a line maps to, lowest first in [`CryptEntry::devices`].
+pub struct LineDevice {
+    pub name: String,
+    /// The table, holding the key: zeroized on drop.
+    pub table: Zeroizing<String>,
+    /// Read-only whatever the line says (a partly encrypted BitLocker
+    /// volume, whose map of encrypted parts udm does not keep current).
+    pub read_only: bool,
+}
+
 /// One crypttab line.
 #[derive(Clone, Debug)]
 pub struct CryptEntry {
@@ -69,6 +85,9 @@ pub struct CryptEntry {
     pub tcrypt: Option<tcrypt::Params>,
     /// `bitlk`: a BitLocker volume.
     pub bitlk: bool,
+    /// `bitlk-partial`: a BitLocker volume that cryptsetup refuses (partly
+    /// encrypted) is mapped read-only from its map of encrypted parts.
+    pub bitlk_partial: bool,
     pub header: Option<PathBuf>,
     pub key_slot: Option<u32>,
     pub tries: u32,
@@ -168,6 +187,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<CryptEntry>, LuksError> {
             plain_params: PlainParams::default(),
             tcrypt: None,
             bitlk: false,
+            bitlk_partial: false,
             header: None,
             key_slot: None,
             tries: 3,
@@ -215,6 +235,14 @@ fn options(e: &mut CryptEntry, field: &str, path: &Path) -> Result<(), LuksError
             "tcrypt-veracrypt" | "veracrypt" => {
                 tc.veracrypt = true;
                 Some("tcrypt")
+            }
+            "tcrypt-legacy" => {
+                tc.map_legacy = true;
+                Some("tcrypt")
+            }
+            "bitlk-partial" => {
+                e.bitlk_partial = true;
+                Some("bitlk")
             }
             "veracrypt-pim" => {
                 tc.pim = num(path, line, k, v)?;
@@ -363,10 +391,14 @@ impl CryptEntry {
         &self,
         no_cost_limit: bool,
         allow_weak_cipher: bool,
-    ) -> Result<Vec<(String, Zeroizing<String>)>, LuksError> {
+    ) -> Result<Vec<LineDevice>, LuksError> {
         if self.tcrypt.is_none() && !self.bitlk {
-            let t = self.table(no_cost_limit, allow_weak_cipher)?;
-            return Ok(vec![(self.name.clone(), t)]);
+            let table = self.table(no_cost_limit, allow_weak_cipher)?;
+            return Ok(vec![LineDevice {
+                name: self.name.clone(),
+                table,
+                read_only: false,
+            }]);
         }
         let flags: &[&'static str] = if self.discard {
             &["allow_discards"]
@@ -383,7 +415,7 @@ impl CryptEntry {
         };
         let layers = match &self.tcrypt {
             Some(p) => activate::open_tcrypt(&r, p),
-            None => activate::open_bitlk(&r),
+            None => activate::open_bitlk_with(&r, self.bitlk_partial),
         }
         .map_err(|e| {
             let kind = if self.bitlk { "BITLK" } else { "TCRYPT" };
@@ -394,7 +426,14 @@ impl CryptEntry {
                 self.device.display()
             ))
         })?;
-        Ok(layers.into_iter().map(|l| (l.name, l.table)).collect())
+        Ok(layers
+            .into_iter()
+            .map(|l| LineDevice {
+                name: l.name,
+                table: l.table,
+                read_only: l.read_only,
+            })
+            .collect())
     }
 
     /// Whether a line with neither `luks` nor `plain` is plain dm-crypt:
@@ -592,6 +631,15 @@ mod tests {
         let sys = e[1].tcrypt.as_ref().unwrap();
         assert!(sys.system && !sys.veracrypt && e[1].read_only);
         assert!(e[2].bitlk && e[2].tcrypt.is_none() && e[2].discard && e[2].tries == 1);
+        assert!(!tc.map_legacy && !e[2].bitlk_partial);
+
+        // udm's options for volumes cryptsetup refuses, each implying its
+        // kind as systemd's tcrypt-* options do.
+        let t = "old /img/old /k tcrypt-legacy,hash=sha1\npart /img/part /k bitlk-partial\n";
+        let e = parse(t, p).unwrap();
+        let old = e[0].tcrypt.as_ref().unwrap();
+        assert!(old.map_legacy && old.legacy && !e[0].bitlk);
+        assert!(e[1].bitlk && e[1].bitlk_partial && e[1].tcrypt.is_none());
 
         for (line, want) in [
             (
@@ -603,6 +651,14 @@ mod tests {
                 "options luks and tcrypt exclude each other",
             ),
             ("a /x - tcrypt,veracrypt-pim=5", "add tcrypt-veracrypt"),
+            (
+                "a /x - bitlk,tcrypt-legacy",
+                "options bitlk and tcrypt exclude each other",
+            ),
+            (
+                "a /x - luks,bitlk-partial",
+                "options luks and bitlk exclude each other",
+            ),
             (
                 "a /x - luks,veracrypt-pim=5",
                 "belong to a TrueCrypt/VeraCrypt line",

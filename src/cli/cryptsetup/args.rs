@@ -193,6 +193,8 @@ pub static SPECS: &[Spec] = &[
     spec!("allow-weak-cipher", None, Flag),
     // udm's: map a BitLocker volume cryptsetup refuses (partly encrypted).
     spec!("allow-partial-bitlk", None, Flag, [OPEN]),
+    // udm's: map a TrueCrypt legacy CBC volume cryptsetup refuses.
+    spec!("allow-tcrypt-legacy", None, Flag, [OPEN]),
     spec!("control", None, Str),
     // udm's: narrows who may use the opened device over NBD.
     spec!("allow", None, Str, [OPEN]),

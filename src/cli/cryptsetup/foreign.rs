@@ -34,6 +34,7 @@ fn params(c: &Ctx) -> Params {
         backup: c.a.has("tcrypt-backup"),
         keyfiles: c.a.key_file_list.iter().map(PathBuf::from).collect(),
         legacy: true,
+        map_legacy: c.a.has("allow-tcrypt-legacy"),
     }
 }
 
@@ -146,13 +147,16 @@ pub(super) fn tcrypt_dump(c: &Ctx) -> Outcome {
     Ok(())
 }
 
-/// `open --type tcrypt DEVICE NAME` (and `--test-passphrase`).
+/// `open --type tcrypt DEVICE NAME` (and `--test-passphrase`, which
+/// cryptsetup passes before any refusal: it refuses only activation).
+/// udm's `--allow-tcrypt-legacy` maps a legacy CBC volume cryptsetup
+/// refuses.
 pub(super) fn open(c: &Ctx) -> Outcome {
     let l = load(c)?;
     if c.a.has("test-passphrase") {
         return Ok(());
     }
-    if let Some(why) = l.hdr.activation_refusal() {
+    if let Some(why) = activate::tcrypt_refusal(&l.hdr, &l.p) {
         eprintln!("{why}");
         return Err(LuksError::Silent(1));
     }

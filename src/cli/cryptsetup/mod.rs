@@ -46,6 +46,11 @@ fn open(c: &Ctx) -> Outcome {
             "Option --allow-partial-bitlk is allowed only with --type bitlk.".into(),
         ));
     }
+    if c.a.has("allow-tcrypt-legacy") && !foreign::handles_open(c) {
+        return Err(LuksError::Usage(
+            "Option --allow-tcrypt-legacy is allowed only with --type tcrypt.".into(),
+        ));
+    }
     if foreign::handles_open(c) {
         return foreign::open(c);
     }
@@ -252,7 +257,9 @@ pub fn usage_text() -> String {
          udm implements. --no-kdf-limit lets udm try passphrases on keyslots whose KDF\n\
          cost is above its limit; --allow-weak-cipher lets it open a header whose data\n\
          or keyslot cipher is cipher_null or ECB; --allow-partial-bitlk maps a BitLocker\n\
-         volume cryptsetup refuses (partly encrypted) read-only from its metadata.\n",
+         volume cryptsetup refuses (partly encrypted) read-only from its metadata;\n\
+         --allow-tcrypt-legacy maps a TrueCrypt legacy CBC volume cryptsetup refuses\n\
+         (blowfish, CBC cascades) with udm's own crypt line.\n",
     );
     s
 }

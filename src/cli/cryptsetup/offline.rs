@@ -188,9 +188,10 @@ pub(super) fn uuid(c: &Ctx) -> Outcome {
 
 pub(super) fn is_luks(c: &Ctx) -> Outcome {
     if c.argv.len() > 1 {
-        return Err(LuksError::Device(
-            "Only one device argument for isLuks operation is supported.".into(),
-        ));
+        // cryptsetup's message and exit code 4 (-ENODEV); a Device error
+        // would wrap the sentence in another one.
+        eprintln!("Only one device argument for isLuks operation is supported.");
+        return Err(LuksError::Silent(4));
     }
     let dev = device(c);
     // isLuks is quiet: the exit code is the answer (messages only with -v).

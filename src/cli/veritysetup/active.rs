@@ -6,8 +6,7 @@
 use super::args::Args;
 use super::offline::{open_checked, Checked};
 use super::{Fail, Outcome};
-use crate::cli::setup_shell::{call, req};
-use crate::core::table;
+use crate::cli::setup_shell::{active_status, call, req};
 use crate::targets::verity::params::{Fec, Mode, Options, VerityParams};
 
 fn options(a: &Args) -> Result<Options, Fail> {
@@ -96,29 +95,7 @@ fn absolute(path: &str) -> String {
 }
 
 pub(super) fn status(a: &Args) -> Outcome {
-    let name = &a.pos[1];
-    let path = format!("/dev/mapper/{name}");
-    let st = match call(a, name, req("status", name), &[]) {
-        Ok((v, _)) => v,
-        Err(f) if f.code == 4 => {
-            println!("{path} is inactive.");
-            return Err(Fail::new(4, ""));
-        }
-        Err(f) => return Err(f),
-    };
-    let dev = &st["devices"][0];
-    let (_, text) = call(a, name, req("table", name), &[])?;
-    let text = String::from_utf8_lossy(&text);
-    let lines = table::parse(&text).map_err(|e| {
-        Fail::usage(format!(
-            "the table of {name} from the server does not parse: {e}"
-        ))
-    })?;
-    let in_use = dev["open_count"].as_u64().unwrap_or(0) > 0;
-    println!(
-        "{path} is active{}.",
-        if in_use { " and is in use" } else { "" }
-    );
+    let (dev, lines) = active_status(a, &a.pos[1])?;
     let Some(p) = lines
         .first()
         .filter(|l| l.target == "verity")

@@ -53,11 +53,7 @@ mod tests {
     use super::*;
 
     fn p(s: &str) -> Result<Args, String> {
-        Args::parse(
-            s.split_whitespace().map(Into::into).collect(),
-            VALUED,
-            FLAGS,
-        )
+        Args::parse_words(s, VALUED, FLAGS)
     }
 
     #[test]

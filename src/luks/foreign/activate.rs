@@ -138,12 +138,40 @@ pub fn tcrypt_geometry(
         .is_none_or(|end| end > data_sectors)
         || g.size == 0
     {
-        return Err(LuksError::Device(format!(
+        // cryptsetup's words and exit code (1: its -EINVAL); a Device
+        // error would wrap the sentence in another one.
+        return Err(LuksError::Usage(format!(
             "Device {} is too small.",
             g.dev.display()
         )));
     }
     Ok((g, note))
+}
+
+/// The first line of cryptsetup's refusal of a legacy chain (its
+/// `TCRYPT_activate`, exit code 1), which scripts grep for.
+pub const TCRYPT_LEGACY_REFUSAL: &str =
+    "Kernel does not support activation for this TCRYPT legacy mode.";
+
+/// Why a TCRYPT volume is not mapped, if it is not: cryptsetup's reasons
+/// in its order (the sector size, then a legacy `-tcrypt` chain), the
+/// legacy one followed by udm's way out unless `p.map_legacy` takes it.
+/// cryptsetup refuses only at activation, after the header was found, so
+/// `--test-passphrase` and `tcryptDump` still work on such a volume.
+pub fn tcrypt_refusal(hdr: &Header, p: &Params) -> Option<String> {
+    if let Some(why) = hdr.activation_refusal() {
+        return Some(why);
+    }
+    if !hdr.legacy_mode() || p.map_legacy {
+        return None;
+    }
+    Some(format!(
+        "{TCRYPT_LEGACY_REFUSAL}\nudm can map it read-write with its own {}-{} crypt line \
+         (a table the kernel cannot load): add --allow-tcrypt-legacy (to cryptsetup open, \
+         or to serve with --tcrypt), or tcrypt-legacy to its crypttab line.",
+        hdr.cipher(),
+        hdr.mode()
+    ))
 }
 
 /// Every layer's spec must be one udm can run, checked before anything
@@ -231,7 +259,7 @@ pub fn bitlk_refusal(m: &bitlk::Metadata) -> Option<String> {
     Some(format!(
         "{why}\nudm can map it read-only as its metadata describes it (crypt where it \
          is encrypted, linear where it is still in the clear): add --allow-partial-bitlk \
-         (to cryptsetup open, or to serve with --bitlk)."
+         (to cryptsetup open, or to serve with --bitlk), or bitlk-partial to its crypttab line."
     ))
 }
 
@@ -385,16 +413,11 @@ pub fn open_tcrypt(r: &Request, p: &Params) -> Result<Vec<Layer>, LuksError> {
     let meta = r.header.unwrap_or(r.device);
     let disk = Disk::open(&tcrypt_header_device(meta, p), false)?;
     let hdr = r.with_secret(true, |pass| tcrypt::load(&disk, pass, p))?;
-    if let Some(why) = hdr.activation_refusal() {
+    if let Some(why) = tcrypt_refusal(&hdr, p) {
         return Err(LuksError::Usage(why));
     }
     tcrypt_check_ciphers(&hdr).map_err(LuksError::Usage)?;
-    let (g, note) =
-        tcrypt_geometry(&hdr, p, meta, disk.size()?, r.device).map_err(|e| match e {
-            // The CLI's exit code 4 with its own words; here the words alone.
-            LuksError::Device(m) => LuksError::Usage(m),
-            e => e,
-        })?;
+    let (g, note) = tcrypt_geometry(&hdr, p, meta, disk.size()?, r.device)?;
     if let Some(n) = note {
         tracing::warn!("TCRYPT volume {}: {n}", r.name);
     }

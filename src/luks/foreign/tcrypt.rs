@@ -361,6 +361,11 @@ pub struct Params {
     /// TrueCrypt's legacy KDF and CBC chains (cryptsetup's command line
     /// always allows them).
     pub legacy: bool,
+    /// udm's `--allow-tcrypt-legacy`: map a legacy `-tcrypt` chain, which
+    /// cryptsetup finds but refuses to activate, with udm's own crypt
+    /// line. Without it udm refuses as cryptsetup does, so that scripts
+    /// that expect the refusal see it.
+    pub map_legacy: bool,
 }
 
 /// A decrypted header.
@@ -735,8 +740,8 @@ fn read_at(disk: &Disk, off: i64) -> Result<Zeroizing<[u8; 512]>, LuksError> {
     match at {
         Some(a) if a + 512 <= size => disk.read_at(a, &mut b[..])?,
         _ => {
-            return Err(LuksError::Device(format!(
-                "{} is too small for a TCRYPT header",
+            return Err(LuksError::Usage(format!(
+                "Device {} is too small for a TCRYPT header.",
                 disk.path().display()
             )))
         }
@@ -869,6 +874,13 @@ impl Header {
             self.chain.mode,
             self.chain.key_size * 8
         )
+    }
+
+    /// Whether the chain is one of TrueCrypt's legacy blowfish and CBC
+    /// cascade modes (`cbc-tcrypt`, `cbci-tcrypt`), which cryptsetup's
+    /// `TCRYPT_activate` refuses because no kernel target maps them.
+    pub fn legacy_mode(&self) -> bool {
+        self.chain.mode.contains("-tcrypt")
     }
 
     /// Why cryptsetup would not map this volume, if it would not.
