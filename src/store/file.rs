@@ -476,17 +476,22 @@ impl FileStore {
             store: self,
         };
         let done = io.done;
-        w.run(Box::new(move || {
-            let p = pending;
-            // SAFETY: the caller keeps the store and the buffer alive and
-            // the buffer untouched until `done` ran (the submit contract).
-            let (store, data) = unsafe { (&*p.store, std::slice::from_raw_parts(p.buf, p.len)) };
-            let r = store
-                .file
-                .write_all_at(data, p.offset)
-                .map_err(DevError::Io);
-            done(Some(r))
-        }));
+        let len = io.len;
+        w.run(
+            len,
+            Box::new(move || {
+                let p = pending;
+                // SAFETY: the caller keeps the store and the buffer alive and
+                // the buffer untouched until `done` ran (the submit contract).
+                let (store, data) =
+                    unsafe { (&*p.store, std::slice::from_raw_parts(p.buf, p.len)) };
+                let r = store
+                    .file
+                    .write_all_at(data, p.offset)
+                    .map_err(DevError::Io);
+                done(Some(r))
+            }),
+        );
     }
 }
 
