@@ -243,10 +243,9 @@ impl Metadata {
     pub fn insert(&mut self, dev: u64, vb: u64, db: u64) -> Result<(), String> {
         let sub = self.subtree(dev)?;
         let v = (db << 24) | u64::from(self.time & 0xff_ffff);
-        let existed = btree::lookup64(&self.tm, sub, vb)?.is_some();
-        let nsub = btree::insert(&mut self.tm, sub, vb, &v.to_le_bytes(), Vk::Data, true)?;
+        let (nsub, added) = btree::upsert(&mut self.tm, sub, vb, &v.to_le_bytes(), Vk::Data, true)?;
         self.set_subtree(dev, sub, nsub)?;
-        if !existed {
+        if added {
             self.bump(dev, 1);
         }
         Ok(())

@@ -73,15 +73,29 @@ pub fn insert(
     vk: Vk,
     drop_old: bool,
 ) -> Result<u64, String> {
-    let (nb, split) = insert_in(tm, root, key, val, vk, drop_old)?;
+    Ok(upsert(tm, root, key, val, vk, drop_old)?.0)
+}
+
+/// [`insert`], also saying whether `key` is new (not an overwrite), so a
+/// caller that counts entries needs no lookup of its own first.
+pub fn upsert(
+    tm: &mut Tm,
+    root: u64,
+    key: u64,
+    val: &[u8],
+    vk: Vk,
+    drop_old: bool,
+) -> Result<(u64, bool), String> {
+    let mut added = false;
+    let (nb, split) = insert_in(tm, root, key, val, vk, drop_old, &mut added)?;
     let Some((rk, rb)) = split else {
-        return Ok(nb);
+        return Ok((nb, added));
     };
     let lk = tm.node(nb)?.key(0);
     let mut top = Node::empty(false, 8);
     top.insert_at(0, lk, &nb.to_le_bytes());
     top.insert_at(1, rk, &rb.to_le_bytes());
-    tm.new_node(top)
+    Ok((tm.new_node(top)?, added))
 }
 
 type Split = Option<(u64, u64)>;
@@ -93,6 +107,7 @@ fn insert_in(
     val: &[u8],
     vk: Vk,
     drop_old: bool,
+    added: &mut bool,
 ) -> Result<(u64, Split), String> {
     let nb = tm.shadow(b, vk)?;
     let n = tm.node(nb)?;
@@ -111,6 +126,7 @@ fn insert_in(
             }
             Err(i) => {
                 drop(n);
+                *added = true;
                 place(tm, nb, i, key, val)
             }
         };
@@ -118,7 +134,7 @@ fn insert_in(
     let i = n.lower_bound(key).unwrap_or(0);
     let child = n.val64(i);
     drop(n);
-    let (c2, split) = insert_in(tm, child, key, val, vk, drop_old)?;
+    let (c2, split) = insert_in(tm, child, key, val, vk, drop_old, added)?;
     let node = tm.node_mut(nb);
     if node.key(i) > key {
         node.set_key(i, key);
