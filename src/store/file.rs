@@ -426,7 +426,8 @@ impl FileStore {
         let mut pos = offset;
         for _ in 0..CLEAR_PAGES {
             // SAFETY: plain syscall on an open descriptor with integer arguments.
-            let d = unsafe { libc::lseek(self.file.as_raw_fd(), pos as libc::off_t, libc::SEEK_DATA) };
+            let d =
+                unsafe { libc::lseek(self.file.as_raw_fd(), pos as libc::off_t, libc::SEEK_DATA) };
             if d < 0 {
                 let no_data = std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO);
                 return Ok(no_data);
