@@ -74,8 +74,8 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         )),
         None => None,
     };
-    if super::standin::unopened(&pool) {
-        return Ok(super::standin::StandIn::target(TYPE.name, a.args, a.len));
+    if crate::core::device::unopened(pool.as_ref()) {
+        return Ok(super::standin::target(TYPE.name, a.args, a.len));
     }
     // The pool's own target: under `serve --no-flatten` too, so not
     // through `redirect`.

@@ -62,23 +62,11 @@ pub fn walk(tm: &Tm, root: u64, f: &mut dyn FnMut(u64, &[u8])) -> Result<(), Str
     Ok(())
 }
 
-/// Insert or overwrite `key`; the new root. An overwritten value's
-/// reference is dropped when `drop_old` (a subtree root replaced by its own
-/// shadow was dropped by the shadowing already).
+/// Insert or overwrite `key`; the new root, and whether `key` is new (not
+/// an overwrite), so a caller that counts entries needs no lookup first.
+/// An overwritten value's reference is dropped when `drop_old` (a subtree
+/// root replaced by its own shadow was dropped by the shadowing already).
 pub fn insert(
-    tm: &mut Tm,
-    root: u64,
-    key: u64,
-    val: &[u8],
-    vk: Vk,
-    drop_old: bool,
-) -> Result<u64, String> {
-    Ok(upsert(tm, root, key, val, vk, drop_old)?.0)
-}
-
-/// [`insert`], also saying whether `key` is new (not an overwrite), so a
-/// caller that counts entries needs no lookup of its own first.
-pub fn upsert(
     tm: &mut Tm,
     root: u64,
     key: u64,
@@ -315,7 +303,16 @@ mod tests {
         let mut root = empty(&mut t, 8).unwrap();
         let keys: Vec<u64> = (0..3000u64).map(|i| (i * 7919) % 3001).collect();
         for &k in &keys {
-            root = insert(&mut t, root, k, &(k + 1).to_le_bytes(), Vk::Plain, true).unwrap();
+            let (r, added) = insert(&mut t, root, k, &k.to_le_bytes(), Vk::Plain, true).unwrap();
+            assert!(added, "{k} is new");
+            root = r;
+        }
+        // Overwrites: not new.
+        for &k in &keys {
+            let (r, added) =
+                insert(&mut t, root, k, &(k + 1).to_le_bytes(), Vk::Plain, true).unwrap();
+            assert!(!added, "{k} was there");
+            root = r;
         }
         let got = all(&t, root);
         assert_eq!(got.len(), 3000);
