@@ -3,12 +3,14 @@
 //! without it the write waits (`UDM_THIN_NO_SPACE_TIMEOUT`, the kernel's
 //! `no_space_timeout`, set short here) and fails when that runs out, or
 //! completes when a reload grows the data device meanwhile: onto a bigger
-//! copy, or the same file grown in place.
+//! copy, or the same file grown in place. While writes wait, the other
+//! devices of the server (and reads of the same thin device) go on.
 
 mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::dm::DmServer;
@@ -127,16 +129,36 @@ fn reload_onto(
     );
 }
 
-fn set_timeout() {
+/// Start a write of block `vb` that must wait for space, and check it
+/// still waits.
+fn queued_writer(uri: &str, vb: u64) -> Child {
+    let mut w = writer(uri, vb);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(w.try_wait().unwrap().is_none(), "the write waits for space");
+    w
+}
+
+/// The queued write `w` completes once `grow` has grown the pool.
+fn completes_after(w: Child, grow: impl FnOnce()) {
+    grow();
+    let o = w.wait_with_output().unwrap();
+    assert!(o.status.success(), "the reload completes it: {}", show(&o));
+}
+
+/// Held by each test while its servers run: they inherit
+/// `UDM_THIN_NO_SPACE_TIMEOUT` from this process, which each test sets.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn set_timeout(secs: &str) -> std::sync::MutexGuard<'static, ()> {
     need_python_module("nbd", "python3-libnbd");
-    // This test binary's only test that starts servers sets it: the
-    // servers inherit it.
-    std::env::set_var("UDM_THIN_NO_SPACE_TIMEOUT", TIMEOUT);
+    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var("UDM_THIN_NO_SPACE_TIMEOUT", secs);
+    g
 }
 
 #[test]
 fn out_of_space_errors_at_once_or_queues_until_a_reload_grows_it() {
-    set_timeout();
+    let _serial = set_timeout(TIMEOUT);
     // error_if_no_space: ENOSPC at once, and a reload lets it write.
     let d = scratch("thin-enospc");
     let (srv, uri) = full_pool(d.path(), true);
@@ -153,12 +175,8 @@ fn out_of_space_errors_at_once_or_queues_until_a_reload_grows_it() {
     // Queueing: the write waits; a reload during the wait completes it.
     let d = scratch("thin-queue");
     let (srv, uri) = full_pool(d.path(), false);
-    let mut w = writer(&uri, 4);
-    std::thread::sleep(Duration::from_millis(700));
-    assert!(w.try_wait().unwrap().is_none(), "the write waits for space");
-    grow(&srv, d.path(), 8, false);
-    let o = w.wait_with_output().unwrap();
-    assert!(o.status.success(), "the reload completes it: {}", show(&o));
+    let w = queued_writer(&uri, 4);
+    completes_after(w, || grow(&srv, d.path(), 8, false));
     let data = std::fs::read(d.path().join("data.big")).unwrap();
     let at = data
         .chunks(BLOCK as usize)
@@ -189,12 +207,8 @@ fn out_of_space_errors_at_once_or_queues_until_a_reload_grows_it() {
     // a reload of the same table, but for its length, completes it.
     let d = scratch("thin-inplace");
     let (srv, uri) = full_pool(d.path(), false);
-    let mut w = writer(&uri, 4);
-    std::thread::sleep(Duration::from_millis(700));
-    assert!(w.try_wait().unwrap().is_none(), "the write waits for space");
-    grow_in_place(&srv, d.path(), 6, false);
-    let o = w.wait_with_output().unwrap();
-    assert!(o.status.success(), "the reload completes it: {}", show(&o));
+    let w = queued_writer(&uri, 4);
+    completes_after(w, || grow_in_place(&srv, d.path(), 6, false));
     let (ok, out, _) = write_block(&uri, 5);
     assert!(ok, "the sixth block fits: {out}");
     let data = std::fs::read(d.path().join("data")).unwrap();
@@ -213,4 +227,100 @@ fn out_of_space_errors_at_once_or_queues_until_a_reload_grows_it() {
         .output()
         .unwrap();
     assert!(o.status.success(), "thin_check: {}", show(&o));
+}
+
+/// For `SECS` seconds: write and read back 4 KiB at a time (or only
+/// read); print the count and the slowest round trip in seconds. Killed
+/// 10 s after that, stuck or not.
+const PROMPT: &str = r#"
+import nbd, signal, sys, time
+secs, write = float(sys.argv[2]), sys.argv[3] == "rw"
+signal.alarm(int(secs) + 10)
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+buf = b"\x5a" * 4096
+worst, n = 0.0, 0
+end = time.monotonic() + secs
+while time.monotonic() < end:
+    t = time.monotonic()
+    at = (n % 16) * 4096
+    if write:
+        h.pwrite(buf, at)
+        if h.pread(4096, at) != buf:
+            sys.exit("read back other bytes")
+    else:
+        h.pread(4096, at)
+    worst = max(worst, time.monotonic() - t)
+    n += 1
+print(n, worst)
+"#;
+
+/// Run [`PROMPT`] against `uri` for `secs`: each round trip must stay
+/// under a second, and there must be many.
+fn stays_prompt(uri: &str, secs: u64, write: bool) {
+    let t = Instant::now();
+    let o = Command::new(PYTHON)
+        .args(["-c", PROMPT, uri, &secs.to_string()])
+        .arg(if write { "rw" } else { "r" })
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{uri}: {}", show(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mut f = out.split_whitespace();
+    let n: u64 = f.next().unwrap().parse().unwrap();
+    let worst: f64 = f.next().unwrap().parse().unwrap();
+    assert!(n >= 20, "{uri}: only {n} round trips in {secs} s");
+    assert!(worst < 1.0, "{uri}: a round trip took {worst} s");
+    assert!(
+        t.elapsed() < Duration::from_secs(secs + 5),
+        "{uri}: connecting took {:?}",
+        t.elapsed()
+    );
+}
+
+/// Writes queued for space wait on threads of their thin device's own:
+/// meanwhile a linear device of the same server, served to other clients,
+/// reads and writes as promptly as ever, and the thin device's mapped
+/// blocks can still be read; the writes complete after the grow.
+#[test]
+fn queued_writes_hold_up_no_other_device() {
+    let _serial = set_timeout("0");
+    let d = scratch("thin-queue-others");
+    let lin = sparse(d.path(), "lin", 1 << 20);
+    let (srv, uri) = full_pool(d.path(), false);
+    let line = format!("0 {} linear {} 0", (1 << 20) / 512, lin.display());
+    srv.ok(&["create", "lin", "--table", &line]);
+    // More waiting writers than a server has event loops (one a core).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let waiting: Vec<Child> = (0..cores as u64 + 1).map(|i| writer(&uri, 4 + i)).collect();
+    std::thread::sleep(Duration::from_millis(700));
+    let t = Instant::now();
+    stays_prompt(&srv.uri("lin"), 5, true);
+    stays_prompt(&uri, 1, false);
+    assert!(t.elapsed() >= Duration::from_secs(5));
+    let mut waiting = waiting;
+    for w in &mut waiting {
+        assert!(w.try_wait().unwrap().is_none(), "the write waits for space");
+    }
+    let blocks = 4 + waiting.len() as u64;
+    grow(&srv, d.path(), blocks, false);
+    for (i, w) in waiting.into_iter().enumerate() {
+        let o = w.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "writer {i} after the grow: {}",
+            show(&o)
+        );
+    }
+    let data = std::fs::read(d.path().join("data.big")).unwrap();
+    for vb in 4..blocks {
+        assert!(
+            data.chunks(BLOCK as usize)
+                .any(|b| b.iter().all(|&x| x as u64 == vb + 1)),
+            "block {vb}'s data is on the data device"
+        );
+    }
+    srv.ok(&["remove", "--retry", "t"]);
+    srv.ok(&["remove", "pool"]);
+    srv.serve.stop();
 }

@@ -561,6 +561,54 @@ pub fn write_zeroes_by_writing(
     Ok(())
 }
 
+/// A device that refuses every I/O with `why`: what `udm table check`
+/// builds over. The mapper's placeholder for each device a check does not
+/// open is one, unlimited in size so that any area fits ([`unopened`]);
+/// so are the targets a check builds without their devices (the thin
+/// targets' stand-ins), which keep their table line in `line`.
+pub struct Refusing<L = ()> {
+    pub size: u64,
+    pub why: &'static str,
+    pub line: L,
+}
+
+impl<L: Send + Sync> Refusing<L> {
+    fn refuse<T>(&self) -> DevResult<T> {
+        Err(DevError::NotSupported(self.why))
+    }
+}
+
+impl<L: Send + Sync> BlockDevice for Refusing<L> {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn limits(&self) -> Limits {
+        Limits::default()
+    }
+    fn read(&self, _: u64, _: &mut [u8]) -> DevResult<()> {
+        self.refuse()
+    }
+    fn write(&self, _: u64, _: WriteBuf<'_>, _: bool) -> DevResult<()> {
+        self.refuse()
+    }
+    fn flush(&self) -> DevResult<()> {
+        self.refuse()
+    }
+    fn discard(&self, _: u64, _: u64) -> DevResult<()> {
+        self.refuse()
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: bool) -> DevResult<()> {
+        self.refuse()
+    }
+}
+
+/// Whether `dev` is a table check's placeholder for a device it did not
+/// open (a [`Refusing`] device of unlimited size): a constructor given one
+/// checks its line and reads nothing from the device.
+pub fn unopened(dev: &dyn BlockDevice) -> bool {
+    dev.size() == u64::MAX
+}
+
 /// A position-dependent test transform, shared by the unit tests of the
 /// devices that implement direct access.
 #[cfg(test)]

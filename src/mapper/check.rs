@@ -13,8 +13,9 @@
 use std::sync::Arc;
 
 use super::compile::Files;
+use crate::core::device::Refusing;
 use crate::core::table::{TableError, TableLine};
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::BlockDevice;
 use crate::store::{Location, OpenFlags};
 use crate::targets::{DeviceResolver, TargetOptions};
 
@@ -34,7 +35,7 @@ pub fn check(lines: &[TableLine], devices: CheckDevices) -> Result<(), TableErro
     let mut resolver = CheckResolver {
         open: devices == CheckDevices::OpenReadOnly,
         files: Files::default(),
-        placeholder: Arc::new(Placeholder),
+        placeholder: placeholder(),
     };
     // One crypt thread: a check needs no worker pool.
     let options = TargetOptions {
@@ -72,38 +73,12 @@ impl DeviceResolver for CheckResolver {
 
 /// A device that was not opened: large enough for any area, 512-byte
 /// blocks, and no I/O (a check never reads or writes).
-struct Placeholder;
-
-impl Placeholder {
-    fn refuse<T>() -> DevResult<T> {
-        Err(DevError::NotSupported(
-            "I/O on a device that a table check did not open",
-        ))
-    }
-}
-
-impl BlockDevice for Placeholder {
-    fn size(&self) -> u64 {
-        u64::MAX
-    }
-    fn limits(&self) -> Limits {
-        Limits::default()
-    }
-    fn read(&self, _: u64, _: &mut [u8]) -> DevResult<()> {
-        Self::refuse()
-    }
-    fn write(&self, _: u64, _: WriteBuf<'_>, _: bool) -> DevResult<()> {
-        Self::refuse()
-    }
-    fn flush(&self) -> DevResult<()> {
-        Self::refuse()
-    }
-    fn discard(&self, _: u64, _: u64) -> DevResult<()> {
-        Self::refuse()
-    }
-    fn write_zeroes(&self, _: u64, _: u64, _: bool) -> DevResult<()> {
-        Self::refuse()
-    }
+fn placeholder() -> Arc<dyn BlockDevice> {
+    Arc::new(Refusing {
+        size: u64::MAX,
+        why: "I/O on a device that a table check did not open",
+        line: (),
+    })
 }
 
 #[cfg(test)]

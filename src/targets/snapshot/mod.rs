@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{parse_number, Target, TargetArgs, TargetError};
-use crate::core::device::write_zeroes_by_writing;
+use crate::core::device::{unopened, write_zeroes_by_writing};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use snap::{Snap, SnapSpec};
 use store::Kind;
@@ -120,12 +120,6 @@ fn resolve(a: &mut TargetArgs<'_>, idx: usize) -> Result<Arc<dyn BlockDevice>, T
     a.resolver
         .resolve(name)
         .map_err(|e| TargetError::at(idx, e))
-}
-
-/// A device that `udm table check` did not open (unlimited, refuses I/O):
-/// the constructors check the line and read nothing from it.
-fn unopened(d: &dyn BlockDevice) -> bool {
-    d.size() == u64::MAX
 }
 
 fn build(a: &mut TargetArgs<'_>, merge: bool) -> Result<Snapshot, TargetError> {

@@ -3,13 +3,23 @@
 //! (or from the external origin); a write to a block shared with a
 //! snapshot copies it first; discards unmap whole blocks, and the data
 //! blocks that frees are discarded on the data device (passdown).
+//!
+//! A write that finds the pool out of data space waits for space (the
+//! kernel's queue_if_no_space), which may take as long as
+//! `UDM_THIN_NO_SPACE_TIMEOUT`. It must not wait on a thread that other
+//! devices' clients need, so the device takes submissions
+//! ([`BlockDevice::submit`]: reads and writes run right on the submitting
+//! thread, a connection's reader, as small requests ran inline before) and
+//! declines a write that would wait; the engine then runs it on a worker
+//! of this device's own ([`Limits::queue_depth`]), where waiting holds up
+//! no other device.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::metadata::Metadata;
 use super::pool::{core_of, PoolCore};
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::targets::{parse_number, Target, TargetArgs, TargetError, TargetType};
 
 /// The `thin` target type, for [`crate::targets::TYPES`].
@@ -20,6 +30,17 @@ pub static TYPE: TargetType = TargetType {
     args: &["pool dev", "dev id", "external origin dev"],
     more_args: None,
 };
+
+/// Requests a thin device may have running on workers of its own (see the
+/// module doc): writes waiting for space hold these, and only these.
+const QUEUE_DEPTH: u32 = 8;
+
+/// Whether a write may wait for data space, or must give up ([`Thin::submit`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Yes,
+    No,
+}
 
 pub struct Thin {
     core: Arc<PoolCore>,
@@ -53,8 +74,8 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         )),
         None => None,
     };
-    if super::standin::unopened(&pool) {
-        return Ok(super::standin::StandIn::target(TYPE.name, a.args, a.len));
+    if crate::core::device::unopened(pool.as_ref()) {
+        return Ok(super::standin::target(TYPE.name, a.args, a.len));
     }
     // The pool's own target: under `serve --no-flatten` too, so not
     // through `redirect`.
@@ -152,20 +173,34 @@ impl Thin {
 
     /// Write one piece of one block. A mapped block of this device alone
     /// is written in place after a lookup under the shared lock; anything
-    /// else is provisioned or unshared in the block's cell.
-    fn write_piece(&self, vb: u64, within: u64, data: &[u8]) -> DevResult<()> {
-        // The pin is taken under the lock, with the lookup, and the lock
-        // goes before the data is written.
-        let own = {
-            let md = self.core.md_read();
-            self.own_block(&md, vb)?.map(|db| (db, self.core.pin(db)))
-        };
-        if let Some((db, _pin)) = own {
-            let at = db * self.bs() + within;
-            return self.core.data().write(at, WriteBuf::Borrowed(data), false);
+    /// else is provisioned or unshared in the block's cell. A full pool is
+    /// waited for with no lock and no cell held, or, with [`Wait::No`],
+    /// not at all: false, nothing written.
+    fn write_piece(&self, vb: u64, within: u64, data: &[u8], wait: Wait) -> DevResult<bool> {
+        let start = Instant::now();
+        loop {
+            // The pin is taken under the lock, with the lookup, and the
+            // lock goes before the data is written.
+            let own = {
+                let md = self.core.md_read();
+                self.own_block(&md, vb)?.map(|db| (db, self.core.pin(db)))
+            };
+            if let Some((db, _pin)) = own {
+                let at = db * self.bs() + within;
+                self.core
+                    .data()
+                    .write(at, WriteBuf::Borrowed(data), false)?;
+                return Ok(true);
+            }
+            let seen = self.core.space_seen();
+            if self.provision(vb, within, data)? {
+                return Ok(true);
+            }
+            if wait == Wait::No {
+                return Ok(false);
+            }
+            self.core.wait_for_space(start, seen)?;
         }
-        let _cell = self.core.cell(self.id, vb);
-        self.provision(vb, within, data)
     }
 
     /// The data block `vb` maps to, if it is mapped and not shared.
@@ -177,40 +212,37 @@ impl Thin {
     }
 
     /// Give `vb` a new data block holding `data` at `within` (the rest
-    /// zeros, the external origin's or the shared block's bytes), with the
-    /// metadata locked only to allocate and to map; a full pool is waited
-    /// for with no lock held.
-    fn provision(&self, vb: u64, within: u64, data: &[u8]) -> DevResult<()> {
+    /// zeros, the external origin's or the shared block's bytes), in the
+    /// block's cell, with the metadata locked only to allocate and to map.
+    /// False when the pool is full (and queues): nothing was written.
+    fn provision(&self, vb: u64, within: u64, data: &[u8]) -> DevResult<bool> {
         let bs = self.bs();
-        let start = Instant::now();
-        let (p, cur, cur_pin, nb) = loop {
-            let seen = self.core.space_seen();
-            let p = self.core.provision();
-            let mut md = p.md();
-            let cur = md.lookup(self.id, vb).map_err(meta_err)?;
-            // Another write may have provisioned it while we waited for the cell.
-            if let Some((db, time)) = cur {
-                if !md.shared(self.id, db, time) {
-                    let _pin = self.core.pin(db);
-                    drop(md);
-                    drop(p);
-                    let at = db * bs + within;
-                    return self.core.data().write(at, WriteBuf::Borrowed(data), false);
-                }
-            }
-            if let Some(nb) = self.core.alloc_data(&mut md)? {
-                // The shared block is copied with no lock held: pinned, so
-                // a discard that frees it meanwhile passes it down only
-                // after. Pinned after allocating, which may wait for pins.
-                let cur_pin = cur.map(|(db, _)| self.core.pin(db));
+        let _cell = self.core.cell(self.id, vb);
+        let p = self.core.provision();
+        let mut md = p.md();
+        let cur = md.lookup(self.id, vb).map_err(meta_err)?;
+        // Another write may have provisioned it while we waited for the cell.
+        if let Some((db, time)) = cur {
+            if !md.shared(self.id, db, time) {
+                let _pin = self.core.pin(db);
                 drop(md);
-                break (p, cur, cur_pin, nb);
+                drop(p);
+                let at = db * bs + within;
+                self.core
+                    .data()
+                    .write(at, WriteBuf::Borrowed(data), false)?;
+                return Ok(true);
             }
-            drop(md);
-            drop(p);
-            self.core.wait_for_space(start, seen)?;
+        }
+        let Some(nb) = self.core.alloc_data(&mut md)? else {
+            return Ok(false);
         };
-        // Waiting for space may have seen a reload swap in a bigger data device.
+        // The shared block is copied with no lock held: pinned, so a
+        // discard that frees it meanwhile passes it down only after.
+        // Pinned after allocating, which may wait for pins.
+        let cur_pin = cur.map(|(db, _)| self.core.pin(db));
+        drop(md);
+        // A reload may have swapped in a bigger data device since the last write.
         let dd = self.core.data();
         let r = self.fill_new(&*dd, vb, cur, nb, within, data);
         // Before the lock: a passdown waits for the pin under it.
@@ -220,7 +252,8 @@ impl Thin {
             md.tm.dsm.dec(nb);
             return Err(e);
         }
-        md.insert(self.id, vb, nb).map_err(meta_err)
+        md.insert(self.id, vb, nb).map_err(meta_err)?;
+        Ok(true)
     }
 
     /// Write new block `nb` of `vb`: `data` at `within`, and around it what
@@ -266,6 +299,26 @@ impl Thin {
         md.remove(self.id, vb).map_err(meta_err)?;
         Ok((md.tm.dsm.get(db) == 0).then_some(db))
     }
+
+    /// Write `src` at `offset`; false when a piece needed data space that
+    /// the pool lacks and `wait` is [`Wait::No`] (the pieces before it are
+    /// written: written again, the same bytes land in the same place).
+    fn write_from(&self, offset: u64, src: &[u8], fua: bool, wait: Wait) -> DevResult<bool> {
+        if self.core.features().read_only {
+            return Err(DevError::ReadOnly);
+        }
+        let mut done = 0usize;
+        for (vb, within, n) in pieces(self.bs(), offset, src.len() as u64) {
+            if !self.write_piece(vb, within, &src[done..done + n as usize], wait)? {
+                return Ok(false);
+            }
+            done += n as usize;
+        }
+        if fua || self.core.wants_commit() {
+            self.core.commit()?;
+        }
+        Ok(true)
+    }
 }
 
 impl BlockDevice for Thin {
@@ -277,7 +330,36 @@ impl BlockDevice for Thin {
         let mut l = Limits::default().stack(self.core.data().limits());
         l.discard = !self.core.features().ignore_discard;
         l.read_only |= self.core.features().read_only;
+        l.queue_depth = l.queue_depth.max(QUEUE_DEPTH);
         l
+    }
+
+    fn can_submit(&self) -> bool {
+        true
+    }
+
+    /// Run `io` here, on the submitting thread, unless it could wait long:
+    /// a data device that may block declines everything (its requests go
+    /// to this device's workers, as before), and a write that finds the
+    /// pool full is declined before it waits for space.
+    unsafe fn submit(&self, io: AsyncIo) {
+        if self.core.data().limits().queue_depth > 0 {
+            return io.decline();
+        }
+        let r = if io.write {
+            // SAFETY: the caller's guarantee: `buf[..len]` is readable and
+            // nobody else's until `done`, which runs after this borrow ends.
+            let src = unsafe { std::slice::from_raw_parts(io.buf, io.len) };
+            match self.write_from(io.offset, src, io.fua, Wait::No) {
+                Ok(false) => return io.decline(),
+                r => r.map(drop),
+            }
+        } else {
+            // SAFETY: as above, and writable.
+            let buf = unsafe { std::slice::from_raw_parts_mut(io.buf, io.len) };
+            self.read(io.offset, buf)
+        };
+        (io.done)(Some(r))
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
@@ -301,19 +383,8 @@ impl BlockDevice for Thin {
     }
 
     fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> DevResult<()> {
-        if self.core.features().read_only {
-            return Err(DevError::ReadOnly);
-        }
-        let src = data.as_slice();
-        let mut done = 0usize;
-        for (vb, within, n) in pieces(self.bs(), offset, src.len() as u64) {
-            self.write_piece(vb, within, &src[done..done + n as usize])?;
-            done += n as usize;
-        }
-        if fua || self.core.wants_commit() {
-            self.core.commit()?;
-        }
-        Ok(())
+        self.write_from(offset, data.as_slice(), fua, Wait::Yes)
+            .map(drop)
     }
 
     fn flush(&self) -> DevResult<()> {
@@ -353,7 +424,7 @@ impl BlockDevice for Thin {
                     continue;
                 }
             }
-            self.write_piece(vb, within, &zeros[..n as usize])?;
+            self.write_piece(vb, within, &zeros[..n as usize], Wait::Yes)?;
         }
         if fua {
             self.core.commit()?;
@@ -503,6 +574,51 @@ mod tests {
                 .unwrap();
             assert_eq!(data.zeroes.lock().unwrap().len(), want.len());
         }
+    }
+
+    /// Submit `len` bytes at `offset` (a write of `fill`, or a read); what
+    /// `done` got (`None`: declined), and the buffer.
+    fn submitted(t: &Thin, write: bool, offset: u64, fill: u8) -> (Option<bool>, Vec<u8>) {
+        let mut buf = vec![fill; 4096];
+        let (tx, rx) = std::sync::mpsc::channel();
+        let io = AsyncIo {
+            write,
+            fua: false,
+            offset,
+            buf: buf.as_mut_ptr(),
+            len: buf.len(),
+            done: Box::new(move |r| tx.send(r.map(|r| r.is_ok())).unwrap()),
+        };
+        // SAFETY: `buf` lives and is not touched until `done` has run
+        // (received below, before `buf` is used again).
+        unsafe { t.submit(io) };
+        let r = rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+        (r, buf)
+    }
+
+    /// Through `submit`, a write that finds the pool full is declined at
+    /// once (the engine then runs it on a worker of the device's own, where
+    /// it may wait) and changes nothing; a write with space and a read
+    /// complete right there.
+    #[test]
+    fn a_submitted_write_to_a_full_pool_is_declined_not_waited_for() {
+        let data = counting(true);
+        let t = thin("submit-full", data.clone(), false);
+        assert!(t.can_submit() && t.limits().queue_depth > 0);
+        assert_eq!(submitted(&t, true, 2 * BS, 5).0, Some(true));
+        for vb in (0..8).filter(|&vb| vb != 2) {
+            t.write(vb * BS, WriteBuf::Borrowed(&[1u8; 4096]), false)
+                .unwrap();
+        }
+        let t0 = Instant::now();
+        assert_eq!(submitted(&t, true, 9 * BS, 3).0, None, "declined");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+        assert!(t.core.md_read().lookup(0, 9).unwrap().is_none());
+        // Mapped blocks still take writes and reads that way.
+        assert_eq!(submitted(&t, true, 2 * BS + 4096, 6).0, Some(true));
+        let (r, back) = submitted(&t, false, 2 * BS, 0);
+        assert_eq!(r, Some(true));
+        assert!(back.iter().all(|&b| b == 5));
     }
 
     /// `skip_block_zeroing`: only the data is written, as the kernel does

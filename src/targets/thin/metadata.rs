@@ -243,10 +243,9 @@ impl Metadata {
     pub fn insert(&mut self, dev: u64, vb: u64, db: u64) -> Result<(), String> {
         let sub = self.subtree(dev)?;
         let v = (db << 24) | u64::from(self.time & 0xff_ffff);
-        let existed = btree::lookup64(&self.tm, sub, vb)?.is_some();
-        let nsub = btree::insert(&mut self.tm, sub, vb, &v.to_le_bytes(), Vk::Data, true)?;
+        let (nsub, added) = btree::insert(&mut self.tm, sub, vb, &v.to_le_bytes(), Vk::Data, true)?;
         self.set_subtree(dev, sub, nsub)?;
-        if !existed {
+        if added {
             self.bump(dev, 1);
         }
         Ok(())
@@ -272,7 +271,8 @@ impl Metadata {
                 &new.to_le_bytes(),
                 Vk::Subtree,
                 false,
-            )?;
+            )?
+            .0;
         }
         Ok(())
     }
@@ -309,7 +309,8 @@ impl Metadata {
             &sub.to_le_bytes(),
             Vk::Subtree,
             false,
-        )?;
+        )?
+        .0;
         let d = Details {
             creation_time: self.time,
             snap_time: self.time,
@@ -347,7 +348,8 @@ impl Metadata {
             &sub.to_le_bytes(),
             Vk::Subtree,
             false,
-        )?;
+        )?
+        .0;
         self.time += 1;
         let t = self.time;
         self.devs.insert(
@@ -401,7 +403,7 @@ impl Metadata {
             if live {
                 let v = self.devs[&dev].encode();
                 self.details_root =
-                    btree::insert(&mut self.tm, self.details_root, dev, &v, Vk::Plain, true)?;
+                    btree::insert(&mut self.tm, self.details_root, dev, &v, Vk::Plain, true)?.0;
             } else {
                 self.details_root =
                     btree::remove(&mut self.tm, self.details_root, dev, Vk::Plain)?.0;

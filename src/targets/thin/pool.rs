@@ -28,6 +28,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLock
 use std::time::{Duration, Instant};
 
 use super::metadata::Metadata;
+use crate::core::device::unopened;
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::mem::{default_total_budget, per_device_budget, Budget};
 use crate::targets::{
@@ -644,8 +645,8 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         .resolver
         .resolve(&a.args[1])
         .map_err(|e| TargetError::at(1, e))?;
-    if super::standin::unopened(&meta) || super::standin::unopened(&data) {
-        return Ok(super::standin::StandIn::target(TYPE.name, a.args, a.len));
+    if unopened(meta.as_ref()) || unopened(data.as_ref()) {
+        return Ok(super::standin::target(TYPE.name, a.args, a.len));
     }
     let block_bytes = block_sectors * 512;
     let data_blocks = data.size() / block_bytes;

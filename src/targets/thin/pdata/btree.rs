@@ -62,9 +62,10 @@ pub fn walk(tm: &Tm, root: u64, f: &mut dyn FnMut(u64, &[u8])) -> Result<(), Str
     Ok(())
 }
 
-/// Insert or overwrite `key`; the new root. An overwritten value's
-/// reference is dropped when `drop_old` (a subtree root replaced by its own
-/// shadow was dropped by the shadowing already).
+/// Insert or overwrite `key`; the new root, and whether `key` is new (not
+/// an overwrite), so a caller that counts entries needs no lookup first.
+/// An overwritten value's reference is dropped when `drop_old` (a subtree
+/// root replaced by its own shadow was dropped by the shadowing already).
 pub fn insert(
     tm: &mut Tm,
     root: u64,
@@ -72,16 +73,17 @@ pub fn insert(
     val: &[u8],
     vk: Vk,
     drop_old: bool,
-) -> Result<u64, String> {
-    let (nb, split) = insert_in(tm, root, key, val, vk, drop_old)?;
+) -> Result<(u64, bool), String> {
+    let mut added = false;
+    let (nb, split) = insert_in(tm, root, key, val, vk, drop_old, &mut added)?;
     let Some((rk, rb)) = split else {
-        return Ok(nb);
+        return Ok((nb, added));
     };
     let lk = tm.node(nb)?.key(0);
     let mut top = Node::empty(false, 8);
     top.insert_at(0, lk, &nb.to_le_bytes());
     top.insert_at(1, rk, &rb.to_le_bytes());
-    tm.new_node(top)
+    Ok((tm.new_node(top)?, added))
 }
 
 type Split = Option<(u64, u64)>;
@@ -93,6 +95,7 @@ fn insert_in(
     val: &[u8],
     vk: Vk,
     drop_old: bool,
+    added: &mut bool,
 ) -> Result<(u64, Split), String> {
     let nb = tm.shadow(b, vk)?;
     let n = tm.node(nb)?;
@@ -111,6 +114,7 @@ fn insert_in(
             }
             Err(i) => {
                 drop(n);
+                *added = true;
                 place(tm, nb, i, key, val)
             }
         };
@@ -118,7 +122,7 @@ fn insert_in(
     let i = n.lower_bound(key).unwrap_or(0);
     let child = n.val64(i);
     drop(n);
-    let (c2, split) = insert_in(tm, child, key, val, vk, drop_old)?;
+    let (c2, split) = insert_in(tm, child, key, val, vk, drop_old, added)?;
     let node = tm.node_mut(nb);
     if node.key(i) > key {
         node.set_key(i, key);
@@ -299,7 +303,16 @@ mod tests {
         let mut root = empty(&mut t, 8).unwrap();
         let keys: Vec<u64> = (0..3000u64).map(|i| (i * 7919) % 3001).collect();
         for &k in &keys {
-            root = insert(&mut t, root, k, &(k + 1).to_le_bytes(), Vk::Plain, true).unwrap();
+            let (r, added) = insert(&mut t, root, k, &k.to_le_bytes(), Vk::Plain, true).unwrap();
+            assert!(added, "{k} is new");
+            root = r;
+        }
+        // Overwrites: not new.
+        for &k in &keys {
+            let (r, added) =
+                insert(&mut t, root, k, &(k + 1).to_le_bytes(), Vk::Plain, true).unwrap();
+            assert!(!added, "{k} was there");
+            root = r;
         }
         let got = all(&t, root);
         assert_eq!(got.len(), 3000);

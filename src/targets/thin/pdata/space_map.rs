@@ -236,7 +236,7 @@ fn sync_blocks(tm: &mut Tm, d: &mut SmDisk, blocks: &[u64]) -> Result<(), String
         }
         match want {
             Some(c) => {
-                d.rc_root = btree::insert(tm, d.rc_root, b, &c.to_le_bytes(), Vk::Plain, true)?;
+                d.rc_root = btree::insert(tm, d.rc_root, b, &c.to_le_bytes(), Vk::Plain, true)?.0;
                 d.rc.insert(b, c);
             }
             None => {
@@ -313,7 +313,7 @@ pub fn store(tm: &mut Tm, d: &mut SmDisk) -> Result<SmRoot, String> {
         tm.put_raw(loc, blk);
         d.entries[i] = e;
         if !d.metadata {
-            d.index = btree::insert(tm, d.index, i as u64, &e.encode(), Vk::Plain, true)?;
+            d.index = btree::insert(tm, d.index, i as u64, &e.encode(), Vk::Plain, true)?.0;
         }
     }
     if d.metadata {
