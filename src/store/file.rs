@@ -1069,14 +1069,7 @@ mod tests {
     fn read_only_refuses_writes() {
         let tmp = tempfile::NamedTempFile::new().unwrap();
         tmp.as_file().set_len(4096).unwrap();
-        let s = FileStore::open(
-            tmp.path(),
-            OpenFlags {
-                read_only: true,
-                ..OpenFlags::default()
-            },
-        )
-        .unwrap();
+        let s = open_flags(tmp.path(), |f| f.read_only = true);
         assert!(matches!(
             s.write(0, WriteBuf::Borrowed(&[0u8; 512]), false),
             Err(DevError::ReadOnly)
@@ -1100,6 +1093,13 @@ mod tests {
 
     /// A scratch file on tmpfs (the mapped path); Linux always has
     /// /dev/shm, and a test that cannot reach the mapped path must fail.
+    /// `path` opened with the default flags as `set` changes them.
+    fn open_flags(path: &Path, set: impl FnOnce(&mut OpenFlags)) -> FileStore {
+        let mut f = OpenFlags::default();
+        set(&mut f);
+        FileStore::open(path, f).unwrap()
+    }
+
     fn shm_file(len: u64) -> tempfile::NamedTempFile {
         let f = tempfile::NamedTempFile::new_in("/dev/shm")
             .expect("these tests need a tmpfs at /dev/shm");
@@ -1132,14 +1132,7 @@ mod tests {
         assert!(b == data[..8192]);
 
         // Not mapped: when told not to, off tmpfs, read-only writes refused.
-        let no = FileStore::open(
-            tmp.path(),
-            OpenFlags {
-                no_map: true,
-                ..OpenFlags::default()
-            },
-        )
-        .unwrap();
+        let no = open_flags(tmp.path(), |f| f.no_map = true);
         assert!(!no.direct_access());
         let disk = tempfile::NamedTempFile::new().unwrap();
         disk.as_file().set_len(1 << 20).unwrap();
@@ -1147,14 +1140,7 @@ mod tests {
             let d = FileStore::open(disk.path(), OpenFlags::default()).unwrap();
             assert!(!d.direct_access());
         }
-        let ro = FileStore::open(
-            tmp.path(),
-            OpenFlags {
-                read_only: true,
-                ..OpenFlags::default()
-            },
-        )
-        .unwrap();
+        let ro = open_flags(tmp.path(), |f| f.read_only = true);
         assert!(ro.direct_access());
         let mut b = vec![0u8; 8192];
         ro.read_transformed(0, &mut b, &t).unwrap();
@@ -1204,14 +1190,7 @@ mod tests {
         let mut back = vec![0u8; data.len()];
         s.read_transformed(1 << 20, &mut back, &t).unwrap();
         assert!(back == data);
-        let no = FileStore::open(
-            tmp.path(),
-            OpenFlags {
-                no_map: true,
-                ..OpenFlags::default()
-            },
-        )
-        .unwrap();
+        let no = open_flags(tmp.path(), |f| f.no_map = true);
         let mut b = vec![0u8; 4096];
         no.read(1 << 20, &mut b).unwrap();
         assert!(!no.resident(1 << 20, 4096), "--no-mmap maps nothing");
