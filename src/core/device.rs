@@ -285,6 +285,24 @@ pub fn extents_of(
     Ok(more)
 }
 
+/// Bytes a device lends where they lie, for the length of one call
+/// ([`BlockDevice::lend`]).
+///
+/// Why not a slice: the bytes are a file's pages, and a page may vanish
+/// under udm (another program truncates the file). The kernel, copying
+/// from [`Lent::iov`] into a socket, then fails the call (`EFAULT`); a copy
+/// in user space must go through [`Lent::copy_to`], which catches the
+/// fault and reports it.
+pub trait Lent {
+    /// The bytes' address and length, for system calls that copy from
+    /// them (`writev`); never to be read from user space.
+    fn iov(&self) -> (*const u8, usize);
+
+    /// Copy the bytes from `skip` on into `dst` (`dst.len()` of them), as
+    /// a read would: an error when pages vanished meanwhile.
+    fn copy_to(&self, skip: usize, dst: &mut [u8]) -> DevResult<()>;
+}
+
 /// One read or write handed to [`BlockDevice::submit`]: the device starts
 /// it and returns at once; `done` receives the result later, on whatever
 /// thread the device completes on.
@@ -431,6 +449,21 @@ pub trait BlockDevice: Send + Sync {
     /// is correct, only slower. Default `false`.
     fn resident(&self, offset: u64, len: usize) -> bool {
         let _ = (offset, len);
+        false
+    }
+
+    /// Lend `[offset, offset+len)` to `f` where the bytes lie, for the
+    /// length of the call: a file's pages in the page cache, mapped into
+    /// udm. A front end then sends them from there, one copy (into the
+    /// socket) where a read into its buffer and a send of that buffer make
+    /// two; for a 1 MiB read that first copy and its page-cache lookups
+    /// were 40 % of the server's CPU. Returns `false` without calling `f`
+    /// when the device cannot: the range is not all in memory now, it is
+    /// cut across devices, or the device transforms what it stores. The
+    /// caller holds the range as for a read (no conflicting write runs
+    /// during the call). Default `false`.
+    fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
+        let _ = (offset, len, f);
         false
     }
 

@@ -16,7 +16,7 @@ use arc_swap::ArcSwap;
 
 use super::route::Routes;
 use super::stats::{StatOp, Stats};
-use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Lent, Limits, WriteBuf};
 
 /// The statistics of a live device, from a completion that runs after
 /// `submit` returned.
@@ -94,6 +94,20 @@ impl BlockDevice for LiveDevice {
         let r = self.routes.load().write(offset, data, fua);
         self.stats.done_at(t, StatOp::Write, offset, n, r.is_ok());
         r
+    }
+
+    /// Lent by the live routes, counted as a read that succeeded (what
+    /// the borrower does with the bytes is its own business).
+    fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
+        let t = self.stats.start();
+        let lent = self.routes.load().lend(offset, len, f);
+        if lent {
+            self.stats
+                .done_at(t, StatOp::Read, offset, len as u64, true);
+        } else {
+            self.stats.cancel(t);
+        }
+        lent
     }
 
     /// Read-only devices take submissions too: their reads are the whole

@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
-use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Lent, Limits, WriteBuf};
 
 /// `[start, start+len)` of the mapped device is `[shift, shift+len)` of `dev`.
 #[derive(Clone)]
@@ -251,6 +251,14 @@ impl BlockDevice for Routes {
             && self
                 .whole(offset, len as u64)
                 .is_some_and(|(r, at)| r.dev.resident(at, len))
+    }
+
+    /// Lent by the one route that holds the whole range, as `resident`.
+    fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
+        self.check(offset, len as u64).is_ok()
+            && self
+                .whole(offset, len as u64)
+                .is_some_and(|(r, at)| r.dev.lend(at, len, f))
     }
 
     /// Forwarded when the request is one piece (as direct access); one

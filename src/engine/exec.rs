@@ -7,7 +7,43 @@
 
 use crate::core::{BlockDevice, DevError, DevResult, Extent, WriteBuf};
 
-use super::request::{Op, Request};
+use super::request::{Op, Request, LEND_MIN};
+
+/// Reads from this size up are offered to the device's `lend`:
+/// [`LEND_MIN`], or `UDM_LEND_MIN` (bytes; `off` never lends), read once,
+/// for benchmarks that compare both paths in one run and for tests that
+/// run the suite's reads over both.
+fn lend_min() -> u64 {
+    static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| match std::env::var("UDM_LEND_MIN") {
+        Ok(v) if v == "off" => u64::MAX,
+        Ok(v) => v.parse().unwrap_or(LEND_MIN).max(1),
+        Err(_) => LEND_MIN,
+    })
+}
+
+/// Whether `req` is a read worth offering to the device's `lend`, to a
+/// sink that takes lent bytes.
+pub(crate) fn lendable(req: &Request) -> bool {
+    req.op == Op::Read && req.len >= lend_min() && req.sink.takes_lent()
+}
+
+/// Answer a read from bytes the device lends where they lie (see
+/// [`crate::core::BlockDevice::lend`]): `true` when it did (the sink has
+/// completed the request), `false` when the device would not (nothing
+/// happened; read it as usual).
+pub(crate) fn lend(dev: &dyn BlockDevice, g: &Geometry, req: &mut Request) -> bool {
+    if !lendable(req) || req.buf.len() > g.max_io {
+        return false;
+    }
+    let start = g.down(req.offset);
+    let total = req.buf.len();
+    if req.head as u64 != req.offset - start {
+        return false;
+    }
+    let sink = req.sink.clone();
+    dev.lend(start, total, &mut |data| sink.complete_lent(req, data))
+}
 
 /// What the engine caches about an export's device, read once.
 #[derive(Clone, Copy, Debug)]

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::core::{DevResult, Extent};
+use crate::core::{DevResult, Extent, Lent};
 
 use super::buf::Buf;
 use super::order::Kind;
@@ -16,6 +16,15 @@ use super::order::Kind;
 /// costs more than the I/O itself. Larger requests, and any request that
 /// must wait for an earlier one, go to the shared workers.
 pub const INLINE_MAX: u64 = 64 << 10;
+
+/// Reads from this size up are offered to the device's
+/// [`crate::core::BlockDevice::lend`] first, on whatever thread has them (a
+/// lent read is answered from the page cache, no waiting on a disk): one
+/// copy into the socket instead of a read into a buffer and a send of it.
+/// One page: measured against 64 KiB (docs/BENCHMARKS.md), 4 KiB random
+/// reads gained too (the residency check costs less than the copy and,
+/// on a disk file, the ring's system call it replaces).
+pub const LEND_MIN: u64 = 4096;
 
 /// Most requests a device's [`crate::core::Limits::queue_depth`] may ask to
 /// have running at once, and most workers all such devices together add to
@@ -133,6 +142,23 @@ impl Request {
 /// buffer's charge then stays with the client until the buffer is dropped.
 pub trait Sink: Send + Sync {
     fn complete(&self, req: &mut Request, result: DevResult<()>);
+
+    /// Whether reads may be answered from lent bytes
+    /// ([`Sink::complete_lent`]) now. Default `false`.
+    fn takes_lent(&self) -> bool {
+        false
+    }
+
+    /// Complete a read whose bytes the device lent where they lie
+    /// ([`crate::core::BlockDevice::lend`]), laid out as `req.buf` would
+    /// be (the client's bytes at `req.head`), valid only during this call.
+    /// A sink sends what it can straight from them and must copy whatever
+    /// it keeps for later (into `req.buf`, which it may take): once this
+    /// returns, a write to the range may run. The default copies all.
+    fn complete_lent(&self, req: &mut Request, data: &dyn Lent) {
+        let r = data.copy_to(0, &mut req.buf);
+        self.complete(req, r)
+    }
 }
 
 /// A client's admission, returned by [`super::Engine::admit`] or

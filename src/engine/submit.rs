@@ -38,6 +38,7 @@ impl Engine {
             && req.len <= INLINE_MAX
             && matches!(req.op, Op::Read | Op::Write);
         let submit = submittable(q, &req);
+        let lend = may_inline && exec::lendable(&req);
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
         // A payload, if one was awaited, is in (under the same lock, so a
@@ -59,11 +60,15 @@ impl Engine {
         }
         let held = st.queues[export].hold.held;
         let cap = st.queues[export].cap;
-        let (queued, now, started) = if inline && deps == 0 && !held {
+        let free = deps == 0 && !held;
+        let (queued, now, started) = if inline && free {
             (None, Some(req), None)
-        } else if submit && deps == 0 && !held && (cap == 0 || st.queues[export].hold.running < cap)
-        {
+        } else if submit && free && (cap == 0 || st.queues[export].hold.running < cap) {
             (None, None, Some(req))
+        } else if lend && free {
+            // A large read answered here if the device lends it, else
+            // handed to the workers after all.
+            (None, Some(req), None)
         } else {
             (Some(req), None, None)
         };
@@ -92,10 +97,10 @@ impl Engine {
         }
         if let Some(req) = started {
             drop(guard);
-            self.start_submitted(q, id, req);
+            self.start_submitted(q, id, req, lend);
         } else if let Some(req) = now {
             drop(guard);
-            self.run_inline(q, id, req);
+            self.run_inline(q, id, req, inline);
         } else if deps == 0 && ready_or_park(st, id) {
             self.shared.work.notify_one();
         }
@@ -104,7 +109,12 @@ impl Engine {
     /// Start request `id` on a device that takes submissions. It is
     /// registered like a running request (later conflicting ones wait for
     /// it, a hold's drain counts it); `finish` runs in the completion.
-    fn start_submitted(&self, q: &Arc<Queue>, id: u32, mut req: Request) {
+    ///
+    /// A read the device lends (`lend`) is answered from there at once.
+    fn start_submitted(&self, q: &Arc<Queue>, id: u32, mut req: Request, lend: bool) {
+        if lend && exec::lend(q.device.as_ref(), &q.geometry, &mut req) {
+            return self.finished_here(id, req);
+        }
         let (buf, len) = (req.buf.as_mut_ptr(), req.buf.len());
         let io = AsyncIo {
             write: req.op == Op::Write,
@@ -124,15 +134,27 @@ impl Engine {
         unsafe { q.device.submit(io) };
     }
 
-    /// Run request `id` on this thread: its turn has come and it is small.
-    /// The slot stays registered, so later conflicting requests of any
-    /// client wait for it exactly as for a worker-run request.
-    fn run_inline(&self, q: &Arc<Queue>, id: u32, mut req: Request) {
+    /// Run request `id` on this thread: its turn has come and it is small
+    /// (`small`), or it is a large read the device may lend. The slot stays
+    /// registered, so later conflicting requests of any client wait for it
+    /// exactly as for a worker-run request. A large read the device does
+    /// not lend goes to the workers.
+    fn run_inline(&self, q: &Arc<Queue>, id: u32, mut req: Request, small: bool) {
         let g = &q.geometry;
-        let res = INLINE_SCRATCH
-            .with(|s| exec::execute(q.device.as_ref(), g, &mut req, &mut s.borrow_mut()));
-        let sink = req.sink.clone();
-        sink.complete(&mut req, res);
+        if !exec::lend(q.device.as_ref(), g, &mut req) {
+            if !small {
+                return to_workers(&self.shared, q, id, req);
+            }
+            let res = INLINE_SCRATCH
+                .with(|s| exec::execute(q.device.as_ref(), g, &mut req, &mut s.borrow_mut()));
+            let sink = req.sink.clone();
+            sink.complete(&mut req, res);
+        }
+        self.finished_here(id, req)
+    }
+
+    /// Request `id` was answered on this thread: its slot goes.
+    fn finished_here(&self, id: u32, mut req: Request) {
         let mem = req.buf.free_and_take_charge();
         drop(req);
         let mut st = lock(&self.shared.state);
@@ -186,6 +208,25 @@ thread_local! {
     static INLINE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Hand request `id`, counted as running on this thread, to the workers
+/// (a declined submission, a large read the device did not lend).
+fn to_workers(shared: &Shared, q: &Arc<Queue>, id: u32, req: Request) {
+    let mut guard = lock(&shared.state);
+    let st = &mut *guard;
+    let export = q.id as usize;
+    let h = &mut st.queues[export].hold;
+    h.running = h.running.saturating_sub(1);
+    if h.held && h.running == 0 {
+        shared.done.notify_all();
+    }
+    let slot = &mut st.slots[id as usize];
+    slot.req = Some(req);
+    slot.queue = Some(q.clone());
+    if ready_or_park(st, id) {
+        shared.work.notify_one();
+    }
+}
+
 /// The completion of a request started by [`crate::core::BlockDevice::submit`], on the
 /// device's callback thread: reply and finish as a worker would. A request
 /// the device declined goes to the workers instead.
@@ -197,21 +238,7 @@ pub(super) fn complete_submitted(
     result: Option<DevResult<()>>,
 ) {
     let Some(res) = result else {
-        let mut guard = lock(&shared.state);
-        let st = &mut *guard;
-        let export = q.id as usize;
-        let h = &mut st.queues[export].hold;
-        h.running = h.running.saturating_sub(1);
-        if h.held && h.running == 0 {
-            shared.done.notify_all();
-        }
-        let slot = &mut st.slots[id as usize];
-        slot.req = Some(req);
-        slot.queue = Some(q);
-        if ready_or_park(st, id) {
-            shared.work.notify_one();
-        }
-        return;
+        return to_workers(&shared, &q, id, req);
     };
     let sink = req.sink.clone();
     sink.complete(&mut req, res);

@@ -905,3 +905,87 @@ fn writes_awaiting_their_payload_hold_at_most_half_the_budget() {
         e.cancel(t);
     }
 }
+
+/// Records each read's bytes and whether they came lent
+/// ([`Sink::complete_lent`]) and on which thread.
+struct LentSink(Mutex<mpsc::Sender<LentDone>>);
+
+/// (cookie, lent, bytes, the thread that answered).
+type LentDone = (u64, bool, Vec<u8>, std::thread::ThreadId);
+
+impl Sink for LentSink {
+    fn complete(&self, req: &mut Request, result: DevResult<()>) {
+        assert!(result.is_ok());
+        let v = req.data().to_vec();
+        let me = std::thread::current().id();
+        let _ = self.0.lock().unwrap().send((req.tag, false, v, me));
+    }
+    fn takes_lent(&self) -> bool {
+        true
+    }
+    fn complete_lent(&self, req: &mut Request, data: &dyn crate::core::Lent) {
+        let mut v = vec![0; req.len as usize];
+        data.copy_to(req.head, &mut v).unwrap();
+        let me = std::thread::current().id();
+        let _ = self.0.lock().unwrap().send((req.tag, true, v, me));
+    }
+}
+
+/// Reads of a page or more from a device that lends them are answered
+/// from the lent bytes, on the submitting thread and on a worker alike;
+/// smaller reads, and any read of a device that does not lend, are read
+/// into the buffer; a large read such a device gets is run by a worker,
+/// never by the submitting thread (it may wait for a disk).
+#[test]
+fn reads_are_answered_from_lent_bytes_where_the_device_lends() {
+    let mem = Arc::new(MemStore::new(1 << 20));
+    let pattern: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 % 251) as u8).collect();
+    mem.write(0, WriteBuf::Borrowed(&pattern), false).unwrap();
+    let gate = Arc::new(Gate {
+        inner: MemStore::new(1 << 20),
+        open: AtomicBool::new(true),
+    });
+    gate.inner
+        .write(0, WriteBuf::Borrowed(&pattern), false)
+        .unwrap();
+    let devs: Vec<Arc<dyn BlockDevice>> = vec![mem, gate];
+    let e = Engine::new(devs, 2).unwrap();
+    let c = e.add_client();
+    let (tx, rx) = mpsc::channel();
+    let s: Arc<dyn Sink> = Arc::new(LentSink(Mutex::new(tx)));
+    let me = std::thread::current().id();
+    let read = |q: usize, tag: u64, off: u64, len: u64, inline: bool| {
+        let (buf, head) = e.buffer(e.queue(q), off, len);
+        let r = Request {
+            op: Op::Read,
+            tag,
+            offset: off,
+            len,
+            fua: false,
+            buf,
+            head,
+            extents: Vec::new(),
+            sink: s.clone(),
+        };
+        let t = e.admit(c, len);
+        if inline {
+            e.submit_or_run(t, e.queue(q), r);
+        } else {
+            e.submit(t, e.queue(q), r);
+        }
+        let (got, lent, data, on) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(got, tag);
+        let want = &pattern[off as usize..(off + len) as usize];
+        assert!(data == want, "read {tag}: wrong bytes");
+        (lent, on == me)
+    };
+    // Lent: inline on the submitting thread, and on a worker.
+    assert_eq!(read(0, 1, 4096 * 3 + 100, 256 << 10, true), (true, true));
+    assert_eq!(read(0, 2, 8192, 4096, false), (true, false));
+    // Below a page: read into the buffer, inline.
+    assert_eq!(read(0, 3, 77, 512, true), (false, true));
+    // A device that does not lend: small reads inline, large ones on a
+    // worker.
+    assert_eq!(read(1, 4, 4096, 4096, true), (false, true));
+    assert_eq!(read(1, 5, 0, 512 << 10, true), (false, false));
+}

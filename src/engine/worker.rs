@@ -195,9 +195,11 @@ pub(super) fn worker(shared: Arc<Shared>) {
         };
         drop(st);
         drop(last.take());
-        let res = exec::execute(q.device.as_ref(), &q.geometry, &mut req, &mut scratch);
-        let sink = req.sink.clone();
-        sink.complete(&mut req, res);
+        if !exec::lend(q.device.as_ref(), &q.geometry, &mut req) {
+            let res = exec::execute(q.device.as_ref(), &q.geometry, &mut req, &mut scratch);
+            let sink = req.sink.clone();
+            sink.complete(&mut req, res);
+        }
         let mem = req.buf.free_and_take_charge();
         drop(req);
         last = Some(q);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::core::device::Transform;
-use crate::core::{AsyncIo, BlockDevice, DevResult, Extent, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevResult, Extent, Lent, Limits, WriteBuf};
 use crate::dm::route::{Route, Routes};
 use crate::targets::Target;
 
@@ -106,6 +106,10 @@ impl BlockDevice for MappedDevice {
 
     fn resident(&self, offset: u64, len: usize) -> bool {
         self.routes.resident(offset, len)
+    }
+
+    fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
+        self.routes.lend(offset, len, f)
     }
 
     fn can_submit(&self) -> bool {

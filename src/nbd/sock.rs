@@ -98,6 +98,25 @@ impl Sock {
         }
     }
 
+    /// `writev` of raw iovecs: for bytes lent by a device (a mapped file's
+    /// pages), which the kernel copies and no Rust reference may point at
+    /// (see [`crate::core::Lent`]).
+    pub fn try_writev_raw(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        loop {
+            // SAFETY: `iov` is a valid array of `iov.len()` iovecs; the
+            // caller keeps what they point at mapped for the call, and the
+            // kernel only reads it (a fault there fails the call).
+            let n = unsafe { libc::writev(self.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
     pub fn peer(&self) -> String {
         match self {
             Sock::Unix(_) => "unix".to_string(),

@@ -26,7 +26,7 @@ use super::uring::{Op, Ring};
 use super::writers::{Writers, Writes};
 use super::MemStore;
 use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
-use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Extent, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Extent, Lent, Limits, WriteBuf};
 
 /// Requests a store whose calls can block (a file on a disk filesystem, a
 /// block device) asks the engine to keep in flight
@@ -78,7 +78,7 @@ pub struct FileStore {
     /// [`FILE_QUEUE_DEPTH`] requests in flight instead of inline runs.
     can_block: bool,
     /// This store's line in `dmsetup status --json` while it is open.
-    _registered: Registered,
+    registered: Registered,
     /// Test seam: the `fdatasync` to call instead of the real one, so
     /// tests can make it fail.
     #[cfg(test)]
@@ -201,12 +201,13 @@ impl FileStore {
             direct: flags.direct,
             writers: writes.threads() as u32,
             sole_client_inline: matches!(&writes, Writes::Threads(w) if w.sole_inline()),
+            lent_reads: 0,
         };
         Ok(FileStore {
             ring,
             writes,
             can_block,
-            _registered: file_io::register(report),
+            registered: file_io::register(report),
             file,
             path: path.to_path_buf(),
             size,
@@ -792,6 +793,25 @@ impl BlockDevice for FileStore {
         self.mapped_for_read(offset, len).is_some() || self.read_mapped(offset, len).is_some()
     }
 
+    /// A range whose pages are in memory, lent out of the mapping (a
+    /// tmpfs file's, or a disk file's read-only one).
+    fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
+        if len == 0 {
+            return false;
+        }
+        let Some(m) = self
+            .mapped_for_read(offset, len)
+            .or_else(|| self.read_mapped(offset, len))
+        else {
+            return false;
+        };
+        let lent = m.lend_range(offset, len, &|| self.lost_pages(), f);
+        if lent {
+            self.registered.lent();
+        }
+        lent
+    }
+
     /// Through the mapping when there is one: the transform writes the
     /// file's pages, then `fdatasync` if FUA. Any SIGBUS during the call
     /// fails it.
@@ -1190,10 +1210,24 @@ mod tests {
         let mut back = vec![0u8; data.len()];
         s.read_transformed(1 << 20, &mut back, &t).unwrap();
         assert!(back == data);
+        // Cached pages are lent as they lie (and counted); a hole is not.
+        let mut lent = vec![0u8; data.len()];
+        let mut at = 0;
+        assert!(s.lend(1 << 20, data.len(), &mut |d| {
+            at = d.iov().1;
+            d.copy_to(0, &mut lent).unwrap();
+        }));
+        assert_eq!(at, data.len());
+        assert!(xored(&lent) == data);
+        assert!(!s.lend(3 << 20, 64 << 10, &mut |_| panic!("a hole was lent")));
+        let path = tmp.path().display().to_string();
+        let shown = file_io::reports_for(&path);
+        assert_eq!(shown.iter().map(|r| r.lent_reads).sum::<u64>(), 1);
         let no = open_flags(tmp.path(), |f| f.no_map = true);
         let mut b = vec![0u8; 4096];
         no.read(1 << 20, &mut b).unwrap();
         assert!(!no.resident(1 << 20, 4096), "--no-mmap maps nothing");
+        assert!(!no.lend(1 << 20, 4096, &mut |_| panic!("--no-mmap lent")));
     }
 
     /// Reading never-written parts of a sparse tmpfs file must not fill

@@ -8,7 +8,7 @@
 //! to whoever runs the server (`udm serve --file-io`) or the test suite
 //! (`UDM_FILE_IO`), not to each caller that opens a path.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
@@ -96,17 +96,39 @@ pub struct IoReport {
     /// client only (`core::sole`): no hand-off to the writer threads.
     #[serde(default)]
     pub sole_client_inline: bool,
+    /// Reads answered from its pages in memory, lent where they lie
+    /// (`BlockDevice::lend`: sent from the mapping, no copy into a buffer
+    /// first), since it was opened.
+    #[serde(default)]
+    pub lent_reads: u64,
 }
 
-static OPEN: Mutex<Vec<Weak<IoReport>>> = Mutex::new(Vec::new());
+/// A store's report and its live counters.
+#[derive(Debug)]
+struct Entry {
+    report: IoReport,
+    lent: AtomicU64,
+}
+
+static OPEN: Mutex<Vec<Weak<Entry>>> = Mutex::new(Vec::new());
 
 /// A store's entry in the list; it leaves the list when dropped.
 #[derive(Debug)]
-pub struct Registered(#[allow(dead_code)] Arc<IoReport>);
+pub struct Registered(Arc<Entry>);
+
+impl Registered {
+    /// Count a read the store lent.
+    pub fn lent(&self) {
+        self.0.lent.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 /// Add a store's report to the list of open stores.
-pub fn register(r: IoReport) -> Registered {
-    let a = Arc::new(r);
+pub fn register(report: IoReport) -> Registered {
+    let a = Arc::new(Entry {
+        report,
+        lent: AtomicU64::new(0),
+    });
     let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
     open.retain(|w| w.strong_count() > 0);
     open.push(Arc::downgrade(&a));
@@ -120,8 +142,11 @@ pub fn reports_for(path: &str) -> Vec<IoReport> {
         .unwrap_or_else(|p| p.into_inner())
         .iter()
         .filter_map(Weak::upgrade)
-        .filter(|r| r.path == path)
-        .map(|r| (*r).clone())
+        .filter(|e| e.report.path == path)
+        .map(|e| IoReport {
+            lent_reads: e.lent.load(Ordering::Relaxed),
+            ..e.report.clone()
+        })
         .collect()
 }
 
@@ -143,9 +168,12 @@ mod tests {
             direct: false,
             writers: 1,
             sole_client_inline: true,
+            lent_reads: 0,
         };
         let reg = register(r.clone());
         assert_eq!(reports_for(&r.path), vec![r.clone()]);
+        reg.lent();
+        assert_eq!(reports_for(&r.path)[0].lent_reads, 1);
         drop(reg);
         assert!(reports_for(&r.path).is_empty());
     }

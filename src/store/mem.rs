@@ -33,7 +33,7 @@ use super::filemap::FileMap;
 use crate::core::device::{
     read_transformed_by_reading, whole_units, write_transformed_by_writing, Transform,
 };
-use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
+use crate::core::{BlockDevice, DevError, DevResult, Lent, Limits, WriteBuf};
 
 /// Memory-backed block device.
 pub struct MemStore {
@@ -183,6 +183,48 @@ impl MemStore {
         unsafe { self.base.add(offset as usize) }
     }
 
+    /// Lend `[offset, offset+len)` (inside the store, `len > 0`) to `f`
+    /// under the shared locks of its regions, so that no write through
+    /// the store changes the bytes meanwhile (nor may `f`'s copy take a
+    /// region lock again: it copies under these). `lost` is the error of a
+    /// copy that finds a mapped file's pages gone. `false` without calling
+    /// `f` for a range over more regions than there are locks.
+    pub(crate) fn lend_range(
+        &self,
+        offset: u64,
+        len: usize,
+        lost: &dyn Fn() -> DevError,
+        f: &mut dyn FnMut(&dyn Lent),
+    ) -> bool {
+        let first = offset >> REGION_SHIFT;
+        let last = (offset + len as u64 - 1) >> REGION_SHIFT;
+        if last - first >= self.locks.len() as u64 {
+            return false;
+        }
+        let lent = MemLent {
+            store: self,
+            offset,
+            len,
+            lost,
+        };
+        self.holding(first, last, &mut || f(&lent));
+        true
+    }
+
+    /// Run `f` holding the shared locks of regions `r..=last` (taken in
+    /// ascending order, as writers take theirs one at a time: no cycle).
+    fn holding(&self, r: u64, last: u64, f: &mut dyn FnMut()) {
+        let _g = self
+            .lock(r << REGION_SHIFT)
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        if r < last {
+            self.holding(r + 1, last, f)
+        } else {
+            f()
+        }
+    }
+
     fn check(&self, offset: u64, len: u64) -> DevResult<()> {
         if offset.checked_add(len).is_none_or(|e| e > self.size()) {
             return Err(DevError::OutOfRange {
@@ -190,6 +232,50 @@ impl MemStore {
                 len,
                 size: self.size(),
             });
+        }
+        Ok(())
+    }
+}
+
+/// A range of a [`MemStore`] lent for one call ([`MemStore::lend_range`]).
+struct MemLent<'a> {
+    store: &'a MemStore,
+    offset: u64,
+    len: usize,
+    lost: &'a dyn Fn() -> DevError,
+}
+
+impl Lent for MemLent<'_> {
+    fn iov(&self) -> (*const u8, usize) {
+        (self.store.ptr(self.offset), self.len)
+    }
+
+    /// A SIGBUS during the copy (a mapped file truncated under udm) is
+    /// caught by the store's handler and counted: the copy then reports
+    /// the loss instead of handing on the zeros that replaced the page.
+    fn copy_to(&self, skip: usize, dst: &mut [u8]) -> DevResult<()> {
+        if skip.checked_add(dst.len()).is_none_or(|e| e > self.len) {
+            return Err(DevError::Target(
+                "internal error: a copy past the end of lent bytes".into(),
+            ));
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let before = self.store.faults();
+        // SAFETY: `[offset+skip, +dst.len())` lies inside the lent range,
+        // which is inside the memory; `lend_range` holds the shared locks
+        // of its regions for the whole loan, so no writer of the store
+        // touches these bytes during the copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.store.ptr(self.offset + skip as u64),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        if self.store.faults() != before {
+            return Err((self.lost)());
         }
         Ok(())
     }
@@ -287,6 +373,16 @@ impl BlockDevice for MemStore {
             unsafe { std::ptr::copy_nonoverlapping(src[at..].as_ptr(), self.ptr(off), n) };
         });
         Ok(())
+    }
+
+    /// Memory is always in memory; a mapped file's range only when its
+    /// pages are (a hole would be allocated by the access).
+    fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
+        if len == 0 || self.check(offset, len as u64).is_err() || !self.resident(offset, len) {
+            return false;
+        }
+        let lost = || DevError::Io(std::io::Error::other("mapped pages vanished during a read"));
+        self.lend_range(offset, len, &lost, f)
     }
 
     fn direct_access(&self) -> bool {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{expect_args, resolve_area, Area, Target, TargetArgs, TargetError};
 use crate::core::device::Transform;
-use crate::core::{extents_of, AsyncIo, BlockDevice, DevResult, Extent, Limits, WriteBuf};
+use crate::core::{extents_of, AsyncIo, BlockDevice, DevResult, Extent, Lent, Limits, WriteBuf};
 
 pub struct Linear {
     area: Area,
@@ -68,6 +68,9 @@ impl BlockDevice for Linear {
     }
     fn resident(&self, offset: u64, len: usize) -> bool {
         self.area.dev.resident(self.area.offset + offset, len)
+    }
+    fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
+        self.area.dev.lend(self.area.offset + offset, len, f)
     }
     fn can_submit(&self) -> bool {
         self.area.dev.can_submit()

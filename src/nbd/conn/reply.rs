@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::core::{DevResult, Extent};
+use crate::core::{DevError, DevResult, Extent, Lent};
 use crate::engine::{Buf, Op, Request, Sink, Waker};
 
 use super::super::proto::*;
@@ -258,7 +258,7 @@ impl Conn {
     }
 
     fn send_locked(&self, head: &[u8], body: &[u8], req: Option<&mut Request>) {
-        let mut out = self.out();
+        let out = self.out();
         if out.dead {
             return;
         }
@@ -284,8 +284,22 @@ impl Conn {
                 }
             }
         }
-        // Queue the rest (the slow path: the client is not reading fast
-        // enough, or TLS, which always goes through the queue).
+        self.queue_rest(out, head, body, req.map(|r| (r, (ds, de))), sent);
+    }
+
+    /// Queue what `send_locked` or `send_lent` could not send now (the
+    /// slow path: the client is not reading fast enough, or TLS, which
+    /// always goes through the queue): `sent` bytes of the reply are out;
+    /// the data are `req.buf[ds..de]`, and the request's buffer is taken.
+    fn queue_rest(
+        &self,
+        mut out: MutexGuard<'_, Out>,
+        head: &[u8],
+        body: &[u8],
+        req: Option<(&mut Request, (usize, usize))>,
+        sent: usize,
+    ) {
+        let total = head.len() + body.len() + req.as_ref().map_or(0, |(_, (s, e))| e - s);
         let (h, b) = if head.len() <= 32 {
             (head, body.to_vec())
         } else {
@@ -300,9 +314,9 @@ impl Conn {
             sent,
         };
         p.head[..h.len()].copy_from_slice(h);
-        if let Some(r) = req {
+        if let Some((r, data)) = req {
             p.buf = std::mem::replace(&mut r.buf, Buf::empty());
-            p.data = (ds, de);
+            p.data = data;
         }
         out.bytes += (total - sent) as u64;
         if out.since.is_none() {
@@ -475,23 +489,91 @@ impl Conn {
 
     pub(super) fn send_read(&self, cookie: u64, offset: u64, req: Option<&mut Request>) {
         let len = req.as_ref().map_or(0, |r| r.data().len());
-        if !self.structured.load(Ordering::Relaxed) {
-            self.send(&simple_reply(0, cookie), &[], req);
-        } else if len == 0 {
+        if self.structured.load(Ordering::Relaxed) && len == 0 {
             let h = chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, cookie, 0);
             self.send(&h, &[], None);
         } else {
-            // One data chunk for the whole read, so DF always holds.
-            let mut h = [0u8; 28];
-            h[..20].copy_from_slice(&chunk_header(
-                REPLY_FLAG_DONE,
-                REPLY_TYPE_OFFSET_DATA,
-                cookie,
-                8 + len as u32,
-            ));
-            h[20..].copy_from_slice(&offset.to_be_bytes());
-            self.send(&h, &[], req);
+            let (h, n) = self.read_head(cookie, offset, len);
+            self.send(&h[..n], &[], req);
         }
+    }
+
+    /// The header of a successful read's reply carrying `len > 0` bytes
+    /// (simple, or one data chunk for the whole read, so DF always holds),
+    /// and its length.
+    fn read_head(&self, cookie: u64, offset: u64, len: usize) -> ([u8; 28], usize) {
+        let mut h = [0u8; 28];
+        if !self.structured.load(Ordering::Relaxed) {
+            h[..16].copy_from_slice(&simple_reply(0, cookie));
+            return (h, 16);
+        }
+        h[..20].copy_from_slice(&chunk_header(
+            REPLY_FLAG_DONE,
+            REPLY_TYPE_OFFSET_DATA,
+            cookie,
+            8 + len as u32,
+        ));
+        h[20..].copy_from_slice(&offset.to_be_bytes());
+        (h, 28)
+    }
+
+    /// A read's reply from bytes a device lent (see [`Sink::complete_lent`]):
+    /// what the socket takes now goes straight from them (one copy, the
+    /// kernel's); the rest is copied into the request's buffer and queued,
+    /// so nothing refers to the lent bytes once this returns.
+    fn send_lent(&self, req: &mut Request, data: &dyn Lent) {
+        self.send_lent_locked(req, data);
+        self.after_unlock();
+    }
+
+    fn send_lent_locked(&self, req: &mut Request, data: &dyn Lent) {
+        let (ds, de) = (req.head, req.head + req.len as usize);
+        let (lent_at, lent_len) = data.iov();
+        if de > lent_len || de > req.buf.len() {
+            let e = DevError::Target("internal error: lent bytes shorter than the read".into());
+            return self.complete(req, Err(e));
+        }
+        let (h, hn) = self.read_head(req.tag, req.offset, de - ds);
+        let head = &h[..hn];
+        let out = self.out();
+        if out.dead {
+            return;
+        }
+        let mut sent = 0;
+        if out.tls.is_none() && out.queue.is_empty() {
+            let iov = [
+                libc::iovec {
+                    iov_base: head.as_ptr() as *mut libc::c_void,
+                    iov_len: head.len(),
+                },
+                libc::iovec {
+                    // In bounds: `ds <= de <= lent_len` (checked above).
+                    iov_base: lent_at.wrapping_add(ds) as *mut libc::c_void,
+                    iov_len: de - ds,
+                },
+            ];
+            match self.sock.try_writev_raw(&iov) {
+                Ok(n) if n == hn + de - ds => return,
+                Ok(n) => sent = n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    drop(out);
+                    return self.fail(&e);
+                }
+            }
+        }
+        // The data not sent yet, copied while the bytes are still lent.
+        let from = ds + sent.saturating_sub(hn);
+        if let Err(e) = data.copy_to(from, &mut req.buf[from..de]) {
+            drop(out);
+            if sent == 0 {
+                // Nothing of the reply is out: the client gets the error.
+                return self.complete(req, Err(e));
+            }
+            // Half a reply is on the wire; the rest cannot be made good.
+            return self.fail(&io::Error::other(format!("read failed mid-reply: {e}")));
+        }
+        self.queue_rest(out, head, &[], Some((req, (ds, de))), sent);
     }
 
     /// An extent list for the next BLOCK_STATUS request (the one kept
@@ -697,6 +779,16 @@ fn client_message(errno: u32) -> &'static str {
 }
 
 impl Sink for Conn {
+    /// Plain connections only: TLS encrypts from user space, where a
+    /// vanished page would raise SIGBUS, and copies anyway.
+    fn takes_lent(&self) -> bool {
+        !self.is_tls()
+    }
+
+    fn complete_lent(&self, req: &mut Request, data: &dyn Lent) {
+        self.send_lent(req, data)
+    }
+
     fn complete(&self, req: &mut Request, result: DevResult<()>) {
         match result {
             Ok(()) if req.op == Op::Read => {
@@ -749,5 +841,58 @@ mod tests {
         );
         assert_eq!(conn.queued() as usize, bytes + replies * REPLY_OVERHEAD);
         assert!(conn.queued() as usize >= 5 * bytes);
+    }
+
+    /// A 2 MiB read answered from lent bytes fills the socket and queues
+    /// the rest: the rest is a copy taken before the loan ended, so a write
+    /// to the range afterwards (which the engine lets run once the reply
+    /// is handed over) does not change what the client receives.
+    #[test]
+    fn the_unsent_part_of_a_lent_read_is_copied_before_the_loan_ends() {
+        use crate::core::{BlockDevice, WriteBuf};
+        use crate::store::mem::MemStore;
+        const LEN: usize = 2 << 20;
+        let mem = Arc::new(MemStore::new(LEN as u64));
+        let old: Vec<u8> = (0..LEN).map(|i| (i % 253) as u8).collect();
+        mem.write(0, WriteBuf::Borrowed(&old), false).unwrap();
+        let e = crate::engine::Engine::new(vec![mem.clone() as Arc<dyn BlockDevice>], 1).unwrap();
+        let (a, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let conn = Arc::new(Conn::new(Sock::Unix(a), None));
+        let (buf, head) = e.buffer(e.queue(0), 0, LEN as u64);
+        let mut req = Request {
+            op: Op::Read,
+            tag: 0x5eed,
+            offset: 0,
+            len: LEN as u64,
+            fua: false,
+            buf,
+            head,
+            extents: Vec::new(),
+            sink: conn.clone(),
+        };
+        assert!(conn.takes_lent());
+        let lent = mem.lend(0, LEN, &mut |d| conn.complete_lent(&mut req, d));
+        assert!(lent);
+        assert!(!req.buf.is_some(), "the queued reply took the buffer");
+        assert!(conn.queued() > 0, "a socket buffer is smaller than 2 MiB");
+        mem.write(0, WriteBuf::Borrowed(&vec![0xee; LEN]), false)
+            .unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; 16 + LEN];
+            peer.read_exact(&mut got).unwrap();
+            got
+        });
+        let t0 = Instant::now();
+        while conn.flush() > 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "reply stuck");
+            std::thread::yield_now();
+        }
+        let got = reader.join().unwrap();
+        assert_eq!(got[..16], simple_reply(0, 0x5eed));
+        assert!(
+            got[16..] == old[..],
+            "the client got bytes written after the read"
+        );
     }
 }
