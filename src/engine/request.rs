@@ -26,6 +26,13 @@ pub const INLINE_MAX: u64 = 64 << 10;
 /// on a disk file, the ring's system call it replaces).
 pub const LEND_MIN: u64 = 4096;
 
+/// Largest read the submitting thread (a connection's event loop, which
+/// may serve other clients too) answers from lent bytes itself; larger
+/// ones are lent by a worker. The copy of what the socket cannot take at
+/// once happens on the thread that lends, and a 32 MiB copy would hold
+/// the loop's other clients for milliseconds.
+pub const LEND_LOOP_MAX: u64 = 1 << 20;
+
 /// Most requests a device's [`crate::core::Limits::queue_depth`] may ask to
 /// have running at once, and most workers all such devices together add to
 /// the pool: a sleeping worker is cheap, but not free (a stack each).

@@ -9,7 +9,7 @@ use crate::core::{AsyncIo, DevResult};
 use super::admit::{payload_done, uncharge_locked};
 use super::exec;
 use super::order::{self, Kind, Span};
-use super::request::{Op, Request, Ticket, INLINE_MAX};
+use super::request::{Op, Request, Ticket, INLINE_MAX, LEND_LOOP_MAX};
 use super::sched::{finish, ready_or_park};
 use super::state::{lock, Engine, Queue, Shared, Slot, State};
 
@@ -38,7 +38,7 @@ impl Engine {
             && req.len <= INLINE_MAX
             && matches!(req.op, Op::Read | Op::Write);
         let submit = submittable(q, &req);
-        let lend = may_inline && exec::lendable(&req);
+        let lend = may_inline && req.len <= LEND_LOOP_MAX && exec::lendable(&req);
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
         // A payload, if one was awaited, is in (under the same lock, so a

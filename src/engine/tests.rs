@@ -938,15 +938,15 @@ impl Sink for LentSink {
 /// never by the submitting thread (it may wait for a disk).
 #[test]
 fn reads_are_answered_from_lent_bytes_where_the_device_lends() {
-    let mem = Arc::new(MemStore::new(1 << 20));
-    let pattern: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 % 251) as u8).collect();
+    let mem = Arc::new(MemStore::new(4 << 20));
+    let pattern: Vec<u8> = (0..4 << 20).map(|i: u32| (i * 7 % 251) as u8).collect();
     mem.write(0, WriteBuf::Borrowed(&pattern), false).unwrap();
     let gate = Arc::new(Gate {
         inner: MemStore::new(1 << 20),
         open: AtomicBool::new(true),
     });
     gate.inner
-        .write(0, WriteBuf::Borrowed(&pattern), false)
+        .write(0, WriteBuf::Borrowed(&pattern[..1 << 20]), false)
         .unwrap();
     let devs: Vec<Arc<dyn BlockDevice>> = vec![mem, gate];
     let e = Engine::new(devs, 2).unwrap();
@@ -982,6 +982,10 @@ fn reads_are_answered_from_lent_bytes_where_the_device_lends() {
     // Lent: inline on the submitting thread, and on a worker.
     assert_eq!(read(0, 1, 4096 * 3 + 100, 256 << 10, true), (true, true));
     assert_eq!(read(0, 2, 8192, 4096, false), (true, false));
+    // Up to 1 MiB on the submitting thread; past what a shared event
+    // loop copies itself, lent by a worker.
+    assert_eq!(read(0, 6, 0, 1 << 20, true), (true, true));
+    assert_eq!(read(0, 7, 4096, 2 << 20, true), (true, false));
     // Below a page: read into the buffer, inline.
     assert_eq!(read(0, 3, 77, 512, true), (false, true));
     // A device that does not lend: small reads inline, large ones on a
