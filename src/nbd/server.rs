@@ -213,7 +213,9 @@ impl Listener {
             Listener::Unix(u, _) => {
                 let (s, _) = u.accept()?;
                 s.set_nonblocking(true)?;
-                Sock::Unix(s)
+                let s = Sock::Unix(s);
+                s.widen_send_buffer();
+                s
             }
             Listener::Tcp(t) => {
                 let (s, _) = t.accept()?;
