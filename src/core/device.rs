@@ -467,6 +467,14 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
+    /// Whether [`BlockDevice::lend`] may ever lend (a method, as
+    /// [`BlockDevice::direct_access`]): the engine offers reads only to a
+    /// device that says so, so a crypt read pays nothing for the offer.
+    /// Only a device that implements or forwards `lend` says `true`.
+    fn lends(&self) -> bool {
+        false
+    }
+
     /// Whether [`BlockDevice::submit`] may take requests. Like
     /// [`BlockDevice::direct_access`] a method, not a limit: only a device
     /// that implements `submit` (or forwards it to one that does) says

@@ -99,8 +99,12 @@ impl BlockDevice for LiveDevice {
     /// Lent by the live routes, counted as a read that succeeded (what
     /// the borrower does with the bytes is its own business).
     fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
+        let routes = self.routes.load();
+        if !routes.lends() {
+            return false;
+        }
         let t = self.stats.start();
-        let lent = self.routes.load().lend(offset, len, f);
+        let lent = routes.lend(offset, len, f);
         if lent {
             self.stats
                 .done_at(t, StatOp::Read, offset, len as u64, true);
@@ -108,6 +112,11 @@ impl BlockDevice for LiveDevice {
             self.stats.cancel(t);
         }
         lent
+    }
+
+    /// Asked of the live routes: a reload may change it.
+    fn lends(&self) -> bool {
+        self.routes.load().lends()
     }
 
     /// Read-only devices take submissions too: their reads are the whole

@@ -46,6 +46,8 @@ pub struct Routes {
     /// Every route's device takes asynchronous submissions (fixed at
     /// construction).
     submit: bool,
+    /// Some route's device lends (fixed at construction).
+    lends: bool,
 }
 
 impl Routes {
@@ -58,6 +60,7 @@ impl Routes {
         let size = routes.last().map(|r| r.start + r.len).unwrap_or(0);
         let direct = !routes.is_empty() && routes.iter().all(|r| r.dev.direct_access());
         let submit = !routes.is_empty() && routes.iter().all(|r| r.dev.can_submit());
+        let lends = routes.iter().any(|r| r.dev.lends());
         let bounds = routes.iter().map(|r| r.dev.limits().io_boundary).collect();
         Routes {
             routes,
@@ -66,6 +69,7 @@ impl Routes {
             limits,
             direct,
             submit,
+            lends,
         }
     }
 
@@ -79,6 +83,7 @@ impl Routes {
             limits,
             direct: false,
             submit: false,
+            lends: false,
         }
     }
 
@@ -253,9 +258,14 @@ impl BlockDevice for Routes {
                 .is_some_and(|(r, at)| r.dev.resident(at, len))
     }
 
+    fn lends(&self) -> bool {
+        self.lends
+    }
+
     /// Lent by the one route that holds the whole range, as `resident`.
     fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
-        self.check(offset, len as u64).is_ok()
+        self.lends
+            && self.check(offset, len as u64).is_ok()
             && self
                 .whole(offset, len as u64)
                 .is_some_and(|(r, at)| r.dev.lend(at, len, f))

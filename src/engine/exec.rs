@@ -22,10 +22,10 @@ fn lend_min() -> u64 {
     })
 }
 
-/// Whether `req` is a read worth offering to the device's `lend`, to a
-/// sink that takes lent bytes.
-pub(crate) fn lendable(req: &Request) -> bool {
-    req.op == Op::Read && req.len >= lend_min() && req.sink.takes_lent()
+/// Whether `req` is a read worth offering to `dev`'s `lend`, to a sink
+/// that takes lent bytes.
+pub(crate) fn lendable(dev: &dyn BlockDevice, req: &Request) -> bool {
+    req.op == Op::Read && req.len >= lend_min() && req.sink.takes_lent() && dev.lends()
 }
 
 /// Answer a read from bytes the device lends where they lie (see
@@ -33,7 +33,7 @@ pub(crate) fn lendable(req: &Request) -> bool {
 /// completed the request), `false` when the device would not (nothing
 /// happened; read it as usual).
 pub(crate) fn lend(dev: &dyn BlockDevice, g: &Geometry, req: &mut Request) -> bool {
-    if !lendable(req) || req.buf.len() > g.max_io {
+    if !lendable(dev, req) || req.buf.len() > g.max_io {
         return false;
     }
     let start = g.down(req.offset);

@@ -38,7 +38,8 @@ impl Engine {
             && req.len <= INLINE_MAX
             && matches!(req.op, Op::Read | Op::Write);
         let submit = submittable(q, &req);
-        let lend = may_inline && req.len <= LEND_LOOP_MAX && exec::lendable(&req);
+        let lend =
+            may_inline && req.len <= LEND_LOOP_MAX && exec::lendable(q.device.as_ref(), &req);
         let mut guard = lock(&self.shared.state);
         let st = &mut *guard;
         // A payload, if one was awaited, is in (under the same lock, so a

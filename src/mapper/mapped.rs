@@ -112,6 +112,10 @@ impl BlockDevice for MappedDevice {
         self.routes.lend(offset, len, f)
     }
 
+    fn lends(&self) -> bool {
+        self.routes.lends()
+    }
+
     fn can_submit(&self) -> bool {
         self.routes.can_submit()
     }

@@ -793,6 +793,10 @@ impl BlockDevice for FileStore {
         self.mapped_for_read(offset, len).is_some() || self.read_mapped(offset, len).is_some()
     }
 
+    fn lends(&self) -> bool {
+        self.mapped().is_some() || self.read_map.is_some()
+    }
+
     /// A range whose pages are in memory, lent out of the mapping (a
     /// tmpfs file's, or a disk file's read-only one).
     fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
@@ -1228,6 +1232,7 @@ mod tests {
         no.read(1 << 20, &mut b).unwrap();
         assert!(!no.resident(1 << 20, 4096), "--no-mmap maps nothing");
         assert!(!no.lend(1 << 20, 4096, &mut |_| panic!("--no-mmap lent")));
+        assert!(s.lends() && !no.lends());
     }
 
     /// Reading never-written parts of a sparse tmpfs file must not fill

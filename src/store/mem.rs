@@ -375,6 +375,10 @@ impl BlockDevice for MemStore {
         Ok(())
     }
 
+    fn lends(&self) -> bool {
+        true
+    }
+
     /// Memory is always in memory; a mapped file's range only when its
     /// pages are (a hole would be allocated by the access).
     fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {

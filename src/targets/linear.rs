@@ -72,6 +72,9 @@ impl BlockDevice for Linear {
     fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
         self.area.dev.lend(self.area.offset + offset, len, f)
     }
+    fn lends(&self) -> bool {
+        self.area.dev.lends()
+    }
     fn can_submit(&self) -> bool {
         self.area.dev.can_submit()
     }
