@@ -226,6 +226,17 @@ fn exercise(io: &str) {
         lent("lin")
     );
     assert_eq!(lent("cr"), Some(0));
+    // Crypt's large writes to pages already in the page cache (the
+    // workload read the whole device first) were encrypted straight into
+    // the file's mapping, and the workload read them back intact; the
+    // linear device's writes never take the mapping.
+    let mapped = |dev: &str| srv.status_json(dev)["files"][0]["mapped_writes"].as_u64();
+    assert!(
+        mapped("cr").is_some_and(|n| n >= 16),
+        "cr: {:?}",
+        mapped("cr")
+    );
+    assert_eq!(mapped("lin"), Some(0));
     // What the linear device wrote is in the file, where another program
     // sees it.
     assert_eq!(pread(&lin, 4 << 20, 512), vec![0xa5; 512]);

@@ -452,6 +452,20 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
+    /// Whether [`BlockDevice::write_transformed`] of `[offset,
+    /// offset+len)` would write straight into pages in memory, with no wait
+    /// for a disk: a file whose pages for the range are in the page cache
+    /// and mapped writable into udm. A crypt target then encrypts straight
+    /// into those pages (one pass, no `pwrite`) on the thread that has the
+    /// request, cut over its crypto threads, instead of encrypting in its
+    /// buffer and handing that to the store's writer. As with `resident`,
+    /// the answer may be stale; the write is then correct, only slower.
+    /// Default `false`.
+    fn resident_for_write(&self, offset: u64, len: usize) -> bool {
+        let _ = (offset, len);
+        false
+    }
+
     /// Lend `[offset, offset+len)` to `f` where the bytes lie, for the
     /// length of the call: a file's pages in the page cache, mapped into
     /// udm. A front end then sends them from there, one copy (into the

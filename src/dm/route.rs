@@ -258,6 +258,14 @@ impl BlockDevice for Routes {
                 .is_some_and(|(r, at)| r.dev.resident(at, len))
     }
 
+    /// As `resident`: the one route that holds the whole range.
+    fn resident_for_write(&self, offset: u64, len: usize) -> bool {
+        self.check(offset, len as u64).is_ok()
+            && self
+                .whole(offset, len as u64)
+                .is_some_and(|(r, at)| r.dev.resident_for_write(at, len))
+    }
+
     fn lends(&self) -> bool {
         self.lends
     }

@@ -108,6 +108,10 @@ impl BlockDevice for MappedDevice {
         self.routes.resident(offset, len)
     }
 
+    fn resident_for_write(&self, offset: u64, len: usize) -> bool {
+        self.routes.resident_for_write(offset, len)
+    }
+
     fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
         self.routes.lend(offset, len, f)
     }

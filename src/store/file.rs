@@ -38,9 +38,13 @@ use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Extent, Lent, Limit
 /// measured 0.77x of nbdkit's thread pool for 4 KiB random writes on ext4.
 pub const FILE_QUEUE_DEPTH: u32 = 32;
 
-/// The environment variable that turns the read-only mapping of disk
-/// files off (`0`), for an A/B of the crypt path over them.
+/// The environment variable that turns the mapping of disk files off
+/// (`0`), for an A/B of the crypt path over them.
 pub const READ_MAP_ENV: &str = "UDM_FILE_READ_MAP";
+
+/// The environment variable that keeps that mapping read-only (`0`), so
+/// crypt's writes take `pwrite` again: the A/B of mapped writes.
+pub const WRITE_MAP_ENV: &str = "UDM_FILE_WRITE_MAP";
 
 /// A file or block device as a [`BlockDevice`].
 pub struct FileStore {
@@ -62,13 +66,22 @@ pub struct FileStore {
     /// The file's pages, mapped, when it lives on tmpfs: direct access.
     /// Abandoned (for the syscalls) after the first SIGBUS in it.
     map: Option<MemStore>,
-    /// A disk file's pages mapped read-only, for reads of ranges already in
-    /// the page cache through a transform (`resident`,
-    /// `read_transformed`): crypt decrypts out of the page cache instead
-    /// of copying into its buffer first. Writes never use it (they keep
-    /// the ring or `pwrite`, where the filesystem allocates and reports
-    /// errors). `UDM_FILE_READ_MAP=0` turns it off (for the A/B).
-    read_map: Option<MemStore>,
+    /// A disk file's pages mapped, for ranges already in the page cache:
+    /// crypt decrypts out of them (`resident`, `read_transformed`) instead
+    /// of copying into its buffer first, reads are lent from them, and
+    /// crypt encrypts straight into them (`resident_for_write`,
+    /// `write_transformed`) instead of encrypting in its buffer and
+    /// copying that with `pwrite`. Writable only when the store is and
+    /// `UDM_FILE_WRITE_MAP` is not `0`; plain writes keep the syscalls,
+    /// where the filesystem allocates and reports errors as such (through
+    /// the mapping only pages already in the cache are written, and a
+    /// fault there that cannot be served, a full filesystem filling a
+    /// cached hole or a file shrunk meanwhile, is the SIGBUS of
+    /// `filemap`: that request fails and the mapping is abandoned).
+    /// `UDM_FILE_READ_MAP=0` turns it off (for the A/B).
+    page_map: Option<MemStore>,
+    /// Whether `page_map` is writable.
+    map_writes: bool,
     /// The first failed `fdatasync`, latched: Linux reports a writeback
     /// error once per open file, so the next `fdatasync` would succeed over
     /// writes that were lost (PostgreSQL's "fsyncgate"). Once set, every
@@ -154,15 +167,18 @@ impl FileStore {
         } else {
             None
         };
-        let read_map = (!block_device
+        let map_writes =
+            !flags.read_only && std::env::var(WRITE_MAP_ENV).map_or(true, |v| v != "0");
+        let page_map = (!block_device
             && !flags.direct
             && !flags.no_map
             && map.is_none()
             && std::env::var(READ_MAP_ENV).map_or(true, |v| v != "0"))
         .then(|| usize::try_from(size).ok())
         .flatten()
-        .and_then(|len| FileMap::new(&file, len, false).ok().flatten())
+        .and_then(|len| FileMap::new(&file, len, map_writes).ok().flatten())
         .map(MemStore::map_file);
+        let map_writes = map_writes && page_map.is_some();
         let fast_zero = if block_device {
             block_device_zeroes(&file)
         } else {
@@ -202,6 +218,7 @@ impl FileStore {
             writers: writes.threads() as u32,
             sole_client_inline: matches!(&writes, Writes::Threads(w) if w.sole_inline()),
             lent_reads: 0,
+            mapped_writes: 0,
         };
         Ok(FileStore {
             ring,
@@ -216,7 +233,8 @@ impl FileStore {
             direct: flags.direct,
             fast_zero,
             map,
-            read_map,
+            page_map,
+            map_writes,
             sync_failed: OnceLock::new(),
             #[cfg(test)]
             sync_fn: None,
@@ -245,8 +263,17 @@ impl FileStore {
     /// pages are all in the page cache (so no access through it waits for
     /// the disk), while it has taken no fault.
     fn read_mapped(&self, offset: u64, len: usize) -> Option<&MemStore> {
-        let m = self.read_map.as_ref().filter(|m| m.faults() == 0)?;
+        let m = self.page_map.as_ref().filter(|m| m.faults() == 0)?;
         m.resident(offset, len).then_some(m)
+    }
+
+    /// The writable mapping of a disk file, for a write of a range whose
+    /// pages are all in the page cache, while it has taken no fault.
+    fn write_mapped(&self, offset: u64, len: usize) -> Option<&MemStore> {
+        if !self.map_writes {
+            return None;
+        }
+        self.read_mapped(offset, len)
     }
 
     /// Run one access through the mapping: a SIGBUS during it (counted by
@@ -273,7 +300,7 @@ impl FileStore {
     fn lost_pages(&self) -> DevError {
         DevError::Io(std::io::Error::other(format!(
             "{}: pages of the file vanished under udm while it was mapped (another \
-             program truncated it, or its tmpfs is full); the request failed and udm \
+             program truncated it, or its filesystem is full); the request failed and udm \
              uses read/write calls on it from now on; free space on the filesystem \
              or stop whatever shrinks the file",
             self.path.display()
@@ -793,8 +820,12 @@ impl BlockDevice for FileStore {
         self.mapped_for_read(offset, len).is_some() || self.read_mapped(offset, len).is_some()
     }
 
+    fn resident_for_write(&self, offset: u64, len: usize) -> bool {
+        self.mapped().is_some() || self.write_mapped(offset, len).is_some()
+    }
+
     fn lends(&self) -> bool {
-        self.mapped().is_some() || self.read_map.is_some()
+        self.mapped().is_some() || self.page_map.is_some()
     }
 
     /// A range whose pages are in memory, lent out of the mapping (a
@@ -816,9 +847,17 @@ impl BlockDevice for FileStore {
         lent
     }
 
-    /// Through the mapping when there is one: the transform writes the
-    /// file's pages, then `fdatasync` if FUA. Any SIGBUS during the call
-    /// fails it.
+    /// Through the mapping when there is one (a tmpfs file's), or when a
+    /// disk file's pages for the range are all in the page cache: the
+    /// transform writes the file's pages (a page written back since it was
+    /// last written takes a fault that marks it dirty again, as any shared
+    /// mapping's), then `fdatasync` if FUA. Any SIGBUS during the call
+    /// fails it. Otherwise the transform writes into a buffer that
+    /// `pwrite` copies. Measured on ext4, LUKS 1 MiB writes: 378 µs of
+    /// server CPU per request against 462 µs encrypting in a buffer for
+    /// `pwrite`; making the pages writable first with
+    /// `MADV_POPULATE_WRITE` (errors instead of SIGBUS) cost as much as it
+    /// saved, 496 µs, so the SIGBUS handler stays the safety net.
     fn write_transformed(
         &self,
         offset: u64,
@@ -827,10 +866,14 @@ impl BlockDevice for FileStore {
         t: &dyn Transform,
     ) -> DevResult<()> {
         self.check_writable()?;
-        let Some(m) = self.mapped() else {
-            return write_transformed_by_writing(self, offset, src, fua, t);
-        };
-        self.on_map(m, fua, |m| m.write_transformed(offset, src, false, t))
+        if let Some(m) = self.mapped() {
+            return self.on_map(m, fua, |m| m.write_transformed(offset, src, false, t));
+        }
+        if let Some(m) = self.write_mapped(offset, src.len()) {
+            self.registered.mapped_write();
+            return self.on_map(m, fua, |m| m.write_transformed(offset, src, false, t));
+        }
+        write_transformed_by_writing(self, offset, src, fua, t)
     }
 
     fn flush(&self) -> DevResult<()> {
@@ -1175,12 +1218,12 @@ mod tests {
         ));
     }
 
-    /// A disk file is mapped for reads only: a range whose pages are in
-    /// the page cache is `resident` and read through the transform from
-    /// them; a hole, a range evicted from the cache, or a store told not
-    /// to map is not; writes never go through the mapping.
+    /// A disk file is mapped: a range whose pages are in the page cache is
+    /// `resident` and read through the transform from them; a hole, a
+    /// range evicted from the cache, or a store told not to map is not;
+    /// plain writes never go through the mapping.
     #[test]
-    fn disk_files_read_resident_pages_through_a_read_only_mapping() {
+    fn disk_files_read_resident_pages_through_the_mapping() {
         use crate::core::device::testing::{xored, Xor};
         let tmp = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
         assert!(
@@ -1233,6 +1276,102 @@ mod tests {
         assert!(!no.resident(1 << 20, 4096), "--no-mmap maps nothing");
         assert!(!no.lend(1 << 20, 4096, &mut |_| panic!("--no-mmap lent")));
         assert!(s.lends() && !no.lends());
+    }
+
+    /// A transformed write of a disk file's range that is all in the page
+    /// cache goes straight into the mapped pages (counted), and lands in
+    /// the file as `pwrite` would put it; a range not in the cache, a FUA
+    /// write's durability, a read-only store and a store told not to map
+    /// keep the syscalls. A file shrunk under the mapping fails the write
+    /// that touches the lost pages with an error naming the file, and the
+    /// store goes on with the syscalls.
+    #[test]
+    fn disk_files_take_transformed_writes_of_cached_pages_through_the_mapping() {
+        use crate::core::device::testing::{xored, Xor};
+        let tmp = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
+        assert!(
+            !on_tmpfs(tmp.as_file()),
+            "/var/tmp must be a disk filesystem"
+        );
+        tmp.as_file().set_len(4 << 20).unwrap();
+        let path = tmp.path().display().to_string();
+        let mapped_writes = || {
+            file_io::reports_for(&path)
+                .iter()
+                .map(|r| r.mapped_writes)
+                .sum::<u64>()
+        };
+        let s = FileStore::open(tmp.path(), OpenFlags::default()).unwrap();
+        let t = Xor::new(4096);
+        let len = 256 << 10;
+        assert!(!s.resident_for_write(1 << 20, len), "a hole is not cached");
+        let zeros = vec![0u8; len];
+        s.write(1 << 20, WriteBuf::Borrowed(&zeros), false).unwrap();
+        assert!(s.resident_for_write(1 << 20, len), "just written: cached");
+        let data: Vec<u8> = (0..len).map(|i| (i % 249) as u8).collect();
+        s.write_transformed(1 << 20, &data, false, &t).unwrap();
+        assert_eq!(mapped_writes(), 1);
+        // What the file holds, read past udm's mapping: the transform's
+        // output, as a buffered write would have left it.
+        let mut on_disk = vec![0u8; len];
+        tmp.as_file().read_exact_at(&mut on_disk, 1 << 20).unwrap();
+        assert!(on_disk == xored(&data));
+        // With FUA: through the mapping, then the file's flush.
+        s.write_transformed(1 << 20, &data, true, &t).unwrap();
+        assert_eq!(mapped_writes(), 2);
+        let mut back = vec![0u8; len];
+        s.read_transformed(1 << 20, &mut back, &t).unwrap();
+        assert!(back == data);
+        // Written with `pwrite`, written back and dropped from the cache
+        // (never mapped): not resident, so the syscalls (not counted).
+        s.write(2 << 20, WriteBuf::Borrowed(&zeros), false).unwrap();
+        s.flush().unwrap();
+        // SAFETY: advice on an open descriptor; no memory is passed.
+        let rc = unsafe {
+            libc::posix_fadvise(
+                tmp.as_file().as_raw_fd(),
+                2 << 20,
+                len as i64,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        assert_eq!(rc, 0);
+        assert!(!s.resident_for_write(2 << 20, len), "evicted");
+        s.write_transformed(2 << 20, &data, false, &t).unwrap();
+        assert_eq!(mapped_writes(), 2);
+        tmp.as_file().read_exact_at(&mut on_disk, 2 << 20).unwrap();
+        assert!(on_disk == xored(&data));
+        let ro = open_flags(tmp.path(), |f| f.read_only = true);
+        let no = open_flags(tmp.path(), |f| f.no_map = true);
+        let mut b = vec![0u8; len];
+        ro.read(1 << 20, &mut b).unwrap();
+        assert!(!ro.resident_for_write(1 << 20, len), "read-only");
+        assert!(!no.resident_for_write(1 << 20, len), "--no-mmap");
+        no.write_transformed(1 << 20, &data, false, &t).unwrap();
+        assert_eq!(mapped_writes(), 2);
+        // Shrunk under the mapping, with the lost pages still mapped: the
+        // write that touches them fails, naming the file; udm lives on.
+        s.write(3 << 20, WriteBuf::Borrowed(&zeros), false).unwrap();
+        s.write_transformed(3 << 20, &data, false, &t).unwrap();
+        assert_eq!(mapped_writes(), 3);
+        tmp.as_file().set_len(2 << 20).unwrap();
+        // The range is gone from the cache, so the mapping is not even
+        // tried; forcing it through (as a request that raced the
+        // truncation would) takes the SIGBUS.
+        assert!(!s.resident_for_write(3 << 20, len));
+        let m = s.page_map.as_ref().unwrap();
+        let e = s
+            .on_map(m, false, |m| m.write_transformed(3 << 20, &data, false, &t))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("truncated") && e.contains(&path), "{e}");
+        assert!(
+            !s.resident_for_write(1 << 20, len),
+            "the mapping is abandoned"
+        );
+        s.write_transformed(1 << 20, &data, false, &t).unwrap();
+        tmp.as_file().read_exact_at(&mut on_disk, 1 << 20).unwrap();
+        assert!(on_disk == xored(&data));
     }
 
     /// Reading never-written parts of a sparse tmpfs file must not fill

@@ -101,6 +101,12 @@ pub struct IoReport {
     /// first), since it was opened.
     #[serde(default)]
     pub lent_reads: u64,
+    /// Transformed writes (crypt's ciphertext) written straight into its
+    /// pages in memory through the mapping (`BlockDevice::write_transformed`
+    /// of a range `resident_for_write` found in the page cache), since it
+    /// was opened.
+    #[serde(default)]
+    pub mapped_writes: u64,
 }
 
 /// A store's report and its live counters.
@@ -108,6 +114,7 @@ pub struct IoReport {
 struct Entry {
     report: IoReport,
     lent: AtomicU64,
+    mapped_writes: AtomicU64,
 }
 
 static OPEN: Mutex<Vec<Weak<Entry>>> = Mutex::new(Vec::new());
@@ -121,6 +128,11 @@ impl Registered {
     pub fn lent(&self) {
         self.0.lent.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Count a write made through the mapping.
+    pub fn mapped_write(&self) {
+        self.0.mapped_writes.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Add a store's report to the list of open stores.
@@ -128,6 +140,7 @@ pub fn register(report: IoReport) -> Registered {
     let a = Arc::new(Entry {
         report,
         lent: AtomicU64::new(0),
+        mapped_writes: AtomicU64::new(0),
     });
     let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
     open.retain(|w| w.strong_count() > 0);
@@ -145,6 +158,7 @@ pub fn reports_for(path: &str) -> Vec<IoReport> {
         .filter(|e| e.report.path == path)
         .map(|e| IoReport {
             lent_reads: e.lent.load(Ordering::Relaxed),
+            mapped_writes: e.mapped_writes.load(Ordering::Relaxed),
             ..e.report.clone()
         })
         .collect()
@@ -169,11 +183,15 @@ mod tests {
             writers: 1,
             sole_client_inline: true,
             lent_reads: 0,
+            mapped_writes: 0,
         };
         let reg = register(r.clone());
         assert_eq!(reports_for(&r.path), vec![r.clone()]);
         reg.lent();
         assert_eq!(reports_for(&r.path)[0].lent_reads, 1);
+        reg.mapped_write();
+        reg.mapped_write();
+        assert_eq!(reports_for(&r.path)[0].mapped_writes, 2);
         drop(reg);
         assert!(reports_for(&r.path).is_empty());
     }

@@ -69,6 +69,11 @@ impl BlockDevice for Linear {
     fn resident(&self, offset: u64, len: usize) -> bool {
         self.area.dev.resident(self.area.offset + offset, len)
     }
+    fn resident_for_write(&self, offset: u64, len: usize) -> bool {
+        self.area
+            .dev
+            .resident_for_write(self.area.offset + offset, len)
+    }
     fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
         self.area.dev.lend(self.area.offset + offset, len, f)
     }
