@@ -12,7 +12,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::dm::DmServer;
 use common::*;
@@ -65,18 +65,7 @@ fn sigkill_during_provisioning_keeps_metadata_clean_and_flushed_writes() {
     let data = sparse(p, "data", BLOCKS * BLOCK);
     let script = format!("{}/tests/faults/crash_io.py", env!("CARGO_MANIFEST_DIR"));
     let sock = p.join("nbd.sock");
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    println!("random seed {seed}");
-    let mut rng = seed | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = crash::seeded_rng();
     let state = |round: u32| p.join(format!("state{round}.json"));
     let py = |mode: &str, round: u32| {
         let mut c = Command::new(need(PYTHON));

@@ -11,6 +11,24 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{need_python_module, report, run_text, show, wait_for, UdmServe, PYTHON};
 
+/// A small random generator (xorshift) seeded from the clock, with the
+/// seed printed so a failing round can be told apart: the crash moments
+/// differ run to run, as a real crash's would.
+pub fn seeded_rng() -> impl FnMut() -> u64 {
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    println!("random seed {seed}");
+    let mut rng = seed | 1;
+    move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    }
+}
+
 /// The end of one crash round: start `writer` (crash_io.py's `write`),
 /// wait until it has writes in flight (its `ready` file), let `delay`
 /// pass, `kill` the server, and read the writer's summary line. Returns
@@ -66,18 +84,7 @@ pub fn sigkill_rounds(
         let _ = std::fs::remove_file(&sock);
         UdmServe::start(&sock, &["--threads", "2", "--table", &tables])
     };
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    println!("random seed {seed}");
-    let mut rng = seed | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = seeded_rng();
     let verify = |round: u32| {
         let mut c = Command::new(PYTHON);
         c.arg(&script)

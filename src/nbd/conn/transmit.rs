@@ -125,6 +125,9 @@ pub(super) fn drive(
     last_active: &mut Instant,
 ) -> io::Result<()> {
     let mut parsed = 0;
+    // The replies of requests run inline below leave in one `writev` when
+    // this returns (however it returns).
+    let _cork = conn.cork();
     loop {
         let go = match std::mem::replace(&mut tx.state, TxState::Header) {
             TxState::Header => {

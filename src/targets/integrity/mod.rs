@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Target, TargetArgs, TargetError, TargetOptions};
-use crate::core::device::{write_zeroes_by_writing, TagLayout};
+use crate::core::device::{unopened, write_zeroes_by_writing, TagLayout};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use layout::{log2_buffer_of, Geometry};
 use params::{IntegrityParams, Mode};
@@ -365,7 +365,7 @@ fn resolve_devices(a: &mut TargetArgs<'_>, p: &IntegrityParams) -> Result<Device
         .map_err(|e| TargetError::line(format!("meta_device:{m}: {e}")))?;
     // One opened device under two names (an unopened placeholder stands
     // for every device of `udm table check`).
-    if std::ptr::addr_eq(Arc::as_ptr(&dev), Arc::as_ptr(&meta)) && dev.size() != u64::MAX {
+    if std::ptr::addr_eq(Arc::as_ptr(&dev), Arc::as_ptr(&meta)) && !unopened(&*dev) {
         return Err(TargetError::line(format!(
             "meta_device:{m} is the data device {} itself: give a device of its own, or leave \
              meta_device out to interleave tags with the data",
@@ -388,8 +388,7 @@ fn open_layout(
     len: u64,
 ) -> Result<(Superblock, Geometry, bool), TargetError> {
     let (dev, meta) = devs;
-    let unopened = dev.size() == u64::MAX || meta.size() == u64::MAX;
-    let (sb, meta_sectors, data_sectors, fresh) = if unopened {
+    let (sb, meta_sectors, data_sectors, fresh) = if unopened(&**dev) || unopened(&**meta) {
         let (sb, m, d) = stand_in_superblock(p, tag_size, has_hash, len / 512)?;
         (sb, m, d, false)
     } else {
@@ -416,7 +415,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     refuse_unsupported(&p, &alg)?;
     let tag_size = tag_size_of(&p, &alg)?;
     let devs = resolve_devices(&mut a, &p)?;
-    let unopened = devs.0.size() == u64::MAX || devs.1.size() == u64::MAX;
+    let checking = unopened(&*devs.0) || unopened(&*devs.1);
     let (sb, g, fresh) = open_layout(&p, &devs, tag_size, alg.is_some(), a.len)?;
     let seal = seal::Seal::new(
         p.opts.journal_crypt.as_ref(),
@@ -426,7 +425,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     )
     .map_err(TargetError::line)?
     .map(Arc::new);
-    if let (Some(s), false) = (&seal, unopened) {
+    if let (Some(s), false) = (&seal, checking) {
         prepare_seal(&*devs.1, &p, &sb, &g, s, fresh)?;
     }
     let (dev, meta) = devs;
@@ -448,7 +447,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         options: a.options.clone(),
         recalc_at: AtomicU64::new(u64::MAX),
     };
-    let live = t.p.mode != Mode::Recovery && !unopened;
+    let live = t.p.mode != Mode::Recovery && !checking;
     if live {
         t.check_recalc()?;
         let (next, seq, replayed) = t

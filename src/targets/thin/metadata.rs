@@ -302,6 +302,20 @@ impl Metadata {
     pub fn create_thin(&mut self, dev: u64) -> Result<(), String> {
         self.check_new(dev)?;
         let sub = btree::empty(&mut self.tm, 8)?;
+        self.insert_subtree(dev, sub)?;
+        let d = Details {
+            creation_time: self.time,
+            snap_time: self.time,
+            ..Details::default()
+        };
+        self.devs.insert(dev, d);
+        self.changed.insert(dev, true);
+        Ok(())
+    }
+
+    /// Hang device `dev`'s mapping subtree (root block `sub`) in the
+    /// top-level mapping tree.
+    fn insert_subtree(&mut self, dev: u64, sub: u64) -> Result<(), String> {
         self.mapping_root = btree::insert(
             &mut self.tm,
             self.mapping_root,
@@ -311,13 +325,6 @@ impl Metadata {
             false,
         )?
         .0;
-        let d = Details {
-            creation_time: self.time,
-            snap_time: self.time,
-            ..Details::default()
-        };
-        self.devs.insert(dev, d);
-        self.changed.insert(dev, true);
         Ok(())
     }
 
@@ -341,15 +348,7 @@ impl Metadata {
         })?;
         let sub = self.subtree(origin)?;
         self.tm.msm.inc(sub);
-        self.mapping_root = btree::insert(
-            &mut self.tm,
-            self.mapping_root,
-            dev,
-            &sub.to_le_bytes(),
-            Vk::Subtree,
-            false,
-        )?
-        .0;
+        self.insert_subtree(dev, sub)?;
         self.time += 1;
         let t = self.time;
         self.devs.insert(
