@@ -853,11 +853,12 @@ impl BlockDevice for FileStore {
     /// last written takes a fault that marks it dirty again, as any shared
     /// mapping's), then `fdatasync` if FUA. Any SIGBUS during the call
     /// fails it. Otherwise the transform writes into a buffer that
-    /// `pwrite` copies. Measured on ext4, LUKS 1 MiB writes: 378 µs of
-    /// server CPU per request against 462 µs encrypting in a buffer for
-    /// `pwrite`; making the pages writable first with
-    /// `MADV_POPULATE_WRITE` (errors instead of SIGBUS) cost as much as it
-    /// saved, 496 µs, so the SIGBUS handler stays the safety net.
+    /// `pwrite` copies. Measured on ext4, LUKS 1 MiB writes: 322 µs of
+    /// server CPU per request against 470 µs encrypting in a buffer for
+    /// `pwrite` (median of 9 rounds, same run); making the pages writable
+    /// first with `MADV_POPULATE_WRITE` (errors instead of SIGBUS) cost as
+    /// much as it saved (496 against 449 µs in another run), so the
+    /// SIGBUS handler stays the safety net.
     fn write_transformed(
         &self,
         offset: u64,
