@@ -8,7 +8,7 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::*;
 
@@ -43,18 +43,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_write() {
     let state = p.join("state.json");
     let script = format!("{}/tests/faults/crash_io.py", env!("CARGO_MANIFEST_DIR"));
     let sock = p.join("s.sock");
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    println!("random seed {seed}");
-    let mut rng = seed | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = common::crash::seeded_rng();
     let serve = |round: u32| {
         let _ = std::fs::remove_file(&sock);
         let tables = [

@@ -25,6 +25,10 @@ struct Pending {
     data: (usize, usize),
     /// Bytes of this reply already sent.
     sent: usize,
+    /// `body` is the connection's cork buffer (the unsent end of corked
+    /// replies): it goes back to [`Out::cork`] once sent, so corking
+    /// allocates nothing after the first batch.
+    cork: bool,
 }
 
 impl Pending {
@@ -93,6 +97,9 @@ struct Out {
     /// Whole replies gathered while corked, not sent yet (never part of
     /// one: a reply is either all here or not at all).
     cork: Vec<u8>,
+    /// The cork buffer is in `queue`, its end not sent yet: nothing is
+    /// corked until it comes back.
+    cork_away: bool,
     /// Bytes in `queue` not sent yet.
     bytes: u64,
     /// Last progress while the queue was not empty.
@@ -164,6 +171,7 @@ impl Conn {
             out: Mutex::new(Out {
                 queue: VecDeque::new(),
                 cork: Vec::new(),
+                cork_away: false,
                 bytes: 0,
                 since: None,
                 tls: None,
@@ -314,6 +322,7 @@ impl Conn {
     /// Whether a reply of `len` bytes made now goes to the cork.
     fn corks(&self, out: &Out, len: usize) -> bool {
         out.tls.is_none()
+            && !out.cork_away
             && len <= CORK_DATA_MAX + 32
             && CORKED.with(|c| c.get()) == self as *const Conn as usize
     }
@@ -351,18 +360,21 @@ impl Conn {
             }
         }
         if sent < out.cork.len() {
-            let rest = out.cork[sent..].to_vec();
-            out.bytes += rest.len() as u64;
+            // The buffer itself is queued (no copy, no allocation).
+            let body = std::mem::take(&mut out.cork);
+            out.bytes += (body.len() - sent) as u64;
             if out.since.is_none() {
                 out.since = Some(Instant::now());
             }
+            out.cork_away = true;
             out.queue.push_back(Pending {
                 head: [0; 32],
                 head_len: 0,
-                body: rest,
+                body,
                 buf: Buf::empty(),
                 data: (0, 0),
-                sent: 0,
+                sent,
+                cork: true,
             });
         }
         out.cork.clear();
@@ -454,6 +466,7 @@ impl Conn {
             buf: Buf::empty(),
             data: (0, 0),
             sent,
+            cork: false,
         };
         p.head[..h.len()].copy_from_slice(h);
         if let Some((r, data)) = req {
@@ -871,7 +884,11 @@ fn flush_plain(sock: &Sock, out: &mut Out) -> io::Result<()> {
             let left = p.len() - p.sent;
             if done >= left {
                 done -= left;
-                out.queue.pop_front();
+                if let Some(p) = out.queue.pop_front().filter(|p| p.cork) {
+                    out.cork = p.body;
+                    out.cork.clear();
+                    out.cork_away = false;
+                }
             } else {
                 p.sent += done;
                 done = 0;
@@ -1059,6 +1076,28 @@ mod tests {
         all.extend(pending(&mut peer));
         let want: Vec<u8> = (0..n).flat_map(|i| simple_reply(0, i as u64)).collect();
         assert!(all == want);
+        // A client that does not read: the cork's unsent end is queued as
+        // it is (the buffer itself), nothing is corked meanwhile, and the
+        // buffer comes back once the client has read everything.
+        while conn.out().queue.is_empty() {
+            let _c = conn.cork();
+            for i in 0..64 {
+                conn.send_ok(i);
+            }
+        }
+        assert!(conn.out().cork_away);
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            got.extend(pending(&mut peer));
+            if conn.flush() == 0 && conn.out().queue.is_empty() {
+                got.extend(pending(&mut peer));
+                break;
+            }
+        }
+        assert_eq!(got.len() % 16, 0, "whole replies only");
+        assert!(got.chunks(16).all(|r| r[..4] == simple_reply(0, 0)[..4]));
+        let out = conn.out();
+        assert!(!out.cork_away && out.cork.capacity() >= CORK_CAP);
     }
 
     /// A client that never reads gets its small replies counted at what
