@@ -5,12 +5,18 @@ default, or any directories given).
 Each configuration is a server started on a Unix socket, measured with the
 five jobs of issues 2 and 31 (1 MiB sequential read/write at QD16, 4 KiB
 random read/write at QD32, 4 KiB random read at QD1), one connection each. Configurations are interleaved
-round by round so that noise from the shared machine hits them alike; the
-report gives the median of the rounds and the same-run ratio to a baseline.
+so that noise from the shared machine hits them alike: each round starts
+every server (one socket each), then runs each job on every server back to
+back (the order of the servers turns by one each round), so the runs that
+a ratio compares are seconds apart, not the minute a server's five jobs
+take (`--order server`: the old order, one server at a time). The report
+gives the median of the rounds and the same-run ratio to a baseline, and
+the median of the per-round ratios (each round's pair measured
+back to back).
 
 Usage: bench/nbd_bench.py [--runtime S] [--rounds N] [--only a,b] [--jobs a,b] [--json FILE]
                           [--compare OLD_UDM_BINARY] [--dir DIR[,DIR...]]
-                          [--variant NAME:ENV=VALUE[,ENV=VALUE]]...
+                          [--variant NAME:ENV=VALUE[,ENV=VALUE]]... [--order job|server]
 --variant runs every udm configuration once more with extra environment
 variables, as CONFIG+NAME, in the same rounds (an A/B of a knob). Each
 round's line also gives the server's CPU per request (utime + stime of
@@ -198,7 +204,20 @@ def table(d, a, configs, results, jobs):
             else:
                 cells.append(f"{iops / 1000:.1f}k IOPS ({ratio:.2f}x)")
         print(f"| {k} | " + " | ".join(cells) + " |")
-    return med
+    # Each round's ratio (its runs were back to back), then their median:
+    # less exposed to the machine's speed drifting between rounds.
+    paired = {}
+    for k in configs:
+        paired[k] = {}
+        for job in jobs:
+            rs = [x[0] / b[0] for x, b in zip(results[k][job[0]], results[base][job[0]]) if b[0]]
+            paired[k][job[0]] = statistics.median(rs) if rs else 0
+    print(f"\nMedian of the per-round ratios to {base} (each round's runs back to back)")
+    print("| server | " + " | ".join(j[0] for j in jobs) + " |")
+    print("|---|" + "---|" * len(jobs))
+    for k in configs:
+        print(f"| {k} | " + " | ".join(f"{paired[k][j[0]]:.2f}x" for j in jobs) + " |")
+    return med, paired
 
 
 def main():
@@ -219,6 +238,9 @@ def main():
     ap.add_argument("--compare", default="",
                     help="another udm binary (e.g. an older commit's): every udm configuration is also run "
                          "with it, as NAME@old, interleaved in the same rounds")
+    ap.add_argument("--order", choices=("job", "server"), default="job",
+                    help="job (default): every server up for the round, each job run on all of them "
+                         "back to back; server: one server at a time runs all the jobs")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME:ENV=VALUE[,ENV=VALUE]: every udm configuration is also run with these "
                          "environment variables, as CONFIG+NAME, in the same rounds")
@@ -250,29 +272,50 @@ def main():
         dirs[d] = (sock, configs, {k: {job[0]: [] for job in jobs} for k in configs})
 
     size = a.size_mib << 20
+
+    def run(r, d, name, p, sock, job, results):
+        c0 = cpu_seconds(p.pid)
+        side = fio_json(uri_of(name, sock), job[1], job[2], job[3], a.runtime, size // 2)
+        cpu = cpu_seconds(p.pid) - c0
+        mbs, iops = side["bw_bytes"] / 1e6, side["iops"]
+        us = cpu * 1e6 / side["total_ios"] if side["total_ios"] else float("nan")
+        results[name][job[0]].append((mbs, iops))
+        print(f"round {r + 1} {d} {name:14} {job[0]:20} {mbs:9.0f} MB/s {iops:9.0f} IOPS "
+              f"{us:7.1f} us/req", file=sys.stderr)
+
     for r in range(a.rounds):
         for d, (sock, configs, results) in dirs.items():
-            for name, cmd in configs.items():
-                p = serve(cmd, sock, envs.get(name))
-                try:
-                    for job in jobs:
-                        c0 = cpu_seconds(p.pid)
-                        side = fio_json(uri_of(name, sock), job[1], job[2], job[3], a.runtime, size // 2)
-                        cpu = cpu_seconds(p.pid) - c0
-                        mbs, iops = side["bw_bytes"] / 1e6, side["iops"]
-                        us = cpu * 1e6 / side["total_ios"] if side["total_ios"] else float("nan")
-                        results[name][job[0]].append((mbs, iops))
-                        print(f"round {r + 1} {d} {name:14} {job[0]:20} {mbs:9.0f} MB/s {iops:9.0f} IOPS "
-                              f"{us:7.1f} us/req", file=sys.stderr)
-                finally:
+            if a.order == "server":
+                for name, cmd in configs.items():
+                    p = serve(cmd, sock, envs.get(name))
+                    try:
+                        for job in jobs:
+                            run(r, d, name, p, sock, job, results)
+                    finally:
+                        stop(p)
+                continue
+            names = list(configs)
+            names = names[r % len(names):] + names[:r % len(names)]
+            procs = {}
+            try:
+                for i, name in enumerate(names):
+                    s = f"{sock}.{i}"
+                    procs[name] = (serve([s if w == sock else w for w in configs[name]], s, envs.get(name)), s)
+                for job in jobs:
+                    for name in names:
+                        p, s = procs[name]
+                        run(r, d, name, p, s, job, results)
+            finally:
+                for p, _ in procs.values():
                     stop(p)
 
     out = {}
     for d, (sock, configs, results) in dirs.items():
-        out[d] = {"results": results, "median": table(d, a, configs, results, jobs)}
+        med, paired = table(d, a, configs, results, jobs)
+        out[d] = {"results": results, "median": med, "paired_ratio": paired}
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"runtime": a.runtime, "rounds": a.rounds, "dirs": out}, f, indent=1)
+            json.dump({"runtime": a.runtime, "rounds": a.rounds, "order": a.order, "dirs": out}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -423,8 +423,11 @@ impl Loop {
             SWEEP
         };
         let mut spin = Spin::new(self.cx.opts.busy_poll);
+        // The end of the last round: close enough to the next poll to judge
+        // the polling window by (one clock read per round, not two).
+        let mut now = Instant::now();
         loop {
-            let timeout = if !self.pending.is_empty() || spin.polling(Instant::now()) {
+            let timeout = if !self.pending.is_empty() || spin.polling(now) {
                 Duration::ZERO
             } else {
                 tick
@@ -498,7 +501,7 @@ impl Loop {
                 }
             }
             self.spare_pending = pending;
-            let now = Instant::now();
+            now = Instant::now();
             // Poll for the next request only after a round whose requests
             // all finished here (small ones, run inline): that is the
             // client waiting on us. Requests on workers end polling.

@@ -21,6 +21,18 @@ use super::validate::{check, invalid, Checked, ExportView};
 /// Requests parsed per drive before other connections get their turn.
 const BATCH: usize = 32;
 
+/// The time of one drive, read from the clock once, when first needed:
+/// the idle and payload deadlines it feeds are seconds long, and three
+/// clock reads per 4 KiB write were 2.5 % of the loop's CPU.
+#[derive(Default)]
+struct Stamp(Option<Instant>);
+
+impl Stamp {
+    fn now(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
 enum TxState {
     Header,
     Admit(RequestHeader),
@@ -125,6 +137,7 @@ pub(super) fn drive(
     last_active: &mut Instant,
 ) -> io::Result<()> {
     let mut parsed = 0;
+    let mut stamp = Stamp::default();
     // The replies of requests run inline below leave in one `writev` when
     // this returns (however it returns).
     let _cork = conn.cork();
@@ -134,12 +147,12 @@ pub(super) fn drive(
                 let go = read_header(tx, input, conn, cx, parsed)?;
                 if go {
                     parsed += 1;
-                    *last_active = Instant::now();
+                    *last_active = stamp.now();
                 }
                 go
             }
-            TxState::Admit(h) => admit(tx, conn, cx, h),
-            TxState::Payload(p) => receive_payload(tx, input, conn, cx, p)?,
+            TxState::Admit(h) => admit(tx, conn, cx, h, &mut stamp),
+            TxState::Payload(p) => receive_payload(tx, input, conn, cx, p, &mut stamp)?,
             TxState::Skip {
                 left,
                 cookie,
@@ -204,7 +217,7 @@ fn read_header(
 
 /// Admit a checked request and submit it (a write waits for its payload
 /// first): false when the engine refused it for now (it wakes the session).
-fn admit(tx: &mut Tx, conn: &Conn, cx: &Cx, h: RequestHeader) -> bool {
+fn admit(tx: &mut Tx, conn: &Conn, cx: &Cx, h: RequestHeader, stamp: &mut Stamp) -> bool {
     let q = tx.export.queue.clone();
     let len = u64::from(h.len);
     let max_extents = if h.flags & CMD_FLAG_REQ_ONE != 0 {
@@ -262,7 +275,7 @@ fn admit(tx: &mut Tx, conn: &Conn, cx: &Cx, h: RequestHeader) -> bool {
                 req: request(Op::Write, buf, head),
                 ticket: t,
                 filled: 0,
-                progress: Instant::now(),
+                progress: stamp.now(),
             });
         }
         CMD_FLUSH => cx.engine.submit(t, &q, request(Op::Flush, Buf::empty(), 0)),
@@ -287,6 +300,7 @@ fn receive_payload(
     conn: &Conn,
     cx: &Cx,
     mut p: Payload,
+    stamp: &mut Stamp,
 ) -> io::Result<bool> {
     let len = p.req.len as usize;
     let head = p.req.head;
@@ -323,7 +337,7 @@ fn receive_payload(
         }
     };
     if p.filled > start {
-        p.progress = Instant::now();
+        p.progress = stamp.now();
     }
     match r {
         Ok(true) => {
