@@ -42,8 +42,9 @@ pub const FILE_QUEUE_DEPTH: u32 = 32;
 /// (`0`), for an A/B of the crypt path over them.
 pub const READ_MAP_ENV: &str = "UDM_FILE_READ_MAP";
 
-/// The environment variable that keeps that mapping read-only (`0`), so
-/// crypt's writes take `pwrite` again: the A/B of mapped writes.
+/// The environment variable that makes that mapping writable (`1`), so
+/// crypt encrypts writes straight into cached pages instead of `pwrite`:
+/// off by default, kept for the A/B (see `FileStore::write_transformed`).
 pub const WRITE_MAP_ENV: &str = "UDM_FILE_WRITE_MAP";
 
 /// A file or block device as a [`BlockDevice`].
@@ -68,11 +69,13 @@ pub struct FileStore {
     map: Option<MemStore>,
     /// A disk file's pages mapped, for ranges already in the page cache:
     /// crypt decrypts out of them (`resident`, `read_transformed`) instead
-    /// of copying into its buffer first, reads are lent from them, and
-    /// crypt encrypts straight into them (`resident_for_write`,
-    /// `write_transformed`) instead of encrypting in its buffer and
-    /// copying that with `pwrite`. Writable only when the store is and
-    /// `UDM_FILE_WRITE_MAP` is not `0`; plain writes keep the syscalls,
+    /// of copying into its buffer first, and reads are lent from them.
+    /// With `UDM_FILE_WRITE_MAP=1` (and a writable store) it is writable
+    /// and crypt encrypts straight into cached pages
+    /// (`resident_for_write`, `write_transformed`) instead of encrypting
+    /// in its buffer and copying that with `pwrite`; off by default, as a
+    /// page fault there can cost a whole large folio's work (see
+    /// `write_transformed`). Plain writes always keep the syscalls,
     /// where the filesystem allocates and reports errors as such (through
     /// the mapping only pages already in the cache are written, and a
     /// fault there that cannot be served, a full filesystem filling a
@@ -136,6 +139,18 @@ impl FileStore {
     /// the kernel gives a ring; otherwise the store falls back to the
     /// syscalls and logs why.
     pub fn open_with(path: &Path, flags: OpenFlags, io: FileIo) -> std::io::Result<FileStore> {
+        let map_writes = std::env::var(WRITE_MAP_ENV).is_ok_and(|v| v == "1");
+        FileStore::open_inner(path, flags, io, map_writes)
+    }
+
+    /// [`FileStore::open_with`], `map_writes` saying whether crypt may
+    /// write a disk file's cached pages through its mapping.
+    fn open_inner(
+        path: &Path,
+        flags: OpenFlags,
+        io: FileIo,
+        map_writes: bool,
+    ) -> std::io::Result<FileStore> {
         let mut opts = OpenOptions::new();
         opts.read(true).write(!flags.read_only);
         if flags.direct {
@@ -167,8 +182,7 @@ impl FileStore {
         } else {
             None
         };
-        let map_writes =
-            !flags.read_only && std::env::var(WRITE_MAP_ENV).map_or(true, |v| v != "0");
+        let map_writes = map_writes && !flags.read_only;
         let page_map = (!block_device
             && !flags.direct
             && !flags.no_map
@@ -847,18 +861,24 @@ impl BlockDevice for FileStore {
         lent
     }
 
-    /// Through the mapping when there is one (a tmpfs file's), or when a
-    /// disk file's pages for the range are all in the page cache: the
-    /// transform writes the file's pages (a page written back since it was
-    /// last written takes a fault that marks it dirty again, as any shared
-    /// mapping's), then `fdatasync` if FUA. Any SIGBUS during the call
-    /// fails it. Otherwise the transform writes into a buffer that
-    /// `pwrite` copies. Measured on ext4, LUKS 1 MiB writes: 322 µs of
-    /// server CPU per request against 470 µs encrypting in a buffer for
-    /// `pwrite` (median of 9 rounds, same run); making the pages writable
-    /// first with `MADV_POPULATE_WRITE` (errors instead of SIGBUS) cost as
-    /// much as it saved (496 against 449 µs in another run), so the
-    /// SIGBUS handler stays the safety net.
+    /// Through the mapping when there is one (a tmpfs file's), or, with
+    /// `UDM_FILE_WRITE_MAP=1`, when a disk file's pages for the range are
+    /// all in the page cache: the transform writes the file's pages, then
+    /// `fdatasync` if FUA. Any SIGBUS during the call fails it. Otherwise
+    /// the transform writes into a buffer that `pwrite` copies.
+    ///
+    /// Why not through a disk file's mapping by default: every page not
+    /// yet writable in this process's mapping (never written through it,
+    /// only read, or written back since) takes a fault, and ext4 answers
+    /// one (`ext4_page_mkwrite`) with work over the whole folio, which
+    /// since large folios can be 2 MiB for each 4 KiB page; `pwrite` pays
+    /// that once per folio it touches. On a fresh mapping of small folios
+    /// the mapping won (LUKS 1 MiB writes on ext4: 322 against 470 µs of
+    /// server CPU per request); after a sequential read it lost (535–888
+    /// against 344–373 µs, 0.75x against 1.01x nbdkit-file, same run,
+    /// 2026-11-27), with the faults a third of the CPU. `pwrite` does not
+    /// depend on what came before. (`MADV_POPULATE_WRITE` first takes the
+    /// same faults.)
     fn write_transformed(
         &self,
         offset: u64,
@@ -1302,7 +1322,20 @@ mod tests {
                 .map(|r| r.mapped_writes)
                 .sum::<u64>()
         };
-        let s = FileStore::open(tmp.path(), OpenFlags::default()).unwrap();
+        // Off by default: through the mapping only when asked.
+        let plain = FileStore::open(tmp.path(), OpenFlags::default()).unwrap();
+        plain
+            .write(0, WriteBuf::Borrowed(&[0u8; 4096]), false)
+            .unwrap();
+        assert!(!plain.resident_for_write(0, 4096));
+        drop(plain);
+        let s = FileStore::open_inner(
+            tmp.path(),
+            OpenFlags::default(),
+            file_io::default_io(),
+            true,
+        )
+        .unwrap();
         let t = Xor::new(4096);
         let len = 256 << 10;
         assert!(!s.resident_for_write(1 << 20, len), "a hole is not cached");

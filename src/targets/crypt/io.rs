@@ -33,7 +33,9 @@ const RESIDENT_MIN: usize = 64 << 10;
 /// since what it saves (a `pwrite`, its copy and the filesystem's work
 /// per page) costs more than the `mincore` even at 4 KiB (LUKS 4 KiB
 /// random writes on ext4: 7.1 µs of server CPU per request and 1.16x
-/// nbdkit-file, against 7.9 µs and 1.06x from 64 KiB, same run).
+/// nbdkit-file, against 7.9 µs and 1.06x from 64 KiB, same run). A disk
+/// file offers its pages only with `UDM_FILE_WRITE_MAP=1` (why:
+/// `FileStore::write_transformed`); a tmpfs file's mapping always.
 const WRITE_RESIDENT_MIN: usize = 4 << 10;
 
 /// A request's buffer, moved into its completion.
