@@ -329,9 +329,35 @@ pub struct AsyncIo {
     /// the caller runs it the synchronous way). May run on the submitting
     /// thread, before `submit` returns, or on any other thread.
     pub done: Box<dyn FnOnce(Option<DevResult<()>>) + Send>,
+    /// A write's last step before its bytes go down, left to the thread
+    /// that does the write ([`AsyncIo::ready`]).
+    pub prepare: Option<Prepare>,
 }
 
+/// Work a layer leaves to the device that does a write: run once on
+/// `buf[..len]` just before the bytes go down, on whatever thread does
+/// them. Why: a crypt layer over a file store with a writer thread
+/// encrypts there, so the connection's reader goes back to the socket at
+/// once instead of spending the cipher's pass first.
+pub type Prepare = Box<dyn FnOnce(&mut [u8]) -> DevResult<()> + Send>;
+
 impl AsyncIo {
+    /// Run the pending [`AsyncIo::prepare`], if any, on this thread. A
+    /// device calls it once it has taken the write (it will complete it
+    /// with `Some`, never decline it after this), before it reads the
+    /// buffer.
+    pub fn ready(&mut self) -> DevResult<()> {
+        match self.prepare.take() {
+            Some(f) => {
+                // SAFETY: the submit contract: `buf[..len]` is valid and
+                // ours until `done`.
+                let b = unsafe { std::slice::from_raw_parts_mut(self.buf, self.len) };
+                f(b)
+            }
+            None => Ok(()),
+        }
+    }
+
     /// The same request at another offset (a linear layer's shift).
     pub fn at(mut self, offset: u64) -> AsyncIo {
         self.offset = offset;
@@ -495,6 +521,16 @@ pub trait BlockDevice: Send + Sync {
     /// `true`. The engine asks it to choose the path of a request; a
     /// device that says `true` may still decline a given request.
     fn can_submit(&self) -> bool {
+        false
+    }
+
+    /// Whether [`BlockDevice::submit`] runs a write's
+    /// [`AsyncIo::prepare`] on the thread that does the write rather than
+    /// on the submitter's: a file store whose writes go to its writer
+    /// thread (layers forward it). Only then does a layer leave work
+    /// there; a device that says `true` runs the step before it reads the
+    /// buffer and, once it has, completes the write (never declines it).
+    fn takes_prepare(&self) -> bool {
         false
     }
 

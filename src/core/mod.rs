@@ -8,5 +8,5 @@ pub mod sole;
 pub mod table;
 pub mod units;
 
-pub use device::{extents_of, AsyncIo, BlockDevice, Extent, Lent, Limits, WriteBuf};
+pub use device::{extents_of, AsyncIo, BlockDevice, Extent, Lent, Limits, Prepare, WriteBuf};
 pub use error::{DevError, DevResult};

@@ -126,6 +126,10 @@ impl BlockDevice for LiveDevice {
         self.routes.load().can_submit()
     }
 
+    fn takes_prepare(&self) -> bool {
+        self.routes.load().takes_prepare()
+    }
+
     /// Forwarded to the live routes, counted in the statistics when it
     /// completes. The completion keeps those routes alive: a table swapped
     /// while the request is in flight (only without a suspend) is freed

@@ -37,6 +37,7 @@ fn submit_and_wait(
         offset,
         buf: buf.as_mut_ptr(),
         len: buf.len(),
+        prepare: None,
         done: Box::new(move |r| {
             let _ = tx.send(r);
         }),

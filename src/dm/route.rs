@@ -46,6 +46,8 @@ pub struct Routes {
     /// Every route's device takes asynchronous submissions (fixed at
     /// construction).
     submit: bool,
+    /// Every route's device runs a write's deferred step itself.
+    prepare: bool,
     /// Some route's device lends (fixed at construction).
     lends: bool,
 }
@@ -60,6 +62,7 @@ impl Routes {
         let size = routes.last().map(|r| r.start + r.len).unwrap_or(0);
         let direct = !routes.is_empty() && routes.iter().all(|r| r.dev.direct_access());
         let submit = !routes.is_empty() && routes.iter().all(|r| r.dev.can_submit());
+        let prepare = submit && routes.iter().all(|r| r.dev.takes_prepare());
         let lends = routes.iter().any(|r| r.dev.lends());
         let bounds = routes.iter().map(|r| r.dev.limits().io_boundary).collect();
         Routes {
@@ -69,6 +72,7 @@ impl Routes {
             limits,
             direct,
             submit,
+            prepare,
             lends,
         }
     }
@@ -83,6 +87,7 @@ impl Routes {
             limits,
             direct: false,
             submit: false,
+            prepare: false,
             lends: false,
         }
     }
@@ -249,6 +254,10 @@ impl BlockDevice for Routes {
         self.submit
     }
 
+    fn takes_prepare(&self) -> bool {
+        self.prepare
+    }
+
     /// Asked of the one route that holds the whole range; a range that
     /// would be cut is not.
     fn resident(&self, offset: u64, len: usize) -> bool {
@@ -284,6 +293,11 @@ impl BlockDevice for Routes {
     /// boundary, is declined and runs the synchronous way, which cuts it.
     unsafe fn submit(&self, io: AsyncIo) {
         if self.check(io.offset, io.len as u64).is_err() {
+            return io.decline();
+        }
+        // A deferred step goes only to devices that run it (a table
+        // reloaded since the layer above asked may have others).
+        if io.prepare.is_some() && !self.prepare {
             return io.decline();
         }
         match self.whole(io.offset, io.len as u64) {
@@ -490,6 +504,34 @@ mod tests {
         // One piece goes down as it is.
         r.write_zeroes(1024 + 3584, 4096, false).unwrap();
         assert_eq!(dev.take(), [(4096, 4096)]);
+    }
+
+    /// A write whose step is left to the device is declined by routes
+    /// whose devices would not run it (the buffer stays as it was), and
+    /// the routes say so up front.
+    #[test]
+    fn a_deferred_step_is_declined_unless_every_device_runs_it() {
+        let (_, dev, r) = routes();
+        assert!(r.can_submit() && !r.takes_prepare());
+        let mut buf = vec![7u8; 512];
+        let (tx, rx) = std::sync::mpsc::channel();
+        let io = AsyncIo {
+            write: true,
+            fua: false,
+            offset: 1024,
+            buf: buf.as_mut_ptr(),
+            len: buf.len(),
+            prepare: Some(Box::new(|b: &mut [u8]| {
+                b.fill(0);
+                Ok(())
+            })),
+            done: Box::new(move |r| tx.send(r.is_none()).unwrap()),
+        };
+        // SAFETY: `buf` outlives the call; the completion ran on return.
+        unsafe { r.submit(io) };
+        assert!(rx.recv().unwrap(), "declined");
+        assert!(buf.iter().all(|&b| b == 7), "the step did not run");
+        assert!(dev.take().is_empty(), "nothing reached the device");
     }
 
     fn submit(r: &Routes, offset: u64, buf: &mut [u8]) -> Option<DevResult<()>> {

@@ -123,6 +123,7 @@ impl Engine {
             offset: req.offset - req.head as u64,
             buf,
             len,
+            prepare: None,
             done: Box::new({
                 let (shared, q) = (self.shared.clone(), q.clone());
                 move |r| complete_submitted(shared, q, id, req, r)

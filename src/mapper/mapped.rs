@@ -124,6 +124,10 @@ impl BlockDevice for MappedDevice {
         self.routes.can_submit()
     }
 
+    fn takes_prepare(&self) -> bool {
+        self.routes.takes_prepare()
+    }
+
     unsafe fn submit(&self, io: AsyncIo) {
         // SAFETY: the caller's guarantee on the buffer is passed on.
         unsafe { self.routes.submit(io) }

@@ -83,6 +83,9 @@ impl BlockDevice for Linear {
     fn can_submit(&self) -> bool {
         self.area.dev.can_submit()
     }
+    fn takes_prepare(&self) -> bool {
+        self.area.dev.takes_prepare()
+    }
     unsafe fn submit(&self, io: AsyncIo) {
         let at = self.area.offset + io.offset;
         // SAFETY: the caller's guarantee on the buffer is passed on as is.

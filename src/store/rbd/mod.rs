@@ -473,9 +473,12 @@ impl BlockDevice for RbdStore {
     /// the synchronous way: larger than one librbd call, a write to a
     /// read-only image (which fails there), and FUA with librbd's cache on
     /// (which needs a flush after the write).
-    unsafe fn submit(&self, io: AsyncIo) {
+    unsafe fn submit(&self, mut io: AsyncIo) {
         if io.len > MAX_IO || (io.write && (self.read_only || (io.fua && self.cache))) {
             return io.decline();
+        }
+        if let Err(e) = io.ready() {
+            return (io.done)(Some(Err(e)));
         }
         let (write, offset, buf, len) = (io.write, io.offset, io.buf, io.len);
         let op = Box::new(Submitted {

@@ -38,6 +38,21 @@ const RESIDENT_MIN: usize = 64 << 10;
 /// `FileStore::write_transformed`); a tmpfs file's mapping always.
 const WRITE_RESIDENT_MIN: usize = 4 << 10;
 
+/// The environment variable for the A/B of encrypting a submitted write
+/// on the lower device's writer thread: `0` keeps it on the submitter.
+pub const DEFER_ENV: &str = "UDM_CRYPT_DEFER";
+
+/// Whether submitted writes leave their encryption to a lower device that
+/// runs it on its writer thread ([`BlockDevice::takes_prepare`]). Why: the
+/// submitter is the connection's reader, and every microsecond it spends
+/// in the cipher is one the client's next payload waits in the socket;
+/// LUKS 1 MiB writes at QD16 on ext4 went from 1.01x to 1.11x nbdkit-file
+/// (paired, same runs). Read once.
+fn defer_writes() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(DEFER_ENV).is_none_or(|v| v != "0"))
+}
+
 /// A request's buffer, moved into its completion.
 #[derive(Clone, Copy)]
 struct SendPtr(*mut u8);
@@ -177,8 +192,9 @@ impl BlockDevice for Crypt {
         let Some(keyed) = self.keyed.load_full() else {
             return io.decline();
         };
-        // An AEAD's tags go through the tagged calls, never a submission.
-        if keyed.sector().is_none() {
+        // An AEAD's tags go through the tagged calls, never a submission;
+        // a step left by a layer above is not stacked on ours.
+        if keyed.sector().is_none() || io.prepare.is_some() {
             return io.decline();
         }
         let sector = self.cc_sector(io.offset);
@@ -225,13 +241,26 @@ impl BlockDevice for Crypt {
         }
         let done = io.done;
         let plain = SendPtr(buf);
+        // A write to a device whose writer thread runs it is encrypted
+        // there (`prepare`), so this thread, the connection's reader,
+        // goes back to the socket at once.
+        let defer = write && defer_writes() && self.area.dev.takes_prepare();
+        let mut prepare: Option<crate::core::Prepare> = None;
         if let (true, Some(sc)) = (write, keyed.sector()) {
-            // SAFETY: the caller's buffer, valid for reads and writes and
-            // ours alone until `done` (the contract): an engine-owned
-            // payload, encrypted in place as an owned write.
-            let b = unsafe { std::slice::from_raw_parts_mut(buf, len) };
-            if let Err(e) = cipher_parts(pool.as_deref(), sc, b, sector, parts, true) {
-                return done(Some(Err(e)));
+            if defer {
+                let (keyed, pool) = (keyed.clone(), pool.clone());
+                prepare = Some(Box::new(move |b: &mut [u8]| match keyed.sector() {
+                    Some(sc) => cipher_parts(pool.as_deref(), sc, b, sector, parts, true),
+                    None => Err(DevError::Target("crypt: key mode changed".into())),
+                }));
+            } else {
+                // SAFETY: the caller's buffer, valid for reads and writes and
+                // ours alone until `done` (the contract): an engine-owned
+                // payload, encrypted in place as an owned write.
+                let b = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+                if let Err(e) = cipher_parts(pool.as_deref(), sc, b, sector, parts, true) {
+                    return done(Some(Err(e)));
+                }
             }
         }
         let io = AsyncIo {
@@ -249,13 +278,16 @@ impl BlockDevice for Crypt {
                     // Not taken below: give the plaintext back for the
                     // synchronous retry, which encrypts it again.
                     (None, true, Some(sc)) => {
-                        sc.decrypt(b, sector);
+                        if !defer {
+                            sc.decrypt(b, sector);
+                        }
                         None
                     }
                     (r, ..) => r,
                 };
                 done(r)
             }),
+            prepare,
             ..io
         };
         // SAFETY: the caller's guarantee on the buffer is passed on; the

@@ -343,7 +343,9 @@ impl BlockDevice for Thin {
     /// to this device's workers, as before), and a write that finds the
     /// pool full is declined before it waits for space.
     unsafe fn submit(&self, io: AsyncIo) {
-        if self.core.data().limits().queue_depth > 0 {
+        // A write with a step left to the writer (`prepare`) is declined
+        // too: this device may still decline it after running the step.
+        if self.core.data().limits().queue_depth > 0 || io.prepare.is_some() {
             return io.decline();
         }
         let r = if io.write {
@@ -587,6 +589,7 @@ mod tests {
             offset,
             buf: buf.as_mut_ptr(),
             len: buf.len(),
+            prepare: None,
             done: Box::new(move |r| tx.send(r.map(|r| r.is_ok())).unwrap()),
         };
         // SAFETY: `buf` lives and is not touched until `done` has run
