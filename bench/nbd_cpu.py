@@ -31,6 +31,7 @@ JOBS = [
     ("rand read 4k qd32", "randread", "4k", 32),
     ("rand write 4k qd32", "randwrite", "4k", 32),
     ("seq read 1M qd16", "read", "1M", 16),
+    ("seq write 1M qd16", "write", "1M", 16),
 ]
 HZ = os.sysconf("SC_CLK_TCK")
 

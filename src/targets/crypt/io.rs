@@ -16,8 +16,8 @@ use crate::crypto::SectorCrypt;
 const BOUNCE_MAX: usize = 1 << 20;
 
 /// Largest request submitted asynchronously (see `Crypt::submit`): its
-/// cipher work runs on the submitting thread (a connection's event loop)
-/// or the store's completion thread instead of a worker, 80–150 µs for
+/// cipher work runs on the submitting thread (a connection's event loop),
+/// the store's writer or its completion thread instead of a worker, 80–150 µs for
 /// 1 MiB, which is as long as one such request may hold up that thread.
 const SUBMIT_MAX: usize = 1 << 20;
 
@@ -176,7 +176,9 @@ impl BlockDevice for Crypt {
     /// A request of up to 1 MiB over a device that takes submissions
     /// (RBD, a file through io_uring) is submitted too, so LUKS saves the
     /// same thread switches as the raw image: a write is encrypted in
-    /// place here, on the submitting thread, and handed down; a read is
+    /// place here, on the submitting thread, and handed down, or, over a
+    /// device whose writer thread runs it ([`BlockDevice::takes_prepare`]),
+    /// handed down with its encryption left to that thread; a read is
     /// decrypted in place in the completion; from 128 KiB either is cut
     /// over the crypto threads (measured: LUKS 1 MiB reads on ext4 were
     /// 0.79x nbdkit-file with the whole decryption on one thread). Larger
