@@ -2,6 +2,11 @@
 //! outside udm with cryptsetup's key, read back by nbdcopy over NBD and
 //! written through NBD so that the outside decryption matches. FAILS if
 //! cryptsetup, nbdcopy or python3-cryptography is missing.
+//!
+//! The images are on a disk filesystem (/var/tmp), where the file's
+//! writes go to its writer thread and a LUKS write is encrypted there
+//! (`AsyncIo::prepare`): the bytes that thread stores are the ones
+//! checked against cryptsetup's key.
 
 mod common;
 
@@ -13,8 +18,10 @@ use std::process::Command;
 #[test]
 fn serve_luks_reads_and_writes_like_cryptsetup() {
     need("nbdcopy");
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let d = dir.path();
+    let fs = run_text(Command::new("stat").args(["-f", "-c", "%T"]).arg(d));
+    assert_ne!(fs.trim(), "tmpfs", "/var/tmp must be a disk filesystem");
     let kf = write_file(d, "k", b"served");
     for case in [cases()[0].clone(), cases()[4].clone()] {
         let size = case.data_offset() + (4 << 20);
@@ -43,9 +50,14 @@ fn serve_luks_reads_and_writes_like_cryptsetup() {
             "{case:?}: data served by udm differs from cryptsetup's"
         );
 
+        // 1 MiB requests, 16 in flight: each is cut over the crypto
+        // threads on the writer.
         let plain2 = bytes(10, 4 << 20);
         let src = write_file(d, "in.raw", &plain2);
-        run(Command::new("nbdcopy").arg(&src).arg(&uri));
+        run(Command::new("nbdcopy")
+            .args(["--request-size=1048576", "--requests=16"])
+            .arg(&src)
+            .arg(&uri));
         let raw = pread(&img, case.data_offset(), 4 << 20);
         let back = py_crypt(d, "dec", "aes-xts-plain64", &key, case.sector, 0, &raw);
         assert!(
