@@ -370,6 +370,36 @@ impl AsyncIo {
     }
 }
 
+/// Test helper: submit one request to `dev` and wait for its completion;
+/// `None` when the device declined it.
+#[cfg(test)]
+pub(crate) fn submit_and_wait(
+    dev: &dyn BlockDevice,
+    write: bool,
+    offset: u64,
+    buf: &mut [u8],
+    prepare: Option<Prepare>,
+) -> Option<DevResult<()>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let io = AsyncIo {
+        write,
+        fua: false,
+        offset,
+        buf: buf.as_mut_ptr(),
+        len: buf.len(),
+        prepare,
+        done: Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    };
+    // SAFETY: `buf` outlives the call and is not touched until the
+    // completion has run, which `recv_timeout` waits for (a device that
+    // never completes fails the test; a dropped `done` too).
+    unsafe { dev.submit(io) };
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the device called `done`")
+}
+
 /// Drop `a` where dropping the last reference cannot run inside a storage
 /// library's completion callback: if this is the last reference, the value
 /// is dropped on a thread of its own. Why: closing an RBD image waits for

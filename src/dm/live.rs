@@ -258,7 +258,7 @@ mod tests {
     }
 
     fn submit(d: &LiveDevice, write: bool, buf: &mut [u8]) -> Option<DevResult<()>> {
-        crate::dm::submit_and_wait(d, write, 0, buf)
+        crate::core::device::submit_and_wait(d, write, 0, buf, None)
     }
 
     /// A read-only export over a device that takes submissions sends its

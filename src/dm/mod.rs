@@ -20,30 +20,3 @@ pub mod stats;
 pub use live::LiveDevice;
 pub use route::{Route, Routes};
 pub use stats::{Snapshot, StatOp, Stats};
-
-/// Test helper for the files here: one request submitted to `dev`, waited
-/// for; `None` when the device declined it.
-#[cfg(test)]
-fn submit_and_wait(
-    dev: &dyn crate::core::BlockDevice,
-    write: bool,
-    offset: u64,
-    buf: &mut [u8],
-) -> Option<crate::core::DevResult<()>> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let io = crate::core::AsyncIo {
-        write,
-        fua: false,
-        offset,
-        buf: buf.as_mut_ptr(),
-        len: buf.len(),
-        prepare: None,
-        done: Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    };
-    // SAFETY: `buf` outlives the call, and the completion has run when
-    // `recv` returns (the test devices complete before returning).
-    unsafe { dev.submit(io) };
-    rx.recv().unwrap()
-}

@@ -514,28 +514,18 @@ mod tests {
         let (_, dev, r) = routes();
         assert!(r.can_submit() && !r.takes_prepare());
         let mut buf = vec![7u8; 512];
-        let (tx, rx) = std::sync::mpsc::channel();
-        let io = AsyncIo {
-            write: true,
-            fua: false,
-            offset: 1024,
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            prepare: Some(Box::new(|b: &mut [u8]| {
-                b.fill(0);
-                Ok(())
-            })),
-            done: Box::new(move |r| tx.send(r.is_none()).unwrap()),
-        };
-        // SAFETY: `buf` outlives the call; the completion ran on return.
-        unsafe { r.submit(io) };
-        assert!(rx.recv().unwrap(), "declined");
+        let step: crate::core::Prepare = Box::new(|b: &mut [u8]| {
+            b.fill(0);
+            Ok(())
+        });
+        let r = crate::core::device::submit_and_wait(&r, true, 1024, &mut buf, Some(step));
+        assert!(r.is_none(), "declined");
         assert!(buf.iter().all(|&b| b == 7), "the step did not run");
         assert!(dev.take().is_empty(), "nothing reached the device");
     }
 
     fn submit(r: &Routes, offset: u64, buf: &mut [u8]) -> Option<DevResult<()>> {
-        crate::dm::submit_and_wait(r, false, offset, buf)
+        crate::core::device::submit_and_wait(r, false, offset, buf, None)
     }
 
     /// A request that is one piece is submitted; one that would be cut is

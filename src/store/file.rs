@@ -1040,6 +1040,7 @@ impl BlockDevice for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::device::submit_and_wait;
 
     #[test]
     fn vectored_write_lands_contiguously() {
@@ -1070,24 +1071,14 @@ mod tests {
         let threads = matches!(s.writes, Writes::Threads(_));
         assert_eq!(s.takes_prepare(), threads);
         let mut buf = vec![0x11u8; 64 << 10];
-        let (tx, rx) = std::sync::mpsc::channel();
         let (ttx, trx) = std::sync::mpsc::channel();
-        let io = AsyncIo {
-            write: true,
-            fua: false,
-            offset: 8192,
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            prepare: Some(Box::new(move |b: &mut [u8]| {
-                b.iter_mut().for_each(|x| *x ^= 0x5a);
-                ttx.send(std::thread::current().id()).unwrap();
-                Ok(())
-            })),
-            done: Box::new(move |r| tx.send(r.map(|r| r.is_ok())).unwrap()),
-        };
-        // SAFETY: `buf` is left alone until the completion arrived.
-        unsafe { s.submit(io) };
-        assert_eq!(rx.recv().unwrap(), Some(true));
+        let step: crate::core::Prepare = Box::new(move |b: &mut [u8]| {
+            b.iter_mut().for_each(|x| *x ^= 0x5a);
+            ttx.send(std::thread::current().id()).unwrap();
+            Ok(())
+        });
+        let r = submit_and_wait(&s, true, 8192, &mut buf, Some(step));
+        assert!(matches!(r, Some(Ok(()))), "{r:?}");
         let ran_on = trx.recv().unwrap();
         assert_eq!(ran_on != std::thread::current().id(), threads);
         assert!(
@@ -1099,21 +1090,10 @@ mod tests {
         assert!(back == buf, "the step ran before the write");
         // A failing step fails the write and writes nothing.
         let mut buf = vec![0x22u8; 4096];
-        let (tx, rx) = std::sync::mpsc::channel();
-        let io = AsyncIo {
-            write: true,
-            fua: false,
-            offset: 0,
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            prepare: Some(Box::new(|_: &mut [u8]| {
-                Err(DevError::Target("step failed".into()))
-            })),
-            done: Box::new(move |r| tx.send(r.map(|r| r.is_ok())).unwrap()),
-        };
-        // SAFETY: as above.
-        unsafe { s.submit(io) };
-        assert_eq!(rx.recv().unwrap(), Some(false));
+        let step: crate::core::Prepare =
+            Box::new(|_: &mut [u8]| Err(DevError::Target("step failed".into())));
+        let r = submit_and_wait(&s, true, 0, &mut buf, Some(step));
+        assert!(matches!(r, Some(Err(_))), "{r:?}");
         let mut head = vec![0xffu8; 4096];
         tmp.as_file().read_exact_at(&mut head, 0).unwrap();
         assert!(head.iter().all(|&b| b == 0), "nothing written");
@@ -1188,19 +1168,8 @@ mod tests {
             } else {
                 vec![0u8; 65536]
             };
-            let (tx, rx) = std::sync::mpsc::channel();
-            let io = AsyncIo {
-                write,
-                fua: false,
-                offset: 1 << 20,
-                buf: buf.as_mut_ptr(),
-                len: buf.len(),
-                prepare: None,
-                done: Box::new(move |r| tx.send(r.map(|r| r.is_ok())).unwrap()),
-            };
-            // SAFETY: `buf` is left alone until the completion arrived.
-            unsafe { u.submit(io) };
-            assert_eq!(rx.recv().unwrap(), Some(true), "write {write}");
+            let r = submit_and_wait(&u, write, 1 << 20, &mut buf, None);
+            assert!(matches!(r, Some(Ok(()))), "write {write}: {r:?}");
             assert!(buf.iter().all(|&b| b == 0xc3));
         }
         // Past the end: an error, not a hang or a short success.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::io::Cipher;
 use super::{construct, new};
-use crate::core::device::Transform;
+use crate::core::device::{submit_and_wait, Transform};
 use crate::core::{BlockDevice, DevError, DevResult, Limits, WriteBuf};
 use crate::crypto::SectorCrypt;
 use crate::store::MemStore;
@@ -375,8 +375,30 @@ fn cipher_transform_refuses_partial_sectors() {
 /// A memory device that says it waits on a network (a queue depth) and
 /// records which threads called it, and for writes whether the buffer
 /// came owned and where it lay.
+/// An `aes-xts-plain64` crypt target over `dev` (`len` bytes) with
+/// `threads` crypto threads.
+fn xts_over(dev: Arc<dyn BlockDevice>, len: u64, threads: usize) -> super::Crypt {
+    let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 mem 0")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    construct(TargetArgs {
+        args: &args,
+        len,
+        resolver: &mut One(dev),
+        options: &TargetOptions {
+            crypt_threads: threads,
+            ..Default::default()
+        },
+    })
+    .unwrap()
+}
+
 struct Remote {
     inner: MemStore,
+    /// Takes submissions (and declines them all), saying it runs a
+    /// write's deferred step when `Some(true)`; `None`: no submissions.
+    declines: Option<bool>,
     threads: std::sync::Mutex<Vec<std::thread::ThreadId>>,
     writes: std::sync::Mutex<Vec<(bool, usize)>>,
 }
@@ -418,6 +440,26 @@ impl BlockDevice for Remote {
     fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
         self.inner.write_zeroes(o, l, f)
     }
+    fn can_submit(&self) -> bool {
+        self.declines.is_some()
+    }
+    fn takes_prepare(&self) -> bool {
+        self.declines == Some(true)
+    }
+    unsafe fn submit(&self, io: crate::core::AsyncIo) {
+        io.decline()
+    }
+}
+
+impl Remote {
+    fn new(size: u64, declines: Option<bool>) -> Remote {
+        Remote {
+            inner: MemStore::new(size),
+            declines,
+            threads: std::sync::Mutex::new(Vec::new()),
+            writes: std::sync::Mutex::new(Vec::new()),
+        }
+    }
 }
 
 /// Over a device with a queue depth (a disk file, RBD, a remote NBD
@@ -428,25 +470,8 @@ impl BlockDevice for Remote {
 /// encryption (a one-thread target reads them back).
 #[test]
 fn over_a_device_that_waits_only_the_cipher_is_split() {
-    let dev = Arc::new(Remote {
-        inner: MemStore::new(8 << 20),
-        threads: std::sync::Mutex::new(Vec::new()),
-        writes: std::sync::Mutex::new(Vec::new()),
-    });
-    let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 mem 0")
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    let t = construct(TargetArgs {
-        args: &args,
-        len: 8 << 20,
-        resolver: &mut One(dev.clone()),
-        options: &TargetOptions {
-            crypt_threads: 4,
-            ..Default::default()
-        },
-    })
-    .unwrap();
+    let dev = Arc::new(Remote::new(8 << 20, None));
+    let t = xts_over(dev.clone(), 8 << 20, 4);
     assert_eq!(
         t.limits().queue_depth,
         64,
@@ -475,16 +500,7 @@ fn over_a_device_that_waits_only_the_cipher_is_split() {
     );
     let pool = t.pool.get().and_then(|p| p.as_ref());
     assert_eq!(pool.map(|p| p.parallelism()), Some(4), "the cipher split");
-    let one = construct(TargetArgs {
-        args: &args,
-        len: 8 << 20,
-        resolver: &mut One(dev.clone()),
-        options: &TargetOptions {
-            crypt_threads: 1,
-            ..Default::default()
-        },
-    })
-    .unwrap();
+    let one = xts_over(dev.clone(), 8 << 20, 1);
     back.fill(0);
     one.read(0, &mut back).unwrap();
     assert!(back == data, "split encryption stores one thread's bytes");
@@ -495,20 +511,7 @@ fn over_a_device_that_waits_only_the_cipher_is_split() {
 #[test]
 fn helper_threads_start_with_the_first_split_request() {
     let store: Arc<dyn BlockDevice> = Arc::new(MemStore::new(8 << 20));
-    let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 mem 0")
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    let t = construct(TargetArgs {
-        args: &args,
-        len: 8 << 20,
-        resolver: &mut One(store),
-        options: &TargetOptions {
-            crypt_threads: 4,
-            ..Default::default()
-        },
-    })
-    .unwrap();
+    let t = xts_over(store, 8 << 20, 4);
     assert!(t.pool.get().is_none(), "nothing started at construction");
     let small = vec![7u8; 4096];
     t.write(0, WriteBuf::Borrowed(&small), false).unwrap();
@@ -614,7 +617,6 @@ fn legacy_and_foreign_cipher_specs_as_table_lines() {
 /// a submitted read completes decrypted.
 #[test]
 fn submitted_large_requests_split_the_cipher_over_a_ring() {
-    use crate::core::AsyncIo;
     use crate::store::{FileIo, FileStore, OpenFlags};
     let tmp = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
     tmp.as_file().set_len(8 << 20).unwrap();
@@ -624,36 +626,11 @@ fn submitted_large_requests_split_the_cipher_over_a_ring() {
         "uring",
         "/var/tmp must be a disk filesystem"
     );
-    let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 mem 0")
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    let t = construct(TargetArgs {
-        args: &args,
-        len: 8 << 20,
-        resolver: &mut One(Arc::new(file)),
-        options: &TargetOptions {
-            crypt_threads: 4,
-            ..Default::default()
-        },
-    })
-    .unwrap();
+    let t = xts_over(Arc::new(file), 8 << 20, 4);
     assert!(t.can_submit());
     let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 241) as u8).collect();
     let run = |write: bool, buf: &mut Vec<u8>| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let io = AsyncIo {
-            write,
-            fua: false,
-            offset: 1 << 20,
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            prepare: None,
-            done: Box::new(move |r| tx.send(r.map(|r| r.is_ok())).unwrap()),
-        };
-        // SAFETY: `buf` is left alone until the completion arrived.
-        unsafe { t.submit(io) };
-        rx.recv().unwrap()
+        submit_and_wait(&t, write, 1 << 20, buf, None).map(|r| r.is_ok())
     };
     let mut buf = data.clone();
     assert_eq!(run(true, &mut buf), Some(true));
@@ -674,91 +651,20 @@ fn submitted_large_requests_split_the_cipher_over_a_ring() {
     assert_eq!(pool.map(|p| p.parallelism()), Some(4), "the cipher split");
 }
 
-/// A submitting device that takes submissions and declines every one,
-/// saying (or not) that it would run a write's deferred step.
-struct Declines {
-    inner: MemStore,
-    takes: bool,
-}
-
-impl BlockDevice for Declines {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn limits(&self) -> Limits {
-        Limits {
-            queue_depth: 64,
-            ..self.inner.limits()
-        }
-    }
-    fn read(&self, o: u64, b: &mut [u8]) -> DevResult<()> {
-        self.inner.read(o, b)
-    }
-    fn write(&self, o: u64, d: WriteBuf<'_>, f: bool) -> DevResult<()> {
-        self.inner.write(o, d, f)
-    }
-    fn flush(&self) -> DevResult<()> {
-        Ok(())
-    }
-    fn discard(&self, o: u64, l: u64) -> DevResult<()> {
-        self.inner.discard(o, l)
-    }
-    fn write_zeroes(&self, o: u64, l: u64, f: bool) -> DevResult<()> {
-        self.inner.write_zeroes(o, l, f)
-    }
-    fn can_submit(&self) -> bool {
-        true
-    }
-    fn takes_prepare(&self) -> bool {
-        self.takes
-    }
-    unsafe fn submit(&self, io: crate::core::AsyncIo) {
-        io.decline()
-    }
-}
-
 /// A submitted write the device below declines comes back as plaintext
 /// for the synchronous retry, whether it was encrypted before going down
 /// (and so is decrypted again) or its encryption was left to the device
 /// (and so never ran): never encrypted twice, never decrypted unencrypted.
 #[test]
 fn a_declined_write_comes_back_as_plaintext() {
-    use crate::core::AsyncIo;
     for takes in [false, true] {
-        let dev = Arc::new(Declines {
-            inner: MemStore::new(4 << 20),
-            takes,
-        });
-        let args: Vec<String> = format!("aes-xts-plain64 {KEY} 0 mem 0")
-            .split_whitespace()
-            .map(String::from)
-            .collect();
-        let t = construct(TargetArgs {
-            args: &args,
-            len: 4 << 20,
-            resolver: &mut One(dev),
-            options: &TargetOptions {
-                crypt_threads: 2,
-                ..Default::default()
-            },
-        })
-        .unwrap();
+        let dev = Arc::new(Remote::new(4 << 20, Some(takes)));
+        let t = xts_over(dev, 4 << 20, 2);
         for len in [4096usize, 1 << 20] {
             let data: Vec<u8> = (0..len).map(|i| (i % 239) as u8).collect();
             let mut buf = data.clone();
-            let (tx, rx) = std::sync::mpsc::channel();
-            let io = AsyncIo {
-                write: true,
-                fua: false,
-                offset: 0,
-                buf: buf.as_mut_ptr(),
-                len,
-                prepare: None,
-                done: Box::new(move |r| tx.send(r.is_none()).unwrap()),
-            };
-            // SAFETY: `buf` is left alone until the completion arrived.
-            unsafe { t.submit(io) };
-            assert!(rx.recv().unwrap(), "declined (takes {takes}, {len})");
+            let r = submit_and_wait(&t, true, 0, &mut buf, None);
+            assert!(r.is_none(), "declined (takes {takes}, {len})");
             assert!(buf == data, "plaintext again (takes {takes}, {len})");
         }
     }

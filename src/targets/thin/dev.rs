@@ -582,21 +582,8 @@ mod tests {
     /// `done` got (`None`: declined), and the buffer.
     fn submitted(t: &Thin, write: bool, offset: u64, fill: u8) -> (Option<bool>, Vec<u8>) {
         let mut buf = vec![fill; 4096];
-        let (tx, rx) = std::sync::mpsc::channel();
-        let io = AsyncIo {
-            write,
-            fua: false,
-            offset,
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            prepare: None,
-            done: Box::new(move |r| tx.send(r.map(|r| r.is_ok())).unwrap()),
-        };
-        // SAFETY: `buf` lives and is not touched until `done` has run
-        // (received below, before `buf` is used again).
-        unsafe { t.submit(io) };
-        let r = rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
-        (r, buf)
+        let r = crate::core::device::submit_and_wait(t, write, offset, &mut buf, None);
+        (r.map(|r| r.is_ok()), buf)
     }
 
     /// Through `submit`, a write that finds the pool full is declined at
