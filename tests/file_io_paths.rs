@@ -232,6 +232,21 @@ fn exercise(io: &str) {
     let mapped = |dev: &str| srv.status_json(dev)["files"][0]["mapped_writes"].as_u64();
     assert_eq!(mapped("cr"), Some(0));
     assert_eq!(mapped("lin"), Some(0));
+    // Where the file has a writer thread (the ring on ext4), crypt's
+    // submitted writes are encrypted there; a linear device leaves it
+    // nothing to do, and the pwrite path has no writer thread.
+    let prepared = |dev: &str| srv.status_json(dev)["files"][0]["prepared_writes"].as_u64();
+    let writers = srv.status_json("cr")["files"][0]["writers"].as_u64();
+    if writers.is_some_and(|n| n > 0) {
+        assert!(
+            prepared("cr").is_some_and(|n| n >= 50),
+            "cr: {:?}",
+            prepared("cr")
+        );
+    } else {
+        assert_eq!(prepared("cr"), Some(0), "{io}");
+    }
+    assert_eq!(prepared("lin"), Some(0));
     // What the linear device wrote is in the file, where another program
     // sees it.
     assert_eq!(pread(&lin, 4 << 20, 512), vec![0xa5; 512]);

@@ -233,6 +233,7 @@ impl FileStore {
             sole_client_inline: matches!(&writes, Writes::Threads(w) if w.sole_inline()),
             lent_reads: 0,
             mapped_writes: 0,
+            prepared_writes: 0,
         };
         Ok(FileStore {
             ring,
@@ -573,6 +574,7 @@ impl FileStore {
                     if let Err(e) = f(data) {
                         return done(Some(Err(e)));
                     }
+                    store.registered.prepared_write();
                 }
                 let r = store
                     .file
@@ -682,7 +684,7 @@ impl BlockDevice for FileStore {
     }
 
     /// Writes handed to the writer threads run a layer's last step (the
-    /// cipher) there.
+    /// cipher) there (`prepared_writes` in the status).
     fn takes_prepare(&self) -> bool {
         self.ring.is_some() && !self.read_only && matches!(self.writes, Writes::Threads(_))
     }

@@ -107,6 +107,12 @@ pub struct IoReport {
     /// was opened.
     #[serde(default)]
     pub mapped_writes: u64,
+    /// Writes whose layer left its last step (crypt's cipher:
+    /// `AsyncIo::prepare`) to the store's write job, run just before its
+    /// `pwrite` on the writer thread (or, for a small write of a lone
+    /// client, on its event loop), since it was opened.
+    #[serde(default)]
+    pub prepared_writes: u64,
 }
 
 /// A store's report and its live counters.
@@ -115,6 +121,7 @@ struct Entry {
     report: IoReport,
     lent: AtomicU64,
     mapped_writes: AtomicU64,
+    prepared_writes: AtomicU64,
 }
 
 static OPEN: Mutex<Vec<Weak<Entry>>> = Mutex::new(Vec::new());
@@ -133,6 +140,11 @@ impl Registered {
     pub fn mapped_write(&self) {
         self.0.mapped_writes.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Count a write whose deferred step ran on the writer thread.
+    pub fn prepared_write(&self) {
+        self.0.prepared_writes.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Add a store's report to the list of open stores.
@@ -141,6 +153,7 @@ pub fn register(report: IoReport) -> Registered {
         report,
         lent: AtomicU64::new(0),
         mapped_writes: AtomicU64::new(0),
+        prepared_writes: AtomicU64::new(0),
     });
     let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
     open.retain(|w| w.strong_count() > 0);
@@ -159,6 +172,7 @@ pub fn reports_for(path: &str) -> Vec<IoReport> {
         .map(|e| IoReport {
             lent_reads: e.lent.load(Ordering::Relaxed),
             mapped_writes: e.mapped_writes.load(Ordering::Relaxed),
+            prepared_writes: e.prepared_writes.load(Ordering::Relaxed),
             ..e.report.clone()
         })
         .collect()
@@ -184,6 +198,7 @@ mod tests {
             sole_client_inline: true,
             lent_reads: 0,
             mapped_writes: 0,
+            prepared_writes: 0,
         };
         let reg = register(r.clone());
         assert_eq!(reports_for(&r.path), vec![r.clone()]);
@@ -192,6 +207,8 @@ mod tests {
         reg.mapped_write();
         reg.mapped_write();
         assert_eq!(reports_for(&r.path)[0].mapped_writes, 2);
+        reg.prepared_write();
+        assert_eq!(reports_for(&r.path)[0].prepared_writes, 1);
         drop(reg);
         assert!(reports_for(&r.path).is_empty());
     }
