@@ -1061,6 +1061,10 @@ fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
                 ""
             }
         );
+        // udm's own line, only for a failed device (`core::fault`).
+        if let Some(why) = &d.failed {
+            println!("Failed:            {why}");
+        }
         println!("Read Ahead:        {}", report::READ_AHEAD);
         if !d.live_table && !d.inactive_table {
             println!("Tables present:    None");
@@ -1447,6 +1451,7 @@ mod tests {
             allow: Vec::new(),
             file: None,
             nbd_uri: None,
+            failed: None,
             suspended: false,
             live_table: true,
             inactive_table: false,

@@ -57,6 +57,11 @@ pub struct DeviceInfo {
     /// The NBD URI that reaches the device, while it is exported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd_uri: Option<String>,
+    /// Why the device has failed (`core::fault`: a panic or damage in its
+    /// own code); while set, its requests get EIO and its segments'
+    /// status lines read `Fail`, as dm-thin's do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
 }
 
 /// One segment's status line.
@@ -94,6 +99,11 @@ pub struct DeviceStatus {
     /// path it uses (`uring`, `pwrite`, `mmap`).
     #[serde(default)]
     pub files: Vec<IoReport>,
+    /// Why the device has failed (`core::fault`: a panic or damage in its
+    /// own code); while set, its requests get EIO and its segments'
+    /// status lines read `Fail`, as dm-thin's do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
 }
 
 /// One device of a `table` reply; its lines are in the payload, in the

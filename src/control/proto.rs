@@ -81,6 +81,9 @@ pub enum Code {
     Eagain,
     /// The operation does not exist.
     Enosys,
+    /// The device's own code failed while serving the verb (a panic): the
+    /// device is marked failed, the server goes on.
+    Eio,
 }
 
 /// A reply: `ok` with a result, or an error with its kind and text.

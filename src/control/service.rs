@@ -281,6 +281,7 @@ impl Service {
         let exported = self.export_of(&d.name).is_some();
         let at = self.locations.read().unwrap_or_else(|p| p.into_inner());
         DeviceInfo {
+            failed: d.failed(),
             allow,
             file: at.file(&d.name).filter(|_| exported),
             nbd_uri: at.nbd_uri(&d.name).filter(|_| exported),
@@ -348,7 +349,42 @@ impl Service {
 
     /// Run one request. `payload` is the table for `create`/`load`;
     /// `alive` tells a long `wait` whether its client is still there.
+    ///
+    /// Verbs run device code (constructors, messages, suspend hooks): a
+    /// panic there fails the devices the request names (`core::fault`)
+    /// and answers `EIO`, and this connection and the server go on.
     pub fn handle(
+        &self,
+        req: &Request,
+        payload: Zeroizing<Vec<u8>>,
+        alive: &dyn Fn() -> bool,
+    ) -> OpResult {
+        let run = std::panic::AssertUnwindSafe(|| self.handle_verb(req, payload, alive));
+        std::panic::catch_unwind(run).unwrap_or_else(|p| {
+            let why = format!(
+                "the control verb '{}' panicked: {}",
+                req.op.escape_debug(),
+                crate::core::fault::panic_message(&*p)
+            );
+            let mut failed = Vec::new();
+            for n in &req.names {
+                if let Ok(d) = self.devices.info(n) {
+                    d.device.fault().fail(why.clone());
+                    failed.push(n.as_str());
+                }
+            }
+            tracing::error!("control: {why}; devices marked failed: {failed:?}");
+            Err(err(
+                Code::Eio,
+                format!(
+                    "{why}. The device(s) {failed:?} are marked failed (their requests get EIO); \
+                     the server and the other devices go on. Remove and re-create them."
+                ),
+            ))
+        })
+    }
+
+    fn handle_verb(
         &self,
         req: &Request,
         payload: Zeroizing<Vec<u8>>,
@@ -483,6 +519,7 @@ impl Service {
                 .map_err(classify)?
                 .unwrap_or_default();
             out.push(DeviceStatus {
+                failed: d.failed(),
                 name: d.name.clone(),
                 major: MAJOR,
                 minor: d.minor,

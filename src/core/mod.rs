@@ -4,9 +4,11 @@
 
 pub mod device;
 pub mod error;
+pub mod fault;
 pub mod sole;
 pub mod table;
 pub mod units;
 
 pub use device::{extents_of, AsyncIo, BlockDevice, Extent, Lent, Limits, Prepare, WriteBuf};
 pub use error::{DevError, DevResult};
+pub use fault::Fault;

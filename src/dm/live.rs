@@ -9,29 +9,81 @@
 //! sure no request is running (the engine's queue hold, see `control`),
 //! so a request never sees half of one table and half of another, and the
 //! old table is freed when its last request lets go of it.
+//!
+//! It is also the fault boundary of the request path (`core::fault`): the
+//! targets under it run inside [`Fault::contain`], so a panic in one fails
+//! this device (its requests get EIO from then on, `status` says why) and
+//! never the event loop or worker that carried the request.
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
 use super::route::Routes;
-use super::stats::{StatOp, Stats};
-use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Lent, Limits, WriteBuf};
+use super::stats::{StatOp, Stats, Timing};
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Fault, Lent, Limits, WriteBuf};
 
-/// The statistics of a live device, from a completion that runs after
-/// `submit` returned.
+/// The live device, from a completion that runs after `submit` returned.
 #[derive(Clone, Copy)]
-struct StatsRef(*const Stats);
+struct DevRef(*const LiveDevice);
 
-// SAFETY: `Stats` is Sync (atomics and a mutex); the pointer is only
-// dereferenced while the device is alive (`BlockDevice::submit`'s contract).
-unsafe impl Send for StatsRef {}
+// SAFETY: `LiveDevice` is Sync (atomics, arc-swap and mutexes); the
+// pointer is only dereferenced while the device is alive
+// (`BlockDevice::submit`'s contract).
+unsafe impl Send for DevRef {}
+
+/// A submitted request's completion, called exactly once even when the
+/// code below drops it uncalled (a panic that unwound through the frame
+/// holding it): then the request fails and so does the device, instead of
+/// the client waiting for ever.
+struct Completion {
+    dev: DevRef,
+    /// What the statistics count when it ends.
+    started: Option<Timing>,
+    op: StatOp,
+    at: u64,
+    n: u64,
+    done: Option<Box<dyn FnOnce(Option<DevResult<()>>) + Send>>,
+}
+
+impl Completion {
+    fn dev(&self) -> &LiveDevice {
+        // SAFETY: the caller of `submit` keeps the device alive until the
+        // completion has run, and it runs (or drops) before that.
+        unsafe { &*self.dev.0 }
+    }
+
+    fn finish(&mut self, r: Option<DevResult<()>>) {
+        if let Some(t) = self.started.take() {
+            let s = &self.dev().stats;
+            match &r {
+                Some(res) => s.done_at(t, self.op, self.at, self.n, res.is_ok()),
+                // Not started here: the synchronous retry counts it.
+                None => s.cancel(t),
+            }
+        }
+        if let Some(done) = self.done.take() {
+            done(r);
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if self.done.is_some() {
+            let fault = self.dev().fault.clone();
+            fault.fail("a request's completion was dropped without an answer (a panic below it)");
+            self.finish(Some(Err(fault.error())));
+        }
+    }
+}
 
 /// A device whose routes can be swapped at runtime.
 pub struct LiveDevice {
     routes: ArcSwap<Routes>,
     stats: Stats,
     read_only: bool,
+    fault: Arc<Fault>,
 }
 
 impl LiveDevice {
@@ -41,7 +93,14 @@ impl LiveDevice {
             routes: ArcSwap::from_pointee(Routes::new(Vec::new(), Limits::default())),
             stats: Stats::new(histograms),
             read_only,
+            fault: Arc::new(Fault::new()),
         }
+    }
+
+    /// The device's failure state, shared with its targets' background
+    /// jobs (`TargetOptions::fault`).
+    pub fn fault(&self) -> &Arc<Fault> {
+        &self.fault
     }
 
     /// Make `routes` live. The caller guarantees no request is running
@@ -77,9 +136,12 @@ impl BlockDevice for LiveDevice {
 
     #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        self.fault.check()?;
         let t = self.stats.start();
         let n = buf.len() as u64;
-        let r = self.routes.load().read(offset, buf);
+        let r = self
+            .fault
+            .contain("a read", || self.routes.load().read(offset, buf));
         self.stats.done_at(t, StatOp::Read, offset, n, r.is_ok());
         r
     }
@@ -89,9 +151,12 @@ impl BlockDevice for LiveDevice {
         if self.read_only {
             return Err(DevError::ReadOnly);
         }
+        self.fault.check()?;
         let t = self.stats.start();
         let n = data.len() as u64;
-        let r = self.routes.load().write(offset, data, fua);
+        let r = self
+            .fault
+            .contain("a write", || self.routes.load().write(offset, data, fua));
         self.stats.done_at(t, StatOp::Write, offset, n, r.is_ok());
         r
     }
@@ -100,11 +165,22 @@ impl BlockDevice for LiveDevice {
     /// the borrower does with the bytes is its own business).
     fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
         let routes = self.routes.load();
-        if !routes.lends() {
+        if !routes.lends() || self.fault.is_failed() {
             return false;
         }
         let t = self.stats.start();
-        let lent = routes.lend(offset, len, f);
+        // A panic before the borrower ran leaves the read to the usual
+        // path (which then fails); after it, the request is answered.
+        let mut ran = false;
+        let lent = self
+            .fault
+            .contain("a lent read", || {
+                Ok(routes.lend(offset, len, &mut |d| {
+                    ran = true;
+                    f(d)
+                }))
+            })
+            .unwrap_or(ran);
         if lent {
             self.stats
                 .done_at(t, StatOp::Read, offset, len as u64, true);
@@ -138,6 +214,9 @@ impl BlockDevice for LiveDevice {
         if self.read_only && io.write {
             return io.decline();
         }
+        if let Err(e) = self.fault.check() {
+            return (io.done)(Some(Err(e)));
+        }
         let routes = self.routes.load_full();
         let t = self.stats.start();
         let (op, n) = if io.write {
@@ -146,27 +225,29 @@ impl BlockDevice for LiveDevice {
             (StatOp::Read, io.len as u64)
         };
         let at = io.offset;
-        let stats = StatsRef(&self.stats);
+        let mut done = Completion {
+            dev: DevRef(self),
+            started: Some(t),
+            op,
+            at,
+            n,
+            done: Some(io.done),
+        };
         let keep = routes.clone();
-        let done = io.done;
         let io = AsyncIo {
             done: Box::new(move |r: Option<DevResult<()>>| {
-                let stats = stats;
-                // SAFETY: the caller of `submit` keeps this device (and so
-                // its statistics) alive until `done` has run.
-                let s = unsafe { &*stats.0 };
-                match &r {
-                    Some(res) => s.done_at(t, op, at, n, res.is_ok()),
-                    // Not started here: the synchronous retry counts it.
-                    None => s.cancel(t),
-                }
-                done(r);
+                done.finish(r);
                 crate::core::device::drop_outside_callback(keep);
             }),
             ..io
         };
-        // SAFETY: the caller's guarantee on the buffer is passed on.
-        unsafe { routes.submit(io) }
+        // A panic below drops `io` (and so answers the request through
+        // `Completion`'s drop) unless another thread already holds it.
+        let _ = self.fault.contain("a submitted request", || {
+            // SAFETY: the caller's guarantee on the buffer is passed on.
+            unsafe { routes.submit(io) };
+            Ok(())
+        });
     }
 
     fn direct_access(&self) -> bool {
@@ -177,7 +258,8 @@ impl BlockDevice for LiveDevice {
 
     fn flush(&self) -> DevResult<()> {
         let t = self.stats.start();
-        let r = self.routes.load().flush();
+        self.fault.check()?;
+        let r = self.fault.contain("a flush", || self.routes.load().flush());
         self.stats.done(t, StatOp::Flush, 0, r.is_ok());
         r
     }
@@ -187,7 +269,10 @@ impl BlockDevice for LiveDevice {
             return Err(DevError::ReadOnly);
         }
         let t = self.stats.start();
-        let r = self.routes.load().discard(offset, len);
+        self.fault.check()?;
+        let r = self
+            .fault
+            .contain("a discard", || self.routes.load().discard(offset, len));
         self.stats.done(t, StatOp::Discard, len, r.is_ok());
         r
     }
@@ -197,7 +282,10 @@ impl BlockDevice for LiveDevice {
             return Err(DevError::ReadOnly);
         }
         let t = self.stats.start();
-        let r = self.routes.load().write_zeroes(offset, len, fua);
+        self.fault.check()?;
+        let r = self.fault.contain("a zeroing write", || {
+            self.routes.load().write_zeroes(offset, len, fua)
+        });
         self.stats.done_at(t, StatOp::Write, offset, len, r.is_ok());
         r
     }
@@ -209,7 +297,10 @@ impl BlockDevice for LiveDevice {
         len: u64,
         out: &mut dyn FnMut(crate::core::Extent) -> bool,
     ) -> DevResult<()> {
-        self.routes.load().extents(offset, len, out)
+        self.fault.check()?;
+        self.fault.contain("a block status query", || {
+            self.routes.load().extents(offset, len, out)
+        })
     }
 }
 
@@ -255,6 +346,91 @@ mod tests {
             self.submitted.fetch_add(1, Ordering::SeqCst);
             (io.done)(Some(Ok(())))
         }
+    }
+
+    /// Panics in every call, as a target with a bug would on bad input.
+    struct Panics;
+
+    impl BlockDevice for Panics {
+        fn size(&self) -> u64 {
+            1 << 20
+        }
+        fn read(&self, _: u64, _: &mut [u8]) -> DevResult<()> {
+            panic!("bad node in read")
+        }
+        fn write(&self, _: u64, _: WriteBuf<'_>, _: bool) -> DevResult<()> {
+            panic!("bad node in write")
+        }
+        fn flush(&self) -> DevResult<()> {
+            panic!("bad node in flush")
+        }
+        fn limits(&self) -> Limits {
+            Limits::default()
+        }
+        fn discard(&self, _: u64, _: u64) -> DevResult<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, _: u64, _: u64, _: bool) -> DevResult<()> {
+            Ok(())
+        }
+        fn can_submit(&self) -> bool {
+            true
+        }
+        unsafe fn submit(&self, io: AsyncIo) {
+            // Holds the request (as a queue would) when it panics.
+            let _held = io;
+            panic!("bad node in submit")
+        }
+    }
+
+    fn over(dev: Arc<dyn BlockDevice>) -> LiveDevice {
+        let d = LiveDevice::new(false, false);
+        d.swap(Arc::new(Routes::new(
+            vec![Route {
+                start: 0,
+                len: 1 << 20,
+                dev,
+                shift: 0,
+            }],
+            Limits::default(),
+        )));
+        d
+    }
+
+    /// A panic below a live device fails that device: the caller gets an
+    /// error (EIO) instead of the unwind, every later request fails at
+    /// once, and the reason names what panicked.
+    #[test]
+    fn a_panic_in_a_target_fails_its_device_not_the_caller() {
+        let d = over(Arc::new(Panics));
+        let mut buf = vec![0u8; 4096];
+        let e = d.read(0, &mut buf).unwrap_err();
+        assert_eq!(e.nbd_errno(false), 5, "{e}");
+        let why = d.fault().reason().unwrap().to_string();
+        assert!(why.contains("a read panicked: bad node in read"), "{why}");
+        assert!(d.write(0, WriteBuf::Borrowed(&buf), false).is_err());
+        assert!(d.flush().is_err());
+        // Failed devices fail fast: nothing below is called again.
+        assert_eq!(d.fault().reason().unwrap(), why);
+        let healthy = over(Arc::new(AtOnce {
+            submitted: AtomicUsize::new(0),
+        }));
+        assert!(healthy.read(0, &mut buf).is_ok());
+    }
+
+    /// A submitted request whose device panics with the request in hand
+    /// is still answered exactly once (with an error), so the client does
+    /// not wait for ever, and the device is failed.
+    #[test]
+    fn a_panicking_submission_is_answered_with_an_error() {
+        let d = over(Arc::new(Panics));
+        let mut buf = vec![0u8; 4096];
+        let r = submit(&d, false, &mut buf);
+        assert!(matches!(r, Some(Err(_))), "answered with an error: {r:?}");
+        assert!(d.fault().is_failed());
+        // The next one is refused at the door.
+        assert!(matches!(submit(&d, true, &mut buf), Some(Err(_))));
+        assert_eq!(d.stats().snapshot().in_flight, 0);
     }
 
     fn submit(d: &LiveDevice, write: bool, buf: &mut [u8]) -> Option<DevResult<()>> {

@@ -62,6 +62,7 @@ pub fn build(
                 ),
             )
         })?;
+        crate::core::fault::inject_at("load", &l.target);
         let target: Arc<dyn Target> = (ty.new)(TargetArgs {
             args: &l.args,
             len: l.len * SECTOR,

@@ -111,6 +111,13 @@ pub struct DevInfo {
     pub device: Arc<LiveDevice>,
 }
 
+impl DevInfo {
+    /// Why the device has failed, if it has (`core::fault`).
+    pub fn failed(&self) -> Option<String> {
+        self.device.fault().reason().map(str::to_string)
+    }
+}
+
 /// One segment of a table, for `table` and `status`.
 pub struct SegmentInfo {
     pub start: u64,
@@ -335,6 +342,19 @@ fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A device's failure (`core::fault`) is an event (`dmsetup wait` wakes,
+/// as for dm-thin's switch to `Fail`) and a log line that names it.
+fn report_failures(device: &LiveDevice, name: &str, events: &Arc<Events>) {
+    let (name, ev) = (name.to_string(), events.clone());
+    device.fault().on_fail(Box::new(move |why| {
+        tracing::error!(
+            "device '{name}' has failed: {why}; its requests get EIO, other devices go on \
+             (remove it, fix the cause and create it again)"
+        );
+        ev.raise();
+    }));
+}
+
 fn no_device(name: &str) -> String {
     format!("device '{name}' does not exist")
 }
@@ -378,6 +398,7 @@ impl Devices {
         let ev = d.events.clone();
         let options = TargetOptions {
             events: Some(EventHook(Arc::new(move || ev.raise()))),
+            fault: Some(d.device.fault().clone()),
             ..self.opts.target.clone()
         };
         let flags = self.flags(d.read_only);
@@ -424,6 +445,8 @@ impl Devices {
             read_only || self.opts.read_only,
             self.histograms,
         ));
+        let events: Arc<Events> = Arc::default();
+        report_failures(&device, name, &events);
         inner.devs.push(Dev {
             name: name.to_string(),
             uuid: uuid.to_string(),
@@ -434,7 +457,7 @@ impl Devices {
             inactive: None,
             suspended: false,
             deferred_remove: false,
-            events: Arc::default(),
+            events,
         });
         Ok(device)
     }
@@ -619,6 +642,7 @@ impl Devices {
         }
         let d = find_mut(&mut inner.devs, old)?;
         d.name = new.to_string();
+        report_failures(&d.device, new, &d.events);
         d.events.raise();
         Ok(())
     }
@@ -693,24 +717,55 @@ impl Devices {
         inactive: bool,
         show_keys: bool,
     ) -> Result<Option<Vec<SegmentInfo>>, String> {
-        let inner = self.lock();
-        let d = find(&inner.devs, name)?;
-        let t = if inactive { &d.inactive } else { &d.live };
-        Ok(t.as_ref().map(|t| {
-            t.compiled
+        // Targets are asked outside the lock: a target that is slow or
+        // stuck answering must not hold up `ls` and every other verb.
+        let (fault, segs) = {
+            let inner = self.lock();
+            let d = find(&inner.devs, name)?;
+            let t = if inactive { &d.inactive } else { &d.live };
+            let Some(t) = t.as_ref() else {
+                return Ok(None);
+            };
+            let segs: Vec<(u64, u64, Arc<dyn Target>)> = t
+                .compiled
                 .mapped
                 .segments()
                 .iter()
-                .map(|s| SegmentInfo {
-                    start: s.start / 512,
-                    len: s.len / 512,
-                    target: s.target.type_name().to_string(),
-                    params: Zeroizing::new(s.target.table_params(show_keys)),
-                    status: s.target.status(),
-                    memory: s.target.memory(),
+                .map(|s| (s.start, s.len, s.target.clone()))
+                .collect();
+            (d.device.fault().clone(), segs)
+        };
+        Ok(Some(
+            segs.into_iter()
+                .map(|(start, len, target)| {
+                    // A panic in a target's report fails its device; a
+                    // failed device reads `Fail`, as dm-thin's does.
+                    let live_failed = || fault.is_failed() && !inactive;
+                    let status = if live_failed() {
+                        None
+                    } else {
+                        fault.contain("a status query", || Ok(target.status())).ok()
+                    }
+                    .filter(|_| !live_failed())
+                    .unwrap_or_else(|| "Fail".to_string());
+                    let params = fault
+                        .contain("a table query", || Ok(target.table_params(show_keys)))
+                        .unwrap_or_default();
+                    SegmentInfo {
+                        start: start / 512,
+                        len: len / 512,
+                        target: target.type_name().to_string(),
+                        params: Zeroizing::new(params),
+                        memory: if fault.is_failed() {
+                            None
+                        } else {
+                            target.memory()
+                        },
+                        status,
+                    }
                 })
-                .collect()
-        }))
+                .collect(),
+        ))
     }
 
     /// The targets of `name`'s live table (none without one), for dm's
@@ -744,6 +799,12 @@ impl Devices {
         let target = {
             let inner = self.lock();
             let d = find(&inner.devs, name)?;
+            if let Some(why) = d.device.fault().reason() {
+                return Err(format!(
+                    "device '{name}' has failed ({why}): it takes no messages; remove it and \
+                     create it again"
+                ));
+            }
             let t = d
                 .live
                 .as_ref()
@@ -754,6 +815,7 @@ impl Devices {
                 .map(|s| s.target.clone())
                 .ok_or_else(|| format!("sector {sector} is beyond the end of '{name}'"))?
         };
+        crate::core::fault::inject_at("message", target.type_name());
         let reply = target.message(argv)?;
         self.follow_key_message(name, &target, argv);
         Ok(reply)

@@ -367,7 +367,9 @@ fn finish(tag: u64, res: i32) {
         // SAFETY: the box leaked by `Ring::start`, reclaimed exactly once
         // (each entry completes once).
         let done = unsafe { Box::from_raw(tag as *mut Done) };
-        done(res);
+        // Device code (a layer's completion) runs here, on a thread every
+        // file shares: its panic fails that request, not this thread.
+        crate::core::fault::run_callback("the io_uring completion path", move || done(res));
     }
 }
 

@@ -212,7 +212,10 @@ fn work(inner: &Inner) {
                 q.idle -= 1;
             }
         };
-        job();
+        // A job carries device code (a layer's prepare step, its
+        // completion): a panic there fails that request, not this thread,
+        // which the other files' writes still need.
+        crate::core::fault::run_callback("a file writer thread", job);
     }
 }
 

@@ -228,9 +228,23 @@ pub struct TargetOptions {
     /// Where targets report events (`dmsetup wait`); none outside a
     /// managed device.
     pub events: Option<EventHook>,
+    /// The failure state of the device the target is built for: its
+    /// background jobs fail that device when they panic
+    /// ([`TargetOptions::spawn_job`]); none outside a managed device.
+    pub fault: Option<Arc<crate::core::Fault>>,
 }
 
 impl TargetOptions {
+    /// Start one of the target's background jobs (merge, writeback,
+    /// timed commit, recalculation) so that a panic in it fails this
+    /// device alone (`core::fault`).
+    pub fn spawn_job<F>(&self, name: String, f: F) -> std::io::Result<std::thread::JoinHandle<()>>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        crate::core::fault::spawn_job(name, self.fault.clone(), f)
+    }
+
     /// Report an event to the device, if anyone listens.
     pub fn raise_event(&self) {
         if let Some(h) = &self.events {

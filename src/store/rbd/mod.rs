@@ -431,7 +431,9 @@ extern "C" fn on_submitted(c: ffi::rbd_completion_t, arg: *mut c_void) {
         }
         Ok(())
     };
-    (op.done)(Some(res));
+    // Never unwind into librbd (a panic across this C callback aborts the
+    // process): the completion's own guard fails the request instead.
+    crate::core::fault::run_callback("librbd's callback thread", move || (op.done)(Some(res)));
 }
 
 impl Drop for RbdStore {
