@@ -43,8 +43,11 @@ struct Completion {
     op: StatOp,
     at: u64,
     n: u64,
-    done: Option<Box<dyn FnOnce(Option<DevResult<()>>) + Send>>,
+    done: Option<Done>,
 }
+
+/// [`AsyncIo::done`]'s type.
+type Done = Box<dyn FnOnce(Option<DevResult<()>>) + Send>;
 
 impl Completion {
     fn dev(&self) -> &LiveDevice {
