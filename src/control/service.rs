@@ -1111,7 +1111,9 @@ impl Service {
                         .fault()
                         .fail(format!("its activation panicked: {why}"));
                 }
-                Err(format!("activating '{name}' failed: its code panicked ({why})"))
+                Err(format!(
+                    "activating '{name}' failed: its code panicked ({why})"
+                ))
             }
         }
     }

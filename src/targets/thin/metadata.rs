@@ -241,7 +241,7 @@ impl Metadata {
 
     /// Map `vb` to data block `db` (which holds one reference for it).
     pub fn insert(&mut self, dev: u64, vb: u64, db: u64) -> Result<(), String> {
-        let sub = self.subtree(dev)?;
+        let sub = self.subtree_to_change(dev)?;
         let v = (db << 24) | u64::from(self.time & 0xff_ffff);
         let (nsub, added) = btree::insert(&mut self.tm, sub, vb, &v.to_le_bytes(), Vk::Data, true)?;
         self.set_subtree(dev, sub, nsub)?;
@@ -253,13 +253,31 @@ impl Metadata {
 
     /// Unmap `vb`; true if it was mapped.
     pub fn remove(&mut self, dev: u64, vb: u64) -> Result<bool, String> {
-        let sub = self.subtree(dev)?;
+        let sub = self.subtree_to_change(dev)?;
         let (nsub, old) = btree::remove(&mut self.tm, sub, vb, Vk::Data)?;
         self.set_subtree(dev, sub, nsub)?;
         if old.is_some() {
             self.bump(dev, -1);
         }
         Ok(old.is_some())
+    }
+
+    /// The subtree root of `dev`, about to change. While a metadata
+    /// snapshot is held the top-level tree is shared, and shadowing it is
+    /// what counts each subtree under it as shared; so, as the kernel's
+    /// two-level insert does (top level first), its path to `dev` is
+    /// shadowed before the subtree is. Shadowed the other way round, the
+    /// subtree looked unshared, its data blocks lost the reference the
+    /// snapshot's copy holds, and after `release_metadata_snap` a discard
+    /// or a new allocation reused blocks the device still mapped.
+    fn subtree_to_change(&mut self, dev: u64) -> Result<u64, String> {
+        let sub = self.subtree(dev)?;
+        if self.held_root != 0 {
+            let v = sub.to_le_bytes();
+            self.mapping_root =
+                btree::insert(&mut self.tm, self.mapping_root, dev, &v, Vk::Subtree, false)?.0;
+        }
+        Ok(sub)
     }
 
     fn set_subtree(&mut self, dev: u64, old: u64, new: u64) -> Result<(), String> {
@@ -538,5 +556,80 @@ mod tests {
         assert_eq!(m.highest(0).unwrap(), Some(59_997));
         drop(m);
         assert_eq!(budget.used_exact(), 0);
+    }
+
+    /// Every data block's count equals the number of distinct leaf nodes
+    /// (of every device, and of a held metadata snapshot) that map it:
+    /// persistent-data counts a block once per node that points at it.
+    fn counts_match(m: &Metadata, devs: &[u64], at: &str) {
+        let mut want = std::collections::BTreeMap::<u64, u32>::new();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo: Vec<u64> = devs.iter().map(|&d| m.subtree(d).unwrap()).collect();
+        if m.held_root != 0 {
+            let b = m.tm.read_raw(m.held_root).unwrap();
+            btree::walk(&m.tm, get64(&b[..], 320), &mut |_, v| {
+                todo.push(get64(v, 0))
+            })
+            .unwrap();
+        }
+        while let Some(b) = todo.pop() {
+            if !seen.insert(b) {
+                continue;
+            }
+            let n = m.tm.node(b).unwrap();
+            for i in 0..n.len() {
+                if n.leaf() {
+                    *want.entry(n.val64(i) >> 24).or_default() += 1;
+                } else {
+                    todo.push(n.val64(i));
+                }
+            }
+        }
+        for db in 0..m.tm.dsm.len() {
+            let (have, w) = (m.tm.dsm.get(db), want.get(&db).copied().unwrap_or(0));
+            assert_eq!(
+                have, w,
+                "{at}: data block {db} counted {have}, in {w} leaves"
+            );
+        }
+    }
+
+    /// A metadata snapshot reserved and released between a thin snapshot's
+    /// writes leaves every shared data block counted for each device that
+    /// maps it, so a later discard of one device never frees the other's.
+    #[test]
+    fn releasing_a_metadata_snapshot_keeps_shared_blocks_counted() {
+        let dev = Arc::new(crate::store::MemStore::new(8 << 20));
+        let budget = Budget::with_batch(1 << 20, 1, 1);
+        let mut m = open(&dev, &budget);
+        m.create_thin(0).unwrap();
+        for vb in 0..12 {
+            let db = m.alloc_data().unwrap();
+            m.insert(0, vb, db).unwrap();
+        }
+        m.commit().unwrap();
+        m.create_snap(1, 0).unwrap();
+        m.commit().unwrap();
+        counts_match(&m, &[0, 1], "after the snapshot");
+        for (d, vb) in [(0, 1), (1, 2)] {
+            let db = m.alloc_data().unwrap();
+            m.insert(d, vb, db).unwrap();
+        }
+        m.commit().unwrap();
+        counts_match(&m, &[0, 1], "after writes to both");
+        m.reserve_snap().unwrap();
+        counts_match(&m, &[0, 1], "after reserve");
+        for vb in [4, 5] {
+            let db = m.alloc_data().unwrap();
+            m.insert(1, vb, db).unwrap();
+        }
+        m.commit().unwrap();
+        counts_match(&m, &[0, 1], "after writes under the held snapshot");
+        m.release_snap().unwrap();
+        counts_match(&m, &[0, 1], "after release");
+        m.commit().unwrap();
+        drop(m);
+        let m = open(&dev, &budget);
+        counts_match(&m, &[0, 1], "after reopen");
     }
 }
