@@ -435,6 +435,43 @@ mod tests {
         v
     }
 
+    /// A node that names itself: every descent, walk and change ends in
+    /// an error naming the block, after at most [`MAX_DEPTH`] levels.
+    #[test]
+    fn a_node_that_names_itself_is_an_error_everywhere() {
+        let mut t = tm(64);
+        let b = t.new_node(Node::empty(false, 8)).unwrap();
+        t.node_mut(b).insert_at(0, 0, &b.to_le_bytes());
+        let deep = |e: String| {
+            assert!(
+                e.contains("deeper than 16") && e.contains(&format!("block {b}")),
+                "{e}"
+            )
+        };
+        deep(lookup64(&t, b, 5).unwrap_err());
+        deep(lookup(&t, b, 5, 8).unwrap_err());
+        deep(insert(&mut t, b, 5, &5u64.to_le_bytes(), Vk::Plain, true).unwrap_err());
+        let e = walk(&t, b, 8, "test", &mut |_, _| {}).unwrap_err();
+        assert!(
+            e.contains("reached twice") && e.contains("test btree"),
+            "{e}"
+        );
+    }
+
+    /// A leaf of another tree's value size is refused before a value of
+    /// this tree's size is read from it or written into it.
+    #[test]
+    fn a_leaf_of_another_value_size_is_refused() {
+        let mut t = tm(64);
+        let root = empty(&mut t, 16).unwrap();
+        let e = insert(&mut t, root, 3, &3u64.to_le_bytes(), Vk::Plain, true).unwrap_err();
+        assert!(e.contains("16-byte values"), "{e}");
+        let e = lookup64(&t, root, 3).unwrap_err();
+        assert!(e.contains("16-byte values"), "{e}");
+        let e = remove(&mut t, root, 3, Vk::Plain, 8).unwrap_err();
+        assert!(e.contains("16-byte values"), "{e}");
+    }
+
     #[test]
     fn inserts_and_removes_keep_order_and_balance() {
         let mut t = tm(4096);
