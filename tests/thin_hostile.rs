@@ -327,19 +327,39 @@ fn a_data_space_map_larger_than_the_data_device_is_refused_before_allocating() {
 /// unmapped block panicked in `insert_at`, killing an event loop.
 #[test]
 fn a_mapping_leaf_with_16_byte_values_is_refused() {
+    let widen = |meta: &Path| {
+        let sub = subtree_root(meta, 0);
+        let old = node(meta, sub);
+        assert!(old.leaf());
+        let mut wide = Node::empty(true, 16);
+        for i in 0..old.len() {
+            let mut v = [0u8; 16];
+            v[..8].copy_from_slice(old.val(i));
+            wide.insert_at(i, old.key(i), &v);
+        }
+        put_node(meta, sub, &wide);
+        sub
+    };
     let p = restore("thin-hostile-4", XML, DATA_BLOCKS);
-    let sub = subtree_root(&p.meta, 0);
-    let old = node(&p.meta, sub);
-    assert!(old.leaf());
-    let mut wide = Node::empty(true, 16);
-    for i in 0..old.len() {
-        let mut v = [0u8; 16];
-        v[..8].copy_from_slice(old.val(i));
-        wide.insert_at(i, old.key(i), &v);
-    }
-    put_node(&p.meta, sub, &wide);
+    let sub = widen(&p.meta);
     assert!(!thin_check_ok(&p.meta), "thin_check refuses it too");
     refused(&p, &["16-byte values", &format!("block {sub}")]);
+
+    // The same leaf appearing under a running pool: the write to an
+    // unmapped block that panicked gets EIO, and the server serves on.
+    let p = restore("thin-hostile-4b", XML, DATA_BLOCKS);
+    let srv = DmServer::start(p.dir.path(), &[]);
+    dm_ok(
+        &srv,
+        &["create", "pool", "--table", &pool_line(&p, DATA_BLOCKS)],
+    );
+    dm_ok(&srv, &["create", "t0", "--table", &thin_line(0)]);
+    widen(&p.meta);
+    let e = nbd_io(&srv, "t0", "write", 7 * BLOCK).expect_err("a write into a 16-byte leaf");
+    assert!(e.contains("EIO"), "EIO: {e}");
+    let st = dm_ok(&srv, &["status", "pool"]);
+    assert!(st.contains("needs_check"), "{st}");
+    server_alive(&srv, &p, &["pool", "t0"]);
 }
 
 /// A mapping node with a bad checksum (one byte flipped), which thin_check
