@@ -719,9 +719,13 @@ mod tests {
         let mut todo: Vec<u64> = devs.iter().map(|&d| m.subtree(d).unwrap()).collect();
         if m.held_root != 0 {
             let b = m.tm.read_raw(m.held_root).unwrap();
-            btree::walk(&m.tm, get64(&b[..], 320), &mut |_, v| {
-                todo.push(get64(v, 0))
-            })
+            btree::walk(
+                &m.tm,
+                get64(&b[..], 320),
+                8,
+                "held mapping tree",
+                &mut |_, v| todo.push(get64(v, 0)),
+            )
             .unwrap();
         }
         while let Some(b) = todo.pop() {
