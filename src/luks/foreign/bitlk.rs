@@ -811,8 +811,7 @@ mod tests {
         let t = std::time::Instant::now();
         let e = many
             .volume_key(Some(b"pw"))
-            .err()
-            .expect("600 stretches tried");
+            .expect_err("600 stretches tried");
         assert!(
             t.elapsed() < std::time::Duration::from_secs(2),
             "{:?}",
