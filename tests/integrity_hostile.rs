@@ -59,5 +59,9 @@ fn a_journal_larger_than_memory_is_refused_and_the_server_goes_on() {
         ls.contains("plain") && !ls.contains("ig"),
         "the server answers and keeps its other device: {ls}"
     );
-    assert_eq!(srv.serve.stop(), Some(0), "the server was not stopped cleanly");
+    assert_eq!(
+        srv.serve.stop(),
+        Some(0),
+        "the server was not stopped cleanly"
+    );
 }

@@ -290,10 +290,9 @@ pub fn plan(g: &Geometry, journal: &[u8], journal_mode: bool) -> Plan {
 /// [`plan`] with the commit ID bases `ids`.
 pub fn plan_in(g: &Geometry, ids: &Ids, journal: &[u8], journal_mode: bool) -> Plan {
     let ss = (g.section_sectors * 512) as usize;
-    let got: Result<Plan, std::convert::Infallible> =
-        plan_by_section(g, ids, journal_mode, |i| {
-            Ok(&journal[i as usize * ss..(i as usize + 1) * ss])
-        });
+    let got: Result<Plan, std::convert::Infallible> = plan_by_section(g, ids, journal_mode, |i| {
+        Ok(&journal[i as usize * ss..(i as usize + 1) * ss])
+    });
     match got {
         Ok(p) => p,
         Err(e) => match e {},
