@@ -456,6 +456,21 @@ mod tests {
     }
 
     #[test]
+    fn a_journal_over_half_of_memory_is_refused_before_any_buffer() {
+        let mut g = Geometry::sections(0, 1 << 40, 4, 0, false);
+        g.journal_sections = 1_000_000;
+        let bytes = g.section_sectors * 1_000_000 * 512;
+        assert!(journal_fits_memory(&g, Some(2 * bytes)).is_ok());
+        let e = journal_fits_memory(&g, Some(2 * bytes - 1)).unwrap_err();
+        assert!(e.contains("journal doesn't fit into memory"), "{e}");
+        g.journal_sections = u64::MAX;
+        assert!(
+            journal_fits_memory(&g, Some(u64::MAX)).is_err(),
+            "no overflow"
+        );
+    }
+
+    #[test]
     fn sections_as_the_kernel_sizes_them() {
         // crc32c, 512-byte sectors: 24-byte entries, 21 a sector.
         let g = Geometry::sections(0, 1 << 17, 4, 0, false);
