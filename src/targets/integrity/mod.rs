@@ -594,6 +594,7 @@ impl Integrity {
             commit_time_ms: o.commit_time.unwrap_or(writeback::DEFAULT_COMMIT_TIME_MS),
             seal: self.seal.clone(),
             replayed,
+            fault: self.options.fault.clone(),
         };
         let devs = (self.dev.clone(), self.meta.clone());
         writeback::Writeback::start(devs, self.g.clone(), next, seq, cfg)

@@ -527,11 +527,13 @@ impl PoolCore {
     /// (read-only with `needs_check`, as for damage) and the pool device
     /// fails; other pools and devices go on.
     fn panicked(&self, what: &str, p: &(dyn std::any::Any + Send)) -> DevError {
-        let why = format!(
-            "{what} panicked: {}",
-            crate::core::fault::panic_message(p)
-        );
-        if let Some(f) = self.fault.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        let why = format!("{what} panicked: {}", crate::core::fault::panic_message(p));
+        if let Some(f) = self
+            .fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
             f.fail(why.clone());
         }
         self.fail(why)
