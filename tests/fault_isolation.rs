@@ -225,7 +225,11 @@ fn a_panic_in_one_device_fails_that_device_alone() {
                 let mut s = connect(&srv.serve.sock, "t");
                 assert_eq!(write(&mut s, BLOCK, &[3u8; 4096]), 0, "{point}");
                 assert_eq!(flush(&mut s), EIO, "{point}");
-                "t"
+                // The commit is the pool's: the pool fails, and its thin
+                // device reads `Fail` with it (dm-thin's read-only mode).
+                let st = srv.ok(&["status", "t"]);
+                assert!(st.contains(" Fail"), "{point}: {st}");
+                "pool"
             }
             "message:thin-pool" => {
                 let o = srv.run(&["message", "pool", "0", "create_thin", "1"]);

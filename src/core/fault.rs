@@ -116,6 +116,45 @@ impl Fault {
     }
 }
 
+thread_local! {
+    /// The message of the last panic on this thread, for code that learns
+    /// of a panic while it unwinds (a `Drop`), where the payload is out of
+    /// reach.
+    static LAST_PANIC: std::cell::RefCell<Option<String>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Keep each panic's message for [`last_panic`], then report it as before
+/// (the previous hook runs unchanged). Installed once, by the first
+/// device that can fail.
+pub fn remember_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = panic_message(info.payload());
+            let _ = LAST_PANIC.try_with(|l| {
+                if let Ok(mut l) = l.try_borrow_mut() {
+                    *l = Some(msg);
+                }
+            });
+            prev(info)
+        }));
+    });
+}
+
+/// The message of the panic this thread is unwinding from, if the hook
+/// of [`remember_panics`] saw it.
+pub fn last_panic() -> Option<String> {
+    if !std::thread::panicking() {
+        return None;
+    }
+    LAST_PANIC
+        .try_with(|l| l.try_borrow().ok().and_then(|l| l.clone()))
+        .ok()
+        .flatten()
+}
+
 /// The text a panic carried (`panic!`'s message), for the log and status.
 pub fn panic_message(p: &(dyn Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
@@ -199,7 +238,12 @@ pub fn inject_at(kind: &str, name: &str) {
                 .is_none_or(|f| f.exists())
         };
         if armed.iter().any(hit) && fire() {
-            panic!("injected panic at {kind}:{name} (UDM_TEST_PANIC)");
+            let at = if name.is_empty() {
+                kind.to_string()
+            } else {
+                format!("{kind}:{name}")
+            };
+            panic!("injected panic at {at} (UDM_TEST_PANIC)");
         }
     }
     #[cfg(not(feature = "test-hooks"))]

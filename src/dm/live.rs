@@ -75,7 +75,10 @@ impl Drop for Completion {
     fn drop(&mut self) {
         if self.done.is_some() {
             let fault = self.dev().fault.clone();
-            fault.fail("a request's completion was dropped without an answer (a panic below it)");
+            fault.fail(match crate::core::fault::last_panic() {
+                Some(m) => format!("a submitted request panicked: {m}"),
+                None => "a request's completion was dropped without an answer".to_string(),
+            });
             self.finish(Some(Err(fault.error())));
         }
     }
@@ -92,6 +95,7 @@ pub struct LiveDevice {
 impl LiveDevice {
     /// A device with no table yet (size 0), as `dmsetup create --notable`.
     pub fn new(read_only: bool, histograms: bool) -> LiveDevice {
+        crate::core::fault::remember_panics();
         LiveDevice {
             routes: ArcSwap::from_pointee(Routes::new(Vec::new(), Limits::default())),
             stats: Stats::new(histograms),

@@ -365,6 +365,7 @@ impl BlockDevice for Thin {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         crate::core::fault::inject("thin.io");
+        self.core.hard_failure()?;
         let bs = self.bs();
         let dd = self.core.data();
         let mut done = 0usize;
@@ -458,6 +459,9 @@ impl Target for Thin {
 
     /// The kernel's `<nr mapped sectors> <highest mapped sector>`.
     fn status(&self) -> String {
+        if self.core.hard_failure().is_err() {
+            return "Fail".into();
+        }
         let spb = self.bs() / 512;
         let md = self.core.md_read();
         let Some(d) = md.devs.get(&self.id).copied() else {

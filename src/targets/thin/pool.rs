@@ -154,7 +154,7 @@ pub struct PoolCore {
     /// The pool device's failure state (`core::fault`), from the table
     /// that built it: a panic in the pool's own work (a commit, the timed
     /// commit) fails the pool device as well as its metadata.
-    fault: Mutex<Option<Arc<crate::core::Fault>>>,
+    fault: std::sync::OnceLock<Arc<crate::core::Fault>>,
     /// `needs_check` is on the disk (written by [`PoolCore::commit`] once
     /// the pool failed, or found there).
     check_flag_written: AtomicBool,
@@ -528,15 +528,24 @@ impl PoolCore {
     /// fails; other pools and devices go on.
     fn panicked(&self, what: &str, p: &(dyn std::any::Any + Send)) -> DevError {
         let why = format!("{what} panicked: {}", crate::core::fault::panic_message(p));
-        if let Some(f) = self
-            .fault
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        if let Some(f) = self.fault.get() {
             f.fail(why.clone());
         }
         self.fail(why)
+    }
+
+    /// The pool device has failed outright (a panic in the pool's work):
+    /// as the kernel's `PM_FAIL`, its thin devices fail every request and
+    /// read `Fail`. Two atomic loads, no lock: it sits on every request.
+    pub fn hard_failure(&self) -> DevResult<()> {
+        match self.fault.get() {
+            Some(f) if f.is_failed() => Err(DevError::Target(format!(
+                "thin pool {} has failed: {}",
+                self.meta_name,
+                f.reason().unwrap_or_default()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// `needs_check` onto the disk, once, for a failed pool; under the
@@ -776,7 +785,7 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         *core.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(h.clone());
     }
     if let Some(f) = &a.options.fault {
-        *core.fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.clone());
+        let _ = core.fault.set(f.clone());
     }
     let pool = Arc::new(Pool {
         core,
@@ -866,7 +875,7 @@ pub(super) fn bind(
         pins: (0..PIN_SLOTS).map(|_| AtomicU32::new(0)).collect(),
         open_devs: Mutex::new(HashMap::new()),
         failed: Mutex::new(failed),
-        fault: Mutex::new(None),
+        fault: std::sync::OnceLock::new(),
         check_flag_written: AtomicBool::new(needs_check),
     });
     start_timer(&core);
