@@ -254,6 +254,10 @@ fn a_panic_in_one_device_fails_that_device_alone() {
         };
         let why = failed(&srv, victim, point);
         eprintln!("{point}: {victim} failed: {why}");
+        // Nothing new is built on a failed device.
+        let up = format!("0 8 linear @{victim} 0");
+        let e = srv.fails(&["create", "up", "--table", &up]);
+        assert!(e.contains("has failed"), "{point}: {e}");
         // The failed device refuses further messages with the reason.
         if victim == "pool" {
             let e = srv.fails(&["message", "pool", "0", "create_thin", "2"]);

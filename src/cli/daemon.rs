@@ -182,6 +182,14 @@ fn runs(pid: i32, comm: &str, arg: &str) -> bool {
         .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
 }
 
+/// Whether process `pid` runs as this process's effective user.
+fn same_user(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == me)
+}
+
 impl Pidfile {
     pub fn claim(path: &Path) -> Result<Pidfile, String> {
         let dir = crate::core::dirs::parent_of(path);
@@ -196,7 +204,9 @@ impl Pidfile {
             let pid = text.trim().parse::<i32>().ok().filter(|p| *p > 0);
             let me = comm_of("self").unwrap_or_else(|| "udm".into());
             if let Some(pid) = pid.filter(|p| *p as u32 != std::process::id() && alive(*p)) {
-                if runs(pid, &me, "serve") {
+                // Only a server of our own user holds it: another user's
+                // udm (its pid planted in a shared directory) does not.
+                if runs(pid, &me, "serve") && same_user(pid) {
                     return Err(format!(
                         "--pidfile {}: udm server {pid} is running and holds it; stop it, or \
                          give another --pidfile",
@@ -451,6 +461,31 @@ mod tests {
         );
         let t = Bound::Tcp("127.0.0.1:10809".parse().unwrap());
         assert_eq!(uris(&t, &[], true), ["nbds://127.0.0.1:10809/"]);
+    }
+
+    /// Another user's process never holds our pidfile (an attacker's own
+    /// udm server, its pid planted in /tmp, does not stop ours).
+    #[test]
+    fn another_users_process_is_not_ours() {
+        assert!(same_user(std::process::id() as i32));
+        let mut child = std::process::Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sleep",
+                "5",
+            ])
+            .spawn()
+            .expect("setpriv (util-linux)");
+        let pid = child.id() as i32;
+        let t = std::time::Instant::now();
+        while same_user(pid) && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!same_user(pid), "uid 65534's process counted as ours");
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     /// A live process that is not a udm server (pid 1, a `sleep`) does not

@@ -254,6 +254,12 @@ impl Lookup for LiveLookup<'_> {
             .iter()
             .find(|d| d.name == name)
             .ok_or_else(|| format!("no device named '{name}': create it first"))?;
+        if let Some(why) = d.device.fault().reason() {
+            return Err(format!(
+                "device '{name}' has failed ({why}): nothing can be built on it; remove it and \
+                 create it again"
+            ));
+        }
         if lowers(self.devs, name).iter().any(|l| l == self.me) {
             return Err(format!(
                 "device '{name}' is built on '{}': a table of '{}' naming it would form a circle",

@@ -286,9 +286,21 @@ pub fn del(tm: &mut Tm, root: u64, vk: Vk, vs: usize) -> Result<(), String> {
 
 fn del_in(tm: &mut Tm, b: u64, vk: Vk, vs: usize, at: Descent) -> Result<(), String> {
     at.check(b)?;
-    if tm.msm.get(b) > 1 {
-        tm.msm.dec(b);
-        return Ok(());
+    match tm.msm.get(b) {
+        // Freed already in this walk (or never counted): a node listed
+        // more often than its count says. Walking it again would multiply
+        // the work by the fan-out at every level.
+        0 => {
+            return Err(format!(
+                "btree node {b} is reached more often than its reference count says (a \
+                 node listed twice): the metadata is damaged"
+            ))
+        }
+        1 => {}
+        _ => {
+            tm.msm.dec(b);
+            return Ok(());
+        }
     }
     let n = tm.node(b)?;
     if n.leaf() {
