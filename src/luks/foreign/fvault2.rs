@@ -19,6 +19,9 @@ use zeroize::Zeroizing;
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
 
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
+
 const VOL_HEADER: usize = 512;
 const MD_BLOCK: usize = 8192;
 /// cryptsetup reads no metadata beyond the first GiB.
