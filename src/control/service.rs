@@ -1097,9 +1097,25 @@ impl Service {
         table: Zeroizing<String>,
         read_only: bool,
     ) -> Result<(), String> {
-        self.create(name, "", read_only, Vec::new(), Some(table))
-            .map(|_| ())
-            .map_err(|e| e.msg)
+        // A target that panics on its image is that device's error, not
+        // the server's end (the server may already serve other devices).
+        let run = std::panic::AssertUnwindSafe(|| {
+            self.create(name, "", read_only, Vec::new(), Some(table))
+        });
+        match std::panic::catch_unwind(run) {
+            Ok(r) => r.map(|_| ()).map_err(|e| e.msg),
+            Err(p) => {
+                let why = crate::core::fault::panic_message(&*p);
+                if let Ok(d) = self.devices.info(name) {
+                    d.device
+                        .fault()
+                        .fail(format!("its activation panicked: {why}"));
+                }
+                Err(format!(
+                    "activating '{name}' failed: its code panicked ({why})"
+                ))
+            }
+        }
     }
 
     /// Close a device of the server's own (a crypttab line gone on

@@ -168,8 +168,9 @@ pub fn run_callback(thread: &str, f: impl FnOnce()) {
 
 /// Test-only fault injection: with the `test-hooks` feature, panic here
 /// when `UDM_TEST_PANIC` (read once; a comma-separated list) names
-/// `point`, e.g. `thin.io,thin.commit`. Without the feature it compiles to
-/// nothing.
+/// `point`, e.g. `thin.io,thin.commit`, and, if `UDM_TEST_PANIC_ARM`
+/// names a file, only once that file exists (so a test sets its devices
+/// up first). Without the feature it compiles to nothing.
 #[inline(always)]
 pub fn inject(point: &str) {
     inject_at(point, "");
@@ -191,7 +192,13 @@ pub fn inject_at(kind: &str, name: &str) {
             Some((k, n)) => k == kind && n == name,
             None => name.is_empty() && a == kind,
         };
-        if armed.iter().any(hit) {
+        static ARM: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
+        let fire = || {
+            ARM.get_or_init(|| std::env::var_os("UDM_TEST_PANIC_ARM").map(Into::into))
+                .as_ref()
+                .is_none_or(|f| f.exists())
+        };
+        if armed.iter().any(hit) && fire() {
             panic!("injected panic at {kind}:{name} (UDM_TEST_PANIC)");
         }
     }

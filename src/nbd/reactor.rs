@@ -310,9 +310,26 @@ impl Loop {
         };
         // Alone on this loop, the connection may have its blocking writes
         // run right here (`core::sole`).
-        let d = crate::core::sole::with_sole_client(self.live == 1, || {
-            slot.s.drive(&self.cx, &make_waker)
-        });
+        // Device code is contained below (`dm::LiveDevice`); this is the
+        // last net for a bug in the connection's own handling: it costs
+        // that connection, never the loop and its other clients.
+        let cx = &self.cx;
+        let live = self.live;
+        let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::core::sole::with_sole_client(live == 1, || slot.s.drive(cx, &make_waker))
+        }));
+        let d = match driven {
+            Ok(d) => d,
+            Err(p) => {
+                tracing::error!(
+                    "client {}: its connection's handling panicked ({}); the connection is \
+                     closed, the other clients go on",
+                    slot.s.conn.sock.peer(),
+                    crate::core::fault::panic_message(&*p)
+                );
+                return self.close(idx, "");
+            }
+        };
         if let Some(tx) = &self.tls_handshakes {
             let c = &slot.s.conn;
             if slot.s.in_handshake()

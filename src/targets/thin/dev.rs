@@ -113,10 +113,6 @@ impl Drop for Thin {
     }
 }
 
-fn meta_err(e: String) -> DevError {
-    DevError::Target(e)
-}
-
 /// `(virtual block, offset in it, length)` pieces of a byte range.
 fn pieces(bs: u64, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64)> {
     let mut at = offset;
@@ -205,10 +201,12 @@ impl Thin {
 
     /// The data block `vb` maps to, if it is mapped and not shared.
     fn own_block(&self, md: &Metadata, vb: u64) -> DevResult<Option<u64>> {
-        Ok(match md.lookup(self.id, vb).map_err(meta_err)? {
-            Some((db, time)) if !md.shared(self.id, db, time) => Some(db),
-            _ => None,
-        })
+        Ok(
+            match md.lookup(self.id, vb).map_err(|e| self.core.fail(e))? {
+                Some((db, time)) if !md.shared(self.id, db, time) => Some(db),
+                _ => None,
+            },
+        )
     }
 
     /// Give `vb` a new data block holding `data` at `within` (the rest
@@ -220,7 +218,7 @@ impl Thin {
         let _cell = self.core.cell(self.id, vb);
         let p = self.core.provision();
         let mut md = p.md();
-        let cur = md.lookup(self.id, vb).map_err(meta_err)?;
+        let cur = md.lookup(self.id, vb).map_err(|e| self.core.fail(e))?;
         // Another write may have provisioned it while we waited for the cell.
         if let Some((db, time)) = cur {
             if !md.shared(self.id, db, time) {
@@ -252,7 +250,7 @@ impl Thin {
             md.tm.dsm.dec(nb);
             return Err(e);
         }
-        md.insert(self.id, vb, nb).map_err(meta_err)?;
+        md.insert(self.id, vb, nb).map_err(|e| self.core.fail(e))?;
         Ok(true)
     }
 
@@ -293,10 +291,10 @@ impl Thin {
 
     /// Unmap `vb`; the data block it mapped, if that is now free.
     fn unmap(&self, md: &mut Metadata, vb: u64) -> DevResult<Option<u64>> {
-        let Some((db, _)) = md.lookup(self.id, vb).map_err(meta_err)? else {
+        let Some((db, _)) = md.lookup(self.id, vb).map_err(|e| self.core.fail(e))? else {
             return Ok(None);
         };
-        md.remove(self.id, vb).map_err(meta_err)?;
+        md.remove(self.id, vb).map_err(|e| self.core.fail(e))?;
         Ok((md.tm.dsm.get(db) == 0).then_some(db))
     }
 
@@ -307,6 +305,7 @@ impl Thin {
         if self.core.features().read_only {
             return Err(DevError::ReadOnly);
         }
+        self.core.check_writable()?;
         let mut done = 0usize;
         for (vb, within, n) in pieces(self.bs(), offset, src.len() as u64) {
             if !self.write_piece(vb, within, &src[done..done + n as usize], wait)? {
@@ -372,7 +371,7 @@ impl BlockDevice for Thin {
             let part = &mut buf[done..done + n as usize];
             let m = {
                 let md = self.core.md_read();
-                let m = md.lookup(self.id, vb).map_err(meta_err)?;
+                let m = md.lookup(self.id, vb).map_err(|e| self.core.fail(e))?;
                 m.map(|(db, _)| (db, self.core.pin(db)))
             };
             match m {
@@ -397,6 +396,7 @@ impl BlockDevice for Thin {
         if self.core.features().ignore_discard {
             return Ok(());
         }
+        self.core.check_writable()?;
         let bs = self.bs();
         let mut md = self.core.md();
         let mut freed = Vec::new();
@@ -409,6 +409,7 @@ impl BlockDevice for Thin {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.core.check_writable()?;
         let bs = self.bs();
         let zeros = vec![0u8; bs as usize];
         for (vb, within, n) in pieces(bs, offset, len) {
@@ -421,7 +422,11 @@ impl BlockDevice for Thin {
                 }
                 // An unmapped block already reads as zeros: nothing to
                 // provision (mkfs zeroes ranges it then writes).
-                let m = self.core.md_read().lookup(self.id, vb).map_err(meta_err)?;
+                let m = self
+                    .core
+                    .md_read()
+                    .lookup(self.id, vb)
+                    .map_err(|e| self.core.fail(e))?;
                 if m.is_none() {
                     continue;
                 }
@@ -458,8 +463,19 @@ impl Target for Thin {
             return "Fail".into();
         };
         match md.highest(self.id) {
-            Ok(Some(h)) => format!("{} {}", d.mapped * spb, (h + 1) * spb - 1),
-            _ => format!("{} -", d.mapped * spb),
+            // Saturating: both numbers come from the metadata.
+            Ok(Some(h)) => format!(
+                "{} {}",
+                d.mapped.saturating_mul(spb),
+                h.saturating_add(1).saturating_mul(spb) - 1
+            ),
+            Ok(None) => format!("{} -", d.mapped.saturating_mul(spb)),
+            // The kernel's word for a thin device whose pool has failed.
+            Err(e) => {
+                drop(md);
+                self.core.fail(e);
+                "Fail".into()
+            }
         }
     }
 }

@@ -13,10 +13,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::pdata::block::Node;
 use super::pdata::block::{get32, get64, put32, put64, seal, verify, Block, SUPERBLOCK_XOR};
 use super::pdata::btree;
 use super::pdata::space_map::{SmDisk, SmRoot, MAX_META_BITMAPS, PER_BITMAP};
-use super::pdata::tm::{Pending, RefCounts, Tm, Vk};
+use super::pdata::tm::{zero_counts, Pending, RefCounts, Tm, Vk};
 use crate::core::BlockDevice;
 use crate::mem::Budget;
 
@@ -119,10 +120,11 @@ impl Metadata {
         }
         let ms = SmRoot::decode(&sb[192..]);
         let ds = SmRoot::decode(&sb[64..]);
-        let (mc, msm) = SmDisk::load(&mut tm, &ms, true)?;
-        let (dc, dsm) = SmDisk::load(&mut tm, &ds, false)?;
-        tm.msm = RefCounts::new(mc);
-        tm.dsm = RefCounts::new(dc);
+        let meta_blocks = tm.nr_blocks();
+        let (mc, msm) = SmDisk::load(&mut tm, &ms, true, meta_blocks)?;
+        let (dc, dsm) = SmDisk::load(&mut tm, &ds, false, data_blocks)?;
+        tm.msm = RefCounts::try_new(mc, "metadata device")?;
+        tm.dsm = RefCounts::try_new(dc, "data device")?;
         let mut m = Metadata {
             tm,
             time: get32(&sb[..], 44),
@@ -145,10 +147,11 @@ impl Metadata {
             ));
         }
         let mut devs = BTreeMap::new();
-        btree::walk(&m.tm, m.details_root, &mut |k, v| {
+        btree::walk(&m.tm, m.details_root, 24, "device details", &mut |k, v| {
             devs.insert(k, Details::decode(v));
         })?;
         m.devs = devs;
+        m.validate(ds.nr_blocks)?;
         m.grow_data(data_blocks)?;
         Ok(m)
     }
@@ -159,8 +162,8 @@ impl Metadata {
         data_blocks: u64,
         block_sectors: u32,
     ) -> Result<Metadata, String> {
-        tm.msm = RefCounts::new(vec![0; nr as usize]);
-        tm.dsm = RefCounts::new(vec![0; data_blocks as usize]);
+        tm.msm = RefCounts::try_new(zero_counts(nr, "metadata device")?, "metadata device")?;
+        tm.dsm = RefCounts::try_new(zero_counts(data_blocks, "data device")?, "data device")?;
         tm.msm.set(0, 1);
         let msm = SmDisk::fresh(&mut tm, true, nr)?;
         let dsm = SmDisk::fresh(&mut tm, false, data_blocks)?;
@@ -185,6 +188,118 @@ impl Metadata {
         Ok(m)
     }
 
+    /// The activation check, what thin_check checks of the structure: the
+    /// device details and the top-level mapping tree name the same
+    /// devices, every mapping tree keeps within [`btree::MAX_DEPTH`] levels
+    /// and holds 8-byte values, and every mapped data block lies inside the
+    /// data space map (`data_sm_blocks`, already checked against the data
+    /// device) and is counted there as used (a block counted free would be
+    /// handed to another device). Node checksums, entry counts and key
+    /// order are checked as each node is read ([`Node::from_buf`]).
+    ///
+    /// One pass, iterative: a subtree node shared by snapshots is checked
+    /// once (marked only when everything under it is checked, so a loop is
+    /// still met on its own path and stopped by the depth bound), and
+    /// nodes are read past the cache, which they would only churn. Time
+    /// and memory follow the metadata's size: one bit per metadata block.
+    fn validate(&self, data_sm_blocks: u64) -> Result<(), String> {
+        let mut subs: Vec<(u64, u64)> = Vec::new();
+        btree::walk(
+            &self.tm,
+            self.mapping_root,
+            8,
+            "top-level mapping",
+            &mut |dev, v| subs.push((dev, get64(v, 0))),
+        )?;
+        if subs.len() != self.devs.len() || subs.iter().any(|(d, _)| !self.devs.contains_key(d)) {
+            return Err(format!(
+                "thin metadata: the device details name {} devices and the mapping tree {}, not \
+                 the same ones: run thin_check / thin_repair",
+                self.devs.len(),
+                subs.len()
+            ));
+        }
+        let meta_blocks = self.tm.nr_blocks();
+        let words = usize::try_from(meta_blocks.div_ceil(64)).unwrap_or(usize::MAX);
+        let mut done: Vec<u64> = Vec::new();
+        done.try_reserve_exact(words).map_err(|_| {
+            format!("checking the thin metadata: {meta_blocks} blocks' marks do not fit in memory")
+        })?;
+        done.resize(words, 0);
+        let is_done = |done: &[u64], b: u64| done[(b / 64) as usize] & (1 << (b % 64)) != 0;
+        // (block, level, its children already pushed)
+        let mut stack: Vec<(u64, usize, bool)> = Vec::new();
+        for (dev, root) in subs {
+            stack.push((root, 1, false));
+            while let Some((b, depth, expanded)) = stack.pop() {
+                if b >= meta_blocks {
+                    return Err(format!(
+                        "thin device {dev}'s mapping btree (root block {root}) points at block \
+                         {b}, past the metadata device's {meta_blocks} blocks: run thin_check"
+                    ));
+                }
+                if expanded {
+                    done[(b / 64) as usize] |= 1 << (b % 64);
+                    continue;
+                }
+                if is_done(&done, b) {
+                    continue;
+                }
+                if depth > btree::MAX_DEPTH {
+                    return Err(format!(
+                        "thin device {dev}'s mapping btree (root block {root}) goes deeper than \
+                         {} levels at block {b}: a node names itself or an ancestor, a loop; \
+                         run thin_check / thin_repair",
+                        btree::MAX_DEPTH
+                    ));
+                }
+                let n = self.tm.node_uncached(b)?;
+                stack.push((b, depth, true));
+                if n.leaf() {
+                    self.check_mappings(dev, b, &n, data_sm_blocks)?;
+                } else {
+                    for i in (0..n.len()).rev() {
+                        stack.push((n.val64(i), depth + 1, false));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One leaf of device `dev`'s mapping tree, at block `b`.
+    fn check_mappings(
+        &self,
+        dev: u64,
+        b: u64,
+        n: &Node,
+        data_sm_blocks: u64,
+    ) -> Result<(), String> {
+        if n.value_size() != 8 {
+            return Err(format!(
+                "thin metadata block {b} is a leaf of device {dev}'s mappings with {}-byte \
+                 values, where mappings are 8 bytes: run thin_check / thin_repair",
+                n.value_size()
+            ));
+        }
+        for i in 0..n.len() {
+            let (vb, db) = (n.key(i), n.val64(i) >> 24);
+            if db >= data_sm_blocks {
+                return Err(format!(
+                    "thin device {dev} maps block {vb} to data block {db}, past the data \
+                     device's {data_sm_blocks} blocks (metadata block {b}): run thin_check"
+                ));
+            }
+            if self.tm.dsm.get(db) == 0 {
+                return Err(format!(
+                    "thin device {dev} maps block {vb} to data block {db}, which the data space \
+                     map counts free (metadata block {b}): run thin_check / thin_repair"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// A bigger data device (a reload): more blocks to hand out.
     pub fn grow_data(&mut self, data_blocks: u64) -> Result<(), String> {
         let have = self.tm.dsm.len();
@@ -195,7 +310,7 @@ impl Metadata {
             ));
         }
         if data_blocks > have {
-            self.tm.dsm.grow(data_blocks);
+            self.tm.dsm.grow(data_blocks)?;
             self.dsm.grow(data_blocks);
             // The new blocks count as changed, so the commit writes them.
             self.tm.dsm.changed.insert(have);
@@ -206,6 +321,24 @@ impl Metadata {
 
     pub fn needs_check(&self) -> bool {
         self.flags & NEEDS_CHECK != 0
+    }
+
+    /// Set `needs_check` in the superblock on disk, as the kernel does when
+    /// a pool finds its metadata damaged: the last committed superblock,
+    /// flag added, rewritten in place. The running transaction is not
+    /// committed (it may hold the damage); the caller stops committing.
+    pub fn persist_needs_check(&mut self) -> Result<(), String> {
+        self.flags |= NEEDS_CHECK;
+        let mut sb = self.tm.read_raw(0)?;
+        verify(&sb, 0, SUPERBLOCK_XOR, "superblock")?;
+        let flags = get32(&sb[..], 4) | NEEDS_CHECK;
+        put32(&mut sb[..], 4, flags);
+        seal(&mut sb, 0, SUPERBLOCK_XOR);
+        let dev = self.tm.dev().clone();
+        dev.write(0, crate::core::WriteBuf::Borrowed(&sb[..]), true)
+            .map_err(|e| format!("writing needs_check to the thin superblock: {e}"))?;
+        dev.flush()
+            .map_err(|e| format!("flushing the thin superblock: {e}"))
     }
 
     pub fn data_blocks(&self) -> u64 {
@@ -219,15 +352,29 @@ impl Metadata {
     }
 
     /// Where virtual block `vb` of device `dev` lives: `(data block, time)`.
+    /// A data block past the data device is damage, never an offset: the
+    /// caller multiplies it by the block size.
     pub fn lookup(&self, dev: u64, vb: u64) -> Result<Option<(u64, u32)>, String> {
         let sub = self.subtree(dev)?;
-        Ok(btree::lookup64(&self.tm, sub, vb)?.map(|v| (v >> 24, (v & 0xff_ffff) as u32)))
+        let Some(v) = btree::lookup64(&self.tm, sub, vb)? else {
+            return Ok(None);
+        };
+        let db = v >> 24;
+        if db >= self.data_blocks() {
+            return Err(format!(
+                "thin device {dev} maps block {vb} to data block {db}, past the data device's {} \
+                 blocks: the metadata is damaged; run thin_check",
+                self.data_blocks()
+            ));
+        }
+        Ok(Some((db, (v & 0xff_ffff) as u32)))
     }
 
     /// The highest mapped virtual block of a device.
     pub fn highest(&self, dev: u64) -> Result<Option<u64>, String> {
-        let mut b = self.subtree(dev)?;
-        loop {
+        let root = self.subtree(dev)?;
+        let mut b = root;
+        for _ in 0..btree::MAX_DEPTH {
             let n = self.tm.node(b)?;
             let Some(k) = n.last_key() else {
                 return Ok(None);
@@ -237,11 +384,16 @@ impl Metadata {
             }
             b = n.val64(n.len() - 1);
         }
+        Err(format!(
+            "thin device {dev}'s mapping btree (root block {root}) goes deeper than {} levels at \
+             block {b}: a loop; run thin_check / thin_repair",
+            btree::MAX_DEPTH
+        ))
     }
 
     /// Map `vb` to data block `db` (which holds one reference for it).
     pub fn insert(&mut self, dev: u64, vb: u64, db: u64) -> Result<(), String> {
-        let sub = self.subtree(dev)?;
+        let sub = self.subtree_to_change(dev)?;
         let v = (db << 24) | u64::from(self.time & 0xff_ffff);
         let (nsub, added) = btree::insert(&mut self.tm, sub, vb, &v.to_le_bytes(), Vk::Data, true)?;
         self.set_subtree(dev, sub, nsub)?;
@@ -253,13 +405,31 @@ impl Metadata {
 
     /// Unmap `vb`; true if it was mapped.
     pub fn remove(&mut self, dev: u64, vb: u64) -> Result<bool, String> {
-        let sub = self.subtree(dev)?;
-        let (nsub, old) = btree::remove(&mut self.tm, sub, vb, Vk::Data)?;
+        let sub = self.subtree_to_change(dev)?;
+        let (nsub, old) = btree::remove(&mut self.tm, sub, vb, Vk::Data, 8)?;
         self.set_subtree(dev, sub, nsub)?;
         if old.is_some() {
             self.bump(dev, -1);
         }
         Ok(old.is_some())
+    }
+
+    /// The subtree root of `dev`, about to change. While a metadata
+    /// snapshot is held the top-level tree is shared, and shadowing it is
+    /// what counts each subtree under it as shared; so, as the kernel's
+    /// two-level insert does (top level first), its path to `dev` is
+    /// shadowed before the subtree is. Shadowed the other way round, the
+    /// subtree looked unshared, its data blocks lost the reference the
+    /// snapshot's copy holds, and after `release_metadata_snap` a discard
+    /// or a new allocation reused blocks the device still mapped.
+    fn subtree_to_change(&mut self, dev: u64) -> Result<u64, String> {
+        let sub = self.subtree(dev)?;
+        if self.held_root != 0 {
+            let v = sub.to_le_bytes();
+            self.mapping_root =
+                btree::insert(&mut self.tm, self.mapping_root, dev, &v, Vk::Subtree, false)?.0;
+        }
+        Ok(sub)
     }
 
     fn set_subtree(&mut self, dev: u64, old: u64, new: u64) -> Result<(), String> {
@@ -372,7 +542,7 @@ impl Metadata {
         if !self.devs.contains_key(&dev) {
             return Err(format!("thin device {dev} does not exist in the pool"));
         }
-        let (root, _) = btree::remove(&mut self.tm, self.mapping_root, dev, Vk::Subtree)?;
+        let (root, _) = btree::remove(&mut self.tm, self.mapping_root, dev, Vk::Subtree, 8)?;
         self.mapping_root = root;
         self.devs.remove(&dev);
         self.changed.insert(dev, false);
@@ -405,7 +575,7 @@ impl Metadata {
                     btree::insert(&mut self.tm, self.details_root, dev, &v, Vk::Plain, true)?.0;
             } else {
                 self.details_root =
-                    btree::remove(&mut self.tm, self.details_root, dev, Vk::Plain)?.0;
+                    btree::remove(&mut self.tm, self.details_root, dev, Vk::Plain, 24)?.0;
             }
         }
         let ds = super::pdata::space_map::store(&mut self.tm, &mut self.dsm)?;
@@ -456,8 +626,8 @@ impl Metadata {
         }
         let b = self.tm.read_raw(h)?;
         verify(&b, h, SUPERBLOCK_XOR, "held metadata snapshot")?;
-        btree::del(&mut self.tm, get64(&b[..], 320), Vk::Subtree)?;
-        btree::del(&mut self.tm, get64(&b[..], 328), Vk::Plain)?;
+        btree::del(&mut self.tm, get64(&b[..], 320), Vk::Subtree, 8)?;
+        btree::del(&mut self.tm, get64(&b[..], 328), Vk::Plain, 24)?;
         self.tm.msm.dec(h);
         self.held_root = 0;
         self.sb_dirty = true;
@@ -538,5 +708,80 @@ mod tests {
         assert_eq!(m.highest(0).unwrap(), Some(59_997));
         drop(m);
         assert_eq!(budget.used_exact(), 0);
+    }
+
+    /// Every data block's count equals the number of distinct leaf nodes
+    /// (of every device, and of a held metadata snapshot) that map it:
+    /// persistent-data counts a block once per node that points at it.
+    fn counts_match(m: &Metadata, devs: &[u64], at: &str) {
+        let mut want = std::collections::BTreeMap::<u64, u32>::new();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo: Vec<u64> = devs.iter().map(|&d| m.subtree(d).unwrap()).collect();
+        if m.held_root != 0 {
+            let b = m.tm.read_raw(m.held_root).unwrap();
+            btree::walk(&m.tm, get64(&b[..], 320), &mut |_, v| {
+                todo.push(get64(v, 0))
+            })
+            .unwrap();
+        }
+        while let Some(b) = todo.pop() {
+            if !seen.insert(b) {
+                continue;
+            }
+            let n = m.tm.node(b).unwrap();
+            for i in 0..n.len() {
+                if n.leaf() {
+                    *want.entry(n.val64(i) >> 24).or_default() += 1;
+                } else {
+                    todo.push(n.val64(i));
+                }
+            }
+        }
+        for db in 0..m.tm.dsm.len() {
+            let (have, w) = (m.tm.dsm.get(db), want.get(&db).copied().unwrap_or(0));
+            assert_eq!(
+                have, w,
+                "{at}: data block {db} counted {have}, in {w} leaves"
+            );
+        }
+    }
+
+    /// A metadata snapshot reserved and released between a thin snapshot's
+    /// writes leaves every shared data block counted for each device that
+    /// maps it, so a later discard of one device never frees the other's.
+    #[test]
+    fn releasing_a_metadata_snapshot_keeps_shared_blocks_counted() {
+        let dev = Arc::new(crate::store::MemStore::new(8 << 20));
+        let budget = Budget::with_batch(1 << 20, 1, 1);
+        let mut m = open(&dev, &budget);
+        m.create_thin(0).unwrap();
+        for vb in 0..12 {
+            let db = m.alloc_data().unwrap();
+            m.insert(0, vb, db).unwrap();
+        }
+        m.commit().unwrap();
+        m.create_snap(1, 0).unwrap();
+        m.commit().unwrap();
+        counts_match(&m, &[0, 1], "after the snapshot");
+        for (d, vb) in [(0, 1), (1, 2)] {
+            let db = m.alloc_data().unwrap();
+            m.insert(d, vb, db).unwrap();
+        }
+        m.commit().unwrap();
+        counts_match(&m, &[0, 1], "after writes to both");
+        m.reserve_snap().unwrap();
+        counts_match(&m, &[0, 1], "after reserve");
+        for vb in [4, 5] {
+            let db = m.alloc_data().unwrap();
+            m.insert(1, vb, db).unwrap();
+        }
+        m.commit().unwrap();
+        counts_match(&m, &[0, 1], "after writes under the held snapshot");
+        m.release_snap().unwrap();
+        counts_match(&m, &[0, 1], "after release");
+        m.commit().unwrap();
+        drop(m);
+        let m = open(&dev, &budget);
+        counts_match(&m, &[0, 1], "after reopen");
     }
 }

@@ -146,6 +146,14 @@ pub struct PoolCore {
     /// Thin devices with a table (live or loaded), by id, so that `delete`
     /// refuses them as the kernel does (its `open_count`).
     open_devs: Mutex<HashMap<u64, usize>>,
+    /// Why the pool stopped changing its metadata, once it has: damage
+    /// found at run time, or `needs_check` set when it was activated. As
+    /// the kernel's read-only mode: reads of what still looks up go on,
+    /// writes, discards, messages and commits fail (EIO).
+    failed: Mutex<Option<String>>,
+    /// `needs_check` is on the disk (written by [`PoolCore::commit`] once
+    /// the pool failed, or found there).
+    check_flag_written: AtomicBool,
 }
 
 /// The held cells and how many writes wait for one, so that letting a
@@ -220,11 +228,54 @@ fn enospc() -> DevError {
     DevError::Io(std::io::Error::from_raw_os_error(libc::ENOSPC))
 }
 
-fn meta_err(e: String) -> DevError {
-    DevError::Target(e)
-}
-
 impl PoolCore {
+    /// Damage found in the metadata (a lookup, a change, a commit): the
+    /// pool stops changing it, as the kernel's does, and the request gets
+    /// EIO. The first failure is logged, kept for the status and raises an
+    /// event; `needs_check` reaches the superblock at the next commit
+    /// attempt (the timer's, within a second), taken with no lock the
+    /// caller may hold.
+    pub fn fail(&self, e: String) -> DevError {
+        let mut f = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            tracing::error!(
+                "thin pool {}: metadata damaged, pool now read-only with needs_check: {e}",
+                self.meta_name
+            );
+            *f = Some(e.clone());
+            drop(f);
+            if let Some(h) = self
+                .events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
+                h.raise();
+            }
+        }
+        DevError::Target(format!("thin pool {}: {e}", self.meta_name))
+    }
+
+    /// Why the pool has failed, if it has.
+    pub fn failure(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// EIO for a change to a failed pool.
+    pub fn check_writable(&self) -> DevResult<()> {
+        match self.failure() {
+            None => Ok(()),
+            Some(why) => Err(DevError::Target(format!(
+                "thin pool {} is read-only until its metadata is checked ({why}): run \
+                 thin_check, then thin_check --clear-needs-check-flag",
+                self.meta_name
+            ))),
+        }
+    }
+
     /// The metadata, to change it (messages, discards, reloads): with the
     /// commit gate, so it never lands between a commit's two halves.
     pub fn md(&self) -> MdWrite<'_> {
@@ -443,17 +494,33 @@ impl PoolCore {
     /// transaction is written.
     pub fn commit(&self) -> DevResult<()> {
         let _alone = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        if self.failure().is_some() {
+            self.write_check_flag();
+            return self.check_writable();
+        }
         self.data().flush()?;
         if !self.md_read().dirty() {
             return Ok(());
         }
         let (pending, dev) = {
             let mut md = self.md_locked();
-            (md.prepare_commit().map_err(meta_err)?, md.device())
+            let p = md.prepare_commit().map_err(|e| self.fail(e))?;
+            (p, md.device())
         };
-        pending.write(&*dev).map_err(meta_err)?;
+        pending.write(&*dev).map_err(|e| self.fail(e))?;
         self.md_locked().finish_commit();
         Ok(())
+    }
+
+    /// `needs_check` onto the disk, once, for a failed pool; under the
+    /// commit gate, so no commit's superblock comes after it.
+    fn write_check_flag(&self) {
+        if self.check_flag_written.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Err(e) = self.md_locked().persist_needs_check() {
+            tracing::error!("thin pool {}: {e}", self.meta_name);
+        }
     }
 
     fn message(&self, argv: &[String]) -> Result<Option<String>, String> {
@@ -480,6 +547,8 @@ impl PoolCore {
         if self.features().read_only {
             return Err(format!("thin-pool is read-only: '{verb}' refused"));
         }
+        self.check_writable()
+            .map_err(|e| format!("'{verb}' refused: {e}"))?;
         {
             let mut md = self.md();
             match verb.as_str() {
@@ -594,7 +663,8 @@ fn start_timer(core: &Arc<PoolCore>) {
                 return;
             }
             let dirty = c.md_read().dirty();
-            if dirty {
+            let unflagged = c.failure().is_some() && !c.check_flag_written.load(Ordering::Acquire);
+            if dirty || unflagged {
                 if let Err(e) = c.commit() {
                     tracing::warn!("thin pool {}: timed commit failed: {e}", c.meta_name);
                 }
@@ -721,7 +791,17 @@ pub(super) fn bind(
         (block_bytes / 512) as u32,
         metadata_budget(),
     )
-    .map_err(|e| TargetError::at(0, e))?;
+    .map_err(|e| TargetError::at(0, format!("thin pool {meta_name}: {e}")))?;
+    // As the kernel: a pool whose superblock says needs_check comes up
+    // read-only until thin_check has cleared the flag.
+    let needs_check = md.needs_check();
+    let failed = (needs_check && !features.read_only).then(|| {
+        tracing::warn!(
+            "thin pool {meta_name}: needs_check is set in its superblock: read-only until \
+             thin_check --clear-needs-check-flag"
+        );
+        "needs_check is set in the superblock".to_string()
+    });
     let core = Arc::new(PoolCore {
         meta_name: meta_name.to_string(),
         md: RwLock::new(md),
@@ -740,6 +820,8 @@ pub(super) fn bind(
         stop: AtomicBool::new(false),
         pins: (0..PIN_SLOTS).map(|_| AtomicU32::new(0)).collect(),
         open_devs: Mutex::new(HashMap::new()),
+        failed: Mutex::new(failed),
+        check_flag_written: AtomicBool::new(needs_check),
     });
     start_timer(&core);
     all.push(Arc::downgrade(&core));
@@ -761,7 +843,20 @@ impl Drop for PoolCore {
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        let failed = self
+            .failed
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
         let md = self.md.get_mut().unwrap_or_else(|e| e.into_inner());
+        if failed {
+            if !self.check_flag_written.load(Ordering::Acquire) {
+                if let Err(e) = md.persist_needs_check() {
+                    tracing::error!("thin pool {}: {e}", self.meta_name);
+                }
+            }
+            return;
+        }
         if md.dirty() && data.flush().is_ok() {
             if let Err(e) = md.commit() {
                 tracing::warn!("thin pool {}: final commit failed: {e}", self.meta_name);
@@ -828,7 +923,8 @@ impl Target for Pool {
         } else {
             md.held_root.to_string()
         };
-        let mode = if f.read_only {
+        let failed = self.core.failure().is_some();
+        let mode = if f.read_only || failed {
             "ro"
         } else if md.tm.dsm.free_now() == 0 {
             "out_of_data_space"
@@ -847,7 +943,11 @@ impl Target for Pool {
         } else {
             "queue_if_no_space"
         };
-        let check = if md.needs_check() { "needs_check" } else { "-" };
+        let check = if md.needs_check() || failed {
+            "needs_check"
+        } else {
+            "-"
+        };
         format!(
             "{} {}/{} {}/{} {held} {mode} {discard} {space} {check} {}",
             md.trans_id,

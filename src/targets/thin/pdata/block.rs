@@ -235,23 +235,28 @@ impl Node {
         get64(self.val(i), 0)
     }
 
+    /// Overwrite value `i`. The btree checks a leaf's value size against
+    /// the value before it gets here; a shorter `v` (a node read from a
+    /// damaged image) fills what it has and zeroes the rest, never panics.
     pub fn set_val(&mut self, i: usize, v: &[u8]) {
         let vs = self.value_size();
         let at = self.vals_at() + i * vs;
-        self.buf.bytes_mut()[at..at + vs].copy_from_slice(&v[..vs]);
+        fill_val(&mut self.buf.bytes_mut()[at..at + vs], v);
     }
 
     /// Insert at `i`; the node must have a free slot (`len() < max()`).
+    /// As in [`Node::set_val`], `v` is expected to be the node's value size.
     pub fn insert_at(&mut self, i: usize, key: u64, v: &[u8]) {
         let (n, vs, va) = (self.len(), self.value_size(), self.vals_at());
         debug_assert!(n < self.max(), "insert into a full btree node");
+        debug_assert_eq!(v.len(), vs, "a value of another size than the node's");
         let b = self.buf.bytes_mut();
         let k0 = NODE_HEADER + 8 * i;
         b.copy_within(k0..NODE_HEADER + 8 * n, k0 + 8);
         put64(b, k0, key);
         let v0 = va + vs * i;
         b.copy_within(v0..va + vs * n, v0 + vs);
-        b[v0..v0 + vs].copy_from_slice(&v[..vs]);
+        fill_val(&mut b[v0..v0 + vs], v);
         self.set_len(n + 1);
     }
 
@@ -332,6 +337,12 @@ impl Node {
         if flags == INTERNAL_NODE && vs != 8 {
             return Err(bad("internal value size"));
         }
+        // Neither the kernel nor thin_restore writes an internal node
+        // without children; a descent into one would read a slot past
+        // its entries.
+        if flags == INTERNAL_NODE && n == 0 {
+            return Err(bad("internal node with no entries"));
+        }
         let node = Node { buf };
         if (1..n).any(|i| node.key(i - 1) >= node.key(i)) {
             return Err(bad("keys out of order"));
@@ -353,6 +364,13 @@ impl Node {
         seal(&mut b, loc, BTREE_XOR);
         b
     }
+}
+
+/// `v` into the value slot `dst`, zero-filled past `v`'s end.
+fn fill_val(dst: &mut [u8], v: &[u8]) {
+    let k = dst.len().min(v.len());
+    dst[..k].copy_from_slice(&v[..k]);
+    dst[k..].fill(0);
 }
 
 impl PartialEq for Node {

@@ -3,22 +3,61 @@
 //! [`Tm::shadow`]), so the committed tree stays readable until the
 //! superblock points at the new root. Removal keeps every node but the root
 //! at least a third full, as the kernel does and thin_check requires.
+//!
+//! Nothing here trusts the tree's shape: every descent counts its levels
+//! against [`MAX_DEPTH`] (a node that names itself or an ancestor is a
+//! loop that would otherwise recurse or spin for ever), walks keep their
+//! own stack, and every node's value size is checked against what the
+//! tree holds before a value is read or written.
 
+use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 use super::block::Node;
 use super::tm::{Tm, Vk};
+
+/// Levels a descent may pass through before the tree counts as damaged.
+/// Every node but the root of a tree the kernel (or udm) writes is at
+/// least a third full: 84 entries for the 8-byte values of internal nodes
+/// (`max_entries(8) / 3`). The largest metadata device holds 255 bitmaps
+/// of 16320 blocks, under 2^22 blocks, and 84^4 > 2^22, so no real tree
+/// has more than 5 levels (a root, at most 4 more). 16 is the kernel's own
+/// bound on a btree cursor's depth (`DM_BTREE_CURSOR_MAX_DEPTH`), far
+/// above that, and small enough that a loop is found after 16 reads.
+pub const MAX_DEPTH: usize = 16;
+
+/// The error of a descent past [`MAX_DEPTH`].
+fn too_deep(what: &str, root: u64, at: u64) -> String {
+    format!(
+        "thin metadata: the {what} btree (root block {root}) goes deeper than {MAX_DEPTH} levels \
+         at block {at}: a node names itself or an ancestor, a loop; run thin_check / thin_repair"
+    )
+}
+
+/// A leaf whose values are not the size this tree holds.
+fn check_leaf(n: &Node, b: u64, vs: usize, what: &str) -> Result<(), String> {
+    if n.value_size() != vs {
+        return Err(format!(
+            "thin metadata block {b} is a leaf of the {what} btree with {}-byte values, \
+             where that tree holds {vs}-byte values: run thin_check / thin_repair",
+            n.value_size()
+        ));
+    }
+    Ok(())
+}
 
 /// A new, empty tree; its root.
 pub fn empty(tm: &mut Tm, value_size: usize) -> Result<u64, String> {
     tm.new_node(Node::empty(true, value_size))
 }
 
-pub fn lookup(tm: &Tm, root: u64, key: u64) -> Result<Option<Vec<u8>>, String> {
+/// The value of `key` in a tree of `vs`-byte values.
+pub fn lookup(tm: &Tm, root: u64, key: u64, vs: usize) -> Result<Option<Vec<u8>>, String> {
     let mut b = root;
-    loop {
+    for _ in 0..MAX_DEPTH {
         let n = tm.node(b)?;
         if n.leaf() {
+            check_leaf(&n, b, vs, "metadata")?;
             return Ok(n.search(key).ok().map(|i| n.val(i).to_vec()));
         }
         match n.lower_bound(key) {
@@ -26,37 +65,74 @@ pub fn lookup(tm: &Tm, root: u64, key: u64) -> Result<Option<Vec<u8>>, String> {
             None => return Ok(None),
         }
     }
+    Err(too_deep("metadata", root, b))
 }
 
 /// A lookup of an 8-byte value: one cached node per level, searched where
 /// it lies, no copy and no reference taken.
 pub fn lookup64(tm: &Tm, root: u64, key: u64) -> Result<Option<u64>, String> {
     let mut b = root;
-    loop {
+    for _ in 0..MAX_DEPTH {
         let step = tm.with_node(b, |n| {
             if n.leaf() {
-                return ControlFlow::Break(n.search(key).ok().map(|i| n.val64(i)));
+                if n.value_size() != 8 {
+                    return ControlFlow::Break(Err(n.value_size()));
+                }
+                return ControlFlow::Break(Ok(n.search(key).ok().map(|i| n.val64(i))));
             }
             match n.lower_bound(key) {
                 Some(i) => ControlFlow::Continue(n.val64(i)),
-                None => ControlFlow::Break(None),
+                None => ControlFlow::Break(Ok(None)),
             }
         })?;
         match step {
             ControlFlow::Continue(child) => b = child,
-            ControlFlow::Break(found) => return Ok(found),
+            ControlFlow::Break(Ok(found)) => return Ok(found),
+            ControlFlow::Break(Err(vs)) => {
+                return Err(format!(
+                    "thin metadata block {b} is a mapping leaf with {vs}-byte values, where \
+                     mappings are 8 bytes: run thin_check / thin_repair"
+                ))
+            }
         }
     }
+    Err(too_deep("mapping", root, b))
 }
 
-/// Every entry in key order.
-pub fn walk(tm: &Tm, root: u64, f: &mut dyn FnMut(u64, &[u8])) -> Result<(), String> {
-    let n = tm.node(root)?;
-    for i in 0..n.len() {
+/// Every entry of a tree of `vs`-byte values (the `what` tree, for
+/// errors), in key order. Iterative, at most [`MAX_DEPTH`] levels, and each
+/// node at most once: a node reached twice is a loop or a node shared
+/// inside one tree, both damage.
+pub fn walk(
+    tm: &Tm,
+    root: u64,
+    vs: usize,
+    what: &str,
+    f: &mut dyn FnMut(u64, &[u8]),
+) -> Result<(), String> {
+    let mut seen = HashSet::new();
+    let mut stack = vec![(root, 1usize)];
+    while let Some((b, depth)) = stack.pop() {
+        if depth > MAX_DEPTH {
+            return Err(too_deep(what, root, b));
+        }
+        if !seen.insert(b) {
+            return Err(format!(
+                "thin metadata: block {b} is reached twice in the {what} btree (root block \
+                 {root}): a loop or a damaged node; run thin_check / thin_repair"
+            ));
+        }
+        let n = tm.node(b)?;
         if n.leaf() {
-            f(n.key(i), n.val(i));
+            check_leaf(&n, b, vs, what)?;
+            for i in 0..n.len() {
+                f(n.key(i), n.val(i));
+            }
         } else {
-            walk(tm, n.val64(i), f)?;
+            // Last child first on the stack, so the first comes off first.
+            for i in (0..n.len()).rev() {
+                stack.push((n.val64(i), depth + 1));
+            }
         }
     }
     Ok(())
@@ -75,7 +151,8 @@ pub fn insert(
     drop_old: bool,
 ) -> Result<(u64, bool), String> {
     let mut added = false;
-    let (nb, split) = insert_in(tm, root, key, val, vk, drop_old, &mut added)?;
+    let at = Descent { root, depth: 1 };
+    let (nb, split) = insert_in(tm, root, key, val, vk, drop_old, &mut added, at)?;
     let Some((rk, rb)) = split else {
         return Ok((nb, added));
     };
@@ -88,6 +165,31 @@ pub fn insert(
 
 type Split = Option<(u64, u64)>;
 
+/// Where a recursive change stands: the tree's root and this level, so
+/// that a loop ends in an error after [`MAX_DEPTH`] levels.
+#[derive(Clone, Copy)]
+struct Descent {
+    root: u64,
+    depth: usize,
+}
+
+impl Descent {
+    fn check(self, b: u64) -> Result<(), String> {
+        if self.depth > MAX_DEPTH {
+            return Err(too_deep("metadata", self.root, b));
+        }
+        Ok(())
+    }
+
+    fn down(self) -> Descent {
+        Descent {
+            depth: self.depth + 1,
+            ..self
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn insert_in(
     tm: &mut Tm,
     b: u64,
@@ -96,7 +198,17 @@ fn insert_in(
     vk: Vk,
     drop_old: bool,
     added: &mut bool,
+    at: Descent,
 ) -> Result<(u64, Split), String> {
+    at.check(b)?;
+    // The leaf's value size first, before the shadow: a node of another
+    // tree must not take a value that is not its size.
+    {
+        let n = tm.node(b)?;
+        if n.leaf() {
+            check_leaf(&n, b, val.len(), "metadata")?;
+        }
+    }
     let nb = tm.shadow(b, vk)?;
     let n = tm.node(nb)?;
     if n.leaf() {
@@ -122,7 +234,7 @@ fn insert_in(
     let i = n.lower_bound(key).unwrap_or(0);
     let child = n.val64(i);
     drop(n);
-    let (c2, split) = insert_in(tm, child, key, val, vk, drop_old, added)?;
+    let (c2, split) = insert_in(tm, child, key, val, vk, drop_old, added, at.down())?;
     let node = tm.node_mut(nb);
     if node.key(i) > key {
         node.set_key(i, key);
@@ -162,37 +274,54 @@ pub fn drop_value(tm: &mut Tm, vk: Vk, v: &[u8]) -> Result<(), String> {
             tm.dsm.dec(super::block::get64(v, 0) >> 24);
             Ok(())
         }
-        Vk::Subtree => del(tm, super::block::get64(v, 0), Vk::Data),
+        Vk::Subtree => del(tm, super::block::get64(v, 0), Vk::Data, 8),
     }
 }
 
-/// Drop one reference to the tree at `root`; what only it held goes too.
-pub fn del(tm: &mut Tm, root: u64, vk: Vk) -> Result<(), String> {
-    if tm.msm.get(root) > 1 {
-        tm.msm.dec(root);
+/// Drop one reference to the tree at `root` (of `vs`-byte values); what
+/// only it held goes too.
+pub fn del(tm: &mut Tm, root: u64, vk: Vk, vs: usize) -> Result<(), String> {
+    del_in(tm, root, vk, vs, Descent { root, depth: 1 })
+}
+
+fn del_in(tm: &mut Tm, b: u64, vk: Vk, vs: usize, at: Descent) -> Result<(), String> {
+    at.check(b)?;
+    if tm.msm.get(b) > 1 {
+        tm.msm.dec(b);
         return Ok(());
     }
-    let n = tm.node(root)?;
+    let n = tm.node(b)?;
+    if n.leaf() {
+        check_leaf(&n, b, vs, "metadata")?;
+    }
     for i in 0..n.len() {
         if n.leaf() {
             drop_value(tm, vk, n.val(i))?;
         } else {
-            del(tm, n.val64(i), vk)?;
+            del_in(tm, n.val64(i), vk, vs, at.down())?;
         }
     }
-    tm.forget(root);
+    tm.forget(b);
     Ok(())
 }
 
-/// Remove `key`; the new root and the removed value (its reference
-/// dropped), or the same root and `None` when the key is absent.
-pub fn remove(tm: &mut Tm, root: u64, key: u64, vk: Vk) -> Result<(u64, Option<Vec<u8>>), String> {
-    let Some(old) = lookup(tm, root, key)? else {
+/// Remove `key` from a tree of `vs`-byte values; the new root and the
+/// removed value (its reference dropped), or the same root and `None` when
+/// the key is absent.
+pub fn remove(
+    tm: &mut Tm,
+    root: u64,
+    key: u64,
+    vk: Vk,
+    vs: usize,
+) -> Result<(u64, Option<Vec<u8>>), String> {
+    // The lookup checks the path's depth and its leaf's value size first.
+    let Some(old) = lookup(tm, root, key, vs)? else {
         return Ok((root, None));
     };
-    let mut nb = remove_in(tm, root, key, vk)?;
+    let mut nb = remove_in(tm, root, key, vk, Descent { root, depth: 1 })?;
     // A root left with one child gives way to it.
-    loop {
+    for _ in 0..MAX_DEPTH {
         let n = tm.node(nb)?;
         if n.leaf() || n.len() != 1 {
             break;
@@ -205,7 +334,8 @@ pub fn remove(tm: &mut Tm, root: u64, key: u64, vk: Vk) -> Result<(u64, Option<V
     Ok((nb, Some(old)))
 }
 
-fn remove_in(tm: &mut Tm, b: u64, key: u64, vk: Vk) -> Result<u64, String> {
+fn remove_in(tm: &mut Tm, b: u64, key: u64, vk: Vk, at: Descent) -> Result<u64, String> {
+    at.check(b)?;
     let nb = tm.shadow(b, vk)?;
     let n = tm.node(nb)?;
     if n.leaf() {
@@ -220,7 +350,7 @@ fn remove_in(tm: &mut Tm, b: u64, key: u64, vk: Vk) -> Result<u64, String> {
     };
     let (child_b, siblings) = (n.val64(i), n.len());
     drop(n);
-    let c2 = remove_in(tm, child_b, key, vk)?;
+    let c2 = remove_in(tm, child_b, key, vk, at.down())?;
     tm.node_mut(nb).set_val(i, &c2.to_le_bytes());
     let child = tm.node(c2)?;
     if child.len() < child.max() / 3 && siblings > 1 {
@@ -245,6 +375,14 @@ fn rebalance(tm: &mut Tm, parent: u64, i: usize, vk: Vk) -> Result<(), String> {
     }
     let mut left = (*tm.node(lb)?).clone();
     let mut right = (*tm.node(rb)?).clone();
+    // Siblings of one tree have one kind and one layout; anything else
+    // would be moved across with the wrong offsets.
+    if left.leaf() != right.leaf() || left.value_size() != right.value_size() {
+        return Err(format!(
+            "thin metadata blocks {pl} and {pr} are siblings in a btree but differ in kind or \
+             value size: run thin_check / thin_repair"
+        ));
+    }
     let total = left.len() + right.len();
     if total <= left.max() {
         left.append(&mut right);
@@ -290,11 +428,48 @@ mod tests {
 
     fn all(tm: &Tm, root: u64) -> Vec<(u64, u64)> {
         let mut v = Vec::new();
-        walk(tm, root, &mut |k, x| {
+        walk(tm, root, 8, "test", &mut |k, x| {
             v.push((k, super::super::block::get64(x, 0)))
         })
         .unwrap();
         v
+    }
+
+    /// A node that names itself: every descent, walk and change ends in
+    /// an error naming the block, after at most [`MAX_DEPTH`] levels.
+    #[test]
+    fn a_node_that_names_itself_is_an_error_everywhere() {
+        let mut t = tm(64);
+        let b = t.new_node(Node::empty(false, 8)).unwrap();
+        t.node_mut(b).insert_at(0, 0, &b.to_le_bytes());
+        let deep = |e: String| {
+            assert!(
+                e.contains("deeper than 16") && e.contains(&format!("block {b}")),
+                "{e}"
+            )
+        };
+        deep(lookup64(&t, b, 5).unwrap_err());
+        deep(lookup(&t, b, 5, 8).unwrap_err());
+        deep(insert(&mut t, b, 5, &5u64.to_le_bytes(), Vk::Plain, true).unwrap_err());
+        let e = walk(&t, b, 8, "test", &mut |_, _| {}).unwrap_err();
+        assert!(
+            e.contains("reached twice") && e.contains("test btree"),
+            "{e}"
+        );
+    }
+
+    /// A leaf of another tree's value size is refused before a value of
+    /// this tree's size is read from it or written into it.
+    #[test]
+    fn a_leaf_of_another_value_size_is_refused() {
+        let mut t = tm(64);
+        let root = empty(&mut t, 16).unwrap();
+        let e = insert(&mut t, root, 3, &3u64.to_le_bytes(), Vk::Plain, true).unwrap_err();
+        assert!(e.contains("16-byte values"), "{e}");
+        let e = lookup64(&t, root, 3).unwrap_err();
+        assert!(e.contains("16-byte values"), "{e}");
+        let e = remove(&mut t, root, 3, Vk::Plain, 8).unwrap_err();
+        assert!(e.contains("16-byte values"), "{e}");
     }
 
     #[test]
@@ -319,7 +494,7 @@ mod tests {
         assert!(got.iter().all(|&(k, v)| v == k + 1));
         assert_eq!(lookup64(&t, root, 77).unwrap(), Some(78));
         for &k in keys.iter().filter(|k| *k % 3 != 0) {
-            let (r, old) = remove(&mut t, root, k, Vk::Plain).unwrap();
+            let (r, old) = remove(&mut t, root, k, Vk::Plain, 8).unwrap();
             assert_eq!(old.map(|o| super::super::block::get64(&o, 0)), Some(k + 1));
             root = r;
         }

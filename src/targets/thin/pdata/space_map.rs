@@ -100,16 +100,46 @@ impl SmDisk {
         })
     }
 
-    /// Read a space map: its counts, and where it lives.
-    pub fn load(tm: &mut Tm, root: &SmRoot, metadata: bool) -> Result<(Vec<u32>, SmDisk), String> {
+    /// Read a space map of a device of `dev_blocks` blocks: its counts,
+    /// and where it lives. Its size is checked against the device before
+    /// anything is allocated for it.
+    pub fn load(
+        tm: &mut Tm,
+        root: &SmRoot,
+        metadata: bool,
+        dev_blocks: u64,
+    ) -> Result<(Vec<u32>, SmDisk), String> {
+        let what = if metadata {
+            "metadata space map"
+        } else {
+            "data space map"
+        };
+        let dev = if metadata { "metadata" } else { "data" };
+        if root.nr_blocks > dev_blocks {
+            return Err(format!(
+                "the thin pool's {what} counts {} blocks, but the {dev} device holds {dev_blocks}: \
+                 the metadata belongs to a larger device or is damaged; run thin_check",
+                root.nr_blocks
+            ));
+        }
+        if root.nr_allocated > root.nr_blocks {
+            return Err(format!(
+                "the thin pool's {what} says {} of its {} blocks are allocated: run thin_check",
+                root.nr_allocated, root.nr_blocks
+            ));
+        }
         let n = nr_bitmaps(root.nr_blocks);
-        let mut entries = vec![IndexEntry::default(); n];
+        if metadata && n as u64 > MAX_META_BITMAPS {
+            return Err(format!(
+                "thin metadata space map has {n} bitmaps, more than {MAX_META_BITMAPS}"
+            ));
+        }
+        let mut entries = Vec::new();
+        entries
+            .try_reserve_exact(n)
+            .map_err(|_| format!("the thin pool's {what}: {n} bitmaps do not fit in memory"))?;
+        entries.resize(n, IndexEntry::default());
         if metadata {
-            if n as u64 > MAX_META_BITMAPS {
-                return Err(format!(
-                    "thin metadata space map has {n} bitmaps, more than 255"
-                ));
-            }
             let blk = tm.read_raw(root.bitmap_root)?;
             verify(
                 &blk,
@@ -121,13 +151,19 @@ impl SmDisk {
                 *e = IndexEntry::decode(&blk[16 + 16 * i..]);
             }
         } else {
-            btree::walk(tm, root.bitmap_root, &mut |k, v| {
-                if let Some(e) = entries.get_mut(k as usize) {
-                    *e = IndexEntry::decode(v);
-                }
-            })?;
+            btree::walk(
+                tm,
+                root.bitmap_root,
+                16,
+                "data space map index",
+                &mut |k, v| {
+                    if let Some(e) = entries.get_mut(k as usize) {
+                        *e = IndexEntry::decode(v);
+                    }
+                },
+            )?;
         }
-        let mut counts = vec![0u32; root.nr_blocks as usize];
+        let mut counts = super::tm::zero_counts(root.nr_blocks, dev)?;
         for (i, e) in entries.iter().enumerate() {
             let blk = tm.read_raw(e.blocknr)?;
             verify(&blk, e.blocknr, BITMAP_XOR, "space map bitmap")?;
@@ -136,9 +172,15 @@ impl SmDisk {
             decode_bitmap(&blk, &mut counts[base..end]);
         }
         let mut rc = BTreeMap::new();
-        btree::walk(tm, root.ref_count_root, &mut |k, v| {
-            rc.insert(k, get32(v, 0));
-        })?;
+        btree::walk(
+            tm,
+            root.ref_count_root,
+            4,
+            "space map reference count",
+            &mut |k, v| {
+                rc.insert(k, get32(v, 0));
+            },
+        )?;
         for (&b, &c) in &rc {
             if let Some(x) = counts.get_mut(b as usize) {
                 if *x == 3 {
@@ -240,7 +282,7 @@ fn sync_blocks(tm: &mut Tm, d: &mut SmDisk, blocks: &[u64]) -> Result<(), String
                 d.rc.insert(b, c);
             }
             None => {
-                d.rc_root = btree::remove(tm, d.rc_root, b, Vk::Plain)?.0;
+                d.rc_root = btree::remove(tm, d.rc_root, b, Vk::Plain, 4)?.0;
                 d.rc.remove(&b);
             }
         }

@@ -51,11 +51,44 @@ pub struct RefCounts {
     free: u64,
 }
 
+/// `n` zero counts, for a space map of `n` blocks of `what`. `n` comes
+/// from the device's size or from a space map already checked against it,
+/// yet a large device still costs 4 bytes a block (twice: see
+/// [`RefCounts`]): the memory is asked for, not assumed, so a refusal is
+/// an error naming the device rather than an abort of the process.
+pub fn zero_counts(n: u64, what: &str) -> Result<Vec<u32>, String> {
+    let too_big = || {
+        format!(
+            "the thin pool's {what} has {n} blocks: their reference counts ({} MiB) do not fit \
+             in memory; use a larger data block size or a smaller device",
+            n.saturating_mul(4) >> 20
+        )
+    };
+    let len = usize::try_from(n).map_err(|_| too_big())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| too_big())?;
+    v.resize(len, 0);
+    Ok(v)
+}
+
 impl RefCounts {
+    /// Counts of a small map (tests, an empty map before loading).
     pub fn new(cur: Vec<u32>) -> RefCounts {
+        RefCounts::with_old(cur.clone(), cur)
+    }
+
+    /// As [`RefCounts::new`], with the committed copy's memory asked for
+    /// ([`zero_counts`]), for counts sized by a device.
+    pub fn try_new(cur: Vec<u32>, what: &str) -> Result<RefCounts, String> {
+        let mut old = zero_counts(cur.len() as u64, what)?;
+        old.copy_from_slice(&cur);
+        Ok(RefCounts::with_old(old, cur))
+    }
+
+    fn with_old(old: Vec<u32>, cur: Vec<u32>) -> RefCounts {
         let used = cur.iter().filter(|&&c| c > 0).count() as u64;
         RefCounts {
-            old: cur.clone(),
+            old,
             free: cur.len() as u64 - used,
             used,
             cur,
@@ -137,12 +170,25 @@ impl RefCounts {
     }
 
     /// Grow to `n` blocks (a bigger data device).
-    pub fn grow(&mut self, n: u64) {
-        if n as usize > self.cur.len() {
-            self.free += n - self.cur.len() as u64;
-            self.cur.resize(n as usize, 0);
-            self.old.resize(n as usize, 0);
+    /// Grow to `n` blocks (a bigger data device); the memory is asked
+    /// for first, as in [`zero_counts`].
+    pub fn grow(&mut self, n: u64) -> Result<(), String> {
+        let have = self.cur.len() as u64;
+        if n > have {
+            let more = usize::try_from(n - have).map_err(|_| format!("{n} blocks"))?;
+            let refuse = |_| {
+                format!(
+                    "the thin pool's data device grew to {n} blocks: their reference counts do \
+                     not fit in memory; use a larger data block size"
+                )
+            };
+            self.cur.try_reserve_exact(more).map_err(refuse)?;
+            self.old.try_reserve_exact(more).map_err(refuse)?;
+            self.free += n - have;
+            self.cur.resize(have as usize + more, 0);
+            self.old.resize(have as usize + more, 0);
         }
+        Ok(())
     }
 
     pub fn commit(&mut self) {
@@ -232,12 +278,44 @@ impl Tm {
         self.dev.size() / NODE_BYTES
     }
 
+    /// The block at `b`, unchecked (a bitmap, an index, a superblock);
+    /// `b` is checked against the device first, so a damaged pointer is
+    /// an error, not an offset that wraps.
     pub fn read_raw(&self, b: u64) -> Result<Block, String> {
+        self.check_block(b)?;
         let mut blk = super::block::zeroed();
         self.dev
             .read(b * NODE_BYTES, &mut blk[..])
             .map_err(|e| format!("reading thin metadata block {b}: {e}"))?;
         Ok(blk)
+    }
+
+    fn check_block(&self, b: u64) -> Result<(), String> {
+        if b >= self.nr_blocks() {
+            return Err(format!(
+                "thin metadata points at block {b}, past the metadata device's {} blocks: run thin_check",
+                self.nr_blocks()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The node at `b` as this transaction sees it, or read and checked
+    /// without entering the cache: a walk of the whole metadata (the
+    /// activation check) must not push out what lookups use.
+    pub fn node_uncached(&self, b: u64) -> Result<Arc<Node>, String> {
+        if let Some(n) = self.dirty.get(&b) {
+            return Ok(n.clone());
+        }
+        if let Some(n) = self.cache.get(b) {
+            return Ok(n);
+        }
+        self.check_block(b)?;
+        let mut buf = NodeBuf::zeroed();
+        self.dev
+            .read(b * NODE_BYTES, &mut buf.bytes_mut()[..])
+            .map_err(|e| format!("reading thin metadata block {b}: {e}"))?;
+        Ok(Arc::new(Node::from_buf(buf, b)?))
     }
 
     /// The node at `b`: this transaction's, a cached one, or read from the
@@ -249,12 +327,7 @@ impl Tm {
         if let Some(n) = self.cache.get(b) {
             return Ok(n);
         }
-        if b >= self.nr_blocks() {
-            return Err(format!(
-                "thin metadata points at block {b}, past the metadata device's {} blocks: run thin_check",
-                self.nr_blocks()
-            ));
-        }
+        self.check_block(b)?;
         let mut buf = NodeBuf::zeroed();
         self.dev
             .read(b * NODE_BYTES, &mut buf.bytes_mut()[..])
