@@ -511,3 +511,80 @@ fn write_upstream_seeds() {
         &fuzzing::sparse_seed(0, 0, &[], Some(&used)),
     );
 }
+
+/// Writes the integrity and snapshot seeds: devices udm's own targets
+/// wrote (formatted, written, flushed; the snapshot's first metadata area
+/// exactly full, and one past it), cut to their non-zero sectors. Ignored:
+/// the bytes change whenever those formats' writers do, and the seeds need
+/// not follow (`replay_format` checks that each still opens).
+#[test]
+#[ignore]
+fn write_udm_seeds() {
+    use std::sync::{Arc, Mutex};
+    use udm::core::{BlockDevice, WriteBuf};
+    use udm::store::MemStore;
+    let chunks_of = |m: &Arc<MemStore>| {
+        let rec = fuzzing::Recorder {
+            inner: m.clone(),
+            reads: Mutex::new(vec![(0, m.size())]),
+        };
+        rec.chunks()
+    };
+    let write = |target: &str, name: &str, head: [u8; 4], m: &Arc<MemStore>| {
+        let seed = fuzzing::sparse_seed_head(head, (m.size() / 512) as u32, &chunks_of(m), None);
+        assert!(
+            seed.len() < 1 << 20,
+            "{target}/{name}: {} bytes",
+            seed.len()
+        );
+        let dir = seed_dir(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), &seed).unwrap();
+        eprintln!("{target}/{name}: {} bytes", seed.len());
+    };
+    // Integrity: (name, mode byte, line selector, opts, device size).
+    for (name, mode, line, opts, size) in [
+        ("journal_crc32c", 0u8, 5u8, 0u8, 4u64 << 20),
+        ("bitmap_crc32c", 1, 5, 0, 4 << 20),
+        ("journal_sha256", 0, 1, 0, 4 << 20),
+        ("direct_4k", 2, 2, 0, 4 << 20),
+        ("journal_discards", 0, 5, 1, 4 << 20),
+    ] {
+        let m = Arc::new(MemStore::new(size));
+        let t =
+            fuzzing::integrity_open(&m, mode, line, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let w: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
+        t.write(0, WriteBuf::Borrowed(&w), false).unwrap();
+        t.write(65536, WriteBuf::Borrowed(&w), false).unwrap();
+        t.flush().unwrap();
+        drop(t);
+        write("integrity", name, [mode, line, opts, 0x07], &m);
+    }
+    // Snapshot: (name, kind, chunk selector, exceptions written).
+    for (name, kind, chunk, n) in [
+        ("p_4k_3", 0u8, 3u8, 3u64),
+        ("po_4k_3", 1, 3, 3),
+        ("p_512_area_full", 0, 0, 32),
+        ("p_512_area_full_plus_one", 0, 0, 33),
+        ("p_8k_many", 0, 4, 40),
+    ] {
+        let cow = Arc::new(MemStore::new(512 << 10));
+        fuzzing::snapshot_fill(&cow, kind, chunk, n).expect(name);
+        write("snapshot", name, [kind, chunk, 0x07, 0], &cow);
+    }
+}
+
+#[test]
+fn mutated_thin_metadata_never_panics() {
+    replay_format("thin_metadata", fuzzing::thin_metadata, 150, 50);
+}
+
+#[test]
+fn mutated_snapshot_cows_never_panic() {
+    replay_format("snapshot", fuzzing::snapshot, 300, 50);
+}
+
+#[test]
+fn mutated_integrity_devices_never_panic() {
+    replay_format("integrity", fuzzing::integrity, 150, 50);
+}

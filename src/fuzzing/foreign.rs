@@ -29,7 +29,7 @@ use crate::luks::foreign::{activate, bitlk_partial, fvault2};
 /// FileVault2's PBKDF2 runs only below this many iterations.
 pub const MAX_FUZZ_ITERATIONS: u32 = 1000;
 /// Most chunks one input may place.
-const MAX_CHUNKS: usize = 64;
+const MAX_CHUNKS: usize = 1024;
 /// The chunk that is not on the disk.
 const OFF_DISK: u32 = u32::MAX;
 
@@ -88,8 +88,9 @@ impl BlockDevice for SparseDev {
     }
 }
 
-/// `flags`, the sparse disk, and the bytes of the off-disk chunk.
-pub fn sparse_input(input: &[u8]) -> Option<(u8, Arc<SparseDev>, Option<Vec<u8>>)> {
+/// The four head bytes (`flags` first), the sparse disk, and the bytes of
+/// the off-disk chunk.
+pub fn sparse_input(input: &[u8]) -> Option<([u8; 4], Arc<SparseDev>, Option<Vec<u8>>)> {
     let (head, mut rest) = input.split_at_checked(8)?;
     let size = u64::from(u32::from_le_bytes(head[4..8].try_into().ok()?)) * 512;
     let mut chunks = Vec::new();
@@ -110,7 +111,8 @@ pub fn sparse_input(input: &[u8]) -> Option<(u8, Arc<SparseDev>, Option<Vec<u8>>
             chunks.push((at, data[..keep].to_vec()));
         }
     }
-    Some((head[0], Arc::new(SparseDev { size, chunks }), extra))
+    let head4 = [head[0], head[1], head[2], head[3]];
+    Some((head4, Arc::new(SparseDev { size, chunks }), extra))
 }
 
 /// The input [`sparse_input`] reads back: `flags`, the disk's size in
@@ -121,7 +123,17 @@ pub fn sparse_seed(
     chunks: &[(u64, Vec<u8>)],
     extra: Option<&[u8]>,
 ) -> Vec<u8> {
-    let mut v = vec![flags, 0, 0, 0];
+    sparse_seed_head([flags, 0, 0, 0], sectors, chunks, extra)
+}
+
+/// [`sparse_seed`] with all four head bytes.
+pub fn sparse_seed_head(
+    head: [u8; 4],
+    sectors: u32,
+    chunks: &[(u64, Vec<u8>)],
+    extra: Option<&[u8]>,
+) -> Vec<u8> {
+    let mut v = head.to_vec();
     v.extend_from_slice(&sectors.to_le_bytes());
     let mut put = |off: u32, data: &[u8]| {
         v.extend_from_slice(&off.to_le_bytes());
@@ -142,10 +154,10 @@ pub fn sparse_seed(
 /// encrypted volume's map included), then the unlock through a clear key
 /// or the startup key given off the disk.
 pub fn bitlk(input: &[u8]) -> bool {
-    let Some((flags, dev, bek)) = sparse_input(input) else {
+    let Some((head, dev, bek)) = sparse_input(input) else {
         return false;
     };
-    bitlk_on(dev, flags, bek.as_deref())
+    bitlk_on(dev, head[0], bek.as_deref())
 }
 
 /// [`bitlk`] over any device; true if the metadata parsed.
