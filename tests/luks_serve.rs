@@ -66,3 +66,64 @@ fn serve_luks_reads_and_writes_like_cryptsetup() {
         );
     }
 }
+
+/// `udm serve --luks` honours `--no-kdf-limit` as `udm cryptsetup` does:
+/// a LUKS1 keyslot edited to 2^30 PBKDF2 iterations is refused at once
+/// without it, naming the flag; with it the KDF is run (the server is
+/// still deriving when the test stops it, instead of refusing).
+#[test]
+fn serve_luks_honours_no_kdf_limit() {
+    use std::os::unix::fs::FileExt;
+    use std::process::Stdio;
+    need("cryptsetup");
+    let dir = scratch("serve-kdf");
+    let d = dir.path();
+    let kf = write_file(d, "k", b"served");
+    let img = sparse(d, "l1.img", 4 << 20);
+    run(Command::new("cryptsetup")
+        .args(["luksFormat", "--batch-mode", "--type", "luks1"])
+        .args(["--pbkdf-force-iterations", "1000", "--key-file"])
+        .arg(&kf)
+        .arg(&img));
+    // Keyslot 0's iterations (LUKS1: slots at 208, 48 bytes each, the
+    // count big-endian after the active word). No checksum covers it.
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    f.write_all_at(&(1u32 << 30).to_be_bytes(), 208 + 4)
+        .unwrap();
+    drop(f);
+    let serve = |extra: &[&str]| {
+        let mut c = udm();
+        c.arg("serve")
+            .arg("--socket")
+            .arg(d.join("nbd.sock"))
+            .arg("--key-file")
+            .arg(&kf)
+            .arg("--luks")
+            .arg(format!("v={}", img.display()))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_secs(4) {
+            if child.try_wait().unwrap().is_some() {
+                return Some(child.wait_with_output().unwrap());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    };
+    let o = serve(&[]).expect("a 2^30-iteration keyslot was tried without --no-kdf-limit");
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--no-kdf-limit"),
+        "{}",
+        show(&o)
+    );
+    if let Some(o) = serve(&["--no-kdf-limit"]) {
+        panic!("serve --luks --no-kdf-limit refused at once: {}", show(&o));
+    }
+}

@@ -137,7 +137,8 @@ fn luks2_volume_as_a_file_takes_ext4_through_a_loop_mount() {
     let f = m.file("secret");
     let meta = std::fs::metadata(&f).expect("no file for the opened volume");
     assert_eq!(meta.len(), (64 << 20) - (16 << 20), "file size");
-    assert_eq!(meta.mode() & 0o7777, 0o666);
+    // No --allow rule: the server's user's alone, as the NBD socket is.
+    assert_eq!(meta.mode() & 0o7777, 0o600);
 
     let st = m.tool("cryptsetup", &["status", "secret"]);
     let st = String::from_utf8_lossy(&st.stdout).into_owned();
@@ -181,7 +182,7 @@ fn luks2_volume_as_a_file_takes_ext4_through_a_loop_mount() {
     let again = m.file("again");
     assert_eq!(
         std::fs::metadata(&again).unwrap().mode() & 0o777,
-        0o444,
+        0o400,
         "a read-only device's file"
     );
     run(Command::new("mount")
@@ -525,14 +526,145 @@ fn the_allow_rules_decide_who_opens_a_file() {
         !o.status.success(),
         "a user the rule does not name read the file"
     );
+    // To a user the rules do not admit the name does not exist.
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+        String::from_utf8_lossy(&o.stderr).contains("No such file or directory"),
         "{}",
         show(&o)
     );
     wait_for("dmsetup remove", Duration::from_secs(10), || {
         m.tool("dmsetup", &["remove", "mine"]).status.success()
     });
+    m.stop();
+}
+
+/// `cmd ARGS` as user `uid` (no supplementary groups).
+fn as_user(uid: &str, cmd: &str, args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid", uid, "--regid", uid, "--clear-groups", cmd])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A root server's device without an --allow rule (a decrypted volume,
+/// here a linear map of a file) is the server user's alone: mode 0600, the
+/// directory 0700, and another local user can neither read nor write it,
+/// whatever the mode bits say (the open checks the uid itself).
+#[test]
+fn with_no_rule_another_local_user_cannot_reach_a_device_file() {
+    need("setpriv");
+    let mut m = Mapper::start("mapper-norule", &[]);
+    let d = m.dir.path().to_path_buf();
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let img = write_file(&d, "disk.img", &fast_bytes(6, 1 << 20));
+    let table = format!("0 2048 linear {} 0", path(&img));
+    let o = m.tool("dmsetup", &["create", "plain", "--table", &table]);
+    assert!(o.status.success(), "{}", show(&o));
+    let f = m.file("plain");
+    assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&m.map).unwrap().mode() & 0o777,
+        0o700,
+        "the mount root with no export for others"
+    );
+    let o = as_user("65534", "head", &["-c", "16", path(&f)]);
+    assert!(
+        !o.status.success() && o.stdout.is_empty(),
+        "another user read the device: {}",
+        show(&o)
+    );
+    let o = as_user(
+        "65534",
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={}", path(&f)),
+            "bs=512",
+            "count=1",
+            "conv=notrunc",
+        ],
+    );
+    assert!(
+        !o.status.success(),
+        "another user wrote the device: {}",
+        show(&o)
+    );
+    assert_eq!(pread(&img, 0, 512), fast_bytes(6, 1 << 20)[..512].to_vec());
+    // The server's own user (root) still reads it.
+    assert_eq!(pread(&f, 0, 16), pread(&img, 0, 16));
+    wait_for("dmsetup remove", Duration::from_secs(10), || {
+        m.tool("dmsetup", &["remove", "plain"]).status.success()
+    });
+    m.stop();
+}
+
+/// Another local user sees in the directory only the names it may open,
+/// as NBD_OPT_LIST shows a client only its exports: `ls` lists its one
+/// device, `stat` of another's is "No such file", `df` counts its own.
+#[test]
+fn another_user_lists_only_the_files_it_may_open() {
+    need("setpriv");
+    let mut m = Mapper::start("mapper-list", &[]);
+    let d = m.dir.path().to_path_buf();
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let img = write_file(&d, "disk.img", &fast_bytes(7, 3 << 20));
+    for (i, (name, allow)) in [
+        ("theirs", Some("uid:65534")),
+        ("secret", None),
+        ("neighbour", Some("uid:65533")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let table = format!("0 2048 linear {} {}", path(&img), i * 2048);
+        let mut args = vec!["create", name, "--table", &table];
+        if let Some(a) = allow {
+            args.extend(["--allow", a]);
+        }
+        let o = m.tool("dmsetup", &args);
+        assert!(o.status.success(), "{}", show(&o));
+    }
+    let o = as_user("65534", "ls", &["-a", path(&m.map)]);
+    assert!(o.status.success(), "{}", show(&o));
+    let mut seen: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [".", "..", "theirs"],
+        "uid 65534 listed others' devices"
+    );
+    for hidden in ["secret", "neighbour"] {
+        let o = as_user("65534", "stat", &[path(&m.file(hidden))]);
+        assert!(!o.status.success(), "{hidden} found: {}", show(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("No such file"),
+            "{}",
+            show(&o)
+        );
+    }
+    let o = as_user("65534", "stat", &["-c", "%s", path(&m.file("theirs"))]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "1048576",
+        "{}",
+        show(&o)
+    );
+    // Root, the server's user, sees all three.
+    let mut all: Vec<String> = std::fs::read_dir(&m.map)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    all.sort();
+    assert_eq!(all, ["neighbour", "secret", "theirs"]);
+    for name in ["theirs", "secret", "neighbour"] {
+        wait_for("dmsetup remove", Duration::from_secs(10), || {
+            m.tool("dmsetup", &["remove", name]).status.success()
+        });
+    }
     m.stop();
 }
 

@@ -4,7 +4,9 @@
 //! written here from the kernel's documentation, not udm's code), a full
 //! COW device invalidates the snapshot with a `dmsetup wait` event while
 //! the origin goes on, and `snapshot-merge` puts the snapshot back into
-//! the origin, also when the server is killed in the middle of it.
+//! the origin, also when the server is killed in the middle of it; and
+//! SIGKILLs at random moments during writes to a P or PO snapshot, whose
+//! exceptions cross many metadata areas, lose no acknowledged write.
 
 mod common;
 
@@ -66,8 +68,14 @@ fn parse_cow(bytes: &[u8]) -> Cow {
             if new == 0 {
                 break 'areas;
             }
-            // A data chunk of this area, never a header or area chunk.
-            assert!(new > 1 + area * (per_area + 1) && new <= (area + 1) * (per_area + 1));
+            // A data chunk, never the header or an area's chunk (with
+            // writes in flight together, commit order may differ from
+            // allocation order, so not always one of this area's own).
+            assert!(new % (per_area + 1) != 1 && new != 0, "pair {old} -> {new}");
+            assert!(
+                (new + 1) * chunk <= bytes.len() as u64,
+                "pair {old} -> {new}"
+            );
             pairs.push((old, new));
         }
     }
@@ -270,4 +278,42 @@ fn merge_puts_the_snapshot_into_the_origin_even_across_a_sigkill() {
         "the origin holds the snapshot"
     );
     assert_eq!(parse_cow(&std::fs::read(&cow).unwrap()).pairs, []);
+}
+
+/// Issue 44's reopen matrix after process death: crash_io.py writes 4 KiB
+/// blocks (one chunk each) to the snapshot of a zero origin, so each new
+/// block is an exception and the 256-exception areas fill and roll over
+/// during the rounds; a SIGKILL lands at a random moment, and after each
+/// restart every acknowledged block reads back (the snapshot keeps no
+/// cache: an exception is committed before its write is acknowledged).
+/// `UDM_SNAPSHOT_KILLS` sets the rounds per store type (default 6).
+#[test]
+fn sigkill_during_snapshot_writes_loses_no_acknowledged_write() {
+    let kills = std::env::var("UDM_SNAPSHOT_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    for store in ["P", "PO"] {
+        let d = scratch("udm-snapkill-");
+        let p = d.path();
+        let origin = sparse(p, "origin.img", 64 * MIB);
+        let cow = sparse(p, "cow.img", 66 * MIB);
+        let t = p.join("snap.table");
+        std::fs::write(
+            &t,
+            format!(
+                "0 131072 snapshot {} {} {store} 8\n",
+                origin.display(),
+                cow.display()
+            ),
+        )
+        .unwrap();
+        crash::sigkill_rounds(p, &t, "snap", kills, &format!("snapshot {store}"), false);
+        let f = parse_cow(&std::fs::read(&cow).unwrap());
+        assert_eq!(f.valid, 1, "{store}: the snapshot stayed valid");
+        println!(
+            "snapshot {store}: {} exceptions on the COW device",
+            f.pairs.len()
+        );
+    }
 }

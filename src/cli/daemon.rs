@@ -146,9 +146,11 @@ pub fn uris(bound: &Bound, names: &[String], tls: bool) -> Vec<String> {
     names.iter().map(|n| one(n)).collect()
 }
 
-/// `--pidfile`: claimed at start (refused while a live process's pid is
-/// in it), written when the server is ready, removed on exit if it still
-/// holds our pid.
+/// `--pidfile`: claimed at start (refused while another live udm server's
+/// pid is in it), written when the server is ready, removed on exit if it
+/// still holds our pid. Its directory is checked as the control socket's
+/// is (a sticky one such as /tmp passes: the file beside it is created
+/// with `O_EXCL|O_NOFOLLOW`, so a planted name is never followed).
 #[derive(Debug)]
 pub struct Pidfile {
     path: PathBuf,
@@ -162,16 +164,50 @@ fn alive(pid: i32) -> bool {
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// A process's `comm` (its executable's name, cut to 15 bytes).
+fn comm_of(pid: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+/// Whether `pid` runs the program named `comm` with `arg` among its
+/// arguments: a udm server, not whatever process was given the number of
+/// a server that died (or a number someone wrote into the file).
+fn runs(pid: i32, comm: &str, arg: &str) -> bool {
+    if comm_of(&pid.to_string()).as_deref() != Some(comm) {
+        return false;
+    }
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
+}
+
 impl Pidfile {
     pub fn claim(path: &Path) -> Result<Pidfile, String> {
+        let dir = crate::core::dirs::parent_of(path);
+        if let Some(why) = crate::core::dirs::unsafe_dir(dir, true) {
+            return Err(format!(
+                "--pidfile {}: refusing it: {why}; give a pidfile in a directory only you \
+                 or root may write to (as /run/udm.pid), or in a sticky one such as /tmp",
+                path.display()
+            ));
+        }
         if let Ok(text) = std::fs::read_to_string(path) {
             let pid = text.trim().parse::<i32>().ok().filter(|p| *p > 0);
+            let me = comm_of("self").unwrap_or_else(|| "udm".into());
             if let Some(pid) = pid.filter(|p| *p as u32 != std::process::id() && alive(*p)) {
-                return Err(format!(
-                    "--pidfile {}: process {pid} is running and holds it (another udm \
-                     serve?); stop it, or give another --pidfile",
+                if runs(pid, &me, "serve") {
+                    return Err(format!(
+                        "--pidfile {}: udm server {pid} is running and holds it; stop it, or \
+                         give another --pidfile",
+                        path.display()
+                    ));
+                }
+                tracing::warn!(
+                    "--pidfile {}: process {pid} in it is not a udm server (a stale pid, \
+                     reused); replacing it",
                     path.display()
-                ));
+                );
             }
         }
         Ok(Pidfile {
@@ -181,10 +217,34 @@ impl Pidfile {
     }
 
     /// Write our pid: into a file beside it, renamed over it, so a reader
-    /// never sees it half written.
+    /// never sees it half written. The file beside it is made new
+    /// (`O_EXCL|O_NOFOLLOW`): a name planted there, a symlink to a file
+    /// root would otherwise overwrite, is removed, never followed.
     pub fn write(&mut self) -> io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let tmp = self.path.with_extension("udm-tmp");
-        std::fs::write(&tmp, format!("{}\n", std::process::id()))?;
+        let create = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)
+        };
+        let mut f = match create() {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Left by a server that died here, or planted: unlink
+                // removes the name itself, whatever it points to.
+                std::fs::remove_file(&tmp)?;
+                create()?
+            }
+            other => other?,
+        };
+        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        f.write_all(format!("{}\n", std::process::id()).as_bytes())?;
+        f.sync_all()?;
+        drop(f);
         std::fs::rename(&tmp, &self.path)?;
         self.written = true;
         Ok(())
@@ -393,14 +453,42 @@ mod tests {
         assert_eq!(uris(&t, &[], true), ["nbds://127.0.0.1:10809/"]);
     }
 
+    /// A live process that is not a udm server (pid 1, a `sleep`) does not
+    /// hold the pidfile: a stale or planted number never stops a start.
     #[test]
-    fn a_live_pid_in_the_pidfile_is_refused_a_dead_one_replaced() {
+    fn a_pid_that_is_no_udm_server_is_replaced_garbage_too() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("udm.pid");
-        // pid 1 always exists.
-        std::fs::write(&p, "1\n").unwrap();
-        let e = Pidfile::claim(&p).unwrap_err();
-        assert!(e.contains("process 1 is running"), "{e}");
+        let mut sleep = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        for planted in ["1".to_string(), sleep.id().to_string()] {
+            std::fs::write(&p, format!("{planted}\n")).unwrap();
+            let r = Pidfile::claim(&p);
+            assert!(r.is_ok(), "pid {planted} (not udm) refused: {r:?}");
+        }
+        let _ = sleep.kill();
+        let _ = sleep.wait();
+        std::fs::write(&p, "not a pid\n").unwrap();
+        assert!(Pidfile::claim(&p).is_ok());
+    }
+
+    /// What tells a server: its `comm` and an argument (this process with
+    /// its own argv[0] stands in for `udm serve`).
+    #[test]
+    fn a_server_is_told_by_comm_and_argument() {
+        let me = comm_of("self").unwrap();
+        let arg0 = std::env::args().next().unwrap();
+        assert!(runs(std::process::id() as i32, &me, &arg0));
+        assert!(!runs(1, &me, &arg0));
+        assert!(!runs(std::process::id() as i32, &me, "serve"));
+    }
+
+    #[test]
+    fn our_pid_is_written_and_removed_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("udm.pid");
         std::fs::write(&p, "not a pid\n").unwrap();
         let mut f = Pidfile::claim(&p).unwrap();
         f.write().unwrap();
@@ -410,6 +498,56 @@ mod tests {
         );
         drop(f);
         assert!(!p.exists(), "the pidfile is removed on drop");
+    }
+
+    /// A symlink planted at `PATH.udm-tmp` (to a file root would ruin) is
+    /// removed, not followed: the victim keeps its bytes and the pidfile
+    /// holds our pid.
+    #[test]
+    fn a_symlink_planted_beside_the_pidfile_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious\n").unwrap();
+        let p = dir.path().join("udm.pid");
+        let tmp = p.with_extension("udm-tmp");
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        let mut f = Pidfile::claim(&p).unwrap();
+        f.write().unwrap();
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            b"precious\n",
+            "victim written"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap().trim(),
+            std::process::id().to_string()
+        );
+        assert!(!p.is_symlink(), "the pidfile is a symlink");
+        assert!(
+            std::fs::symlink_metadata(&tmp).is_err(),
+            "the planted name stays"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+    }
+
+    /// A pidfile in a directory anyone may write to (no sticky bit) is
+    /// refused, naming the directory and the fix; a sticky one passes.
+    #[test]
+    fn a_pidfile_directory_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Pidfile::claim(&open.join("udm.pid")).unwrap_err();
+        assert!(
+            e.contains("others may write to") && e.contains(&open.display().to_string()),
+            "{e}"
+        );
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(Pidfile::claim(&open.join("udm.pid")).is_ok());
     }
 
     #[test]

@@ -106,8 +106,10 @@ pub struct Args {
     /// on the terminal for lines whose key file is `none`.
     #[arg(long, value_name = "FILE")]
     pub crypttab: Option<PathBuf>,
-    /// Try LUKS passphrases even on keyslots whose KDF cost is above
-    /// udm's limit (see `udm cryptsetup --help`).
+    /// Try passphrases even where the header's KDF cost is above udm's
+    /// limit (LUKS keyslots, FileVault2 and BitLocker headers, a
+    /// VeraCrypt PIM; see `udm cryptsetup --help`), for --luks, --tcrypt,
+    /// --bitlk, --fvault2 and --crypttab.
     #[arg(long)]
     pub no_kdf_limit: bool,
     /// Open LUKS volumes whose header asks for the null cipher or ECB
@@ -474,6 +476,7 @@ fn table_and_file_specs(a: &Args) -> Result<Specs, String> {
             a.header.as_deref(),
             a.key_file.as_deref(),
             a.allow_weak_cipher,
+            a.no_kdf_limit,
         )
         .map_err(|e| format!("--luks: {e}"))?;
         // The volume's own device before its integrity device (NAME_dif)
@@ -523,6 +526,7 @@ fn foreign_specs(
         legacy: true,
         map_legacy: a.allow_tcrypt_legacy,
         cipher: None,
+        no_cost_limit: a.no_kdf_limit,
     };
     let kinds: [(&str, &str, &Vec<String>); 3] = [
         ("--tcrypt", "TCRYPT", &a.tcrypt),
@@ -544,6 +548,7 @@ fn foreign_specs(
                 key: &key,
                 tries: 3,
                 flags: &[],
+                no_cost_limit: a.no_kdf_limit,
             };
             let layers = match flag {
                 "--tcrypt" => activate::open_tcrypt(&r, &tc),

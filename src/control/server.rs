@@ -150,15 +150,12 @@ impl ControlServer {
 /// create, first); a directory udm creates itself is 0700. See
 /// docs/SECURITY.md, F16.
 fn check_dir(dir: &Path, path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(dir).map_err(|e| {
+    std::fs::metadata(dir).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!("control socket directory {}: {e}", dir.display()),
         )
     })?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
     let refuse = |why: String| {
         Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -170,21 +167,10 @@ fn check_dir(dir: &Path, path: &Path) -> io::Result<()> {
             ),
         ))
     };
-    if m.uid() != 0 && m.uid() != me {
-        return refuse(format!(
-            "{} belongs to uid {}, who could replace the socket",
-            dir.display(),
-            m.uid()
-        ));
+    match crate::core::dirs::unsafe_dir(dir, false) {
+        Some(why) => refuse(why),
+        None => Ok(()),
     }
-    if m.mode() & 0o022 != 0 {
-        return refuse(format!(
-            "others may write to {} (mode {:o}) and so plant or replace what is in it",
-            dir.display(),
-            m.mode() & 0o7777
-        ));
-    }
-    Ok(())
 }
 
 impl Drop for ControlServer {

@@ -3,6 +3,7 @@
 //! a protocol, so everything else may depend on it.
 
 pub mod device;
+pub mod dirs;
 pub mod error;
 pub mod fault;
 pub mod sole;

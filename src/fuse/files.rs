@@ -13,7 +13,7 @@ use std::time::SystemTime;
 
 use fuser::{FileAttr, FileType, INodeNo};
 
-use crate::nbd::export::{Peer, PeerKind};
+use crate::nbd::export::{Allow, Peer, PeerKind};
 use crate::nbd::{ExportSet, Exported};
 
 /// The directory's own inode.
@@ -31,9 +31,11 @@ fn key(e: &Exported) -> usize {
 }
 
 /// File mode bits from the export's access: group and others get the
-/// owner's bits only when the rules admit every local user (no rule, or
-/// `unix` in each); `uid:N`, network and `tls` rules leave the file to its
-/// owner (the open check then admits the users the rules name).
+/// owner's bits only when the rules admit every local user (`unix` in
+/// each); no rule, `uid:N`, network and `tls` rules leave the file to its
+/// owner (the open check then admits the users the rules name). No rule
+/// is not "everyone": over NBD the socket's own mode (0600) keeps other
+/// users out, so the file, which needs no socket, must too.
 pub(super) fn mode_of(e: &Exported) -> u16 {
     let owner = if e.export.is_read_only() { 0o4 } else { 0o6 };
     if local_user_allowed(e, None) {
@@ -51,14 +53,27 @@ pub(super) fn admits(e: &Exported, uid: u32, server_uid: u32) -> bool {
 }
 
 /// Whether the export's rules admit a Unix socket client of user `uid`
-/// (`None`: a user no `uid:` rule names), as the NBD handshake would.
+/// (`None`: a user no `uid:` rule names), as the NBD handshake would,
+/// and there is a rule at all: an export without one is its server
+/// user's alone here.
 fn local_user_allowed(e: &Exported, uid: Option<u32>) -> bool {
     let peer = Peer {
         kind: PeerKind::Unix,
         ip: None,
         uid,
     };
-    e.allows(&peer, false)
+    e.has_rules() && e.allows(&peer, false)
+}
+
+/// Whether any user but `server_uid` could be admitted to the export:
+/// every rule has a `unix` entry or a `uid:` entry naming someone else.
+fn admits_others(e: &Exported, server_uid: u32) -> bool {
+    let rules = e.rules();
+    !rules.is_empty()
+        && rules.iter().all(|r| {
+            r.iter()
+                .any(|a| matches!(a, Allow::Unix) || matches!(a, Allow::Uid(u) if *u != server_uid))
+        })
 }
 
 /// Inode numbers of the exports seen so far.
@@ -135,14 +150,36 @@ impl Files {
             .find(|e| key(e) == k && listable(&e.export.name))
     }
 
-    /// The files in the directory, in the order the devices were added.
-    pub(super) fn list(&self) -> Vec<(u64, String)> {
+    /// The export named `name` if user `uid` may open it: to anyone else
+    /// the name does not exist, as NBD_OPT_LIST does not show it.
+    pub(super) fn by_name_for(&self, name: &str, uid: u32) -> Option<Arc<Exported>> {
+        self.by_name(name).filter(|e| admits(e, uid, self.uid))
+    }
+
+    /// The files user `uid` may open, in the order the devices were added.
+    pub(super) fn list_for(&self, uid: u32) -> Vec<(u64, String)> {
+        self.visible(uid)
+            .iter()
+            .map(|e| (self.ino(e), e.export.name.clone()))
+            .collect()
+    }
+
+    /// The exports in the directory that user `uid` may open.
+    pub(super) fn visible(&self, uid: u32) -> Vec<Arc<Exported>> {
+        self.exports
+            .list()
+            .into_iter()
+            .filter(|e| listable(&e.export.name) && admits(e, uid, self.uid))
+            .collect()
+    }
+
+    /// Whether users other than the server's may enter the directory at
+    /// all: only when some export's rules admit one.
+    pub(super) fn root_open(&self) -> bool {
         self.exports
             .list()
             .iter()
-            .filter(|e| listable(&e.export.name))
-            .map(|e| (self.ino(e), e.export.name.clone()))
-            .collect()
+            .any(|e| listable(&e.export.name) && admits_others(e, self.uid))
     }
 
     pub(super) fn file_attr(&self, e: &Exported) -> FileAttr {
@@ -151,8 +188,11 @@ impl Files {
         self.attr(self.ino(e), FileType::RegularFile, size, mode_of(e), block)
     }
 
+    /// 0700 unless an export admits other users (then 0755: they list
+    /// only what they may open, `readdir`).
     pub(super) fn root_attr(&self) -> FileAttr {
-        self.attr(ROOT, FileType::Directory, 0, 0o755, 4096)
+        let perm = if self.root_open() { 0o755 } else { 0o700 };
+        self.attr(ROOT, FileType::Directory, 0, perm, 4096)
     }
 
     fn attr(&self, ino: u64, kind: FileType, size: u64, perm: u16, blksize: u32) -> FileAttr {
@@ -204,13 +244,46 @@ mod tests {
             names: vec![("mine".into(), parse_allow_list("uid:1000").unwrap())],
             ..AccessPolicy::default()
         });
-        assert_eq!(mode_of(&add(&f, "open", false)), 0o666);
-        assert_eq!(mode_of(&add(&f, "ro", true)), 0o444);
+        let open = add(&f, "open", false);
+        assert_eq!(
+            mode_of(&open),
+            0o600,
+            "no rule admits only the server's user"
+        );
+        assert!(!admits(&open, 1000, 0), "no rule admitted another user");
+        assert!(!f.root_open(), "no export admits others: the root is 0700");
+        assert_eq!(f.root_attr().perm, 0o700);
+        assert_eq!(mode_of(&add(&f, "ro", true)), 0o400);
         let mine = add(&f, "mine", false);
         assert_eq!(mode_of(&mine), 0o600);
         assert!(admits(&mine, 1000, 0));
         assert!(!admits(&mine, 1001, 0), "uid:1000 admitted another user");
         assert!(admits(&mine, 0, 0), "the server's own user is the owner");
+        assert!(f.root_open(), "uid:1000 may enter the directory");
+        assert_eq!(f.root_attr().perm, 0o755);
+        let names = |uid| {
+            f.list_for(uid)
+                .into_iter()
+                .map(|(_, n)| n)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(1000), ["mine"], "uid 1000 sees only its export");
+        assert!(names(1001).is_empty(), "{:?}", names(1001));
+        assert_eq!(names(f.uid), ["open", "ro", "mine"]);
+        assert!(f.by_name_for("open", 1000).is_none());
+        assert!(f.by_name_for("mine", 1000).is_some());
+    }
+
+    #[test]
+    fn a_unix_rule_opens_the_file_to_every_local_user() {
+        let f = files(AccessPolicy {
+            default: parse_allow_list("unix").unwrap(),
+            ..AccessPolicy::default()
+        });
+        let e = add(&f, "shared", false);
+        assert_eq!(mode_of(&e), 0o666);
+        assert!(admits(&e, 4242, 0));
+        assert!(f.root_open());
     }
 
     #[test]
@@ -224,7 +297,7 @@ mod tests {
         assert!(f.by_ino(first).is_none(), "a removed device still answers");
         let b = add(&f, "v", false);
         assert_ne!(f.ino(&b), first);
-        assert_eq!(f.list(), vec![(f.ino(&b), "v".to_string())]);
+        assert_eq!(f.list_for(f.uid), vec![(f.ino(&b), "v".to_string())]);
         assert!(f.by_name("../v").is_none());
     }
 }

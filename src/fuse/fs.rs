@@ -92,6 +92,18 @@ impl MapperFs {
         Ok(h)
     }
 
+    /// Whether the caller may enter the directory: the mode shown (0700
+    /// unless an export admits other users) is enforced here, since the
+    /// mount has no `default_permissions` (the rules, not mode bits,
+    /// decide).
+    fn enter_root(&self, req: &Request) -> Result<(), Errno> {
+        if req.uid() == self.files.uid || self.files.root_open() {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
+        }
+    }
+
     fn open_file(&self, req: &Request, ino: u64, flags: OpenFlags) -> Result<u64, Errno> {
         let e = self.files.by_ino(ino).ok_or(Errno::ENOENT)?;
         let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
@@ -239,9 +251,13 @@ impl Filesystem for MapperFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // A name the caller may not open does not exist for them.
         let e = (parent.0 == ROOT)
-            .then(|| name.to_str().and_then(|n| self.files.by_name(n)))
+            .then(|| {
+                name.to_str()
+                    .and_then(|n| self.files.by_name_for(n, req.uid()))
+            })
             .flatten();
         match e {
             Some(e) => reply.entry(&NO_CACHE, &self.files.file_attr(&e), Generation(0)),
@@ -292,7 +308,10 @@ impl Filesystem for MapperFs {
 
     fn access(&self, req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
         if ino.0 == ROOT {
-            return reply.ok();
+            return match self.enter_root(req) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
         }
         let Some(e) = self.files.by_ino(ino.0) else {
             return reply.error(Errno::ENOENT);
@@ -446,9 +465,19 @@ impl Filesystem for MapperFs {
             .submit(&h.export.queue, call, Pending::Done(reply));
     }
 
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if ino.0 != ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
+        match self.enter_root(req) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -463,7 +492,7 @@ impl Filesystem for MapperFs {
         ];
         entries.extend(
             self.files
-                .list()
+                .list_for(req.uid())
                 .into_iter()
                 .map(|(i, n)| (i, fuser::FileType::RegularFile, n)),
         );
@@ -475,8 +504,9 @@ impl Filesystem for MapperFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let list = self.files.exports.list();
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // Sizes and counts of the caller's files only.
+        let list = self.files.visible(req.uid());
         let bytes: u64 = list.iter().map(|e| e.export.device.size()).sum();
         let files = list.len() as u64;
         reply.statfs(bytes / 4096, 0, 0, files, 0, 4096, 255, 4096);

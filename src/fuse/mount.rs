@@ -73,6 +73,7 @@ fn mapper_at(mountinfo: &str, dir: &Path) -> bool {
 /// dead mount left there, refuse a live mapper directory of another server.
 pub fn prepare(dir: &Path) -> Result<(), String> {
     let shown = dir.display();
+    check_place(dir)?;
     match std::fs::metadata(dir) {
         Ok(m) if !m.is_dir() => {
             return Err(format!(
@@ -105,6 +106,42 @@ pub fn prepare(dir: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The mapper directory's place is checked as the control socket's is:
+/// its parent must be root's or ours and closed to other writers (or
+/// sticky, as /tmp, where nobody can move our directory), and the
+/// directory itself, a symlink to it included, root's or ours. Otherwise
+/// another user could point the mount, and with it root's device files,
+/// wherever they like.
+fn check_place(dir: &Path) -> Result<(), String> {
+    use crate::core::dirs::{parent_of, unsafe_dir};
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |why: String| {
+        Err(format!(
+            "--mapper-dir {}: refusing it: {why}; give a directory only you or root may \
+             change, in such a directory (as /run/udm/mapper)",
+            dir.display()
+        ))
+    };
+    if let Some(why) = unsafe_dir(parent_of(dir), true) {
+        return refuse(why);
+    }
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    if let Ok(l) = std::fs::symlink_metadata(dir) {
+        if l.uid() != 0 && l.uid() != me {
+            return refuse(format!("{} belongs to uid {}", dir.display(), l.uid()));
+        }
+    }
+    match std::fs::metadata(dir) {
+        Ok(m) if m.uid() != 0 && m.uid() != me => refuse(format!(
+            "{} leads to a directory of uid {}",
+            dir.display(),
+            m.uid()
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -144,5 +181,17 @@ mod tests {
         std::fs::write(&f, b"x").unwrap();
         let e = prepare(&f).unwrap_err();
         assert!(e.contains("not a directory"), "{e}");
+    }
+
+    #[test]
+    fn a_mapper_directory_in_a_directory_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = prepare(&open.join("mapper")).unwrap_err();
+        assert!(e.contains("others may write to"), "{e}");
+        assert!(!open.join("mapper").exists(), "created before the check");
     }
 }

@@ -148,6 +148,19 @@ impl CostLimit {
         Ok(())
     }
 
+    /// [`CostLimit::check`] for a volume of another system, whose header
+    /// names its KDF runs in its own terms: the error says which format
+    /// and which of its key protectors `slot` numbers.
+    pub fn check_foreign(&self, format: &str, slots: &[SlotCost]) -> Result<(), LuksError> {
+        self.check(slots).map_err(|e| match e {
+            LuksError::Cost { what, memory } => LuksError::Cost {
+                what: format!("{format}: {what}"),
+                memory,
+            },
+            e => e,
+        })
+    }
+
     /// One Argon2 run must fit in memory on its own, whatever the sum.
     fn check_argon2_memory(&self, n: u32, kdf: &Kdf, memory_kib: u32) -> Result<(), LuksError> {
         let bytes = u64::from(memory_kib) * 1024;

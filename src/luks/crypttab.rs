@@ -412,6 +412,7 @@ impl CryptEntry {
             key: &self.key,
             tries: self.tries,
             flags,
+            no_cost_limit,
         };
         let layers = match &self.tcrypt {
             Some(p) => activate::open_tcrypt(&r, p),

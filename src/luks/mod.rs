@@ -192,8 +192,23 @@ pub fn open_with(
     passphrase: &[u8],
     allow_weak_cipher: bool,
 ) -> Result<Activation, LuksError> {
+    open_checked(image, header, passphrase, allow_weak_cipher, false)
+}
+
+/// [`open_with`], with the KDF cost limit lifted when `no_cost_limit`
+/// (the user's `--no-kdf-limit`).
+fn open_checked(
+    image: &Path,
+    header: Option<&Path>,
+    passphrase: &[u8],
+    allow_weak_cipher: bool,
+    no_cost_limit: bool,
+) -> Result<Activation, LuksError> {
     let mut vol = volume::Volume::load(image, header, false)?;
     vol.allow_weak_cipher = allow_weak_cipher;
+    if no_cost_limit {
+        vol.cost_limit = None;
+    }
     if let Some(act) = reencrypt::activation(&vol, passphrase)? {
         return Ok(act);
     }
@@ -214,11 +229,18 @@ pub fn activation_tables(
     header: Option<&Path>,
     key_file: Option<&Path>,
     allow_weak_cipher: bool,
+    no_kdf_limit: bool,
 ) -> Result<Vec<(String, Zeroizing<String>)>, String> {
     let pass = read_passphrase(key_file, &format!("Enter passphrase for {image}: "))
         .map_err(|e| format!("LUKS device {name}: {e}"))?;
-    let act = open_with(Path::new(image), header, &pass, allow_weak_cipher)
-        .map_err(|e| format!("LUKS device {name} on {image}: {e}"))?;
+    let act = open_checked(
+        Path::new(image),
+        header,
+        &pass,
+        allow_weak_cipher,
+        no_kdf_limit,
+    )
+    .map_err(|e| format!("LUKS device {name} on {image}: {e}"))?;
     // Header warnings (e.g. a damaged primary copy) were logged by the
     // LUKS reader itself.
     tracing::info!(

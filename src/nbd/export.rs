@@ -267,6 +267,16 @@ impl Exported {
             .all(|r| r.iter().any(|a| a.admits(peer, tls_verified)))
     }
 
+    /// Whether any rule applies (none: every client that reaches the
+    /// server, which for the mapper directory is the server's user only).
+    pub fn has_rules(&self) -> bool {
+        !self
+            .rules
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     /// The rules a client must pass (none: everyone may use it).
     pub fn rules(&self) -> Vec<Vec<Allow>> {
         self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()

@@ -21,13 +21,17 @@ use zeroize::Zeroizing;
 
 fn load(c: &Ctx) -> Result<Metadata, LuksError> {
     let disk = Disk::open(Path::new(&c.argv[0]), false)?;
-    bitlk::read(&disk).map_err(|e| {
+    let mut m = bitlk::read(&disk).map_err(|e| {
         eprintln!("Device {} is not a valid BITLK device.", c.argv[0]);
         match e {
             LuksError::Usage(_) => LuksError::Silent(1),
             e => e,
         }
-    })
+    })?;
+    if c.a.has("no-kdf-limit") {
+        m.cost_limit = None;
+    }
+    Ok(m)
 }
 
 /// Ask for a passphrase (or read the key file) and hand it to `try_one`,
@@ -61,6 +65,7 @@ fn unlock(c: &Ctx, m: &Metadata) -> Result<Zeroizing<Vec<u8>>, LuksError> {
         Err(LuksError::WrongPassphrase) => {}
         other => return other,
     }
+    m.check_cost()?;
     with_passphrase(c, |pass| m.volume_key(Some(pass)))
 }
 

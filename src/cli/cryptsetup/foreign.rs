@@ -35,6 +35,7 @@ fn params(c: &Ctx) -> Params {
         keyfiles: c.a.key_file_list.iter().map(PathBuf::from).collect(),
         legacy: true,
         map_legacy: c.a.has("allow-tcrypt-legacy"),
+        no_cost_limit: c.a.has("no-kdf-limit"),
     }
 }
 

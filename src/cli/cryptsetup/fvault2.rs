@@ -19,13 +19,17 @@ use zeroize::Zeroizing;
 
 fn load(c: &Ctx) -> Result<Metadata, LuksError> {
     let disk = Disk::open(Path::new(&c.argv[0]), false)?;
-    fvault2::read(&disk).map_err(|e| {
+    let mut m = fvault2::read(&disk).map_err(|e| {
         eprintln!("Device {} is not a valid FVAULT2 device.", c.argv[0]);
         match e {
             LuksError::Unsupported(m) => LuksError::Unsupported(m),
             _ => LuksError::Silent(1),
         }
-    })
+    })?;
+    if c.a.has("no-kdf-limit") {
+        m.cost_limit = None;
+    }
+    Ok(m)
 }
 
 /// `fvault2Dump [--dump-volume-key [--volume-key-file F]]`: the header,
@@ -37,6 +41,7 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
         return Ok(());
     }
     confirm_key_dump(c)?;
+    m.check_cost()?;
     let key = with_passphrase(c, |pass| m.volume_key(pass))?;
     if let Some(f) = c.a.str("volume-key-file") {
         write_key_file(f, &key[..])?;
@@ -65,7 +70,10 @@ pub(super) fn open(c: &Ctx) -> Outcome {
             }
             Zeroizing::new(k.to_vec())
         }
-        None => Zeroizing::new(with_passphrase(c, |pass| m.volume_key(pass))?.to_vec()),
+        None => {
+            m.check_cost()?;
+            Zeroizing::new(with_passphrase(c, |pass| m.volume_key(pass))?.to_vec())
+        }
     };
     if c.a.has("test-passphrase") {
         return Ok(());

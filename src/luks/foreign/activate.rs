@@ -359,6 +359,9 @@ pub struct Request<'a> {
     pub tries: u32,
     /// dm-crypt flags for every table (`allow_discards`, ...).
     pub flags: &'a [&'static str],
+    /// `--no-kdf-limit`: try the secret whatever KDF work the header
+    /// asks for.
+    pub no_cost_limit: bool,
 }
 
 impl Request<'_> {
@@ -410,6 +413,16 @@ fn sectors_of(p: &Path) -> Result<u64, LuksError> {
 /// Unlock a TrueCrypt/VeraCrypt volume and give its device chain, lowest
 /// first. A passphrase that finds no header is `WrongPassphrase`.
 pub fn open_tcrypt(r: &Request, p: &Params) -> Result<Vec<Layer>, LuksError> {
+    let lifted;
+    let p = if r.no_cost_limit && !p.no_cost_limit {
+        lifted = Params {
+            no_cost_limit: true,
+            ..p.clone()
+        };
+        &lifted
+    } else {
+        p
+    };
     let meta = r.header.unwrap_or(r.device);
     let disk = Disk::open(&tcrypt_header_device(meta, p), false)?;
     let hdr = r.with_secret(true, |pass| tcrypt::load(&disk, pass, p))?;
@@ -436,13 +449,19 @@ pub fn open_bitlk(r: &Request) -> Result<Vec<Layer>, LuksError> {
 /// `allow_partial` (read-only, see `bitlk_partial`).
 pub fn open_bitlk_with(r: &Request, allow_partial: bool) -> Result<Vec<Layer>, LuksError> {
     let disk = Disk::open(r.device, false)?;
-    let m = bitlk::read(&disk)?;
+    let mut m = bitlk::read(&disk)?;
+    if r.no_cost_limit {
+        m.cost_limit = None;
+    }
     if let (Some(why), false) = (bitlk_refusal(&m), allow_partial) {
         // cryptsetup refuses before it asks for the secret.
         return Err(LuksError::Usage(why));
     }
     let key = match m.volume_key(None) {
-        Err(LuksError::WrongPassphrase) => r.with_secret(false, |s| m.volume_key(Some(s)))?,
+        Err(LuksError::WrongPassphrase) => {
+            m.check_cost()?;
+            r.with_secret(false, |s| m.volume_key(Some(s)))?
+        }
         other => other?,
     };
     let size = disk.size()?;
@@ -467,7 +486,11 @@ pub fn open_bitlk_with(r: &Request, allow_partial: bool) -> Result<Vec<Layer>, L
 /// Unlock a FileVault2 volume and give its device.
 pub fn open_fvault2(r: &Request) -> Result<Vec<Layer>, LuksError> {
     let disk = Disk::open(r.device, false)?;
-    let m = fvault2::read(&disk)?;
+    let mut m = fvault2::read(&disk)?;
+    if r.no_cost_limit {
+        m.cost_limit = None;
+    }
+    m.check_cost()?;
     let key = r.with_secret(false, |pass| m.volume_key(pass))?;
     let l = fvault2_layer(
         &m,

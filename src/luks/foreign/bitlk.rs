@@ -14,8 +14,11 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use super::crc32;
+use crate::luks::cost::{CostLimit, SlotCost};
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
+use crate::luks::hash::HashAlg;
+use crate::luks::kdf::Kdf;
 
 pub(super) const FVE_SIZE: u64 = 64 * 1024;
 const NONCE: usize = 12;
@@ -135,7 +138,15 @@ pub struct Metadata {
     validation: Wrapped,
     pub vmks: Vec<Vmk>,
     fvek: Wrapped,
+    /// The KDF cost udm accepts before trying a secret (`None`: the
+    /// user's `--no-kdf-limit`). Each VMK a passphrase or recovery
+    /// password protects costs a million SHA-256 rounds, and the metadata
+    /// can list hundreds of them.
+    pub cost_limit: Option<CostLimit>,
 }
+
+/// SHA-256 rounds of one key stretch (BitLocker's fixed count).
+const STRETCH_ROUNDS: u32 = 0x10_0000;
 
 pub(super) fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
@@ -374,6 +385,7 @@ fn parse_block(
         validation,
         vmks: Vec::new(),
         fvek: Wrapped::default(),
+        cost_limit: Some(CostLimit::default()),
     };
     let mut have_fvek = false;
     let mut have_desc = false;
@@ -457,7 +469,7 @@ fn stretch(initial: &[u8; 32], salt: &[u8; 16]) -> Zeroizing<[u8; 32]> {
     let mut st = Zeroizing::new([0u8; 88]);
     st[32..64].copy_from_slice(initial);
     st[64..80].copy_from_slice(salt);
-    for i in 0..0x10_0000u64 {
+    for i in 0..u64::from(STRETCH_ROUNDS) {
         st[80..].copy_from_slice(&i.to_le_bytes());
         let h: [u8; 32] = Sha256::digest(&st[..]).into();
         st[..32].copy_from_slice(&h);
@@ -532,9 +544,41 @@ fn vmk_key(vmk: &Vmk, secret: Option<&[u8]>, m: &Metadata) -> Option<Zeroizing<V
 }
 
 impl Metadata {
+    /// Refuse before any secret is tried if stretching it for every VMK a
+    /// passphrase or recovery password protects is above the limit LUKS
+    /// keyslots get (a stretch counted as PBKDF2-SHA256 iterations).
+    pub fn check_cost(&self) -> Result<(), LuksError> {
+        let Some(limit) = &self.cost_limit else {
+            return Ok(());
+        };
+        let slots: Vec<SlotCost> = self
+            .vmks
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| matches!(v.protection, Protection::Passphrase | Protection::Recovery))
+            .map(|(i, _)| SlotCost {
+                slot: i as u32,
+                kdf: Kdf::Pbkdf2 {
+                    hash: HashAlg::Sha256,
+                    iterations: STRETCH_ROUNDS,
+                },
+                digest: None,
+                key_len: 32,
+                digest_len: 0,
+            })
+            .collect();
+        limit.check_foreign(
+            "BITLK VMKs protected by a passphrase (keyslot = VMK)",
+            &slots,
+        )
+    }
+
     /// The FVEK, unlocked with `secret` (a passphrase, recovery password or
     /// startup key file) or, without one, through a clear key.
     pub fn volume_key(&self, secret: Option<&[u8]>) -> Result<Zeroizing<Vec<u8>>, LuksError> {
+        if secret.is_some() {
+            self.check_cost()?;
+        }
         for vmk in &self.vmks {
             let Some(k) = vmk_key(vmk, secret, self) else {
                 continue;
@@ -719,6 +763,77 @@ fn ctime(t: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn vmk(protection: Protection) -> Vmk {
+        Vmk {
+            guid: String::new(),
+            name: None,
+            protection,
+            salt: [0; 16],
+            wrapped: None,
+            clear_key: None,
+        }
+    }
+
+    fn metadata(vmks: Vec<Vmk>) -> Metadata {
+        Metadata {
+            togo: false,
+            sector_size: 512,
+            volume_size: 0,
+            normal_state: true,
+            state: [4, 4],
+            state_size: 0,
+            eow_offsets: [0; 2],
+            kind: 0,
+            cipher_mode: "xts-plain64",
+            key_bits: 256,
+            guid: String::new(),
+            creation_time: 0,
+            description: String::new(),
+            version: 2,
+            metadata_offset: [0; 3],
+            volume_header_offset: 0,
+            volume_header_size: 0,
+            fve_sha256: [0; 32],
+            validation: Wrapped::default(),
+            vmks,
+            fvek: Wrapped::default(),
+            cost_limit: Some(CostLimit::default()),
+        }
+    }
+
+    /// Hundreds of passphrase VMKs (a million SHA-256 rounds each) are
+    /// refused before the first stretch, naming the cost and the flag;
+    /// the usual two pass, and `--no-kdf-limit` lifts the limit.
+    #[test]
+    fn many_passphrase_vmks_are_refused_before_stretching() {
+        let many = metadata((0..600).map(|_| vmk(Protection::Passphrase)).collect());
+        let t = std::time::Instant::now();
+        let e = many
+            .volume_key(Some(b"pw"))
+            .expect_err("600 stretches tried");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            t.elapsed()
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("BITLK") && text.contains("1048576") && text.contains("--no-kdf-limit"),
+            "{text}"
+        );
+        let usual = metadata(vec![vmk(Protection::Passphrase), vmk(Protection::Recovery)]);
+        usual.check_cost().unwrap();
+        let lifted = Metadata {
+            cost_limit: None,
+            ..many
+        };
+        lifted.check_cost().unwrap();
+        // Keys that are not stretched cost nothing.
+        metadata((0..600).map(|_| vmk(Protection::StartupKey)).collect())
+            .check_cost()
+            .unwrap();
+    }
 
     #[test]
     fn ctime_as_libc_in_utc() {

@@ -145,13 +145,21 @@ fn bitmap_block(disk: &Disk, at: u64) -> Result<(Bitmap, u64, u64), String> {
     let size = u64::from(le32(&head, 12));
     let rec = [le32(&head, 44) as usize, le32(&head, 48) as usize];
     let rec_size = le32(&head, 52) as usize;
-    if &head[..10] != BITMAP_MAGIC
-        || usize::from(le16(&head, 10)) != BITMAP_HEAD
+    if &head[..10] != BITMAP_MAGIC || usize::from(le16(&head, 10)) != BITMAP_HEAD {
+        return Err(format!("no valid FVE-EOWBM block at byte {at}"));
+    }
+    // Both records must hold at least their own header and fit in the
+    // block: the sizes are on disk, under a CRC anyone can compute.
+    if rec_size < RECORD_HEAD
         || rec
             .iter()
-            .any(|&r| r < BITMAP_HEAD || r + rec_size > size as usize)
+            .any(|&r| r < BITMAP_HEAD || r.saturating_add(rec_size) > size as usize)
     {
-        return Err(format!("no valid FVE-EOWBM block at byte {at}"));
+        return Err(format!(
+            "the FVE-EOWBM block at byte {at} places its records out of its bounds \
+             (records at {} and {}, {rec_size} bytes each, block {size} bytes)",
+            rec[0], rec[1]
+        ));
     }
     let mut b = read(disk, at, size, "the FVE-EOWBM block")?;
     if !crc_holds(&mut b[..rec[0]], 56) {
@@ -173,6 +181,9 @@ fn bitmap_block(disk: &Disk, at: u64) -> Result<(Bitmap, u64, u64), String> {
 
 /// One `FVE-EOWBR` record: its sequence number and bits, if it is whole.
 fn record(r: &mut [u8]) -> Option<(u64, Bitmap)> {
+    if r.len() < RECORD_HEAD {
+        return None;
+    }
     let size = le32(r, 12) as usize;
     if &r[..10] != RECORD_MAGIC
         || usize::from(le16(r, 10)) != RECORD_HEAD
@@ -394,6 +405,40 @@ mod tests {
             100,
         );
         assert_eq!(r, vec![(8, 17)]);
+    }
+
+    /// A bitmap block whose records are shorter than a record header
+    /// (its CRC made to match) is refused with an error, not a panic on
+    /// the record's magic.
+    #[test]
+    fn a_bitmap_with_records_shorter_than_their_header_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("eowbm");
+        for rec_size in [0u32, 4, 9, 12, (RECORD_HEAD - 1) as u32] {
+            let mut b = vec![0u8; 4096];
+            b[..10].copy_from_slice(BITMAP_MAGIC);
+            b[10..12].copy_from_slice(&(BITMAP_HEAD as u16).to_le_bytes());
+            b[12..16].copy_from_slice(&4096u32.to_le_bytes());
+            b[44..48].copy_from_slice(&(BITMAP_HEAD as u32).to_le_bytes());
+            b[48..52].copy_from_slice(&200u32.to_le_bytes());
+            b[52..56].copy_from_slice(&rec_size.to_le_bytes());
+            let crc = crc32(&b[..BITMAP_HEAD]);
+            b[56..60].copy_from_slice(&crc.to_le_bytes());
+            std::fs::write(&p, &b).unwrap();
+            let disk = Disk::open(&p, false).unwrap();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                bitmap_block(&disk, 0).map(|_| ())
+            }));
+            let e = r
+                .unwrap_or_else(|_| panic!("rec_size {rec_size} panicked"))
+                .unwrap_err();
+            assert!(
+                e.contains("out of its bounds") && e.contains("FVE-EOWBM"),
+                "{e}"
+            );
+        }
+        // A short slice handed to `record` directly is no record either.
+        assert!(record(&mut [0u8; 9]).is_none());
     }
 
     #[test]

@@ -16,8 +16,11 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
+use crate::luks::cost::{CostLimit, SlotCost};
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
+use crate::luks::hash::HashAlg;
+use crate::luks::kdf::Kdf;
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
@@ -38,6 +41,10 @@ pub struct Metadata {
     pub log_vol_off: u64,
     pub log_vol_size: u64,
     pub pbkdf2_iters: u32,
+    /// The KDF cost udm accepts before trying a passphrase (`None`: the
+    /// user's `--no-kdf-limit`); the iteration count is the header's, up
+    /// to 2^32-1 (hours per attempt).
+    pub cost_limit: Option<CostLimit>,
     pub pbkdf2_salt: [u8; 16],
     wrapped_kek: [u8; 24],
     wrapped_vk: [u8; 24],
@@ -305,6 +312,7 @@ pub fn read(disk: &Disk) -> Result<Metadata, LuksError> {
             .ok_or_else(|| invalid("logical volume offset"))?,
         log_vol_size: size,
         pbkdf2_iters: keys.iters,
+        cost_limit: Some(CostLimit::default()),
         pbkdf2_salt: keys.salt,
         wrapped_kek: keys.kek,
         wrapped_vk: keys.vk,
@@ -351,8 +359,28 @@ impl std::fmt::Debug for Metadata {
 }
 
 impl Metadata {
+    /// Refuse before any passphrase is tried if the header's PBKDF2
+    /// iterations are above the limit LUKS keyslots get.
+    pub fn check_cost(&self) -> Result<(), LuksError> {
+        let Some(limit) = &self.cost_limit else {
+            return Ok(());
+        };
+        let slot = SlotCost {
+            slot: 0,
+            kdf: Kdf::Pbkdf2 {
+                hash: HashAlg::Sha256,
+                iterations: self.pbkdf2_iters,
+            },
+            digest: None,
+            key_len: 16,
+            digest_len: 0,
+        };
+        limit.check_foreign("FVAULT2 passphrase key (keyslot 0)", &[slot])
+    }
+
     /// The 32-byte AES-XTS volume key from `pass`.
     pub fn volume_key(&self, pass: &[u8]) -> Result<Zeroizing<[u8; 32]>, LuksError> {
+        self.check_cost()?;
         let mut pk = Zeroizing::new([0u8; 16]);
         pbkdf2::pbkdf2_hmac::<Sha256>(pass, &self.pbkdf2_salt, self.pbkdf2_iters, &mut pk[..]);
         let kek = unwrap(&pk[..], &self.wrapped_kek).ok_or(LuksError::WrongPassphrase)?;

@@ -369,6 +369,8 @@ pub struct Params {
     /// line. Without it udm refuses as cryptsetup does, so that scripts
     /// that expect the refusal see it.
     pub map_legacy: bool,
+    /// `--no-kdf-limit`: try every KDF whatever the work a PIM asks for.
+    pub no_cost_limit: bool,
 }
 
 /// A decrypted header.
@@ -437,11 +439,52 @@ fn kdf_cost(k: &Kdf, pim: u32) -> Result<(u32, u32), LuksError> {
         });
     }
     let it = u64::from(k.pim_const) + u64::from(k.pim_mult) * u64::from(pim);
-    u32::try_from(it)
-        .ok()
-        .filter(|&n| n <= 1 << 30)
-        .map(|n| (n, 0))
-        .ok_or_else(bad)
+    u32::try_from(it).ok().map(|n| (n, 0)).ok_or_else(bad)
+}
+
+/// The KDF runs trying one passphrase on `headers` header places costs,
+/// as LUKS keyslots count (`keyslot` N: the N-th KDF tried), so one
+/// limit and one `--no-kdf-limit` cover every format.
+fn check_cost(p: &Params, headers: usize) -> Result<(), LuksError> {
+    use crate::luks::cost::{CostLimit, SlotCost};
+    use crate::luks::hash::HashAlg;
+    use crate::luks::kdf::{Argon2Kind, Kdf as LuksKdf};
+    if p.no_cost_limit {
+        return Ok(());
+    }
+    let mut slots = Vec::new();
+    for (n, k) in KDFS.iter().filter(|k| kdf_allowed(k, p)).enumerate() {
+        let (iterations, memory) = kdf_cost(k, p.pim)?;
+        let kdf = if k.hash == "argon2id" {
+            LuksKdf::Argon2 {
+                kind: Argon2Kind::Id,
+                time: iterations,
+                memory_kib: memory,
+                cpus: k.parallel,
+            }
+        } else {
+            // Hashes LUKS has no name for are counted by their output
+            // size, which is what sets PBKDF2's blocks.
+            let hash = match k.hash {
+                "sha1" => HashAlg::Sha1,
+                "ripemd160" => HashAlg::Ripemd160,
+                "sha512" | "stribog512" => HashAlg::Sha512,
+                "whirlpool" => HashAlg::Whirlpool,
+                _ => HashAlg::Sha256,
+            };
+            LuksKdf::Pbkdf2 { hash, iterations }
+        };
+        for _ in 0..headers {
+            slots.push(SlotCost {
+                slot: n as u32,
+                kdf,
+                digest: None,
+                key_len: HDR_KEY_LEN,
+                digest_len: 0,
+            });
+        }
+    }
+    CostLimit::default().check_foreign("TCRYPT header KDFs (keyslot N: the N-th KDF tried)", &slots)
 }
 
 fn derive(
@@ -766,6 +809,7 @@ pub fn load(disk: &Disk, pass: &[u8], p: &Params) -> Result<Header, LuksError> {
     } else {
         &[0]
     };
+    check_cost(p, offsets.len())?;
     let mut last = LuksError::WrongPassphrase;
     for &off in offsets {
         // A device too small for one place may still hold the other.
@@ -964,6 +1008,29 @@ mod tests {
         assert_eq!(kdf_cost(sha512, 0).unwrap(), (500_000, 0));
         assert_eq!(kdf_cost(sha512, 1234).unwrap(), (15000 + 1_234_000, 0));
         assert!(kdf_cost(sha512, u32::MAX).is_err());
+        // One limit with LUKS: a PIM whose KDF work is above it is refused
+        // naming the cost and the flag, unless the flag is given.
+        let p = Params {
+            veracrypt: true,
+            pim: 2_000_000,
+            ..Params::default()
+        };
+        let e = check_cost(&p, 1).unwrap_err().to_string();
+        assert!(e.contains("TCRYPT") && e.contains("--no-kdf-limit"), "{e}");
+        check_cost(
+            &Params {
+                no_cost_limit: true,
+                ..p.clone()
+            },
+            1,
+        )
+        .unwrap();
+        let usual = Params {
+            veracrypt: true,
+            legacy: true,
+            ..Params::default()
+        };
+        check_cost(&usual, 2).unwrap();
         let argon = &KDFS[9];
         assert_eq!(kdf_cost(argon, 8).unwrap(), (5, 1024 * (64 + 7 * 32)));
         assert_eq!(kdf_cost(argon, 33).unwrap(), (15, 1024 * 1024));

@@ -221,12 +221,15 @@ impl Integrity {
     /// of the sectors from `grown` on, which a device that grew added (the
     /// kernel sets their bits at resume).
     fn recover_bitmap(&self, grown: Option<u64>) -> DevResult<()> {
+        // Only a bitmap of the bit size this line computes is read: that
+        // one fits the journal area; the superblock's own value may be
+        // anything (a corrupt one is a shift past 63 bits).
         let sb_l2 = self.lock().sb.log2_blocks_per_bitmap_bit;
-        let mut b = Bitmap::new(&self.g, sb_l2, None);
-        let at = self.g.journal_sector(0, 0) * 512;
-        self.meta.read(at, b.bytes_mut())?;
         let end = self.g.provided_data_sectors;
         let ranges = if sb_l2 == self.wanted_log2_bpb() {
+            let mut b = Bitmap::new(&self.g, sb_l2, None);
+            let at = self.g.journal_sector(0, 0) * 512;
+            self.meta.read(at, b.bytes_mut())?;
             let mut r = b.dirty();
             if let Some(old) = grown {
                 r.push((old, end));

@@ -290,28 +290,52 @@ pub fn plan(g: &Geometry, journal: &[u8], journal_mode: bool) -> Plan {
 /// [`plan`] with the commit ID bases `ids`.
 pub fn plan_in(g: &Geometry, ids: &Ids, journal: &[u8], journal_mode: bool) -> Plan {
     let ss = (g.section_sectors * 512) as usize;
+    let got: Result<Plan, std::convert::Infallible> = plan_by_section(g, ids, journal_mode, |i| {
+        Ok(&journal[i as usize * ss..(i as usize + 1) * ss])
+    });
+    match got {
+        Ok(p) => p,
+        Err(e) => match e {},
+    }
+}
+
+/// [`plan_in`] reading one section at a time through `section(i)`, so
+/// that a journal is never held whole: each section is read once, and
+/// what the ring walk needs of it is kept in one byte (the sequence
+/// numbers every one of its sectors carries) and one flag (entries).
+pub fn plan_by_section<S: AsRef<[u8]>, E>(
+    g: &Geometry,
+    ids: &Ids,
+    journal_mode: bool,
+    mut section: impl FnMut(u64) -> Result<S, E>,
+) -> Result<Plan, E> {
     let n = g.journal_sections;
-    let section = |i: u64| &journal[i as usize * ss..(i as usize + 1) * ss];
     let mut used = [false; N_COMMIT_IDS as usize];
     let mut max_section = [0u64; N_COMMIT_IDS as usize];
     let mut empty = true;
+    // Bit k of `uniform[i]`: every sector of section i carries sequence k.
+    let mut uniform: Vec<u8> = Vec::with_capacity(n.min(1 << 20) as usize);
     for i in 0..n {
-        let s = section(i);
+        let buf = section(i)?;
+        let s = buf.as_ref();
+        let mut all = (1u8 << N_COMMIT_IDS) - 1;
         for j in 0..g.section_sectors {
             let id = stored_id(s, j);
             let Some(k) = (0..N_COMMIT_IDS).find(|&k| commit_id_in(ids, i, j, k) == id) else {
-                return cleared(n, 0, 0);
+                return Ok(cleared(n, 0, 0));
             };
             used[k as usize] = true;
             max_section[k as usize] = i;
+            all &= 1 << k;
         }
+        uniform.push(all);
         if empty && !entries(g, s).is_empty() {
             empty = false;
         }
     }
     let unused = first_unused(&used);
     let Some(unused) = unused else {
-        return cleared(n, 0, 0);
+        return Ok(cleared(n, 0, 0));
     };
     let last_used = prev_seq(unused);
     let mut want = prev_seq(last_used);
@@ -325,12 +349,9 @@ pub fn plan_in(g: &Geometry, ids: &Ids, journal: &[u8], journal_mode: bool) -> P
     }
     let mut i = start;
     let mut good = Vec::new();
-    'ring: while (good.len() as u64) < n {
-        let s = section(i);
-        for j in 0..g.section_sectors {
-            if stored_id(s, j) != commit_id_in(ids, i, j, want) {
-                break 'ring;
-            }
+    while (good.len() as u64) < n {
+        if uniform[i as usize] & (1 << want) == 0 {
+            break;
         }
         good.push(i);
         i += 1;
@@ -341,16 +362,16 @@ pub fn plan_in(g: &Geometry, ids: &Ids, journal: &[u8], journal_mode: bool) -> P
     }
     let replay = if empty { Vec::new() } else { good.clone() };
     if good.len() as u64 == n && (journal_mode || empty) {
-        return Plan {
+        return Ok(Plan {
             replay,
             next_section: start,
             seq: want,
             clear_with: None,
-        };
+        });
     }
     let mut p = cleared(n, last_used, start);
     p.replay = replay;
-    p
+    Ok(p)
 }
 
 /// The kernel's choice of the first unused sequence number.

@@ -381,6 +381,31 @@ pub fn journal_sectors_of(sb: &Superblock) -> u64 {
     g.section_sectors * u64::from(sb.journal_sections)
 }
 
+/// Refuses a journal larger than half of `ram_bytes` (the machine's memory
+/// when `None` is given): the kernel refuses one of more pages than the
+/// machine has ("journal doesn't fit into memory"), and udm keeps J
+/// mode's journal in memory, plus, with a stream cipher in
+/// `journal_crypt`, a keystream as long. Replay reads one section at a
+/// time whatever the size.
+pub fn journal_fits_memory(g: &Geometry, ram_bytes: Option<u64>) -> Result<(), String> {
+    let ram = ram_bytes
+        .or_else(crate::mem::total_ram_bytes)
+        .unwrap_or(4 << 30);
+    let bytes = g
+        .section_sectors
+        .checked_mul(g.journal_sections)
+        .and_then(|s| s.checked_mul(512));
+    match bytes {
+        Some(b) if b <= ram / 2 => Ok(()),
+        _ => Err(format!(
+            "integrity: journal doesn't fit into memory: {} sections of {} sectors are more \
+             than half of the {ram} bytes of memory (a corrupt superblock, or format the \
+             device with a smaller --journal-size)",
+            g.journal_sections, g.section_sectors
+        )),
+    }
+}
+
 /// log2 of the table's `buffer_sectors` as the kernel's constructor
 /// takes it (0 counts as 1, at most 2^22).
 pub fn log2_buffer_of(buffer_sectors: Option<u32>) -> u32 {
@@ -428,6 +453,21 @@ mod tests {
             flags: flags::FIXED_PADDING,
             ..Superblock::default()
         }
+    }
+
+    #[test]
+    fn a_journal_over_half_of_memory_is_refused_before_any_buffer() {
+        let mut g = Geometry::sections(0, 1 << 40, 4, 0, false);
+        g.journal_sections = 1_000_000;
+        let bytes = g.section_sectors * 1_000_000 * 512;
+        assert!(journal_fits_memory(&g, Some(2 * bytes)).is_ok());
+        let e = journal_fits_memory(&g, Some(2 * bytes - 1)).unwrap_err();
+        assert!(e.contains("journal doesn't fit into memory"), "{e}");
+        g.journal_sections = u64::MAX;
+        assert!(
+            journal_fits_memory(&g, Some(u64::MAX)).is_err(),
+            "no overflow"
+        );
     }
 
     #[test]

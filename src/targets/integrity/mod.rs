@@ -398,6 +398,7 @@ fn open_layout(
     };
     check_superblock(&sb, p, tag_size)?;
     let g = geometry_of(p, &sb, meta_sectors, data_sectors)?;
+    layout::journal_fits_memory(&g, None).map_err(|e| sb_err(p, format!("{}: {e}", sb_dev(p))))?;
     if len > g.provided_data_sectors * 512 {
         return Err(TargetError::line(format!(
             "not enough provided sectors for the mapping: {} has {}, the segment {}",
@@ -491,20 +492,15 @@ impl Integrity {
     /// does not write the same entries again over newer changes).
     fn replay(&self) -> DevResult<(u64, u8, bool)> {
         let g = &self.g;
-        let mut j = vec![0u8; (g.journal_sections * g.section_sectors * 512) as usize];
-        self.meta.read(g.journal_sector(0, 0) * 512, &mut j)?;
-        let ss = (g.section_sectors * 512) as usize;
         let ids = self.seal.as_ref().map_or(&journal::KERNEL_IDS, |s| s.ids());
-        if let Some(s) = &self.seal {
-            for (i, sec) in j.chunks_mut(ss).enumerate() {
-                s.unseal(i as u64, sec);
-            }
-        }
-        let plan = journal::plan_in(g, ids, &j, self.p.mode == Mode::Journal);
-        self.check_macs(&plan, &j)?;
+        let plan = journal::plan_by_section(g, ids, self.p.mode == Mode::Journal, |i| {
+            self.read_section(i)
+        })?;
+        self.check_macs(&plan)?;
         let mut replayed = 0;
         for &i in &plan.replay {
-            for e in journal::entries(g, &j[i as usize * ss..(i as usize + 1) * ss]) {
+            let sec = self.read_section(i)?;
+            for e in journal::entries(g, &sec) {
                 if e.sector >= g.provided_data_sectors || e.sector % g.sectors_per_block() != 0 {
                     tracing::warn!(
                         "integrity {}: journal entry for invalid sector {} skipped",
@@ -543,6 +539,18 @@ impl Integrity {
         Ok((plan.next_section, plan.seq, replayed > 0))
     }
 
+    /// Journal section `i` as written, unsealed: replay holds one section
+    /// at a time, never the whole journal.
+    fn read_section(&self, i: u64) -> DevResult<Vec<u8>> {
+        let g = &self.g;
+        let mut sec = vec![0u8; (g.section_sectors * 512) as usize];
+        self.meta.read(g.journal_sector(i, 0) * 512, &mut sec)?;
+        if let Some(s) = &self.seal {
+            s.unseal(i, &mut sec);
+        }
+        Ok(sec)
+    }
+
     /// The journal rewritten empty, every section with sequence number
     /// `seq`, sealed with `journal_crypt`/`journal_mac`.
     fn write_empty_journal(&self, seq: u8) -> DevResult<()> {
@@ -555,21 +563,20 @@ impl Integrity {
     /// `journal_mac`: the sections to replay must carry their MACs (the
     /// kernel's check), and so must every section of a clean journal, so
     /// a wrong key is refused even with nothing to replay.
-    fn check_macs(&self, plan: &journal::Plan, j: &[u8]) -> DevResult<()> {
+    fn check_macs(&self, plan: &journal::Plan) -> DevResult<()> {
         let Some(s) = &self.seal else {
             return Ok(());
         };
         let g = &self.g;
-        let ss = (g.section_sectors * 512) as usize;
-        let all: Vec<u64> = (0..g.journal_sections).collect();
-        let check = if plan.replay.is_empty() && plan.clear_with.is_none() {
-            &all
+        let clean = plan.replay.is_empty() && plan.clear_with.is_none();
+        let check: Box<dyn Iterator<Item = u64>> = if clean {
+            Box::new(0..g.journal_sections)
         } else {
-            &plan.replay
+            Box::new(plan.replay.iter().copied())
         };
-        for &i in check {
-            let sec = &j[i as usize * ss..(i as usize + 1) * ss];
-            if !s.mac_ok(g, i, sec) {
+        for i in check {
+            let sec = self.read_section(i)?;
+            if !s.mac_ok(g, i, &sec) {
                 return Err(DevError::Target(format!(
                     "journal_mac: the MAC of journal section {i} does not match: wrong \
                      journal_mac key or algorithm, wrong journal_crypt key, or a damaged journal"
@@ -587,6 +594,7 @@ impl Integrity {
             commit_time_ms: o.commit_time.unwrap_or(writeback::DEFAULT_COMMIT_TIME_MS),
             seal: self.seal.clone(),
             replayed,
+            fault: self.options.fault.clone(),
         };
         let devs = (self.dev.clone(), self.meta.clone());
         writeback::Writeback::start(devs, self.g.clone(), next, seq, cfg)

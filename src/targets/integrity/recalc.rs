@@ -145,7 +145,7 @@ impl Integrity {
         }
         let weak: Weak<Integrity> = Arc::downgrade(this);
         let name = format!("integrity-recalc {}", this.p.dev);
-        let spawned = std::thread::Builder::new().name(name).spawn(move || loop {
+        let spawned = this.options.spawn_job(name, move || loop {
             let Some(t) = weak.upgrade() else { return };
             match t.recalc_step() {
                 Ok(true) => {}

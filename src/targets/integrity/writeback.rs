@@ -276,6 +276,8 @@ pub struct Config {
     pub seal: Option<Arc<Seal>>,
     /// Replay at open placed entries: the journal is emptied at close.
     pub replayed: bool,
+    /// The device the writer thread fails when it panics (`core::fault`).
+    pub fault: Option<Arc<crate::core::Fault>>,
 }
 
 impl Writeback {
@@ -338,9 +340,10 @@ impl Writeback {
             place_lock: Mutex::new(()),
         });
         let w = sh.clone();
-        let thread = std::thread::Builder::new()
-            .name("udm-integrity".into())
-            .spawn(move || w.run())
+        let thread =
+            crate::core::fault::spawn_job("udm-integrity".into(), cfg.fault.clone(), move || {
+                w.run()
+            })
             .map_err(DevError::Io)?;
         Ok(Writeback {
             sh,

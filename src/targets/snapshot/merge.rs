@@ -22,7 +22,7 @@ const DELAY_ENV: &str = "UDM_SNAPSHOT_MERGE_DELAY_MS";
 /// Start the merge thread on `snap` unless one runs; `Snap::merge_paused`
 /// holds it while the device is suspended (the kernel stops merging on
 /// suspend).
-pub fn start(snap: &Arc<Snap>) -> Result<(), String> {
+pub fn start(snap: &Arc<Snap>, options: &crate::targets::TargetOptions) -> Result<(), String> {
     if snap.merging.swap(true, Ordering::AcqRel) {
         return Ok(());
     }
@@ -31,9 +31,8 @@ pub fn start(snap: &Arc<Snap>) -> Result<(), String> {
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_millis);
     let weak = Arc::downgrade(snap);
-    std::thread::Builder::new()
-        .name("udm-snap-merge".into())
-        .spawn(move || run(weak, delay))
+    options
+        .spawn_job("udm-snap-merge".into(), move || run(weak, delay))
         .map(|_| ())
         .map_err(|e| format!("cannot start the snapshot merge thread: {e}"))
 }

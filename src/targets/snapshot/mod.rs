@@ -199,7 +199,7 @@ pub fn new_snapshot(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetErro
 pub fn new_merge(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     let t = build(&mut a, true)?;
     if !unopened(t.snap.cow.as_ref()) {
-        merge::start(&t.snap).map_err(TargetError::line)?;
+        merge::start(&t.snap, a.options).map_err(TargetError::line)?;
     }
     Ok(Arc::new(t))
 }

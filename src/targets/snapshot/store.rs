@@ -11,6 +11,13 @@
 //! pairs followed by as many data chunks as it has pairs. The first pair
 //! whose `new_chunk` is 0 ends the list; when an area fills up, the next
 //! one is zeroed before the full one is written, so the list always ends.
+//!
+//! Every boundary follows the kernel: area `i` is chunk
+//! `1 + i * (pairs + 1)`; a new chunk that lands on an area's chunk moves
+//! one on (`skip_metadata`), both when it is handed out and when a reopen
+//! computes the first free chunk from the largest one recorded; a reopen
+//! walks the areas while they are full, so an area exactly full is
+//! followed by its zeroed successor, which becomes the current one.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -65,6 +72,17 @@ pub struct Store {
     next_free: u64,
 }
 
+/// A zeroed buffer of one chunk, refused rather than aborting when the
+/// memory is not there (a header may name chunks of up to 1 GiB).
+fn zeroed(bytes: u64) -> Result<Vec<u8>, String> {
+    let n = usize::try_from(bytes).map_err(|_| format!("a {bytes}-byte chunk is too large"))?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| format!("cannot allocate a {bytes}-byte chunk buffer: out of memory"))?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
 fn le32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
@@ -102,6 +120,13 @@ impl Store {
     }
 
     fn open_persistent(&mut self) -> Result<Opened, String> {
+        if self.cow.size() < 512 {
+            return Err(format!(
+                "the COW device ({} bytes) is too small for a snapshot header: give it at \
+                 least two chunks",
+                self.cow.size()
+            ));
+        }
         let mut hdr = vec![0u8; 512];
         self.cow
             .read(0, &mut hdr)
@@ -132,11 +157,24 @@ impl Store {
                 "unable to handle snapshot disk version {version} (udm knows version {VERSION})"
             ));
         }
+        let valid = le32(&hdr, 4);
+        if valid > 1 {
+            return Err(format!(
+                "the snapshot header's valid flag is {valid}, not 0 or 1: the header is corrupt"
+            ));
+        }
         let disk_chunk = u64::from(le32(&hdr, 12));
         if !disk_chunk.is_power_of_two() || disk_chunk > (i32::MAX as u64) >> 9 {
             return Err(format!(
                 "the snapshot header's chunk size {disk_chunk} is not a power of two of at most \
                  4194303 sectors: the header is corrupt"
+            ));
+        }
+        let lbs = u64::from(self.cow.limits().logical_block_size.max(512)) / 512;
+        if disk_chunk % lbs != 0 {
+            return Err(format!(
+                "the snapshot header's chunk size {disk_chunk} is not a multiple of the COW \
+                 device's block size ({lbs} sectors): the header is corrupt"
             ));
         }
         if disk_chunk * 512 != self.chunk {
@@ -147,7 +185,7 @@ impl Store {
             );
         }
         self.set_chunk(disk_chunk * 512)?;
-        if le32(&hdr, 4) == 0 {
+        if valid == 0 {
             return Ok(Opened::Invalid);
         }
         self.read_areas()
@@ -166,8 +204,25 @@ impl Store {
         }
         self.chunk = bytes;
         self.per_area = bytes / PAIR;
-        self.area = vec![0; bytes as usize];
+        self.area = zeroed(bytes).map_err(|e| format!("snapshot metadata area: {e}"))?;
         Ok(())
+    }
+
+    /// Chunks of the COW device (a partial last chunk is unused).
+    fn size_chunks(&self) -> u64 {
+        self.cow.size() / self.chunk
+    }
+
+    /// Whether chunk `c` is the header or a metadata area.
+    fn is_metadata(&self, c: u64) -> bool {
+        c == 0 || c % (self.per_area + 1) == 1
+    }
+
+    /// The kernel's `skip_metadata`: a free chunk never is a metadata area.
+    fn skip_metadata(&mut self) {
+        if self.next_free % (self.per_area + 1) == 1 {
+            self.next_free += 1;
+        }
     }
 
     /// Header, then a zeroed first area (the header goes first as in the
@@ -180,7 +235,7 @@ impl Store {
     }
 
     fn write_header(&self, valid: bool) -> DevResult<()> {
-        let mut h = vec![0u8; self.chunk as usize];
+        let mut h = zeroed(self.chunk).map_err(DevError::Target)?;
         h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         h[4..8].copy_from_slice(&u32::from(valid).to_le_bytes());
         h[8..12].copy_from_slice(&VERSION.to_le_bytes());
@@ -207,7 +262,18 @@ impl Store {
             .write(self.area_offset(i), WriteBuf::Borrowed(&self.area), true)
     }
 
+    /// The kernel's `read_exceptions`: areas in order while they are full,
+    /// then the first free chunk past the largest one recorded, moved off
+    /// a metadata area (without that, the chunk after an exactly full
+    /// area would be handed out as data while it is the next area).
     fn read_areas(&mut self) -> DevResult<()> {
+        self.walk_areas()?;
+        self.check_distinct_chunks()?;
+        self.skip_metadata();
+        Ok(())
+    }
+
+    fn walk_areas(&mut self) -> DevResult<()> {
         self.current_area = 0;
         loop {
             let at = self.area_offset(self.current_area);
@@ -228,27 +294,62 @@ impl Store {
     }
 
     /// Take the pairs of the in-memory area; false at the terminator. A
-    /// pair pointing outside the COW device or the origin's chunk range
-    /// is corrupt metadata, refused rather than followed.
+    /// pair pointing outside the COW device or the origin's chunk range,
+    /// at the header or a metadata area, or at an origin chunk another
+    /// pair already names, is corrupt metadata, refused rather than
+    /// followed.
     fn insert_area(&mut self) -> DevResult<bool> {
-        let chunks = self.cow.size() / self.chunk;
+        let chunks = self.size_chunks();
         for i in 0..self.per_area {
             let (old, new) = self.pair(i);
             if new == 0 {
                 self.committed = i;
                 return Ok(false);
             }
-            if new >= chunks || old > u64::MAX / self.chunk {
-                return Err(DevError::Target(format!(
-                    "exception {i} of metadata area {} ({old} -> {new}) points outside \
-                     the devices: the snapshot's metadata is corrupt",
+            let corrupt = |why: &str| {
+                DevError::Target(format!(
+                    "exception {i} of metadata area {} ({old} -> {new}) {why}: the snapshot's \
+                     metadata is corrupt (remove the snapshot and zero its COW device's first \
+                     chunk to start again)",
                     self.current_area
-                )));
+                ))
+            };
+            if new >= chunks || old > u64::MAX / self.chunk {
+                return Err(corrupt("points outside the devices"));
+            }
+            if self.is_metadata(new) {
+                return Err(corrupt("points at a metadata chunk"));
+            }
+            if self.map.insert(old, new).is_some() {
+                return Err(corrupt("names an origin chunk an earlier exception names"));
             }
             self.next_free = self.next_free.max(new + 1);
-            self.map.insert(old, new);
         }
         Ok(true)
+    }
+
+    /// No two exceptions share a COW chunk (the data of one would be the
+    /// other's). Checked once the areas are read, by sorting a copy of
+    /// the chunks, whose length is bounded by the COW device's chunks.
+    fn check_distinct_chunks(&self) -> DevResult<()> {
+        let mut news: Vec<u64> = Vec::new();
+        news.try_reserve_exact(self.map.len()).map_err(|_| {
+            DevError::Target(format!(
+                "cannot check the {} exceptions of the snapshot: out of memory",
+                self.map.len()
+            ))
+        })?;
+        news.extend(self.map.values().copied());
+        news.sort_unstable();
+        if let Some(w) = news.windows(2).find(|w| w[0] == w[1]) {
+            return Err(DevError::Target(format!(
+                "two exceptions of the snapshot share COW chunk {}: the snapshot's metadata is \
+                 corrupt (remove the snapshot and zero its COW device's first chunk to start \
+                 again)",
+                w[0]
+            )));
+        }
+        Ok(())
     }
 
     fn pair(&self, i: u64) -> (u64, u64) {
@@ -287,7 +388,7 @@ impl Store {
     /// A chunk of the COW device for a new exception (the kernel's
     /// `prepare_exception`).
     pub fn allocate(&mut self) -> Result<u64, Full> {
-        let size_chunks = self.cow.size() / self.chunk;
+        let size_chunks = self.size_chunks();
         match self.kind {
             Kind::Transient => {
                 if self.next_free + 1 > size_chunks {
@@ -302,9 +403,7 @@ impl Store {
                 }
                 let new = self.next_free;
                 self.next_free += 1;
-                if self.next_free % (self.per_area + 1) == 1 {
-                    self.next_free += 1;
-                }
+                self.skip_metadata();
                 Ok(new)
             }
         }
@@ -312,14 +411,24 @@ impl Store {
 
     /// Record `old -> new` once the chunk's data is on the COW device: the
     /// data is flushed, then the area written (FUA), as the kernel's
-    /// `commit_exception` does. A full area first gets its successor zeroed.
+    /// `commit_exception` does. A full area first gets its successor zeroed;
+    /// a successor past the end of the COW device fails the commit (the
+    /// kernel's write there fails and invalidates the snapshot), checked
+    /// here rather than left to a device that might grow instead.
     pub fn commit(&mut self, old: u64, new: u64) -> DevResult<()> {
         if self.kind == Kind::Persistent {
+            let full = self.committed + 1 == self.per_area;
+            let next = Self::area_location(self.per_area, self.current_area + 1);
+            if full && next >= self.size_chunks() {
+                return Err(DevError::Target(format!(
+                    "the COW device is full: metadata area {} (chunk {next}) lies past its end",
+                    self.current_area + 1
+                )));
+            }
             self.set_pair(self.committed, old, new);
             self.committed += 1;
-            let full = self.committed == self.per_area;
             if full {
-                let zero = vec![0u8; self.chunk as usize];
+                let zero = zeroed(self.chunk).map_err(DevError::Target)?;
                 self.cow.write(
                     self.area_offset(self.current_area + 1),
                     WriteBuf::Borrowed(&zero),
@@ -490,6 +599,159 @@ mod tests {
         c.write(4096, WriteBuf::Borrowed(&pair), false).unwrap();
         let e = Store::open(c, Kind::Persistent, 8).err().unwrap();
         assert!(e.contains("corrupt"), "{e}");
+    }
+
+    /// Finding 5 of issue 44: the first area exactly full, then a reopen.
+    /// The kernel's reload walks to the (zeroed) second area and skips
+    /// its chunk when handing out the next one.
+    #[test]
+    fn a_reopen_after_an_exactly_full_area_skips_the_next_area() {
+        let c = cow(2 << 20);
+        let (mut s, _) = Store::open(c.clone(), Kind::Persistent, 8).unwrap();
+        for old in 0..256 {
+            let n = s.allocate().unwrap();
+            s.commit(old, n).unwrap();
+        }
+        assert_eq!(s.usage(), (259 * 8, 4096, 3 * 8));
+        let (mut r, _) = Store::open(c.clone(), Kind::Persistent, 8).unwrap();
+        assert_eq!(r.usage(), s.usage(), "a reopen agrees with the live store");
+        let n = r.allocate().unwrap();
+        assert_eq!(n, 259, "chunk 258 is the second metadata area");
+        r.commit(300, n).unwrap();
+        let (r2, _) = Store::open(c, Kind::Persistent, 8).unwrap();
+        assert_eq!((r2.len(), r2.lookup(300)), (257, Some(259)));
+    }
+
+    /// The kernel's layout, computed from dm-snap-persistent.c's rules
+    /// alone: exception `j` committed in order is pair `j % pairs` of area
+    /// `j / pairs`, its data in the `j`-th chunk that is neither the
+    /// header nor an area; the area after the last full one is zeroed.
+    fn kernel_metadata(chunk: u64, n: u64) -> Vec<(u64, Vec<u8>)> {
+        let pairs = chunk / 16;
+        let stride = pairs + 1;
+        let mut hdr = vec![0u8; chunk as usize];
+        hdr[..4].copy_from_slice(b"SnAp");
+        hdr[4..8].copy_from_slice(&1u32.to_le_bytes());
+        hdr[8..12].copy_from_slice(&1u32.to_le_bytes());
+        hdr[12..16].copy_from_slice(&((chunk / 512) as u32).to_le_bytes());
+        let mut out = vec![(0, hdr)];
+        for a in 0..=n / pairs {
+            let mut area = vec![0u8; chunk as usize];
+            for i in 0..pairs.min(n - a * pairs) {
+                let j = a * pairs + i;
+                let new = 1 + a * stride + 1 + i;
+                area[(16 * i) as usize..][..8].copy_from_slice(&(j * 7).to_le_bytes());
+                area[(16 * i + 8) as usize..][..8].copy_from_slice(&new.to_le_bytes());
+            }
+            out.push((1 + a * stride, area));
+        }
+        out
+    }
+
+    /// Every boundary of the layout, with a close and reopen before each
+    /// exception at and around an area's end: the metadata chunks equal
+    /// the kernel's byte for byte, and the usage a reopen reports equals
+    /// the live store's.
+    #[test]
+    fn the_layout_is_the_kernels_at_every_area_boundary_across_reopens() {
+        for sectors in [1u64, 8] {
+            let chunk = sectors * 512;
+            let pairs = chunk / 16;
+            let total = 3 * pairs + 2;
+            let c = cow((4 * (pairs + 1) + 2) * chunk);
+            let (mut s, _) = Store::open(c.clone(), Kind::Persistent, sectors).unwrap();
+            for j in 0..total {
+                let at = j % pairs;
+                if at == 0 || at == 1 || at == pairs - 1 {
+                    let live = s.usage();
+                    s = Store::open(c.clone(), Kind::Persistent, sectors).unwrap().0;
+                    assert_eq!(
+                        s.usage(),
+                        live,
+                        "chunk {chunk}: reopen before exception {j}"
+                    );
+                    assert_eq!(s.len() as u64, j);
+                }
+                let new = s.allocate().unwrap();
+                s.commit(j * 7, new).unwrap();
+            }
+            let s = Store::open(c.clone(), Kind::Persistent, sectors).unwrap().0;
+            assert_eq!(s.len() as u64, total);
+            for (at, want) in kernel_metadata(chunk, total) {
+                let mut got = vec![0u8; chunk as usize];
+                c.read(at * chunk, &mut got).unwrap();
+                assert!(got == want, "chunk {chunk}: metadata chunk {at} differs");
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_area_whose_successor_lies_past_the_end_fails_its_commit() {
+        // 512-byte chunks: area 1 at chunk 34; a COW of 34 chunks ends
+        // just before it, so the 32nd exception cannot be committed.
+        let c = cow(34 * 512);
+        let (mut s, _) = Store::open(c.clone(), Kind::Persistent, 1).unwrap();
+        for old in 0..31 {
+            let n = s.allocate().unwrap();
+            s.commit(old, n).unwrap();
+        }
+        let n = s.allocate().unwrap();
+        assert_eq!(n, 33);
+        let e = s.commit(31, n).unwrap_err().to_string();
+        assert!(e.contains("full"), "{e}");
+        assert_eq!(c.size(), 34 * 512, "nothing written past the end");
+        let (r, _) = Store::open(c, Kind::Persistent, 1).unwrap();
+        assert_eq!(r.len(), 31);
+    }
+
+    fn refused(c: &Arc<dyn BlockDevice>, at: u64, bytes: &[u8], want: &str) {
+        c.write(at, WriteBuf::Borrowed(bytes), false).unwrap();
+        let e = Store::open(c.clone(), Kind::Persistent, 8).err().unwrap();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+
+    fn pair_bytes(old: u64, new: u64) -> [u8; 16] {
+        let mut p = [0u8; 16];
+        p[..8].copy_from_slice(&old.to_le_bytes());
+        p[8..].copy_from_slice(&new.to_le_bytes());
+        p
+    }
+
+    #[test]
+    fn hostile_headers_and_areas_are_refused_by_name() {
+        let fresh = || {
+            let c = cow(4 << 20);
+            Store::open(c.clone(), Kind::Persistent, 8).unwrap();
+            c
+        };
+        refused(&fresh(), 4, &7u32.to_le_bytes(), "valid flag is 7");
+        refused(&fresh(), 8, &2u32.to_le_bytes(), "version 2");
+        refused(&fresh(), 12, &0u32.to_le_bytes(), "chunk size 0");
+        refused(&fresh(), 12, &24u32.to_le_bytes(), "chunk size 24");
+        refused(
+            &fresh(),
+            12,
+            &(1u32 << 30).to_le_bytes(),
+            "not a power of two",
+        );
+        // A 1 GiB chunk on a 4 MiB COW: refused before any buffer.
+        refused(&fresh(), 12, &(1u32 << 21).to_le_bytes(), "cannot hold");
+        refused(&fresh(), 4096, &pair_bytes(5, 1), "metadata chunk");
+        refused(&fresh(), 4096, &pair_bytes(5, 0x1_0000_0000), "outside");
+        let mut two = pair_bytes(5, 2).to_vec();
+        two.extend_from_slice(&pair_bytes(5, 3));
+        refused(&fresh(), 4096, &two, "earlier exception");
+        let mut shared = pair_bytes(5, 2).to_vec();
+        shared.extend_from_slice(&pair_bytes(6, 2));
+        refused(&fresh(), 4096, &shared, "share COW chunk 2");
+        // A full first area whose successor is past the end.
+        let c = cow(258 * 4096);
+        Store::open(c.clone(), Kind::Persistent, 8).unwrap();
+        let area: Vec<u8> = (0..256).flat_map(|i| pair_bytes(i, 2 + i)).collect();
+        refused(&c, 4096, &area, "beyond the end");
+        let tiny: Arc<dyn BlockDevice> = cow(256);
+        let e = Store::open(tiny, Kind::Persistent, 8).err().unwrap();
+        assert!(e.contains("too small"), "{e}");
     }
 
     #[test]

@@ -364,6 +364,7 @@ impl BlockDevice for Thin {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
+        crate::core::fault::inject("thin.io");
         let bs = self.bs();
         let dd = self.core.data();
         let mut done = 0usize;

@@ -198,10 +198,12 @@ impl Metadata {
     /// order are checked as each node is read ([`Node::from_buf`]).
     ///
     /// One pass, iterative: a subtree node shared by snapshots is checked
-    /// once (marked only when everything under it is checked, so a loop is
-    /// still met on its own path and stopped by the depth bound), and
-    /// nodes are read past the cache, which they would only churn. Time
-    /// and memory follow the metadata's size: one bit per metadata block.
+    /// once, by the first device that reaches it (marked only when
+    /// everything under it is checked, so a loop is still met on its own
+    /// path and stopped by the depth bound); a node reached twice inside
+    /// one device's tree is damage. Nodes are read past the cache, which
+    /// they would only churn. Time and memory follow the metadata space
+    /// map's size (4 bytes a block, at most 255 bitmaps' worth).
     fn validate(&self, data_sm_blocks: u64) -> Result<(), String> {
         let mut subs: Vec<(u64, u64)> = Vec::new();
         btree::walk(
@@ -219,31 +221,37 @@ impl Metadata {
                 subs.len()
             ));
         }
-        let meta_blocks = self.tm.nr_blocks();
-        let words = usize::try_from(meta_blocks.div_ceil(64)).unwrap_or(usize::MAX);
-        let mut done: Vec<u64> = Vec::new();
-        done.try_reserve_exact(words).map_err(|_| {
-            format!("checking the thin metadata: {meta_blocks} blocks' marks do not fit in memory")
-        })?;
-        done.resize(words, 0);
-        let is_done = |done: &[u64], b: u64| done[(b / 64) as usize] & (1 << (b % 64)) != 0;
+        // Every node lies inside the metadata space map, which was checked
+        // against the device: its size bounds the marks.
+        let meta_blocks = self.tm.msm.len();
+        // Which device (its index in `subs`, plus 1) checked each node.
+        let mut owner = zero_counts(meta_blocks, "metadata device")?;
         // (block, level, its children already pushed)
         let mut stack: Vec<(u64, usize, bool)> = Vec::new();
-        for (dev, root) in subs {
+        for (k, (dev, root)) in subs.into_iter().enumerate() {
+            let me = u32::try_from(k + 1).map_err(|_| "too many thin devices".to_string())?;
             stack.push((root, 1, false));
             while let Some((b, depth, expanded)) = stack.pop() {
                 if b >= meta_blocks {
                     return Err(format!(
                         "thin device {dev}'s mapping btree (root block {root}) points at block \
-                         {b}, past the metadata device's {meta_blocks} blocks: run thin_check"
+                         {b}, past the metadata space map's {meta_blocks} blocks: run thin_check"
                     ));
                 }
                 if expanded {
-                    done[(b / 64) as usize] |= 1 << (b % 64);
+                    owner[b as usize] = me;
                     continue;
                 }
-                if is_done(&done, b) {
-                    continue;
+                match owner[b as usize] {
+                    0 => {}
+                    o if o == me => {
+                        return Err(format!(
+                            "thin device {dev}'s mapping btree (root block {root}) reaches block \
+                             {b} twice: a damaged node; run thin_check / thin_repair"
+                        ))
+                    }
+                    // Shared with a snapshot, and checked with it.
+                    _ => continue,
                 }
                 if depth > btree::MAX_DEPTH {
                     return Err(format!(
@@ -719,9 +727,13 @@ mod tests {
         let mut todo: Vec<u64> = devs.iter().map(|&d| m.subtree(d).unwrap()).collect();
         if m.held_root != 0 {
             let b = m.tm.read_raw(m.held_root).unwrap();
-            btree::walk(&m.tm, get64(&b[..], 320), &mut |_, v| {
-                todo.push(get64(v, 0))
-            })
+            btree::walk(
+                &m.tm,
+                get64(&b[..], 320),
+                8,
+                "held mapping tree",
+                &mut |_, v| todo.push(get64(v, 0)),
+            )
             .unwrap();
         }
         while let Some(b) = todo.pop() {

@@ -151,6 +151,10 @@ pub struct PoolCore {
     /// the kernel's read-only mode: reads of what still looks up go on,
     /// writes, discards, messages and commits fail (EIO).
     failed: Mutex<Option<String>>,
+    /// The pool device's failure state (`core::fault`), from the table
+    /// that built it: a panic in the pool's own work (a commit, the timed
+    /// commit) fails the pool device as well as its metadata.
+    fault: Mutex<Option<Arc<crate::core::Fault>>>,
     /// `needs_check` is on the disk (written by [`PoolCore::commit`] once
     /// the pool failed, or found there).
     check_flag_written: AtomicBool,
@@ -493,6 +497,12 @@ impl PoolCore {
     /// metadata transaction that maps it. Lookups go on while the
     /// transaction is written.
     pub fn commit(&self) -> DevResult<()> {
+        let run = std::panic::AssertUnwindSafe(|| self.commit_now());
+        std::panic::catch_unwind(run)
+            .unwrap_or_else(|p| Err(self.panicked("a metadata commit", &*p)))
+    }
+
+    fn commit_now(&self) -> DevResult<()> {
         let _alone = self.gate.write().unwrap_or_else(|e| e.into_inner());
         if self.failure().is_some() {
             self.write_check_flag();
@@ -502,6 +512,7 @@ impl PoolCore {
         if !self.md_read().dirty() {
             return Ok(());
         }
+        crate::core::fault::inject("thin.commit");
         let (pending, dev) = {
             let mut md = self.md_locked();
             let p = md.prepare_commit().map_err(|e| self.fail(e))?;
@@ -510,6 +521,22 @@ impl PoolCore {
         pending.write(&*dev).map_err(|e| self.fail(e))?;
         self.md_locked().finish_commit();
         Ok(())
+    }
+
+    /// A panic in the pool's own work: its metadata is no longer trusted
+    /// (read-only with `needs_check`, as for damage) and the pool device
+    /// fails; other pools and devices go on.
+    fn panicked(&self, what: &str, p: &(dyn std::any::Any + Send)) -> DevError {
+        let why = format!("{what} panicked: {}", crate::core::fault::panic_message(p));
+        if let Some(f) = self
+            .fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            f.fail(why.clone());
+        }
+        self.fail(why)
     }
 
     /// `needs_check` onto the disk, once, for a failed pool; under the
@@ -654,22 +681,37 @@ impl Drop for Cell<'_> {
 /// does, so that unflushed writes are not held in memory for long.
 fn start_timer(core: &Arc<PoolCore>) {
     let w = Arc::downgrade(core);
-    let _ = std::thread::Builder::new()
-        .name("thin-commit".into())
-        .spawn(move || loop {
-            std::thread::sleep(Duration::from_secs(1));
-            let Some(c) = w.upgrade() else { return };
-            if c.stop.load(Ordering::Relaxed) {
-                return;
+    let job = move || loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let Some(c) = w.upgrade() else { return };
+        if c.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        // The pool outlives its tables, so this job reports a panic to
+        // the pool itself, whichever table is live now.
+        let tick = std::panic::AssertUnwindSafe(|| c.timed_commit());
+        if let Err(p) = std::panic::catch_unwind(tick) {
+            c.panicked("the timed commit (a background job)", &*p);
+            return;
+        }
+    };
+    if let Err(e) = crate::core::fault::spawn_job("thin-commit".into(), None, job) {
+        tracing::warn!("thin pool: cannot start the timed commit ({e}); flushes still commit");
+    }
+}
+
+impl PoolCore {
+    fn timed_commit(&self) {
+        let dirty = self.md_read().dirty();
+        let unflagged =
+            self.failure().is_some() && !self.check_flag_written.load(Ordering::Acquire);
+        if dirty || unflagged {
+            crate::core::fault::inject("thin.timed_commit");
+            if let Err(e) = self.commit() {
+                tracing::warn!("thin pool {}: timed commit failed: {e}", self.meta_name);
             }
-            let dirty = c.md_read().dirty();
-            let unflagged = c.failure().is_some() && !c.check_flag_written.load(Ordering::Acquire);
-            if dirty || unflagged {
-                if let Err(e) = c.commit() {
-                    tracing::warn!("thin pool {}: timed commit failed: {e}", c.meta_name);
-                }
-            }
-        });
+        }
+    }
 }
 
 /// A `thin-pool` table line.
@@ -732,6 +774,9 @@ pub fn new(a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     core.low_water.store(low_water, Ordering::Relaxed);
     if let Some(h) = &a.options.events {
         *core.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(h.clone());
+    }
+    if let Some(f) = &a.options.fault {
+        *core.fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.clone());
     }
     let pool = Arc::new(Pool {
         core,
@@ -821,6 +866,7 @@ pub(super) fn bind(
         pins: (0..PIN_SLOTS).map(|_| AtomicU32::new(0)).collect(),
         open_devs: Mutex::new(HashMap::new()),
         failed: Mutex::new(failed),
+        fault: Mutex::new(None),
         check_flag_written: AtomicBool::new(needs_check),
     });
     start_timer(&core);
