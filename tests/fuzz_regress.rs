@@ -318,7 +318,7 @@ fn replay_format(target: &str, driver: fn(&[u8]) -> bool, n: usize, min_ratio: u
         &[0x80],
         &[0xff; 8],
     ];
-    let mut r = Rng(0x5eed_0f_f0_4d_a7_5u64 ^ target.len() as u64);
+    let mut r = Rng(0x5eed_0ff0_4da7_5eed ^ target.len() as u64);
     let n = iterations(n);
     let mut accepted = 0;
     for _ in 0..n {

@@ -53,7 +53,7 @@ impl BlockDevice for SparseDev {
         let end = offset
             .checked_add(buf.len() as u64)
             .filter(|&e| e <= self.size)
-            .ok_or_else(|| DevError::OutOfRange {
+            .ok_or(DevError::OutOfRange {
                 offset,
                 len: buf.len() as u64,
                 size: self.size,
@@ -90,7 +90,10 @@ impl BlockDevice for SparseDev {
 
 /// The four head bytes (`flags` first), the sparse disk, and the bytes of
 /// the off-disk chunk.
-pub fn sparse_input(input: &[u8]) -> Option<([u8; 4], Arc<SparseDev>, Option<Vec<u8>>)> {
+pub type SparseInput = ([u8; 4], Arc<SparseDev>, Option<Vec<u8>>);
+
+/// Reads an input as a [`SparseInput`]; None if it is shorter than the head.
+pub fn sparse_input(input: &[u8]) -> Option<SparseInput> {
     let (head, mut rest) = input.split_at_checked(8)?;
     let size = u64::from(u32::from_le_bytes(head[4..8].try_into().ok()?)) * 512;
     let mut chunks = Vec::new();

@@ -106,7 +106,7 @@ pub fn integrity(input: &[u8]) -> bool {
         .flatten()
         .map(|sb| sb.provided_data_sectors * 512);
     drop(b);
-    let len = provided.unwrap_or(DEFAULT_LEN).min(DEFAULT_LEN).max(4096) / 4096 * 4096;
+    let len = provided.unwrap_or(DEFAULT_LEN).clamp(4096, DEFAULT_LEN) / 4096 * 4096;
     let line = line_for(mode, line_sel, opts);
     let mode = mode_of(mode);
     let mut opened = false;
