@@ -4,7 +4,7 @@
 # fuzz/seeds/<target>/, and print one table row per target:
 #   | target | minutes | executions | crashes | final coverage |
 # A crash, leak or timeout leaves its input in fuzz/artifacts/<target>/ and
-# counts as a crash. Needs a nightly toolchain and `cargo install
+# counts as a crash; an input slower than 10 s (slow-unit-*) is said apart. Needs a nightly toolchain and `cargo install
 # cargo-fuzz`. The machine may be shared: the fuzzer runs at nice 19.
 #
 # Usage: bench/fuzz.sh [MINUTES] [TARGET...]     (default 10, every target)
@@ -32,7 +32,9 @@ run_one() {
     mkdir -p "corpus/$t" "artifacts/$t"
     cp -n "seeds/$t"/* "corpus/$t/" 2>/dev/null || true
     local before after rc runs crashes cov
-    before=$(ls "artifacts/$t" | wc -l)
+    before=$(ls "artifacts/$t" | grep -vc '^slow-unit-' || true)
+    local slow_before
+    slow_before=$(ls "artifacts/$t" | grep -c '^slow-unit-' || true)
     set +e
     nice -n 19 cargo +nightly fuzz run -O "$t" "corpus/$t" -- \
         -max_total_time="$secs" -rss_limit_mb=2048 -timeout=30 \
@@ -44,8 +46,13 @@ run_one() {
         runs=$(grep -Eo '^#[0-9]+' "$log_dir/$t.log" | tail -1 | tr -d '#')
     fi
     cov=$(grep -Eo 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$log_dir/$t.log" | tail -1)
-    after=$(ls "artifacts/$t" | wc -l)
+    after=$(ls "artifacts/$t" | grep -vc '^slow-unit-' || true)
     crashes=$((after - before))
+    # libFuzzer keeps inputs slower than 10 s as slow-unit-*: not a crash,
+    # but said in the row.
+    local slow
+    slow=$(($(ls "artifacts/$t" | grep -c '^slow-unit-' || true) - slow_before))
+    if ((slow > 0)); then crashes="$crashes ($slow slow units)"; fi
     if ((rc != 0 && crashes == 0)); then crashes="1 (exit $rc, see $log_dir/$t.log)"; fi
     echo "| $t | $minutes | ${runs:-?} | $crashes | ${cov:-?} |"
 }
