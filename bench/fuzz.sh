@@ -41,11 +41,13 @@ run_one() {
         >"$log_dir/$t.log" 2>&1
     rc=$?
     set -e
-    runs=$(grep -Eo 'Done [0-9]+ runs' "$log_dir/$t.log" | awk '{print $2}' | tail -1)
+    # A run that crashed prints no "Done" line: no match must not end the
+    # script (set -e, pipefail).
+    runs=$(grep -Eo 'Done [0-9]+ runs' "$log_dir/$t.log" | awk '{print $2}' | tail -1 || true)
     if [[ -z "$runs" ]]; then
-        runs=$(grep -Eo '^#[0-9]+' "$log_dir/$t.log" | tail -1 | tr -d '#')
+        runs=$(grep -Eo '^#[0-9]+' "$log_dir/$t.log" | tail -1 | tr -d '#' || true)
     fi
-    cov=$(grep -Eo 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$log_dir/$t.log" | tail -1)
+    cov=$(grep -Eo 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$log_dir/$t.log" | tail -1 || true)
     after=$(ls "artifacts/$t" | grep -vc '^slow-unit-' || true)
     crashes=$((after - before))
     # libFuzzer keeps inputs slower than 10 s as slow-unit-*: not a crash,
