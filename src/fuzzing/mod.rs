@@ -16,6 +16,15 @@
 //! - [`cipher_spec`] (`cipher_spec.rs`) and [`control`] (`control.rs`)
 //!   likewise, one file per driver with its seeds; this file holds what
 //!   they share: the in-memory device resolver and its size.
+//! - The on-disk formats, one driver each, whose seeds are images the real
+//!   tools wrote (`fuzz/seeds/<target>/`, made by `fuzz/make-seeds.sh`) or
+//!   udm's own targets wrote: [`verity`] (`verity.rs`, which also holds the
+//!   [`Named`] resolver and [`mem_dev`] the others use), [`log_writes`]
+//!   (`log_writes.rs`), and [`tcrypt`], [`bitlk`], [`fvault2`]
+//!   (`foreign.rs`, with the sparse disk their inputs describe and the
+//!   [`Recorder`] that cuts seeds out of cryptsetup's upstream images),
+//!   [`thin_metadata`] (`thin.rs`), [`snapshot`] (`snapshot.rs`) and
+//!   [`integrity`] (`integrity.rs`), whose devices are sparse disks too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,13 +35,28 @@ use crate::targets::DeviceResolver;
 
 mod cipher_spec;
 mod control;
+mod foreign;
+mod integrity;
+mod log_writes;
 mod nbd_client;
+mod snapshot;
 mod tables;
+mod thin;
+mod verity;
 
 pub use cipher_spec::{cipher_spec, cipher_spec_seeds};
 pub use control::{control, control_seeds, ControlHarness};
+pub use foreign::{
+    bitlk, bitlk_on, fvault2, fvault2_on, sparse_input, sparse_seed, sparse_seed_head, tcrypt,
+    tcrypt_seed, FileDev, Recorder, SparseDev, MAX_FUZZ_ITERATIONS,
+};
+pub use integrity::{integrity, integrity_open};
+pub use log_writes::{log_writes, log_writes_seeds};
 pub use nbd_client::{nbd_client, nbd_seeds, NbdHarness};
+pub use snapshot::{snapshot, snapshot_fill};
 pub use tables::{table, table_seeds};
+pub use thin::thin_metadata;
+pub use verity::{mem_dev, verity, verity_seed, Named};
 
 /// Size of every in-memory device the drivers hand out.
 pub const DEV_SIZE: u64 = 1 << 20;

@@ -14,7 +14,7 @@ mod args;
 mod fec;
 mod files;
 mod offline;
-mod superblock;
+pub(crate) mod superblock;
 
 /// The version line: veritysetup's command line, served by udm.
 pub const VERSION: &str = concat!("veritysetup 2.6.1 (udm ", env!("CARGO_PKG_VERSION"), ")");

@@ -22,6 +22,9 @@ use crate::luks::error::LuksError;
 use crate::luks::hash::HashAlg;
 use crate::luks::kdf::Kdf;
 
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
+
 const VOL_HEADER: usize = 512;
 const MD_BLOCK: usize = 8192;
 /// cryptsetup reads no metadata beyond the first GiB.

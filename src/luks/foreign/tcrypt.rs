@@ -21,6 +21,9 @@ use crate::crypto::SectorCrypt;
 use crate::luks::disk::Disk;
 use crate::luks::error::LuksError;
 
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
+
 const SALT_LEN: usize = 64;
 const HDR_LEN: usize = 448;
 const HDR_KEY_LEN: usize = 192;
