@@ -24,7 +24,8 @@ const LAYERS: &[&[&str]] = &[
     &["mapper"],
     &["luks", "nbd"],
     &["control", "fuse"],
-    &["cli", "fuzzing"],
+    &["cli"],
+    &["fuzzing"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {
