@@ -794,7 +794,12 @@ impl Service {
                 .and_then(|()| self.devices.prepare_resume(name));
             match r {
                 Ok(plan) => {
+                    let targets = plan.new_targets();
                     self.devices.commit(plan);
+                    // dm's resume of a new device: background jobs start.
+                    for t in &targets {
+                        t.resume();
+                    }
                     if let Err(e) = self.ensure_export(name) {
                         self.forget(name);
                         return Err(e);
@@ -907,10 +912,14 @@ impl Service {
         }
         // dm's preresume: a target may refuse (dm-crypt with its key
         // wiped); the device then stays suspended, nothing swapped.
-        let targets = self.devices.plan_targets(&plan).map_err(classify)?;
+        let mut targets = self.devices.plan_targets(&plan).map_err(classify)?;
         for t in &targets {
             t.preresume()
                 .map_err(|e| err(Code::Eagain, format!("cannot resume '{name}': {e}")))?;
+        }
+        // The tables of the devices stacked on `name` are rebuilt too.
+        if !affected.is_empty() {
+            targets = plan.new_targets();
         }
         // Hold every affected device, wait for their running requests,
         // swap, let the held ones go.
@@ -921,6 +930,15 @@ impl Service {
         }
         for e in &held {
             engine.drain(&e.queue);
+        }
+        // A swap suspends the old tables first, as the kernel's resume of
+        // a loaded table does: their background jobs stop before the new
+        // tables' start (postsuspend is idempotent for an already
+        // suspended device).
+        for n in &affected {
+            for t in self.devices.live_targets(n).map_err(classify)? {
+                t.postsuspend();
+            }
         }
         self.devices.commit(plan);
         self.devices.set_suspended(name, false).map_err(classify)?;

@@ -156,6 +156,11 @@ impl Plan {
         self.swaps.iter().map(|(n, _)| n.clone()).collect()
     }
 
+    /// The targets of every new table the plan swaps in.
+    pub fn new_targets(&self) -> Vec<Arc<dyn Target>> {
+        self.swaps.iter().flat_map(|(_, t)| targets_of(t)).collect()
+    }
+
     /// The new size of device `name`, if the plan changes its table.
     pub fn new_size(&self, name: &str) -> Option<u64> {
         self.swaps

@@ -32,17 +32,20 @@ fn devices() -> (Arc<MemStore>, Arc<MemStore>) {
     (Arc::new(MemStore::new(DATA)), Arc::new(MemStore::new(META)))
 }
 
+/// The target of `line`, resumed as a live table is.
 fn open(d: &Arc<MemStore>, m: &Arc<MemStore>, line: &str) -> Result<Arc<dyn Target>, String> {
     let args: Vec<String> = line.split_whitespace().map(Into::into).collect();
     let opts = TargetOptions::default();
     let mut r = Two(d.clone(), m.clone());
-    super::new(TargetArgs {
+    let t = super::new(TargetArgs {
         args: &args,
         len: d.size(),
         resolver: &mut r,
         options: &opts,
     })
-    .map_err(|e| e.msg)
+    .map_err(|e| e.msg)?;
+    t.resume();
+    Ok(t)
 }
 
 fn line(mode: &str) -> String {

@@ -43,7 +43,7 @@ pub mod tags;
 pub mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::{Target, TargetArgs, TargetError, TargetOptions};
 use crate::core::device::{unopened, write_zeroes_by_writing, TagLayout};
@@ -98,6 +98,10 @@ pub struct Integrity {
     options: TargetOptions,
     /// Reads of blocks from here on are not checked (see [`recalc`]).
     recalc_at: AtomicU64,
+    /// The running recalculation, from `resume` to `postsuspend`.
+    recalc_job: Mutex<Option<recalc::Job>>,
+    /// This target, for the job it starts at `resume`.
+    me: Weak<Integrity>,
 }
 
 fn alg_of(p: &IntegrityParams) -> Result<Option<Alg>, TargetError> {
@@ -447,6 +451,8 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         mismatches: AtomicU64::new(0),
         options: a.options.clone(),
         recalc_at: AtomicU64::new(u64::MAX),
+        recalc_job: Mutex::new(None),
+        me: Weak::new(),
     };
     let live = t.p.mode != Mode::Recovery && !checking;
     if live {
@@ -463,11 +469,13 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             })?);
         }
     }
-    let t = Arc::new(t);
-    if live {
-        Integrity::start_recalc(&t);
-    }
-    Ok(t)
+    // The recalculation starts at `resume`, as the kernel queues it in
+    // `dm_integrity_resume`: a table loaded beside the live one (or built
+    // twice) must not recompute tags while another instance writes them.
+    Ok(Arc::new_cyclic(|me| {
+        t.me = me.clone();
+        t
+    }))
 }
 
 impl Integrity {
@@ -742,12 +750,15 @@ impl BlockDevice for Integrity {
         let ts = g.tag_size as usize;
         let bb = g.block_bytes();
         let mut tags = vec![0u8; buf.len() / bb * ts];
+        // Taken before the tags are read: the recalculation moves it only
+        // after the tags below it are written, so every tag checked here
+        // was read after it was recomputed.
+        let checked_below = self.checked_below();
         let journaled = self.read_current(offset, buf, &mut tags)?;
         let Some(a) = self.alg.as_ref().filter(|_| self.p.mode != Mode::Recovery) else {
             return Ok(());
         };
         let mut want = vec![0u8; ts];
-        let checked_below = self.checked_below();
         for (k, (blk, t)) in buf.chunks(bb).zip(tags.chunks(ts)).enumerate() {
             if journaled[k] {
                 continue;
@@ -847,6 +858,7 @@ impl BlockDevice for Integrity {
 
 impl Drop for Integrity {
     fn drop(&mut self) {
+        self.end_recalc();
         if let Err(e) = self.close_bitmap() {
             tracing::warn!("integrity {}: cannot mark the bitmap clean at close ({e}); its regions are recomputed at the next open", self.p.dev);
         }
@@ -880,6 +892,14 @@ impl Target for Integrity {
             self.mismatches.load(Ordering::Relaxed),
             self.g.provided_data_sectors
         )
+    }
+    fn postsuspend(&self) {
+        self.stop_recalc();
+    }
+    fn resume(&self) {
+        if let Some(me) = self.me.upgrade() {
+            Integrity::start_recalc(&me);
+        }
     }
 }
 

@@ -7,9 +7,14 @@
 //! beyond the position are not checked (their tags are not yet right).
 //! The kernel leaves the flag set once it reaches the end, with
 //! `recalc_sector` at the provided sectors; so does udm.
+//!
+//! The job runs from `resume` to `postsuspend`, never beside another
+//! instance's: a tag block is rewritten whole, so two jobs over one device
+//! (a reloaded table and the live one) undo each other's tags.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 
 use super::superblock::flags;
 use super::{io, Integrity};
@@ -18,6 +23,12 @@ use crate::targets::TargetError;
 
 /// Sectors read and re-tagged at a time (also the background step).
 const CHUNK_SECTORS: u64 = 2048;
+
+/// A running recalculation: its stop flag and its thread.
+pub(super) struct Job {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
 
 impl Integrity {
     /// Recomputes the tags of logical sectors `[s, end)` (whole blocks)
@@ -138,14 +149,24 @@ impl Integrity {
     }
 
     /// Starts the background recalculation when the superblock asks for
-    /// one; it stops at the end, on an error, or when the target goes.
+    /// one and none runs; it stops at the end, on an error, at
+    /// [`Integrity::stop_recalc`], or when the target goes.
     pub(super) fn start_recalc(this: &Arc<Integrity>) {
         if this.checked_below() == u64::MAX {
             return;
         }
+        let mut job = this.recalc_job.lock().unwrap_or_else(|e| e.into_inner());
+        if job.as_ref().is_some_and(|j| !j.thread.is_finished()) {
+            return;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
         let weak: Weak<Integrity> = Arc::downgrade(this);
         let name = format!("integrity-recalc {}", this.p.dev);
+        let halt = stop.clone();
         let spawned = this.options.spawn_job(name, move || loop {
+            if halt.load(Ordering::Acquire) {
+                return;
+            }
             let Some(t) = weak.upgrade() else { return };
             match t.recalc_step() {
                 Ok(true) => {}
@@ -160,11 +181,42 @@ impl Integrity {
                 }
             }
         });
-        if let Err(e) = spawned {
-            tracing::error!(
+        match spawned {
+            Ok(thread) => *job = Some(Job { stop, thread }),
+            Err(e) => tracing::error!(
                 "integrity {}: cannot start the recalculation ({e}); it goes on at the next open",
                 this.p.dev
-            );
+            ),
+        }
+    }
+
+    /// Stops the recalculation and waits for its step in progress: after
+    /// this no tag is written by it (dm's `postsuspend`). It goes on from
+    /// the superblock's position at the next `resume`.
+    pub(super) fn stop_recalc(&self) {
+        let job = self
+            .recalc_job
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(j) = job {
+            j.stop.store(true, Ordering::Release);
+            if j.thread.thread().id() != std::thread::current().id() {
+                let _ = j.thread.join();
+            }
+        }
+    }
+
+    /// The target is going: the job, which holds no reference between
+    /// steps, ends at its next one.
+    pub(super) fn end_recalc(&mut self) {
+        let job = self
+            .recalc_job
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(j) = job {
+            j.stop.store(true, Ordering::Release);
         }
     }
 }
@@ -177,7 +229,8 @@ mod tests {
     use crate::core::{BlockDevice, WriteBuf};
     use crate::store::MemStore;
     use crate::targets::integrity::superblock::{flags, Superblock};
-    use crate::targets::integrity::tests::{geometry, open, DEV};
+    use crate::targets::integrity::tests::{geometry, load, open, DEV};
+    use crate::targets::{DeviceResolver, TargetArgs, TargetOptions};
 
     fn sb(m: &MemStore) -> Superblock {
         let mut b = vec![0u8; 512];
@@ -227,6 +280,130 @@ mod tests {
         raw_data(&m, 16, 0x11);
         let t = open(&m, d, 1 << 20).unwrap();
         assert!(t.read(16 * 512, &mut b).is_err());
+    }
+
+    /// A store whose writes take five milliseconds and whose tag reads
+    /// from the test's own thread return twenty later: the background job
+    /// moves on between a read and its check.
+    struct SlowReads {
+        inner: Arc<MemStore>,
+        reader: std::thread::ThreadId,
+    }
+
+    impl BlockDevice for SlowReads {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn limits(&self) -> crate::core::Limits {
+            self.inner.limits()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> crate::core::DevResult<()> {
+            let r = self.inner.read(offset, buf);
+            if std::thread::current().id() == self.reader && buf.len() < 4096 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r
+        }
+        fn write(&self, offset: u64, data: WriteBuf<'_>, fua: bool) -> crate::core::DevResult<()> {
+            std::thread::sleep(Duration::from_millis(5));
+            self.inner.write(offset, data, fua)
+        }
+        fn flush(&self) -> crate::core::DevResult<()> {
+            self.inner.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> crate::core::DevResult<()> {
+            self.inner.discard(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> crate::core::DevResult<()> {
+            self.inner.write_zeroes(offset, len, fua)
+        }
+    }
+
+    struct Slow(Arc<SlowReads>);
+
+    impl DeviceResolver for Slow {
+        fn resolve(&mut self, _spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
+            Ok(self.0.clone())
+        }
+    }
+
+    /// Every data block of a formatted device rewritten behind its tags'
+    /// back; the length of the device.
+    fn stale_everywhere(m: &MemStore) -> u64 {
+        let len = geometry(m).provided_data_sectors / 8 * 4096;
+        for s in (0..len / 512).step_by(8) {
+            raw_data(m, s, 0x5a);
+        }
+        len
+    }
+
+    const PLAIN: &str = "d 0 4 D 2 fix_padding internal_hash:crc32c";
+    const RECALC: &str = "d 0 4 D 3 recalculate fix_padding internal_hash:crc32c";
+
+    /// A read racing the background job: tags read before the job moved
+    /// past them are not checked as if they were recomputed (a resize's
+    /// `dd` over a grown device failed this way, under load).
+    #[test]
+    fn a_read_racing_the_recalculation_never_checks_stale_tags() {
+        let m = Arc::new(MemStore::new(DEV));
+        drop(open(&m, PLAIN, 1 << 20).unwrap());
+        let len = stale_everywhere(&m);
+        let slow = Arc::new(SlowReads {
+            inner: m.clone(),
+            reader: std::thread::current().id(),
+        });
+        let args: Vec<String> = RECALC.split_whitespace().map(Into::into).collect();
+        let t = crate::targets::integrity::new(TargetArgs {
+            args: &args,
+            len,
+            resolver: &mut Slow(slow),
+            options: &TargetOptions::default(),
+        })
+        .map_err(|e| e.msg)
+        .unwrap();
+        t.resume();
+        let mut b = vec![0u8; 64 << 10];
+        let mut reads = 0;
+        loop {
+            // Past the chunk the job may be on: tags not yet recomputed.
+            let at = (sb(&m).recalc_sector + super::CHUNK_SECTORS) * 512;
+            if at + b.len() as u64 > len {
+                break;
+            }
+            if let Err(e) = t.read(at, &mut b) {
+                panic!("read at {at} (read {reads}): {e}");
+            }
+            reads += 1;
+        }
+        assert!(reads > 0, "the job ended before any read");
+    }
+
+    /// A loaded table beside the live one recomputes nothing until it is
+    /// resumed, and a suspended one stops: two jobs rewriting the same tag
+    /// blocks undo each other's tags (a resize under load failed so).
+    #[test]
+    fn only_a_resumed_table_recalculates_and_postsuspend_stops_it() {
+        let m = Arc::new(MemStore::new(DEV));
+        drop(open(&m, PLAIN, 1 << 20).unwrap());
+        let len = stale_everywhere(&m);
+        let loaded = load(&m, RECALC, len).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            sb(&m).recalc_sector,
+            0,
+            "a loaded table does not recalculate"
+        );
+        loaded.resume();
+        loaded.postsuspend();
+        let at = sb(&m).recalc_sector;
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(sb(&m).recalc_sector, at, "nothing after postsuspend");
+        loaded.resume();
+        let s = wait_done(&m);
+        assert!(s.recalc_sector >= len / 512, "{s:?}");
+        let mut b = [0u8; 4096];
+        loaded.read(len - 4096, &mut b).unwrap();
+        assert_eq!(b, [0x5a; 4096]);
     }
 
     #[test]

@@ -22,7 +22,16 @@ impl DeviceResolver for One {
 
 pub(super) const DEV: u64 = 8 << 20;
 
+/// The target of `line` over `m`, resumed (its background jobs running)
+/// as a device's live table is.
 pub(super) fn open(m: &Arc<MemStore>, line: &str, len: u64) -> Result<Arc<dyn Target>, String> {
+    let t = load(m, line, len)?;
+    t.resume();
+    Ok(t)
+}
+
+/// The target of `line` over `m` as a loaded table: not yet resumed.
+pub(super) fn load(m: &Arc<MemStore>, line: &str, len: u64) -> Result<Arc<dyn Target>, String> {
     let args: Vec<String> = line.split_whitespace().map(Into::into).collect();
     let opts = TargetOptions::default();
     let mut r = One(m.clone());
