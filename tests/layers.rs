@@ -5,7 +5,8 @@
 //! through a child module, outside comments and strings, is resolved to the
 //! file it names (a `mod.rs` stands for its folder; a `pub use` is followed
 //! to the file it re-exports), so a new import that points up, or a new
-//! circle between two files anywhere, fails the test suite.
+//! circle between two files anywhere, fails the test suite. A file's use of
+//! its own folder's items is not an edge; a `mod.rs`'s use of its files is.
 
 use std::collections::{BTreeMap, BTreeSet};
 #[path = "common/src_tree.rs"]
@@ -426,11 +427,14 @@ fn file_graph(sources: &BTreeMap<String, String>) -> BTreeMap<Node, BTreeSet<Nod
         if !n.is_empty() {
             for p in &info.uses {
                 if let Some(t) = resolve(p, &infos, 0) {
-                    // A folder's node contains its files: pointing into
-                    // them is structure, not a use (and every child uses
-                    // its parent's items, which must not make a circle).
-                    let inside = t.len() > n.len() && t.starts_with(n);
-                    if &t != n && !t.is_empty() && !inside {
+                    // A file using the items of a folder it lies in (its
+                    // `mod.rs`, through `super::`) is structure: the folder
+                    // is where it belongs. A `mod.rs` calling into its own
+                    // files is a use like any other, so a circle through
+                    // one (`mod.rs` -> child -> elsewhere -> `mod.rs`) is
+                    // seen.
+                    let ancestor = n.len() > t.len() && n.starts_with(&t);
+                    if &t != n && !t.is_empty() && !ancestor {
                         edges.insert(t);
                     }
                 }
@@ -676,6 +680,56 @@ fn checker_catches_a_circle_inside_nested_folders() {
     let g = file_graph(&fixed);
     assert!(g[&node("cli::cryptsetup::offline")].contains(&node("cli::cryptsetup::ctx")));
     assert_eq!(circles(&g), Vec::<String>::new());
+}
+
+/// The circle of 402eec8: a folder's `mod.rs` dispatches into its own
+/// file, which calls a sibling folder's helper, whose folder calls back
+/// into the first `mod.rs`. Pointing from a `mod.rs` into its own files
+/// counts as a use, so this is seen; a child using its folder's items
+/// is not a circle.
+#[test]
+fn checker_sees_a_circle_through_a_folders_own_mod_rs() {
+    let files = set(&[
+        ("lib.rs", "pub mod cli;"),
+        ("cli/mod.rs", "pub mod cryptsetup; pub mod luks;"),
+        (
+            "cli/cryptsetup/mod.rs",
+            "mod offline; mod ctx;\npub use ctx::Ctx;\n\
+             pub fn main() { offline::add_key() }",
+        ),
+        ("cli/cryptsetup/ctx.rs", "pub struct Ctx;"),
+        (
+            "cli/cryptsetup/offline.rs",
+            "use super::Ctx;\npub fn add_key() { crate::cli::luks::emit() }",
+        ),
+        (
+            "cli/luks/mod.rs",
+            "pub fn emit() {}\npub fn run() { crate::cli::cryptsetup::main() }",
+        ),
+    ]);
+    let g = file_graph(&files);
+    assert!(g[&node("cli::cryptsetup")].contains(&node("cli::cryptsetup::offline")));
+    assert!(!g[&node("cli::cryptsetup::offline")].contains(&node("cli::cryptsetup")));
+    assert_eq!(
+        circles(&g),
+        ["{cli::cryptsetup, cli::cryptsetup::offline, cli::luks}"]
+    );
+    // `emit` moved to a leaf both use: no circle.
+    let mut fixed = files.clone();
+    fixed.insert("cli/ui.rs".into(), "pub fn emit() {}".into());
+    fixed.insert(
+        "cli/cryptsetup/offline.rs".into(),
+        "use super::Ctx;\npub fn add_key() { crate::cli::ui::emit() }".into(),
+    );
+    fixed.insert(
+        "cli/luks/mod.rs".into(),
+        "pub fn run() { crate::cli::cryptsetup::main() }".into(),
+    );
+    fixed.insert(
+        "cli/mod.rs".into(),
+        "pub mod cryptsetup; pub mod luks; pub mod ui;".into(),
+    );
+    assert_eq!(circles(&file_graph(&fixed)), Vec::<String>::new());
 }
 
 /// A use across top-level modules that points up is reported with the

@@ -105,3 +105,20 @@ impl Feedback for Ui {
         }
     }
 }
+
+/// Write `o` to stdout (plus a newline if `nl`); a closed pipe (`| head`)
+/// ends quietly. Here, below every personality, so that none of them
+/// reaches into another for it.
+pub(crate) fn emit(o: &[u8], nl: bool) -> Result<(), LuksError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let r = out
+        .write_all(o)
+        .and_then(|_| if nl { out.write_all(b"\n") } else { Ok(()) })
+        .and_then(|_| out.flush());
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(LuksError::io("cannot write to standard output", e)),
+    }
+}

@@ -220,7 +220,7 @@ pub(super) fn dump(c: &Ctx) -> Outcome {
     let mut u = unlock(c);
     u.slot = None;
     let t = ops::info::luks_dump(&dev, &kind, &u, &ui(c))?;
-    crate::cli::luks::emit(t.as_bytes(), false)
+    crate::cli::ui::emit(t.as_bytes(), false)
 }
 
 pub(super) fn header_backup(c: &Ctx) -> Outcome {
@@ -381,7 +381,7 @@ pub(super) fn token(c: &Ctx) -> Outcome {
                 _ => {
                     use std::io::IsTerminal;
                     let nl = std::io::stdout().is_terminal();
-                    crate::cli::luks::emit(json.as_bytes(), nl)
+                    crate::cli::ui::emit(json.as_bytes(), nl)
                 }
             }
         }

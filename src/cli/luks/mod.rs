@@ -119,7 +119,7 @@ pub fn run(c: Cmd) -> i32 {
             )
             .and_then(|t| {
                 let nl = matches!(kind, DumpKind::Json);
-                emit(t.as_bytes(), nl)
+                crate::cli::ui::emit(t.as_bytes(), nl)
             })
         }
         Cmd::AddKey(a) => {
@@ -172,21 +172,5 @@ pub fn run(c: Cmd) -> i32 {
             eprintln!("udm luks: {e}");
             e.exit_code()
         }
-    }
-}
-
-/// Write `o` to stdout (plus a newline if `nl`); a closed pipe (`| head`)
-/// ends quietly.
-pub(crate) fn emit(o: &[u8], nl: bool) -> Result<(), LuksError> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let r = out
-        .write_all(o)
-        .and_then(|_| if nl { out.write_all(b"\n") } else { Ok(()) })
-        .and_then(|_| out.flush());
-    match r {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(LuksError::io("cannot write to standard output", e)),
     }
 }
