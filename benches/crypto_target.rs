@@ -196,12 +196,12 @@ fn streams(c: &mut Criterion) {
 
 /// 2 versus 1 crypt threads for a QD1 stream with gaps: the two targets
 /// take turns (ABBA), so each request of the 2-thread target arrives after
-/// ~65 µs of the other target's work, longer than the pool's workers spin
-/// (30 µs): they have gone to sleep, and the request pays a wake-up. The
-/// criterion figures above are the back-to-back stream, where a worker is
-/// still spinning. On the 2-vCPU VM a sleeping worker picks its part up
-/// 20-25 µs (median) after the submit, most of the 33 µs a half takes,
-/// so a gapped stream gets little from the split: this bench keeps that
+/// the other target's work, longer than the pool's workers spin: they have
+/// gone to sleep, and the request pays a wake-up. The criterion figures
+/// above are the back-to-back stream, where a worker is still spinning. On
+/// a small VM a sleeping worker picks its part up late, after most of the
+/// time a half takes, so a gapped stream gets little from the split: this
+/// bench keeps that
 /// visible. Medians go to target/criterion/crypt_target/gapped_ss*.json.
 fn gapped_qd1() {
     const ROUNDS: usize = 1500;

@@ -527,7 +527,7 @@ pub trait BlockDevice: Send + Sync {
     /// udm. A front end then sends them from there, one copy (into the
     /// socket) where a read into its buffer and a send of that buffer make
     /// two; for a 1 MiB read that first copy and its page-cache lookups
-    /// were 40 % of the server's CPU. Returns `false` without calling `f`
+    /// were a large share of the server's CPU. Returns `false` without calling `f`
     /// when the device cannot: the range is not all in memory now, it is
     /// cut across devices, or the device transforms what it stores. The
     /// caller holds the range as for a read (no conflicting write runs

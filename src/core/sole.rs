@@ -4,9 +4,9 @@
 //! right here instead of handing it to a writer thread.
 //!
 //! Why: the hand-off costs a wake-up and a context switch each way, which
-//! on two cores was half the server's CPU for 4 KiB writes (0.64–0.80x of
-//! nbdkit's file plugin, whose threads call `pwrite` themselves; inline it
-//! was 1.3x). A call that blocks here delays only the one client this loop
+//! on two cores was about half the server's CPU for 4 KiB writes, which
+//! then ran behind nbdkit's file plugin (whose threads call `pwrite`
+//! themselves) and ahead of it inline (docs/BENCHMARKS.md). A call that blocks here delays only the one client this loop
 //! reads for, which could not have been served sooner: the filesystem runs
 //! one file's buffered writes one at a time anyway. A loop with a second
 //! connection never sets the flag, so one client's stalled write never

@@ -22,7 +22,8 @@ pub enum BlockCipher {
     Aes192(aes::Aes192),
     Aes256(aes::Aes256),
     Serpent(serpent::Serpent),
-    /// Table-driven (see `twofish_fast`): the `twofish` crate runs ~1 MiB/s.
+    /// Table-driven (see `twofish_fast`): the `twofish` crate is far too
+    /// slow for a volume.
     Twofish(Box<super::twofish_fast::Twofish>),
     Camellia128(camellia::Camellia128),
     Camellia192(camellia::Camellia192),

@@ -26,8 +26,8 @@
 //! **Adaptive splitting.** A split only pays when the helpers run on cores
 //! that would otherwise be idle. With every core already busy (several
 //! streams, or a deep NBD queue) a helper only adds a thread per core and
-//! costs throughput (0.69x for four streams on two cores with two threads
-//! against one). So the pool counts the threads doing crypto work in the
+//! costs throughput (four streams on two cores lost clearly with two
+//! threads against one). So the pool counts the threads doing crypto work in the
 //! whole process (submitters inside `run`, helpers enlisted), and a
 //! request enlists only as many helpers as there are cores left idle; with
 //! none, it runs where it is. The submitter then works through the parts
@@ -36,10 +36,10 @@
 //!
 //! **Only awake helpers are enlisted.** A helper that has gone to sleep
 //! (a gapped stream: its spin ran out before the next request came) is
-//! not woken for the request at hand: on a two-vCPU VM the wake-up took
-//! 20 µs to well over 100 µs, as long as the work it would take, and a
-//! late helper that claims the last part makes the request *slower* than
-//! one thread (0.71–0.94× for 1 MiB requests with gaps, measured). Instead
+//! not woken for the request at hand: on a virtual machine the wake-up
+//! can take as long as the work it would take, and a late helper that
+//! claims the last part makes the request *slower* than one thread (1 MiB
+//! requests with gaps, measured: docs/BENCHMARKS.md). Instead
 //! the request runs on the submitter, and the sleeper is woken after it
 //! completes, to wait for the next request (up to `PREWAKE_WAIT`, yielding
 //! its core to other threads after the first `SPIN`): the next request
@@ -52,8 +52,8 @@
 //! `PREWAKE_WAIT`, yielding its core after the first `SPIN`), unless every
 //! core is already doing crypto (then no request would enlist it, and it
 //! sleeps at once). A stream with gaps shorter than that finds it awake and
-//! splits every request: the gapped bench (75–150 µs gaps) went from
-//! 0.98× to 1.95× of one thread; four streams stay level (0.985×).
+//! splits every request: the gapped bench came close to twice one
+//! thread's rate while four streams stayed level (docs/BENCHMARKS.md).
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -320,8 +320,8 @@ impl CryptPool {
         // Spin for the helpers only when we are the pool's only submitter
         // (one stream: the wake-up would cost as much as the part). With
         // several requests in flight every core has other work, and a
-        // spinning submitter only takes CPU from it (5 % of NBD write
-        // throughput at QD16 on two cores), so it sleeps at once.
+        // spinning submitter only takes CPU from it (NBD writes at QD16
+        // on two cores lost throughput to it), so it sleeps at once.
         let alone = self.submitters.load(Ordering::Relaxed) == 1;
         let t0 = Instant::now();
         while req.outstanding.load(Ordering::Acquire) != 0 {

@@ -3,10 +3,10 @@
 //! keying" option describes.
 //!
 //! Why not the `twofish` crate: it evaluates the S-box chain and the MDS
-//! multiply in GF(2^8) for every byte of every round, about 1 MiB/s, which
-//! makes a twofish volume unusable (reading 1 GiB would take a quarter of an
-//! hour). With four 256-entry tables per key each round is four lookups per
-//! g(): two orders of magnitude faster. Like every table-based Twofish
+//! multiply in GF(2^8) for every byte of every round, which makes a
+//! twofish volume unusable. With four 256-entry tables per key each round
+//! is four lookups per g() (the rates are in docs/BENCHMARKS.md). Like
+//! every table-based Twofish
 //! (including the kernel's generic one) the lookups are key- and
 //! data-dependent; the constant-time `aes` path is unaffected.
 //!

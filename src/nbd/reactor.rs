@@ -22,11 +22,11 @@
 //! **Busy polling.** After an event a loop keeps polling (`epoll_wait`
 //! with a zero timeout, yielding its core between polls) for
 //! `--poll-us` (default 50 µs) before it sleeps. On a virtual machine,
-//! waking a thread that sleeps on another vCPU costs ~25 µs (the idle vCPU
-//! halted; the host must deliver an interrupt and schedule it), longer
-//! than serving a 4 KiB read from memory, so a QD1 client paid that on
-//! every request: 4 KiB QD1 random reads ran at 0.65–0.75x nbdkit, and
-//! 2x with the poll (docs/BENCHMARKS.md, "busy polling"). The poll
+//! waking a thread that sleeps on another vCPU (the idle vCPU halted; the
+//! host must deliver an interrupt and schedule it) takes longer than
+//! serving a 4 KiB read from memory, so a QD1 client paid that on every
+//! request; the poll more than makes up for it (docs/BENCHMARKS.md, "busy
+//! polling"). The poll
 //! only runs while requests keep arriving within the window, so an idle
 //! server still sleeps, and only after rounds whose requests all ran
 //! inline: while requests run on the engine's workers the loop sleeps

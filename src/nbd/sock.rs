@@ -21,7 +21,7 @@ pub enum Sock {
 /// its bookkeeping): the default (about 200 KiB) takes a fifth of a 1 MiB
 /// read reply, and the rest had to be copied and queued, so a read lent
 /// from the page cache (one copy) cost nearly two again; with room for the
-/// whole reply, 1 MiB reads on ext4 ran 1.5–1.8× faster in the same run
+/// whole reply, 1 MiB reads on ext4 ran much faster in the same run
 /// (docs/BENCHMARKS.md). Memory: a client that stops reading parks at most
 /// this much more in the kernel, next to the 64 MiB of replies per client
 /// that udm's own caps allow.

@@ -7,9 +7,9 @@
 //! taken by other processes, every `sched_yield` between polls hands the
 //! core to one of them for a whole time slice (a millisecond or more), and
 //! the loop, having used its share spinning, is then scheduled behind them
-//! when its client's request does arrive: 4 KiB reads at QD1 ran at
-//! 0.05–0.4x nbdkit-file under load (docs/BENCHMARKS.md), whose thread
-//! sleeps in `recv` and is woken by the kernel. And a client slower than
+//! when its client's request does arrive: 4 KiB reads at QD1 fell far
+//! behind nbdkit under load (docs/BENCHMARKS.md), whose thread sleeps in
+//! `recv` and is woken by the kernel. And a client slower than
 //! the window (a request every few hundred microseconds) gains nothing
 //! from a poll that ends before its request comes, while it costs a core.
 //! So polling stops for [`BACKOFF`] when a yield came back late (someone

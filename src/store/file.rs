@@ -8,9 +8,8 @@
 //! `filemap.rs` for why only tmpfs, and how SIGBUS is kept from crashing
 //! udm). Plain reads and writes use the mapping too (a memcpy instead of
 //! a `pread`/`pwrite`, and no inode lock): 1 MiB NBD reads of a linear
-//! table went from ~2.4 to ~2.9 GB/s, and 1 MiB writes cost udm 0.29
-//! instead of 0.46 CPU-seconds per GB (their throughput is set by the
-//! client on two cores). Reads take the mapping only where every page is
+//! table got faster and 1 MiB writes cheaper in server CPU per byte
+//! (docs/BENCHMARKS.md). Reads take the mapping only where every page is
 //! in memory (see `mapped_for_read`).
 
 use std::fs::{File, OpenOptions};
@@ -35,7 +34,7 @@ use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Extent, Lent, Limit
 /// the queue depth clients keep (fio and the kernel's NBD client use up to
 /// 32 per connection), not from the core count: a worker blocked in
 /// writeback throttling uses no core, and two of them (one per core)
-/// measured 0.77x of nbdkit's thread pool for 4 KiB random writes on ext4.
+/// ran well behind nbdkit's thread pool for 4 KiB random writes on ext4.
 pub const FILE_QUEUE_DEPTH: u32 = 32;
 
 /// The environment variable that turns the mapping of disk files off
@@ -892,10 +891,9 @@ impl BlockDevice for FileStore {
     /// one (`ext4_page_mkwrite`) with work over the whole folio, which
     /// since large folios can be 2 MiB for each 4 KiB page; `pwrite` pays
     /// that once per folio it touches. On a fresh mapping of small folios
-    /// the mapping won (LUKS 1 MiB writes on ext4: 322 against 470 µs of
-    /// server CPU per request); after a sequential read it lost (535–888
-    /// against 344–373 µs, 0.75x against 1.01x nbdkit-file, same run,
-    /// 2026-11-27), with the faults a third of the CPU. `pwrite` does not
+    /// the mapping won (less server CPU per LUKS 1 MiB write on ext4);
+    /// after a sequential read it lost clearly, same run, with the faults
+    /// a large share of the CPU (docs/BENCHMARKS.md). `pwrite` does not
     /// depend on what came before. (`MADV_POPULATE_WRITE` first takes the
     /// same faults.)
     fn write_transformed(

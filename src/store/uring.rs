@@ -36,7 +36,8 @@
 //! page pinning: the kernel copies into user memory either way. fio on
 //! the same ext4 file showed no consistent gain (docs/BENCHMARKS.md).
 //! SQPOLL was measured and not kept: on two vCPUs its polling thread took
-//! 12x the server CPU per 4 KiB read and fewer IOPS (docs/BENCHMARKS.md).
+//! many times the server CPU per 4 KiB read for fewer IOPS
+//! (docs/BENCHMARKS.md).
 //! IOPOLL needs O_DIRECT on a polled block queue.
 
 use std::io;

@@ -9,8 +9,8 @@
 //! buffered writes to regular files), which then posts a completion that
 //! wakes the store's completion thread, which sends the reply: two thread
 //! hand-offs per write, one write at a time. 4 KiB random writes at QD32
-//! on ext4 ran at 0.85x (linear) and 0.73x (LUKS) of nbdkit's file plugin,
-//! whose 16 threads call `pwrite` themselves (docs/SCALING.md has the
+//! on ext4 (linear and LUKS) ran behind nbdkit's file plugin, whose 16
+//! threads call `pwrite` themselves (docs/SCALING.md has the
 //! measurements). Here the thread that writes also completes the request
 //! (sends its reply): one hand-off, and none while the queue is never
 //! empty, which is the case at a deep queue depth.
@@ -29,8 +29,8 @@ use std::thread::JoinHandle;
 /// Writer threads per store unless `UDM_FILE_WRITERS` says otherwise.
 /// One: the filesystem runs the buffered writes of one file one at a time
 /// anyway (ext4 holds the inode lock across the copy into the page
-/// cache), and on two vCPUs one writer measured 1.4–1.7x nbdkit-file
-/// where two or four (contending for that lock) were 0.7–0.9x.
+/// cache), and on two vCPUs one writer beat two or four, which contend
+/// for that lock (docs/BENCHMARKS.md).
 pub const DEFAULT_WRITERS: usize = 1;
 
 /// Largest write run on a lone client's event loop: about where the
@@ -179,9 +179,8 @@ impl Writers {
     /// For a write of `len` bytes: only one of at most
     /// [`SOLE_INLINE_MAX`] runs on a lone client's event loop. A larger
     /// one goes to the writer thread even then, so the loop receives the
-    /// next request while the filesystem copies this one: 1 MiB writes
-    /// at QD16 on ext4 ran at 0.94x nbdkit-file inline against 1.29x
-    /// handed off, same run.
+    /// next request while the filesystem copies this one (1 MiB writes
+    /// at QD16 on ext4 were clearly faster handed off, same run).
     pub fn run(&self, len: usize, job: Job) {
         if self.sole_inline && len <= SOLE_INLINE_MAX && crate::core::sole::sole_client() {
             return job();

@@ -109,7 +109,7 @@ mod tests {
 
     #[test]
     fn lines_as_cryptsetup_prints_them() {
-        // 512 MiB of 1 GiB in 4 s: 128 MiB/s, the whole in 8 s, 4 s to go.
+        // 512 MiB of 1 GiB in 4 s: the whole in 8 s, 4 s to go.
         let l = line(512 << 20, 1 << 30, 128.0 * 1048576.0, 4_000_000);
         assert_eq!(
             l,

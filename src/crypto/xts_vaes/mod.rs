@@ -2,8 +2,8 @@
 //! time; the portable path in `modes` is used elsewhere.
 //!
 //! Why hand-written: a generic XTS calls the block cipher per block and
-//! computes tweaks serially, which caps it near 1.5 GB/s although one core
-//! can run AES several times faster with VAES. Here a run of sectors is
+//! computes tweaks serially, which caps it far below what one core can
+//! run AES at with VAES. Here a run of sectors is
 //! handled in two passes per batch: (1) all sectors' IVs are encrypted with
 //! K2, several per register; (2) each sector's blocks are processed in eight
 //! registers whose tweaks are generated in SIMD (a power of x per lane, then

@@ -114,8 +114,8 @@ fn mul_x8n_xor<const BYTES: i32, const TOP: i32>(v: __m256i, poly: __m256i, c: _
 /// in registers and runs each data register through all its rounds before
 /// the next one (which minimises register pressure with only sixteen YMM
 /// registers), turning eight independent chains into one serial chain of
-/// four-cycle rounds; that ran at 6.5 GB/s where round-major order runs
-/// at twice that. A block that touches all eight registers per round
+/// four-cycle rounds; that ran at about half the rate of round-major
+/// order. A block that touches all eight registers per round
 /// cannot be reordered that way.
 #[inline]
 #[target_feature(enable = "avx2,vaes")]

@@ -1,7 +1,7 @@
 //! The AVX-512 width of the VAES XTS kernel: four blocks per register,
 //! eight registers (512 bytes) per group, so a 512-byte sector is one group.
-//! 13.96 -> 17.75 GB/s at 512-byte sectors from the software pipelining on
-//! the development machine (docs/benchmarks/crypto.md).
+//! The software pipelining's gain at 512-byte sectors is measured in
+//! docs/benchmarks/crypto.md.
 
 use std::arch::x86_64::*;
 

@@ -17,23 +17,24 @@ const BOUNCE_MAX: usize = 1 << 20;
 
 /// Largest request submitted asynchronously (see `Crypt::submit`): its
 /// cipher work runs on the submitting thread (a connection's event loop),
-/// the store's writer or its completion thread instead of a worker, 80–150 µs for
-/// 1 MiB, which is as long as one such request may hold up that thread.
+/// the store's writer or its completion thread instead of a worker, so
+/// its size bounds how long one such request may hold up that thread
+/// (the cost per size is in docs/BENCHMARKS.md).
 const SUBMIT_MAX: usize = 1 << 20;
 
 /// Smallest read decrypted straight out of a resident page cache
 /// ([`BlockDevice::resident`]): below it the `mincore` asked per request
 /// costs about what the saved copy does, and small reads are answered by
-/// the ring within its submission anyway (from 4 KiB: 1.00x nbdkit-file
-/// against 1.13x, same run).
+/// the ring within its submission anyway (measured both ways: see
+/// docs/BENCHMARKS.md).
 const RESIDENT_MIN: usize = 64 << 10;
 
 /// Smallest write encrypted straight into a resident page cache
 /// ([`BlockDevice::resident_for_write`]): every write of a page or more,
 /// since what it saves (a `pwrite`, its copy and the filesystem's work
 /// per page) costs more than the `mincore` even at 4 KiB (LUKS 4 KiB
-/// random writes on ext4: 7.1 µs of server CPU per request and 1.16x
-/// nbdkit-file, against 7.9 µs and 1.06x from 64 KiB, same run). A disk
+/// random writes on ext4 took less server CPU per request this way than
+/// with a 64 KiB threshold, same run; docs/BENCHMARKS.md). A disk
 /// file offers its pages only with `UDM_FILE_WRITE_MAP=1` (why:
 /// `FileStore::write_transformed`); a tmpfs file's mapping always.
 const WRITE_RESIDENT_MIN: usize = 4 << 10;
@@ -45,9 +46,9 @@ pub const DEFER_ENV: &str = "UDM_CRYPT_DEFER";
 /// Whether submitted writes leave their encryption to a lower device that
 /// runs it on its writer thread ([`BlockDevice::takes_prepare`]). Why: the
 /// submitter is the connection's reader, and every microsecond it spends
-/// in the cipher is one the client's next payload waits in the socket;
-/// LUKS 1 MiB writes at QD16 on ext4 went from 1.01x to 1.11x nbdkit-file
-/// (paired, same runs). Read once.
+/// in the cipher is one the client's next payload waits in the socket
+/// (LUKS 1 MiB writes at QD16 on ext4 gained from it in paired runs;
+/// docs/BENCHMARKS.md). Read once.
 fn defer_writes() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os(DEFER_ENV).is_none_or(|v| v != "0"))
@@ -180,8 +181,8 @@ impl BlockDevice for Crypt {
     /// device whose writer thread runs it ([`BlockDevice::takes_prepare`]),
     /// handed down with its encryption left to that thread; a read is
     /// decrypted in place in the completion; from 128 KiB either is cut
-    /// over the crypto threads (measured: LUKS 1 MiB reads on ext4 were
-    /// 0.79x nbdkit-file with the whole decryption on one thread). Larger
+    /// over the crypto threads (LUKS 1 MiB reads on ext4 fell well behind
+    /// nbdkit with the whole decryption on one thread). Larger
     /// requests are declined and run on the engine's workers, which
     /// spread their cipher work over the cores (here it would all land on
     /// one connection's reader, or on the store's one callback thread, for
@@ -203,7 +204,7 @@ impl BlockDevice for Crypt {
         let at = self.area.offset + io.offset;
         let (buf, len, write) = (io.buf, io.len, io.write);
         // A large request's cipher work is cut over the crypto threads
-        // (the I/O stays one entry): 1 MiB on one thread is 80–150 µs of
+        // (the I/O stays one entry): on one thread 1 MiB would hold up
         // the submitting thread or the store's one completion thread.
         let no_split = if write {
             self.opts.no_write_workqueue

@@ -208,8 +208,8 @@ fn hmac<M: Mac + KeyInit>(key: &[u8], parts: &[&[u8]], out: &mut [u8]) {
 /// CRC-32C (Castagnoli), the kernel's `crc32c` without its final
 /// inversion: `c` is the running register, `!0` to start. The `crc32c`
 /// crate uses the CPU's CRC32 instruction (SSE 4.2) when it has one; a
-/// byte-wise table ran at a few hundred MB/s and was 30 % of a J-mode
-/// write's server CPU.
+/// byte-wise table was a large share of a J-mode write's server CPU
+/// (docs/BENCHMARKS.md).
 pub fn crc32c_update(c: u32, data: &[u8]) -> u32 {
     // The crate keeps the register inverted between calls.
     !crc32c::crc32c_append(!c, data)
