@@ -6,6 +6,7 @@ pub mod device;
 pub mod dirs;
 pub mod error;
 pub mod fault;
+pub mod knobs;
 pub mod sole;
 pub mod table;
 pub mod units;
