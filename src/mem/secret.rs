@@ -92,9 +92,7 @@ impl<T> Drop for Locked<T> {
         unsafe {
             std::ptr::drop_in_place(self.ptr.as_ptr());
             std::slice::from_raw_parts_mut(bytes, layout.size()).zeroize();
-            if self.locked {
-                libc::munlock(bytes as *const libc::c_void, layout.size());
-            }
+            unprotect(bytes, layout.size(), self.locked);
             dealloc(bytes, layout);
         }
     }
@@ -222,9 +220,7 @@ impl Drop for SecretText {
         // freed once.
         unsafe {
             std::slice::from_raw_parts_mut(bytes, layout.size()).zeroize();
-            if self.locked {
-                libc::munlock(bytes as *const libc::c_void, layout.size());
-            }
+            unprotect(bytes, layout.size(), self.locked);
             dealloc(bytes, layout);
         }
     }
@@ -256,6 +252,28 @@ fn protect(p: *mut u8, len: usize) -> bool {
         );
     }
     lock == 0
+}
+
+/// Undo [`protect`] before the pages go back to the allocator: unlocked,
+/// and dumpable again. Why the second: `MADV_DONTDUMP` is a flag of the
+/// mapping, so pages that keep it after they are freed split the heap's
+/// mappings from their neighbours' for good; a server that opens and
+/// closes volumes (or tries many headers) then grows its mapping count
+/// until `mmap` fails at `vm.max_map_count`. With the flags back as they
+/// were, the kernel merges the pieces again.
+///
+/// # Safety
+/// `p..p+len` is a live, page-aligned allocation owned by the caller that
+/// [`protect`] was called on.
+unsafe fn unprotect(p: *mut u8, len: usize, locked: bool) {
+    // SAFETY: as the caller promises; munlock and MADV_DODUMP change only
+    // paging and dump attributes of those pages.
+    unsafe {
+        if locked {
+            libc::munlock(p as *const libc::c_void, len);
+        }
+        libc::madvise(p as *mut libc::c_void, len, libc::MADV_DODUMP);
+    }
 }
 
 /// Makes the process non-dumpable and gives it no core file size, for
