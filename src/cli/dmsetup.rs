@@ -323,6 +323,15 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
 }
 
 fn run(o: &Opts, verb: &str, args: &[String]) -> i32 {
+    let named = match device_args(o, verb, args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("dmsetup {verb}: {e}");
+            eprintln!("Command failed.");
+            return 1;
+        }
+    };
+    let args = &named[..];
     match repeat(o, verb, args) {
         Ok(()) => 0,
         Err(Failure::Usage(msg)) => {
@@ -372,6 +381,31 @@ fn show_after(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
 
 /// `--count`/`--interval`: the report verbs again and again (`--interval`
 /// alone: until interrupted; `--count` alone: every second).
+/// The arguments with each device argument turned into its name, as
+/// libdm takes `/dev/mapper/NAME` or a device node wherever a name stands
+/// (`cli::devarg`): every argument of the verbs over devices, the first of
+/// those that take one device and more.
+fn device_args(o: &Opts, verb: &str, args: &[String]) -> Result<Vec<String>, String> {
+    let which = match verb {
+        "suspend" | "resume" | "remove" | "info" | "deps" | "table" | "status" | "wipe_table"
+        | "mknodes" => 0..args.len(),
+        "load" | "reload" | "rename" | "clear" | "message" | "wait" => 0..args.len().min(1),
+        "stats" => 1.min(args.len())..args.len(),
+        _ => 0..0,
+    };
+    let control = || {
+        o.control
+            .clone()
+            .or_else(default_path)
+            .ok_or_else(|| "no control socket: give --control PATH or set $UDM_CONTROL".into())
+    };
+    let mut out = args.to_vec();
+    for i in which {
+        out[i] = super::devarg::device_name(&args[i], control)?;
+    }
+    Ok(out)
+}
+
 fn repeat(o: &Opts, verb: &str, args: &[String]) -> Result<(), Failure> {
     if o.verbose > 0 && !VERBOSE_VERBS.contains(&verb) {
         return Err(Failure::Usage(format!(

@@ -7,6 +7,7 @@ pub mod benchmark;
 pub mod cryptsetup;
 pub mod daemon;
 pub mod demo;
+pub mod devarg;
 pub mod dmsetup;
 pub mod dmsetup_report;
 pub mod dmstats;

@@ -259,6 +259,17 @@ pub(crate) fn main(tool: &Tool, argv: Vec<std::ffi::OsString>) -> i32 {
         Ok(act) => act,
         Err(e) => return usage_error(tool, &e),
     };
+    // The actions over an active device take it as the real tools do:
+    // its name, /dev/mapper/NAME, or its node (`cli::devarg`).
+    if matches!(act.name, "close" | "status" | "resize") && a.pos.len() > 1 {
+        match super::devarg::device_name(&a.pos[1], || socket(&a).map_err(|f| f.msg)) {
+            Ok(n) => a.pos[1] = n,
+            Err(e) => {
+                eprintln!("{e}");
+                return 4;
+            }
+        }
+    }
     let r = (act.run)(&a);
     let verbose = a.has("verbose");
     match r {

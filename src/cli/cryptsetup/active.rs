@@ -374,8 +374,14 @@ fn crypt_params(l: &TableLine) -> Option<CryptParams> {
 
 pub(super) fn status(c: &Ctx) -> Outcome {
     let arg = c.argv[0].as_str();
-    // cryptsetup takes a name or a /dev/mapper path.
-    let name = arg.strip_prefix("/dev/mapper/").unwrap_or(arg);
+    // cryptsetup takes a name, a /dev/mapper path or a node
+    // (`cli::devarg`); one that names no device is inactive.
+    let Ok(name) = crate::cli::devarg::device_name(arg, || socket(c).map_err(|e| e.to_string()))
+    else {
+        println!("{} is inactive.", super::status::head(arg));
+        return Err(LuksError::Silent(4));
+    };
+    let name = name.as_str();
     let (info, table) = match live_table(c, name, false) {
         Ok(x) => x,
         Err(LuksError::Device(_)) => {

@@ -65,6 +65,9 @@ fn open(c: &Ctx) -> Outcome {
     active::open(c)
 }
 
+/// Actions whose first argument is an active device.
+const ACTIVE_NAME: &[&str] = &["close", "resize", "luksSuspend", "luksResume"];
+
 const ACTIONS: &[Action] = &[
     Action {
         name: "open",
@@ -349,6 +352,26 @@ pub fn main(argv: Vec<OsString>) -> i32 {
     if a.has("test-args") {
         println!("No action taken. Invoked with --test-args option.");
         return 0;
+    }
+    // The verbs over an active device take it as cryptsetup does: its
+    // name, /dev/mapper/NAME, or its node (`status` reads the argument
+    // itself: it prints it as given).
+    if ACTIVE_NAME.contains(&action.name) {
+        let control = || {
+            a.str("control")
+                .map(std::path::PathBuf::from)
+                .or_else(crate::control::default_path)
+                .ok_or_else(|| {
+                    "no udm control socket: give --control PATH or set $UDM_CONTROL".into()
+                })
+        };
+        match crate::cli::devarg::device_name(&argv[0], control) {
+            Ok(n) => argv[0] = n,
+            Err(e) => {
+                eprintln!("{e}");
+                return 4;
+            }
+        }
     }
     let ctx = Ctx {
         a,
