@@ -35,6 +35,15 @@ use store::Kind;
 /// The kernel's default chunk (16 KiB), for a chunk size of 0.
 const DEFAULT_CHUNK_SECTORS: u64 = 32;
 
+/// The largest chunk (bytes) whose copy a request may do on the thread
+/// that received it (an event loop runs requests up to 64 KiB inline).
+const INLINE_COPY_MAX: u64 = 64 << 10;
+
+/// Requests a device that copies chunks may have running on workers of
+/// its own ([`Limits::queue_depth`]): long copies hold these, and only
+/// these.
+const COPY_QUEUE_DEPTH: u32 = 4;
+
 pub static TYPE: super::TargetType = super::TargetType {
     name: "snapshot",
     version: [1, 16, 0],
@@ -228,11 +237,20 @@ impl BlockDevice for Snapshot {
         self.len
     }
     fn limits(&self) -> Limits {
-        Limits {
+        let mut l = Limits {
             discard: false,
             write_zeroes: false,
             ..self.snap.origin.limits().stack(self.snap.cow.limits())
+        };
+        if self.snap.chunk > INLINE_COPY_MAX {
+            // A write copies its whole chunk first, and a merge step holds
+            // a chunk while it copies it: with chunks of up to 1 GiB (the
+            // COW header sets them) one 4 KiB request may take seconds,
+            // which must not be spent on an event loop other exports'
+            // clients share.
+            l.queue_depth = l.queue_depth.max(COPY_QUEUE_DEPTH);
         }
+        l
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.snap.read(offset, buf)

@@ -36,8 +36,15 @@ impl BlockDevice for Origin {
     fn size(&self) -> u64 {
         self.len
     }
+    /// A write copies the chunks it changes into every snapshot first,
+    /// chunks of a size the snapshots' COW headers set (up to 1 GiB), and
+    /// snapshots may be added after the engine took these limits: so
+    /// requests always run on workers of this device's own, never on an
+    /// event loop other exports' clients share.
     fn limits(&self) -> Limits {
-        self.dev.limits()
+        let mut l = self.dev.limits();
+        l.queue_depth = l.queue_depth.max(super::COPY_QUEUE_DEPTH);
+        l
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         self.dev.read(offset, buf)

@@ -400,3 +400,37 @@ fn model_round(t: &str, store: &str, seed: u64) {
         "{t}: {n} exceptions, {reopens} reopens"
     );
 }
+
+/// A request that copies a large chunk (the COW header may set up to
+/// 1 GiB) takes seconds: it must run on workers of the device's own, not
+/// on an event loop other exports share (a 4 KiB origin write held one
+/// loop for 5–16 s per chunk). Small chunks keep running inline on a
+/// snapshot; the origin cannot know the chunks of snapshots added later.
+#[test]
+fn devices_that_copy_large_chunks_run_on_workers_of_their_own() {
+    let depth = |ty: &str, t: &str, rest: &str| {
+        let mut m = devices(t, 8 << 20);
+        let args = match ty {
+            "snapshot-origin" => format!("@{t}-o"),
+            _ => format!("@{t}-o @{t}-c {rest}"),
+        };
+        build(ty, &args, &mut m).limits().queue_depth
+    };
+    assert_eq!(
+        depth("snapshot", "chunk4k", "N 8"),
+        0,
+        "small chunks: inline"
+    );
+    assert!(
+        depth("snapshot", "chunk128k", "N 256") > 0,
+        "large chunks: workers"
+    );
+    assert!(
+        depth("snapshot-origin", "origin", "") > 0,
+        "an origin's writes copy"
+    );
+    assert!(
+        depth("snapshot-merge", "merge128k", "P 256") > 0,
+        "a merge copies chunks too"
+    );
+}

@@ -49,6 +49,10 @@ const MAX_BITMAP_BYTES: u64 = 256 << 20;
 /// The largest digest (sha512).
 const MAX_DIGEST: usize = 64;
 
+/// Requests a verity device with FEC may have running on workers of its
+/// own ([`Limits::queue_depth`]): repairs hold these, and only these.
+const FEC_QUEUE_DEPTH: u32 = 4;
+
 /// The `verity` target type, for the table of [`super::TYPES`].
 pub static TYPE: super::TargetType = super::TargetType {
     name: "verity",
@@ -355,7 +359,17 @@ impl BlockDevice for Verity {
             write_zeroes: false,
             ..Limits::default()
         };
-        own.stack(self.data.limits()).stack(self.hash.limits())
+        let mut l = own.stack(self.data.limits()).stack(self.hash.limits());
+        if self.fec.is_some() {
+            // A block that fails its hash is rebuilt from a whole FEC
+            // round (hundreds of blocks read, thousands of codewords
+            // decoded): a 4 KiB read of a damaged image can cost a
+            // second. Such a read must not run on an event loop, where it
+            // would hold up every other export's clients on that loop:
+            // workers of this device's own take it instead.
+            l.queue_depth = l.queue_depth.max(FEC_QUEUE_DEPTH);
+        }
+        l
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> DevResult<()> {
         let len = buf.len() as u64;

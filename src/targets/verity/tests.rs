@@ -368,3 +368,18 @@ fn fec_repairs_data_and_hash_blocks_and_counts_them() {
     assert!(read(&*t, 21, 1).is_ok());
     assert!(t.status().starts_with("C "), "{}", t.status());
 }
+
+/// A repair decodes a whole FEC round (a second or so per 4 KiB block of a
+/// damaged image): with FEC, requests run on workers of the device's own,
+/// never on an event loop other exports' clients share (there one
+/// client's 64 KiB reads held the loop for seconds each). Without FEC a
+/// read costs its hashes only and stays inline.
+#[test]
+fn with_fec_requests_run_on_workers_of_their_own() {
+    let mut f = fixture(300, HashAlg::Sha256, 1);
+    let plain = f.target("").unwrap();
+    assert_eq!(plain.limits().queue_depth, 0, "no FEC: inline");
+    let opts = with_fec(&mut f, 2);
+    let t = f.target(&opts).unwrap();
+    assert!(t.limits().queue_depth > 0, "FEC: workers of its own");
+}
