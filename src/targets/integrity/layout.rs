@@ -406,6 +406,31 @@ pub fn journal_fits_memory(g: &Geometry, ram_bytes: Option<u64>) -> Result<(), S
     }
 }
 
+/// What one journal entry costs in `J` mode's index (sector to newest
+/// entry), charged with the journal.
+const INDEX_ENTRY_BYTES: u64 = 32;
+
+/// The memory a device keeps for as long as it is active because its
+/// superblock sizes the journal: in `J` mode (`in_memory`) the journal
+/// itself and its index; with a stream cipher in `journal_crypt`
+/// (`keystream`) a keystream as long as the journal, page-rounded. It is
+/// reserved from the server's pinned memory before either is allocated.
+pub fn pinned_journal_bytes(g: &Geometry, in_memory: bool, keystream: bool) -> u64 {
+    let journal = g
+        .section_sectors
+        .saturating_mul(g.journal_sections)
+        .saturating_mul(512);
+    let entries = g.section_entries.saturating_mul(g.journal_sections);
+    let mut n = 0u64;
+    if in_memory {
+        n = n.saturating_add(journal.saturating_add(entries.saturating_mul(INDEX_ENTRY_BYTES)));
+    }
+    if keystream {
+        n = n.saturating_add(journal.div_ceil(4096).saturating_mul(4096).saturating_add(32));
+    }
+    n
+}
+
 /// log2 of the table's `buffer_sectors` as the kernel's constructor
 /// takes it (0 counts as 1, at most 2^22).
 pub fn log2_buffer_of(buffer_sectors: Option<u32>) -> u32 {
