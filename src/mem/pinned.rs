@@ -110,11 +110,18 @@ impl PinnedLedger {
         Ok(p)
     }
 
-    fn refusal(&self, device: Option<&str>, what: &str, bytes: u64, left: u64, fix: &str) -> String {
+    fn refusal(
+        &self,
+        device: Option<&str>,
+        what: &str,
+        bytes: u64,
+        left: u64,
+        fix: &str,
+    ) -> String {
         let dev = device.map_or_else(String::new, |d| format!("device '{d}': "));
         format!(
             "{dev}{what} needs {bytes} bytes of pinned metadata memory, but only {left} of the \
-             server's {} bytes are left (other devices hold the rest): raise `udm serve \
+             server's {} bytes are left (devices and tables being loaded hold the rest): raise `udm serve \
              --pinned-memory`, or {fix}",
             self.total
         )
@@ -186,7 +193,13 @@ mod tests {
         let e = l
             .reserve(Some("dev1"), "the journal", 41, "a smaller journal")
             .unwrap_err();
-        for want in ["device 'dev1'", "41 bytes", "only 40", "100 bytes", "--pinned-memory"] {
+        for want in [
+            "device 'dev1'",
+            "41 bytes",
+            "only 40",
+            "100 bytes",
+            "--pinned-memory",
+        ] {
             assert!(e.contains(want), "{want} missing in: {e}");
         }
         let mut b = l.reserve(Some("dev2"), "x", 30, "y").unwrap();

@@ -212,11 +212,7 @@ fn record(r: &mut [u8]) -> Option<(u64, Bitmap)> {
 
 /// The chunk map of a used-space-only volume, from the first valid
 /// `FVE-EOW` copy, and the byte ranges its blocks take.
-fn chunk_map(
-    m: &Metadata,
-    disk: &Disk,
-    sectors: u64,
-) -> Result<(EncMap, Vec<(u64, u64)>), String> {
+fn chunk_map(m: &Metadata, disk: &Disk, sectors: u64) -> Result<(EncMap, Vec<(u64, u64)>), String> {
     let mut why = Vec::new();
     for &at in &m.eow_offsets {
         match eow_block(disk, at) {
@@ -262,9 +258,7 @@ fn bitmaps_of(
     let mut bits = 0u64;
     for (k, &o) in offsets.iter().enumerate() {
         if offsets[..k].contains(&o) {
-            return Err(format!(
-                "its chunk map lists the bitmap at byte {o} twice"
-            ));
+            return Err(format!("its chunk map lists the bitmap at byte {o} twice"));
         }
         let (bm, bm_size, log_at) = bitmap_block(disk, o)?;
         if bm.region % unit != 0 {
@@ -288,11 +282,7 @@ fn bitmaps_of(
 
 /// What is encrypted and what Windows keeps for itself, or why udm
 /// cannot tell.
-fn enc_map(
-    m: &Metadata,
-    disk: &Disk,
-    sectors: u64,
-) -> Result<(EncMap, Vec<(u64, u64)>), String> {
+fn enc_map(m: &Metadata, disk: &Disk, sectors: u64) -> Result<(EncMap, Vec<(u64, u64)>), String> {
     match (m.kind, m.state) {
         (1, _) => chunk_map(m, disk, sectors),
         // Switching (dirty or not), paused, or encrypted: the old way's

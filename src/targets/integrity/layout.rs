@@ -426,7 +426,12 @@ pub fn pinned_journal_bytes(g: &Geometry, in_memory: bool, keystream: bool) -> u
         n = n.saturating_add(journal.saturating_add(entries.saturating_mul(INDEX_ENTRY_BYTES)));
     }
     if keystream {
-        n = n.saturating_add(journal.div_ceil(4096).saturating_mul(4096).saturating_add(32));
+        n = n.saturating_add(
+            journal
+                .div_ceil(4096)
+                .saturating_mul(4096)
+                .saturating_add(32),
+        );
     }
     n
 }
