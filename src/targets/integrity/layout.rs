@@ -486,6 +486,28 @@ mod tests {
     }
 
     #[test]
+    fn pinned_bytes_count_the_journal_its_index_and_the_keystream() {
+        let mut g = Geometry::sections(0, 1 << 40, 4, 0, false);
+        g.journal_sections = 10;
+        let j = g.section_sectors * 10 * 512;
+        assert_eq!(pinned_journal_bytes(&g, false, false), 0);
+        assert_eq!(
+            pinned_journal_bytes(&g, true, false),
+            j + g.section_entries * 10 * INDEX_ENTRY_BYTES
+        );
+        assert_eq!(
+            pinned_journal_bytes(&g, false, true),
+            j.div_ceil(4096) * 4096 + 32
+        );
+        g.journal_sections = u64::MAX;
+        assert_eq!(
+            pinned_journal_bytes(&g, true, true),
+            u64::MAX,
+            "no overflow"
+        );
+    }
+
+    #[test]
     fn a_journal_over_half_of_memory_is_refused_before_any_buffer() {
         let mut g = Geometry::sections(0, 1 << 40, 4, 0, false);
         g.journal_sections = 1_000_000;

@@ -706,6 +706,68 @@ mod tests {
         out
     }
 
+    /// The two chunk buffers and the exception table are reserved from
+    /// the server's pinned memory: a reopen whose table would pass it is
+    /// refused by name, a live commit past it fails before the disk is
+    /// touched, and a dropped store gives everything back.
+    #[test]
+    fn the_exception_table_is_charged_to_the_pinned_memory() {
+        use crate::mem::PinnedLedger;
+        let c = cow(4400 * 512);
+        let pin = |l: &Arc<PinnedLedger>| l.reserve(Some("snap"), "a snapshot", 0, "").unwrap();
+        let big = PinnedLedger::new(1 << 30);
+        let (mut s, _) = Store::open_pinned(c.clone(), Kind::Persistent, 1, pin(&big)).unwrap();
+        assert_eq!(big.used(), 2 * 512, "two chunks before any exception");
+        for old in 0..=ENTRY_BATCH {
+            let new = s.allocate().unwrap();
+            s.commit(old, new).unwrap();
+        }
+        assert_eq!(big.used(), 2 * 512 + 2 * ENTRY_BATCH * ENTRY_BYTES);
+        drop(s);
+        assert_eq!(big.used(), 0);
+
+        let tight = PinnedLedger::new(2 * 512 + ENTRY_BATCH * ENTRY_BYTES);
+        let e = Store::open_pinned(c.clone(), Kind::Persistent, 1, pin(&tight))
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("device 'snap'")
+                && e.contains("exception table")
+                && e.contains("--pinned-memory"),
+            "{e}"
+        );
+        assert_eq!(tight.used(), 0);
+
+        let fresh = cow(4400 * 512);
+        let (mut s, _) =
+            Store::open_pinned(fresh.clone(), Kind::Persistent, 1, pin(&tight)).unwrap();
+        for old in 0..ENTRY_BATCH {
+            let new = s.allocate().unwrap();
+            s.commit(old, new).unwrap();
+        }
+        let new = s.allocate().unwrap();
+        let area = s.area.clone();
+        let e = s.commit(ENTRY_BATCH, new).unwrap_err().to_string();
+        assert!(e.contains("pinned metadata memory"), "{e}");
+        assert_eq!(s.area, area, "the refused commit changed nothing");
+        assert_eq!(s.len() as u64, ENTRY_BATCH);
+    }
+
+    /// The growing ledger refuses chunk buffers before allocating them.
+    #[test]
+    fn chunk_buffers_are_refused_before_they_are_allocated() {
+        let l = crate::mem::PinnedLedger::new(2 * 4096 - 1);
+        let p = l.reserve(None, "a snapshot", 0, "").unwrap();
+        let e = Store::open_pinned(cow(1 << 20), Kind::Persistent, 8, p)
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("4096-byte chunks") && e.contains("smaller chunk size"),
+            "{e}"
+        );
+        assert_eq!(l.used(), 0);
+    }
+
     /// Every boundary of the layout, with a close and reopen before each
     /// exception at and around an area's end: the metadata chunks equal
     /// the kernel's byte for byte, and the usage a reopen reports equals
