@@ -224,23 +224,33 @@ fn volume_geometry(img: &Path) -> (u64, u64) {
 /// newer FVE-EOWBR record marks every chunk encrypted but those in
 /// `clear` (the older record, all clear, must lose).
 fn write_chunk_map(img: &Path, chunk: u64, clear: &[u64]) {
+    write_hostile_chunk_map(img, chunk, clear, 1, 0)
+}
+
+/// [`write_chunk_map`] with the bitmap listed `listed` times in the
+/// FVE-EOW block and counting `extra` bits past the volume's chunks.
+fn write_hostile_chunk_map(img: &Path, chunk: u64, clear: &[u64], listed: usize, extra: u64) {
     let (size, eow) = volume_geometry(img);
     let (bitmap_at, log_at) = (eow + 4096, eow + 8192);
-    let nbits = size.div_ceil(chunk);
+    let nbits = size.div_ceil(chunk) + extra;
     let rec_len = 36 + nbits.div_ceil(8) as usize;
-    let mut eow_block = vec![0u8; 64];
+    let eow_len = 56 + 8 * listed;
+    let mut eow_block = vec![0u8; eow_len];
     eow_block[..8].copy_from_slice(b"FVE-EOW\0");
     for (at, v, w) in [
         (8, 56, 2),
-        (10, 64, 2),
+        (10, eow_len as u64, 2),
         (12, 512, 4),
         (20, chunk, 4),
         (24, 4096, 4),
     ] {
         put(&mut eow_block, at, v, w);
     }
-    for (at, v, w) in [(32, 1, 4), (40, eow, 8), (56, bitmap_at, 8)] {
+    for (at, v, w) in [(32, listed as u64, 4), (40, eow, 8)] {
         put(&mut eow_block, at, v, w);
+    }
+    for k in 0..listed {
+        put(&mut eow_block, 56 + 8 * k, bitmap_at, 8);
     }
     let crc = crc32(&eow_block);
     put(&mut eow_block, 36, u64::from(crc), 4);
@@ -410,6 +420,51 @@ fn partly_encrypted_volumes_open_with_allow_partial_bitlk() {
     serve_refused(&sock, &args, "bitlk-partial to its crypttab line");
     std::fs::write(&ct, line("bitlk-partial")).unwrap();
     served_read_only(&sock, &args, &keep.path().join("crypttab.copy"), &pattern);
+}
+
+/// A chunk map may not make udm keep more bitmap than the volume has
+/// chunks: one FVE-EOW block may list thousands of bitmap offsets, each
+/// block up to 16 MiB, so a small image could ask for gigabytes (the
+/// same bitmap listed again and again, or a bitmap counting chunks the
+/// volume does not have). Both are refused, naming the chunk map.
+#[test]
+fn a_chunk_map_larger_than_the_volume_is_refused() {
+    let (keep, dir) = unpack_upstream("bitlk-images.tar.xz", "bitlk-images");
+    let ctl = keep.path().join("ctl");
+    let _srv = UdmServe::start(
+        &keep.path().join("nbd.sock"),
+        &[std::ffi::OsStr::new("--control"), ctl.as_os_str()],
+    );
+    let partial = "bitlk-partially-encrypted-aes-cbc-128.img";
+    let size = std::fs::metadata(dir.join(partial)).unwrap().len();
+    for (name, listed, extra, want) in [
+        ("twice", 2, 0, "twice"),
+        (
+            "wide",
+            1,
+            8 * size.div_ceil(CHUNK),
+            "the chunk map is corrupt",
+        ),
+    ] {
+        let copy = format!("{name}-{partial}");
+        std::fs::copy(dir.join(partial), dir.join(&copy)).unwrap();
+        write_hostile_chunk_map(&dir.join(&copy), CHUNK, &[], listed, extra);
+        let a = [
+            "open",
+            "--type",
+            "bitlk",
+            "--allow-partial-bitlk",
+            &copy,
+            "bl",
+        ];
+        let o = cs(&dir, &ctl, &a, "anaconda");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(want) && err.contains("chunk"),
+            "{name}: {}",
+            show(&o)
+        );
+    }
 }
 
 /// `udm serve ARGS` on `sock` must fail, its error containing `way_out`.

@@ -132,6 +132,13 @@ pub struct Args {
     /// (default: 2 % of RAM).
     #[arg(long, value_name = "SIZE")]
     pub memory_budget: Option<String>,
+    /// Total metadata memory all devices may pin for as long as they are
+    /// active because their on-disk format sizes it (snapshot chunk
+    /// buffers and exception tables, integrity journals kept in memory),
+    /// e.g. `4G` (default: half of RAM). A device asking for more than is
+    /// left is refused at activation.
+    #[arg(long, value_name = "SIZE")]
+    pub pinned_memory: Option<String>,
     /// Open files with O_DIRECT (bypass the page cache).
     #[arg(long)]
     pub direct: bool,
@@ -344,6 +351,11 @@ fn serve(a: Args) -> Result<(), String> {
         }
         None => None,
     };
+    let pinned_memory = a
+        .pinned_memory
+        .as_deref()
+        .map(|s| crate::core::units::parse_size(s).map_err(|e| format!("--pinned-memory: {e}")))
+        .transpose()?;
     let (listen, control_socket) = listen_on(&a)?;
     let policy = access_policy(&a, read_only_exports)?;
     let tls = crate::nbd::TlsOptions {
@@ -368,6 +380,7 @@ fn serve(a: Args) -> Result<(), String> {
             threads: a.threads,
             crypt_threads: a.crypt_threads,
             memory_budget: budget,
+            pinned_memory,
             policy,
             socket_mode,
             max_connections: a.max_connections,
@@ -738,6 +751,8 @@ pub struct Settings {
     pub threads: usize,
     pub crypt_threads: usize,
     pub memory_budget: Option<u64>,
+    /// `--pinned-memory` (`None`: half of RAM).
+    pub pinned_memory: Option<u64>,
     /// Access rules by name (`--allow`, `--allow-default`, `ro:NAME`).
     pub policy: AccessPolicy,
     /// `--socket-mode`.
@@ -788,6 +803,7 @@ impl Default for Settings {
             threads: 0,
             crypt_threads: 0,
             memory_budget: None,
+            pinned_memory: None,
             control: ControlPath::Default,
             metrics: None,
             metrics_allow: crate::nbd::export::parse_address_list(DEFAULT_METRICS_ALLOW)
@@ -1010,6 +1026,10 @@ pub fn serve_specs(
             no_mmap: st.no_mmap,
             target: TargetOptions {
                 crypt_threads: st.crypt_threads,
+                pinned: Some(crate::mem::PinnedLedger::new(
+                    st.pinned_memory
+                        .unwrap_or_else(crate::mem::default_pinned_total),
+                )),
                 ..Default::default()
             },
         },

@@ -410,6 +410,7 @@ impl Devices {
         let options = TargetOptions {
             events: Some(EventHook(Arc::new(move || ev.raise()))),
             fault: Some(d.device.fault().clone()),
+            device: Some(name.to_string()),
             ..self.opts.target.clone()
         };
         let flags = self.flags(d.read_only);

@@ -31,12 +31,17 @@
 //! Budget sizing: [`default_total_budget`] (2 % of RAM, as dm-crypt) divided
 //! among devices by [`per_device_budget`]; `--memory-budget SIZE` is parsed by
 //! [`crate::core::units::parse_size`].
+//!
+//! Memory a device holds for its lifetime because its on-disk format says
+//! how much is charged to a separate server-wide ledger ([`PinnedLedger`],
+//! `--pinned-memory`, default half of RAM) before it is allocated.
 
 pub mod blockpool;
 pub mod budget;
 pub mod bufpool;
 pub mod mempool;
 pub mod percpu;
+pub mod pinned;
 pub mod raw;
 pub mod secret;
 
@@ -48,5 +53,6 @@ pub use budget::{default_total_budget, per_device_budget, total_ram_bytes, Budge
 pub use bufpool::{BufPool, PooledBuf, MAX_LEN};
 pub use mempool::{MemPool, PageList, BIO_MAX_VECS};
 pub use percpu::PerCpuCounter;
+pub use pinned::{default_pinned_total, try_zeroed, Pinned, PinnedLedger};
 pub use raw::{page_size, RawBuf, PAGE_SIZE};
 pub use secret::{Locked, SecretBytes, SecretText};

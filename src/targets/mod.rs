@@ -232,6 +232,11 @@ pub struct TargetOptions {
     /// background jobs fail that device when they panic
     /// ([`TargetOptions::spawn_job`]); none outside a managed device.
     pub fault: Option<Arc<crate::core::Fault>>,
+    /// The server's ledger of pinned metadata memory (`--pinned-memory`);
+    /// none: the process-wide one ([`crate::mem::PinnedLedger::global`]).
+    pub pinned: Option<Arc<crate::mem::PinnedLedger>>,
+    /// The name of the device the target is built for, for errors.
+    pub device: Option<String>,
 }
 
 impl TargetOptions {
@@ -243,6 +248,17 @@ impl TargetOptions {
         F: FnOnce() + Send + 'static,
     {
         crate::core::fault::spawn_job(name, self.fault.clone(), f)
+    }
+
+    /// Reserve `bytes` of pinned metadata memory for `what` before it is
+    /// allocated (see `mem::pinned`); `fix` names the smaller setting that
+    /// would fit. The reservation lives as long as the memory it covers.
+    pub fn pin(&self, what: &str, bytes: u64, fix: &str) -> Result<crate::mem::Pinned, String> {
+        let ledger = self
+            .pinned
+            .clone()
+            .unwrap_or_else(crate::mem::PinnedLedger::global);
+        ledger.reserve(self.device.as_deref(), what, bytes, fix)
     }
 
     /// Report an event to the device, if anyone listens.

@@ -193,21 +193,26 @@ fn record(r: &mut [u8]) -> Option<(u64, Bitmap)> {
         return None;
     }
     let nbits = u64::from(le32(r, 16));
-    let bits = r[RECORD_HEAD..size].to_vec();
-    (nbits <= bits.len() as u64 * 8).then(|| {
-        let bm = Bitmap {
-            region: 0,
-            size: 0,
-            bits,
-            nbits,
-        };
-        (le64(r, 20), bm)
-    })
+    let body = &r[RECORD_HEAD..size];
+    if nbits > body.len() as u64 * 8 {
+        return None;
+    }
+    // Only the bits it counts are kept: the record may be longer.
+    let mut bits = Vec::new();
+    bits.try_reserve_exact(nbits.div_ceil(8) as usize).ok()?;
+    bits.extend_from_slice(&body[..nbits.div_ceil(8) as usize]);
+    let bm = Bitmap {
+        region: 0,
+        size: 0,
+        bits,
+        nbits,
+    };
+    Some((le64(r, 20), bm))
 }
 
 /// The chunk map of a used-space-only volume, from the first valid
 /// `FVE-EOW` copy, and the byte ranges its blocks take.
-fn chunk_map(m: &Metadata, disk: &Disk) -> Result<(EncMap, Vec<(u64, u64)>), String> {
+fn chunk_map(m: &Metadata, disk: &Disk, sectors: u64) -> Result<(EncMap, Vec<(u64, u64)>), String> {
     let mut why = Vec::new();
     for &at in &m.eow_offsets {
         match eow_block(disk, at) {
@@ -219,18 +224,7 @@ fn chunk_map(m: &Metadata, disk: &Disk) -> Result<(EncMap, Vec<(u64, u64)>), Str
                     ));
                 }
                 let mut taken = vec![(at, size)];
-                let mut bitmaps = Vec::new();
-                for o in offsets {
-                    let (bm, bm_size, log_at) = bitmap_block(disk, o)?;
-                    if bm.region % unit != 0 {
-                        return Err(format!(
-                            "a chunk bitmap's region starts mid-sector ({})",
-                            bm.region
-                        ));
-                    }
-                    taken.extend([(o, bm_size), (log_at, log)]);
-                    bitmaps.push(bm);
-                }
+                let bitmaps = bitmaps_of(disk, &offsets, chunk, unit, sectors, log, &mut taken)?;
                 return Ok((EncMap::Chunks { chunk, bitmaps }, taken));
             }
             Err(e) => why.push(e),
@@ -243,11 +237,54 @@ fn chunk_map(m: &Metadata, disk: &Disk) -> Result<(EncMap, Vec<(u64, u64)>), Str
     ))
 }
 
+/// The bitmaps at `offsets` of a volume of `sectors` sectors in chunks of
+/// `chunk` bytes; the byte ranges their blocks and conversion logs (`log`
+/// bytes each) take go to `taken`. Together they may count no more bits
+/// than the volume has chunks (plus a partial chunk per region), checked
+/// as each is read: each block may be 16 MiB, and an `FVE-EOW` block may
+/// list thousands of offsets, the same one again and again.
+fn bitmaps_of(
+    disk: &Disk,
+    offsets: &[u64],
+    chunk: u64,
+    unit: u64,
+    sectors: u64,
+    log: u64,
+    taken: &mut Vec<(u64, u64)>,
+) -> Result<Vec<Bitmap>, String> {
+    let chunks = sectors.saturating_mul(512).div_ceil(chunk);
+    let most = chunks.saturating_add(offsets.len() as u64);
+    let mut bitmaps: Vec<Bitmap> = Vec::new();
+    let mut bits = 0u64;
+    for (k, &o) in offsets.iter().enumerate() {
+        if offsets[..k].contains(&o) {
+            return Err(format!("its chunk map lists the bitmap at byte {o} twice"));
+        }
+        let (bm, bm_size, log_at) = bitmap_block(disk, o)?;
+        if bm.region % unit != 0 {
+            return Err(format!(
+                "a chunk bitmap's region starts mid-sector ({})",
+                bm.region
+            ));
+        }
+        bits = bits.saturating_add(bm.nbits);
+        if bits > most {
+            return Err(format!(
+                "its chunk bitmaps count {bits} chunks or more, but the volume has {chunks} \
+                 chunks of {chunk} bytes: the chunk map is corrupt"
+            ));
+        }
+        taken.extend([(o, bm_size), (log_at, log)]);
+        bitmaps.push(bm);
+    }
+    Ok(bitmaps)
+}
+
 /// What is encrypted and what Windows keeps for itself, or why udm
 /// cannot tell.
-fn enc_map(m: &Metadata, disk: &Disk) -> Result<(EncMap, Vec<(u64, u64)>), String> {
+fn enc_map(m: &Metadata, disk: &Disk, sectors: u64) -> Result<(EncMap, Vec<(u64, u64)>), String> {
     match (m.kind, m.state) {
-        (1, _) => chunk_map(m, disk),
+        (1, _) => chunk_map(m, disk, sectors),
         // Switching (dirty or not), paused, or encrypted: the old way's
         // conversion runs from the start up to the state offset.
         (0, [2..=5, _]) => {
@@ -273,7 +310,7 @@ pub fn layout(m: &Metadata, disk: &Disk, sectors: u64) -> Result<Segments, LuksE
             disk.path().display()
         ))
     };
-    let (map, mut taken) = enc_map(m, disk).map_err(refuse)?;
+    let (map, mut taken) = enc_map(m, disk, sectors).map_err(refuse)?;
     taken.extend(m.metadata_offset.iter().map(|&o| (o, FVE_SIZE)));
     taken.push((m.volume_header_offset, m.volume_header_size));
     let zeros = sector_ranges(&taken, sectors);

@@ -406,6 +406,36 @@ pub fn journal_fits_memory(g: &Geometry, ram_bytes: Option<u64>) -> Result<(), S
     }
 }
 
+/// What one journal entry costs in `J` mode's index (sector to newest
+/// entry), charged with the journal.
+const INDEX_ENTRY_BYTES: u64 = 32;
+
+/// The memory a device keeps for as long as it is active because its
+/// superblock sizes the journal: in `J` mode (`in_memory`) the journal
+/// itself and its index; with a stream cipher in `journal_crypt`
+/// (`keystream`) a keystream as long as the journal, page-rounded. It is
+/// reserved from the server's pinned memory before either is allocated.
+pub fn pinned_journal_bytes(g: &Geometry, in_memory: bool, keystream: bool) -> u64 {
+    let journal = g
+        .section_sectors
+        .saturating_mul(g.journal_sections)
+        .saturating_mul(512);
+    let entries = g.section_entries.saturating_mul(g.journal_sections);
+    let mut n = 0u64;
+    if in_memory {
+        n = n.saturating_add(journal.saturating_add(entries.saturating_mul(INDEX_ENTRY_BYTES)));
+    }
+    if keystream {
+        n = n.saturating_add(
+            journal
+                .div_ceil(4096)
+                .saturating_mul(4096)
+                .saturating_add(32),
+        );
+    }
+    n
+}
+
 /// log2 of the table's `buffer_sectors` as the kernel's constructor
 /// takes it (0 counts as 1, at most 2^22).
 pub fn log2_buffer_of(buffer_sectors: Option<u32>) -> u32 {
@@ -453,6 +483,28 @@ mod tests {
             flags: flags::FIXED_PADDING,
             ..Superblock::default()
         }
+    }
+
+    #[test]
+    fn pinned_bytes_count_the_journal_its_index_and_the_keystream() {
+        let mut g = Geometry::sections(0, 1 << 40, 4, 0, false);
+        g.journal_sections = 10;
+        let j = g.section_sectors * 10 * 512;
+        assert_eq!(pinned_journal_bytes(&g, false, false), 0);
+        assert_eq!(
+            pinned_journal_bytes(&g, true, false),
+            j + g.section_entries * 10 * INDEX_ENTRY_BYTES
+        );
+        assert_eq!(
+            pinned_journal_bytes(&g, false, true),
+            j.div_ceil(4096) * 4096 + 32
+        );
+        g.journal_sections = u64::MAX;
+        assert_eq!(
+            pinned_journal_bytes(&g, true, true),
+            u64::MAX,
+            "no overflow"
+        );
     }
 
     #[test]

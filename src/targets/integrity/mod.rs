@@ -102,6 +102,8 @@ pub struct Integrity {
     recalc_job: Mutex<Option<recalc::Job>>,
     /// This target, for the job it starts at `resume`.
     me: Weak<Integrity>,
+    /// The server's pinned memory the journal and keystream hold.
+    _pinned: crate::mem::Pinned,
 }
 
 fn alg_of(p: &IntegrityParams) -> Result<Option<Alg>, TargetError> {
@@ -422,6 +424,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
     let devs = resolve_devices(&mut a, &p)?;
     let checking = unopened(&*devs.0) || unopened(&*devs.1);
     let (sb, g, fresh) = open_layout(&p, &devs, tag_size, alg.is_some(), a.len)?;
+    let pinned = seal::pin_journal(a.options, &p, &g).map_err(TargetError::line)?;
     let seal = seal::Seal::new(
         p.opts.journal_crypt.as_ref(),
         p.opts.journal_mac.as_ref(),
@@ -453,6 +456,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         recalc_at: AtomicU64::new(u64::MAX),
         recalc_job: Mutex::new(None),
         me: Weak::new(),
+        _pinned: pinned,
     };
     let live = t.p.mode != Mode::Recovery && !checking;
     if live {

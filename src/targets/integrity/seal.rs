@@ -176,6 +176,41 @@ fn crypt_of(spec: &AlgSpec, g: &Geometry) -> Result<(Crypt, Ids), String> {
     Ok((Crypt::Cbc(Box::new(c), ivs), KERNEL_IDS))
 }
 
+/// Whether `journal_crypt` keeps a keystream as long as the journal
+/// (the stream ciphers; `cbc(aes)` keeps one IV per section).
+fn keeps_keystream(crypt: Option<&AlgSpec>) -> bool {
+    crypt.is_some_and(|c| c.name != "cbc(aes)")
+}
+
+/// Reserve, from the server's pinned memory, what `J` mode's in-memory
+/// journal and a stream cipher's keystream will take, before either is
+/// allocated: each fits half of RAM alone, but not every device's together.
+pub fn pin_journal(
+    options: &crate::targets::TargetOptions,
+    p: &super::params::IntegrityParams,
+    g: &Geometry,
+) -> Result<crate::mem::Pinned, String> {
+    let in_memory = p.mode == super::params::Mode::Journal;
+    let ks = keeps_keystream(p.opts.journal_crypt.as_ref());
+    let bytes = super::layout::pinned_journal_bytes(g, in_memory, ks);
+    let what = format!(
+        "integrity on {}: its journal of {} sections of {} sectors{}",
+        p.dev,
+        g.journal_sections,
+        g.section_sectors,
+        match (in_memory, ks) {
+            (true, true) => " (kept in memory, and its keystream)",
+            (true, false) => " (kept in memory)",
+            _ => "'s keystream",
+        }
+    );
+    options.pin(
+        &what,
+        bytes,
+        "format the device with a smaller journal (`udm integritysetup format --journal-size`)",
+    )
+}
+
 impl Seal {
     /// The seal a line's `journal_crypt`/`journal_mac` asks for over the
     /// device whose superblock is `sb`; `None` when it asks for neither.

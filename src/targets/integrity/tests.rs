@@ -403,3 +403,50 @@ fn reopening_at_every_journal_boundary_keeps_every_sector_of_the_model() {
         assert!(checks >= 12, "{mode}: {checks} boundaries checked");
     }
 }
+
+/// The journal kept in memory (`J`) and a stream cipher's keystream are
+/// reserved from the server's pinned memory before they are allocated:
+/// refused by name when the ledger is short, given back when the target
+/// goes.
+#[test]
+fn the_journal_and_its_keystream_are_charged_to_the_pinned_memory() {
+    let m = Arc::new(MemStore::new(DEV));
+    drop(open(&m, CRC, 1 << 20).unwrap());
+    let g = geometry(&m);
+    let build = |line: &str, ledger: &Arc<crate::mem::PinnedLedger>| {
+        let args: Vec<String> = line.split_whitespace().map(Into::into).collect();
+        let opts = TargetOptions {
+            pinned: Some(ledger.clone()),
+            device: Some("ig".into()),
+            ..TargetOptions::default()
+        };
+        super::new(TargetArgs {
+            args: &args,
+            len: 1 << 20,
+            resolver: &mut One(m.clone()),
+            options: &opts,
+        })
+        .map_err(|e| e.msg)
+    };
+    let journal = super::layout::pinned_journal_bytes(&g, true, false);
+    let keystream = super::layout::pinned_journal_bytes(&g, false, true);
+    assert!(journal > g.journal_sections * g.section_sectors * 512);
+    let stream = format!("d 0 4 D 3 fix_padding internal_hash:crc32c journal_crypt:chacha20:{K1}");
+    for (line, need, word) in [
+        (CRC, journal, "kept in memory"),
+        (&stream[..], keystream, "keystream"),
+    ] {
+        let short = crate::mem::PinnedLedger::new(need - 1);
+        let e = build(line, &short).err().unwrap();
+        assert!(
+            e.contains("device 'ig'") && e.contains(word) && e.contains("--pinned-memory"),
+            "{e}"
+        );
+        assert_eq!(short.used(), 0, "a refusal holds nothing");
+        let enough = crate::mem::PinnedLedger::new(need);
+        let t = build(line, &enough).unwrap();
+        assert_eq!(enough.used(), need);
+        drop(t);
+        assert_eq!(enough.used(), 0, "the target gave its memory back");
+    }
+}

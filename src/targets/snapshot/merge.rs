@@ -75,10 +75,13 @@ fn step(s: &Snap) -> DevResult<bool> {
         return Ok(false);
     };
     let _g = s.exclusive(old);
-    let mut buf = vec![0u8; s.chunk_len(old) as usize];
-    s.cow.read(new * s.chunk, &mut buf)?;
-    s.origin
-        .write(old * s.chunk, WriteBuf::Owned(&mut buf), false)?;
+    super::snap::copy_range(
+        &*s.cow,
+        new * s.chunk,
+        &*s.origin,
+        old * s.chunk,
+        s.chunk_len(old),
+    )?;
     s.origin.flush()?;
     s.store().commit_merge()?;
     Ok(true)

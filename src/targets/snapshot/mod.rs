@@ -182,6 +182,10 @@ fn build(a: &mut TargetArgs<'_>, merge: bool) -> Result<Snapshot, TargetError> {
                 chunk_sectors: chunk,
                 len: a.len,
                 overflow_ok,
+                pinned: a
+                    .options
+                    .pin("a snapshot", 0, "")
+                    .map_err(TargetError::line)?,
             };
             let s = Arc::new(Snap::open(spec).map_err(|e| TargetError::at(1, e))?);
             if !placeholder {

@@ -57,6 +57,33 @@ pub struct SnapSpec {
     pub chunk_sectors: u64,
     pub len: u64,
     pub overflow_ok: bool,
+    /// An (empty) reservation of the server's pinned memory, which the
+    /// store grows by what it keeps.
+    pub pinned: crate::mem::Pinned,
+}
+
+/// Largest buffer a chunk is copied through: chunks may be up to 1 GiB,
+/// and a copy runs under each of the 64 stripes at once.
+const COPY_PIECE: u64 = 1 << 20;
+
+/// Copy `len` bytes from `from` at `src` to `to` at `dst`, a piece at a
+/// time (the pieces land in order; durability is the caller's flush).
+pub fn copy_range(
+    from: &dyn BlockDevice,
+    src: u64,
+    to: &dyn BlockDevice,
+    dst: u64,
+    len: u64,
+) -> DevResult<()> {
+    let mut buf = vec![0u8; len.min(COPY_PIECE) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(COPY_PIECE) as usize;
+        from.read(src + done, &mut buf[..n])?;
+        to.write(dst + done, WriteBuf::Borrowed(&buf[..n]), false)?;
+        done += n as u64;
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -65,7 +92,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Snap {
     pub fn open(s: SnapSpec) -> Result<Snap, String> {
-        let (store, opened) = Store::open(s.cow.clone(), s.kind, s.chunk_sectors)?;
+        let (store, opened) = Store::open_pinned(s.cow.clone(), s.kind, s.chunk_sectors, s.pinned)?;
         if opened == Opened::Invalid {
             tracing::warn!("snapshot on {} is marked invalid in its header", s.cow_key);
         }
@@ -173,10 +200,13 @@ impl Snap {
 
     /// Copy origin chunk `c` into COW chunk `new`.
     pub fn copy_chunk(&self, c: u64, new: u64) -> DevResult<()> {
-        let mut buf = vec![0u8; self.chunk_len(c) as usize];
-        self.origin.read(c * self.chunk, &mut buf)?;
-        self.cow
-            .write(new * self.chunk, WriteBuf::Owned(&mut buf), false)
+        copy_range(
+            &*self.origin,
+            c * self.chunk,
+            &*self.cow,
+            new * self.chunk,
+            self.chunk_len(c),
+        )
     }
 
     /// Before the origin's chunk `c` changes: give it an exception unless

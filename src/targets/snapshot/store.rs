@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::core::{BlockDevice, DevError, DevResult, WriteBuf};
+use crate::mem::Pinned;
 
 /// "SnAp", little-endian.
 pub const MAGIC: u32 = 0x7041_6e53;
@@ -30,6 +31,14 @@ pub const MAGIC: u32 = 0x7041_6e53;
 pub const VERSION: u32 = 1;
 /// Size of one `(old_chunk, new_chunk)` pair.
 const PAIR: u64 = 16;
+/// What one exception costs in the in-memory table (a B-tree of `u64`
+/// pairs: the pair and its share of a node), charged as pinned memory.
+const ENTRY_BYTES: u64 = 32;
+/// Exceptions charged at once, so the ledger is not touched per entry.
+const ENTRY_BATCH: u64 = 4096;
+/// What to do when the pinned memory is short.
+const PIN_FIX: &str = "give the snapshot a smaller chunk size (a COW header's chunk size \
+                       overrides the table's: zero the COW device's first chunk to start anew)";
 
 /// Which store a table line asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,17 +79,19 @@ pub struct Store {
     /// Next chunk to hand out (persistent: skipping metadata chunks;
     /// transient: from chunk 0).
     next_free: u64,
+    /// The server's pinned memory this store holds: two chunks (the
+    /// current metadata area, and the header or next area being written
+    /// under the store's lock) and the exception table.
+    pinned: Pinned,
+    /// Exceptions `pinned` covers.
+    charged_entries: u64,
 }
 
 /// A zeroed buffer of one chunk, refused rather than aborting when the
-/// memory is not there (a header may name chunks of up to 1 GiB).
+/// memory is not there (a header may name chunks of up to 1 GiB); the
+/// store's pinned reservation covers it.
 fn zeroed(bytes: u64) -> Result<Vec<u8>, String> {
-    let n = usize::try_from(bytes).map_err(|_| format!("a {bytes}-byte chunk is too large"))?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| format!("cannot allocate a {bytes}-byte chunk buffer: out of memory"))?;
-    v.resize(n, 0);
-    Ok(v)
+    crate::mem::try_zeroed(bytes, "a chunk buffer")
 }
 
 fn le32(b: &[u8], at: usize) -> u32 {
@@ -95,10 +106,14 @@ impl Store {
     /// Open the store on `cow` with chunks of `chunk_sectors`. A persistent
     /// header's chunk size overrides the table's, as in the kernel; the
     /// chunk size in effect is [`Store::chunk_bytes`].
-    pub fn open(
+    /// `pinned` (usually empty) grows by what the store keeps: refused
+    /// before anything chunk-sized is allocated when the server's pinned
+    /// memory is short.
+    pub fn open_pinned(
         cow: Arc<dyn BlockDevice>,
         kind: Kind,
         chunk_sectors: u64,
+        pinned: Pinned,
     ) -> Result<(Store, Opened), String> {
         let mut s = Store {
             cow,
@@ -110,6 +125,8 @@ impl Store {
             current_area: 0,
             committed: 0,
             next_free: 0,
+            pinned,
+            charged_entries: 0,
         };
         if kind == Kind::Transient {
             return Ok((s, Opened::New));
@@ -202,6 +219,12 @@ impl Store {
                 2 * bytes
             ));
         }
+        let more = (2 * bytes).saturating_sub(self.pinned.bytes());
+        self.pinned.grow(
+            more,
+            &format!("a snapshot with {bytes}-byte chunks (two chunk buffers)"),
+            PIN_FIX,
+        )?;
         self.chunk = bytes;
         self.per_area = bytes / PAIR;
         self.area = zeroed(bytes).map_err(|e| format!("snapshot metadata area: {e}"))?;
@@ -306,6 +329,7 @@ impl Store {
                 self.committed = i;
                 return Ok(false);
             }
+            self.charge_entry().map_err(DevError::Target)?;
             let corrupt = |why: &str| {
                 DevError::Target(format!(
                     "exception {i} of metadata area {} ({old} -> {new}) {why}: the snapshot's \
@@ -349,6 +373,23 @@ impl Store {
                 w[0]
             )));
         }
+        Ok(())
+    }
+
+    /// Charge the exception table's next entry (a batch at a time).
+    fn charge_entry(&mut self) -> Result<(), String> {
+        if (self.map.len() as u64) < self.charged_entries {
+            return Ok(());
+        }
+        self.pinned.grow(
+            ENTRY_BATCH * ENTRY_BYTES,
+            &format!(
+                "a snapshot's exception table past {} exceptions",
+                self.map.len()
+            ),
+            PIN_FIX,
+        )?;
+        self.charged_entries += ENTRY_BATCH;
         Ok(())
     }
 
@@ -416,6 +457,10 @@ impl Store {
     /// kernel's write there fails and invalidates the snapshot), checked
     /// here rather than left to a device that might grow instead.
     pub fn commit(&mut self, old: u64, new: u64) -> DevResult<()> {
+        // Before anything reaches the disk: out of pinned memory fails the
+        // commit, which invalidates the snapshot, as the kernel's failed
+        // exception allocation does.
+        self.charge_entry().map_err(DevError::Target)?;
         if self.kind == Kind::Persistent {
             let full = self.committed + 1 == self.per_area;
             let next = Self::area_location(self.per_area, self.current_area + 1);
@@ -496,6 +541,19 @@ impl Store {
         self.next_free = Self::area_location(self.per_area, self.current_area) + i + 1;
         self.map.remove(&old);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl Store {
+    /// A store charging the process's ledger.
+    pub fn open(
+        cow: Arc<dyn BlockDevice>,
+        kind: Kind,
+        chunk_sectors: u64,
+    ) -> Result<(Store, Opened), String> {
+        let pinned = crate::mem::PinnedLedger::global().reserve(None, "a snapshot", 0, "")?;
+        Self::open_pinned(cow, kind, chunk_sectors, pinned)
     }
 }
 
@@ -646,6 +704,68 @@ mod tests {
             out.push((1 + a * stride, area));
         }
         out
+    }
+
+    /// The two chunk buffers and the exception table are reserved from
+    /// the server's pinned memory: a reopen whose table would pass it is
+    /// refused by name, a live commit past it fails before the disk is
+    /// touched, and a dropped store gives everything back.
+    #[test]
+    fn the_exception_table_is_charged_to_the_pinned_memory() {
+        use crate::mem::PinnedLedger;
+        let c = cow(4400 * 512);
+        let pin = |l: &Arc<PinnedLedger>| l.reserve(Some("snap"), "a snapshot", 0, "").unwrap();
+        let big = PinnedLedger::new(1 << 30);
+        let (mut s, _) = Store::open_pinned(c.clone(), Kind::Persistent, 1, pin(&big)).unwrap();
+        assert_eq!(big.used(), 2 * 512, "two chunks before any exception");
+        for old in 0..=ENTRY_BATCH {
+            let new = s.allocate().unwrap();
+            s.commit(old, new).unwrap();
+        }
+        assert_eq!(big.used(), 2 * 512 + 2 * ENTRY_BATCH * ENTRY_BYTES);
+        drop(s);
+        assert_eq!(big.used(), 0);
+
+        let tight = PinnedLedger::new(2 * 512 + ENTRY_BATCH * ENTRY_BYTES);
+        let e = Store::open_pinned(c.clone(), Kind::Persistent, 1, pin(&tight))
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("device 'snap'")
+                && e.contains("exception table")
+                && e.contains("--pinned-memory"),
+            "{e}"
+        );
+        assert_eq!(tight.used(), 0);
+
+        let fresh = cow(4400 * 512);
+        let (mut s, _) =
+            Store::open_pinned(fresh.clone(), Kind::Persistent, 1, pin(&tight)).unwrap();
+        for old in 0..ENTRY_BATCH {
+            let new = s.allocate().unwrap();
+            s.commit(old, new).unwrap();
+        }
+        let new = s.allocate().unwrap();
+        let area = s.area.clone();
+        let e = s.commit(ENTRY_BATCH, new).unwrap_err().to_string();
+        assert!(e.contains("pinned metadata memory"), "{e}");
+        assert_eq!(s.area, area, "the refused commit changed nothing");
+        assert_eq!(s.len() as u64, ENTRY_BATCH);
+    }
+
+    /// The growing ledger refuses chunk buffers before allocating them.
+    #[test]
+    fn chunk_buffers_are_refused_before_they_are_allocated() {
+        let l = crate::mem::PinnedLedger::new(2 * 4096 - 1);
+        let p = l.reserve(None, "a snapshot", 0, "").unwrap();
+        let e = Store::open_pinned(cow(1 << 20), Kind::Persistent, 8, p)
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("4096-byte chunks") && e.contains("smaller chunk size"),
+            "{e}"
+        );
+        assert_eq!(l.used(), 0);
     }
 
     /// Every boundary of the layout, with a close and reopen before each
