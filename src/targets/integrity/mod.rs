@@ -1072,6 +1072,8 @@ impl Target for Integrity {
 pub const SB_BYTES: u64 = SB_SECTORS * 512;
 
 #[cfg(test)]
+mod lifecycle_tests;
+#[cfg(test)]
 mod meta_tests;
 #[cfg(test)]
 mod tests;
