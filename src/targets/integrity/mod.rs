@@ -10,11 +10,13 @@
 //! the in-memory journal and are acknowledged; a FLUSH makes the journal
 //! durable and a writer thread copies it to the places later
 //! ([`writeback`]), so a crash at any point leaves each sector and its
-//! tag in step: the journal is replayed when the device is opened. `D`
+//! tag in step: the journal is replayed when the table is resumed (never
+//! while it is only loaded: see [`Phase`]), and written back and emptied
+//! when it is suspended. `D`
 //! writes straight to the places (a crash can leave a sector that fails
 //! its check); `B` does too, after marking the regions it writes in a
 //! durable bitmap ([`bitmap`]) whose dirty regions get their tags
-//! recomputed at the next open after a crash; `R` is read-only and checks
+//! recomputed at the next resume after a crash; `R` is read-only and checks
 //! nothing (recovery). [`discard`] serves `allow_discards` and
 //! [`recalc`] `recalculate`, in every writing mode.
 //!
