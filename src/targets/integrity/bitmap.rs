@@ -11,7 +11,7 @@
 //! result without a window of unchecked reads.
 //!
 //! The superblock is marked dirty at the first write rather than at
-//! open (see [`Integrity::resume`]).
+//! open (see [`Integrity::recover`]).
 //!
 //! On disk the bitmap starts at the journal's first sector, in blocks of
 //! 4096 bytes; bit `k` (byte `k / 8`, bit `k % 8`) covers the sectors
@@ -160,7 +160,7 @@ impl Integrity {
     /// does: udm may build a table's targets more than once, and an
     /// instance that never wrote must not touch the superblock when it
     /// goes.
-    pub(super) fn resume(&self) -> DevResult<(u64, u8, bool)> {
+    pub(super) fn recover(&self) -> DevResult<(u64, u8, bool)> {
         let grown = self.resize_superblock()?;
         if self.lock().sb.has(flags::DIRTY_BITMAP) {
             self.recover_bitmap(grown)?;

@@ -45,12 +45,13 @@ impl Integrity {
         if a >= e {
             return Ok(());
         }
+        let run = self.running()?;
         let mut st = self.lock();
         let (s0, n) = (a / 512, (e - a) / 512);
         self.bitmap_mark(&mut st, s0, n)?;
         // In J mode the journal's older copies of these blocks go to their
         // places first, so none lands over the discard later.
-        self.around_journal(true, || self.discard_places(s0, n))?;
+        self.around_journal(&run, true, || self.discard_places(s0, n))?;
         self.bitmap_tick(&mut st)
     }
 

@@ -10,11 +10,13 @@
 //! the in-memory journal and are acknowledged; a FLUSH makes the journal
 //! durable and a writer thread copies it to the places later
 //! ([`writeback`]), so a crash at any point leaves each sector and its
-//! tag in step: the journal is replayed when the device is opened. `D`
+//! tag in step: the journal is replayed when the table is resumed (never
+//! while it is only loaded: see [`Phase`]), and written back and emptied
+//! when it is suspended. `D`
 //! writes straight to the places (a crash can leave a sector that fails
 //! its check); `B` does too, after marking the regions it writes in a
 //! durable bitmap ([`bitmap`]) whose dirty regions get their tags
-//! recomputed at the next open after a crash; `R` is read-only and checks
+//! recomputed at the next resume after a crash; `R` is read-only and checks
 //! nothing (recovery). [`discard`] serves `allow_discards` and
 //! [`recalc`] `recalculate`, in every writing mode.
 //!
@@ -43,7 +45,7 @@ pub mod tags;
 pub mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, Weak};
 
 use super::{Target, TargetArgs, TargetError, TargetOptions};
 use crate::core::device::{unopened, write_zeroes_by_writing, TagLayout};
@@ -52,6 +54,33 @@ use layout::{log2_buffer_of, Geometry};
 use params::{IntegrityParams, Mode};
 use superblock::{flags, Superblock, SB_SECTORS};
 use tags::Alg;
+
+/// Where an instance is in dm's lifecycle. Construction only reads:
+/// replay, bitmap recovery, the superblock's resize and `J` mode's writer
+/// all touch the disk, and a table loaded beside the live one (or built
+/// twice) must not do so while the live instance still writes there
+/// (the kernel does them in `dm_integrity_resume`, after the old table's
+/// postsuspend).
+enum Phase {
+    /// Built, never started: the first `resume` (or, for a target used
+    /// outside a managed device, the first request) starts it.
+    Loaded,
+    /// Started: the journal or bitmap is live.
+    Running,
+    /// Quiesced by `postsuspend`: everything written is in place and
+    /// durable, the journal empty, the bitmap clean.
+    Suspended,
+    /// Starting failed (a replay I/O error, a journal that fails its
+    /// check): every request fails with this reason.
+    Failed(String),
+}
+
+/// What `resume` starts and `postsuspend` stops.
+struct Run {
+    phase: Phase,
+    /// `J` mode's journal and its writer thread, while running.
+    journal: Option<writeback::Writeback>,
+}
 
 /// The `integrity` target type, for the table of [`super::TYPES`].
 pub static TYPE: super::TargetType = super::TargetType {
@@ -90,8 +119,9 @@ pub struct Integrity {
     len: u64,
     /// The superblock and bitmap as they are now; see [`State`].
     state: Mutex<State>,
-    /// `J` mode's journal, once replay is done.
-    journal: Option<writeback::Writeback>,
+    /// The lifecycle and `J` mode's journal. Lock order: `run`, then
+    /// `state`.
+    run: RwLock<Run>,
     /// `journal_crypt` and `journal_mac`.
     seal: Option<Arc<seal::Seal>>,
     mismatches: AtomicU64,
@@ -443,7 +473,10 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
             bitmap: None,
         }),
         seal,
-        journal: None,
+        run: RwLock::new(Run {
+            phase: Phase::Loaded,
+            journal: None,
+        }),
         p,
         dev,
         meta,
@@ -458,24 +491,14 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         me: Weak::new(),
         _pinned: pinned,
     };
-    let live = t.p.mode != Mode::Recovery && !checking;
-    if live {
+    if t.live() {
         t.check_recalc()?;
-        let (next, seq, replayed) = t
-            .resume()
+        // Only read here: what the journal holds is replayed at resume
+        // (see [`Phase`]); a wrong key or a damaged journal still refuses
+        // the load.
+        t.check_journal()
             .map_err(|e| TargetError::line(format!("journal replay on {}: {e}", t.p.dev)))?;
-        t.apply_recalc_options().map_err(|e| {
-            TargetError::line(format!("cannot write the superblock of {}: {e}", t.p.dev))
-        })?;
-        if t.p.mode == Mode::Journal {
-            t.journal = Some(t.start_journal(next, seq, replayed).map_err(|e| {
-                TargetError::line(format!("cannot start the journal of {}: {e}", t.p.dev))
-            })?);
-        }
     }
-    // The recalculation starts at `resume`, as the kernel queues it in
-    // `dm_integrity_resume`: a table loaded beside the live one (or built
-    // twice) must not recompute tags while another instance writes them.
     Ok(Arc::new_cyclic(|me| {
         t.me = me.clone();
         t
@@ -494,6 +517,118 @@ impl Integrity {
 
     fn salt(&self) -> Option<&[u8]> {
         self.sb.has(flags::FIXED_HMAC).then_some(&self.sb.salt[..])
+    }
+
+    /// Whether this instance writes the disk at all (`R` mode and the
+    /// unopened devices of `udm table check` never do).
+    fn live(&self) -> bool {
+        self.p.mode != Mode::Recovery && !unopened(&*self.dev) && !unopened(&*self.meta)
+    }
+
+    fn run_read(&self) -> RwLockReadGuard<'_, Run> {
+        self.run.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The construction's check of the journal, reading only: the
+    /// sections replay would take must carry their MACs (`journal_mac`).
+    /// A dirty bitmap's journal area holds the bitmap: nothing to check.
+    fn check_journal(&self) -> DevResult<()> {
+        if self.sb.has(flags::DIRTY_BITMAP) {
+            return Ok(());
+        }
+        let ids = self.seal.as_ref().map_or(&journal::KERNEL_IDS, |s| s.ids());
+        let plan = journal::plan_by_section(&self.g, ids, self.p.mode == Mode::Journal, |i| {
+            self.read_section(i)
+        })?;
+        self.check_macs(&plan)
+    }
+
+    /// The kernel's `dm_integrity_resume`, the disk's side: the
+    /// superblock takes the device's size, a dirty bitmap's regions get
+    /// their tags recomputed, the journal is replayed, the line's
+    /// recalculation options are applied, and `J` mode's writer starts.
+    fn start_disk(&self) -> DevResult<Option<writeback::Writeback>> {
+        if !self.live() {
+            return Ok(None);
+        }
+        let (next, seq, replayed) = self.recover()?;
+        self.apply_recalc_options()?;
+        if self.p.mode != Mode::Journal {
+            return Ok(None);
+        }
+        self.start_journal(next, seq, replayed).map(Some)
+    }
+
+    /// Starts the instance unless it runs; the reason it cannot, once
+    /// for all: the device's [`crate::core::Fault`] fails it (this table
+    /// alone outside a managed device).
+    fn ensure_running(&self) -> DevResult<()> {
+        let mut r = self.run.write().unwrap_or_else(|e| e.into_inner());
+        match &r.phase {
+            Phase::Running => return Ok(()),
+            Phase::Failed(why) => return Err(DevError::Target(why.clone())),
+            Phase::Loaded | Phase::Suspended => {}
+        }
+        match self.start_disk() {
+            Ok(j) => {
+                r.journal = j;
+                r.phase = Phase::Running;
+                Ok(())
+            }
+            Err(e) => {
+                let why = format!(
+                    "integrity {}: cannot start the device (journal replay, bitmap recovery or                      superblock update): {e}; check the device, then remove and create it again",
+                    self.p.dev
+                );
+                r.phase = Phase::Failed(why.clone());
+                match &self.options.fault {
+                    Some(f) => f.fail(why.clone()),
+                    None => tracing::error!("{why}"),
+                }
+                Err(DevError::Target(why))
+            }
+        }
+    }
+
+    /// The running instance, for a request: a target used without a
+    /// `resume` (in-process users, the fuzzers) starts at its first
+    /// request, as a resumed one would.
+    fn running(&self) -> DevResult<RwLockReadGuard<'_, Run>> {
+        loop {
+            {
+                let r = self.run_read();
+                match &r.phase {
+                    Phase::Running => return Ok(r),
+                    Phase::Failed(why) => return Err(DevError::Target(why.clone())),
+                    Phase::Loaded | Phase::Suspended => {}
+                }
+            }
+            self.ensure_running()?;
+        }
+    }
+
+    /// dm's postsuspend, the disk's side: `J` mode's journal committed,
+    /// placed, made durable and rewritten empty, its writer stopped;
+    /// bitmap mode's bitmap cleared with everything durable; `D` flushed.
+    /// The next table (or this one's next `resume`) starts from a clean
+    /// disk with nothing to replay or recompute.
+    fn quiesce(&self, r: &mut Run) {
+        if !matches!(r.phase, Phase::Running) {
+            return;
+        }
+        r.phase = Phase::Suspended;
+        if let Some(j) = r.journal.take() {
+            if let Err(e) = j.close() {
+                tracing::warn!("integrity {}: cannot empty the journal at suspend ({e}); it is replayed at the next resume", self.p.dev);
+            }
+            return;
+        }
+        if let Err(e) = self.close_bitmap() {
+            tracing::warn!("integrity {}: cannot mark the bitmap clean at suspend ({e}); its regions are recomputed at the next resume", self.p.dev);
+        }
+        if let Err(e) = self.flush_both() {
+            tracing::warn!("integrity {}: flush at suspend failed: {e}", self.p.dev);
+        }
     }
 
     /// The kernel's `replay_journal`: committed sections go to their
@@ -685,7 +820,8 @@ impl Integrity {
 
     /// Writes through the journal (`J`) or straight (`D`, `B`).
     fn write_blocks(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
-        if let Some(j) = &self.journal {
+        let run = self.running()?;
+        if let Some(j) = &run.journal {
             return j.write(offset / 512, data, writeback::Tags::Given(tags), fua);
         }
         let mut st = self.lock();
@@ -696,8 +832,13 @@ impl Integrity {
     /// journal places nothing (with `drain`, after it placed everything
     /// acknowledged so far; see [`writeback::Writeback::exclusive`]);
     /// straight away in the other modes.
-    fn around_journal<R>(&self, drain: bool, f: impl FnOnce() -> DevResult<R>) -> DevResult<R> {
-        match &self.journal {
+    fn around_journal<R>(
+        &self,
+        run: &Run,
+        drain: bool,
+        f: impl FnOnce() -> DevResult<R>,
+    ) -> DevResult<R> {
+        match &run.journal {
             Some(j) => j.exclusive(drain, f),
             None => f(),
         }
@@ -706,8 +847,14 @@ impl Integrity {
     /// Data and tags of whole blocks at `offset`, the journal's newer
     /// copies in place of the device's; per block, whether it came from
     /// the journal (its tag is ours: nothing to check).
-    fn read_current(&self, offset: u64, buf: &mut [u8], tags: &mut [u8]) -> DevResult<Vec<bool>> {
-        match &self.journal {
+    fn read_current(
+        &self,
+        run: &Run,
+        offset: u64,
+        buf: &mut [u8],
+        tags: &mut [u8],
+    ) -> DevResult<Vec<bool>> {
+        match &run.journal {
             Some(j) => j.read(offset / 512, buf, tags, &|b, t| self.read_raw(offset, b, t)),
             None => {
                 self.read_raw(offset, buf, tags)?;
@@ -757,8 +904,10 @@ impl BlockDevice for Integrity {
         // Taken before the tags are read: the recalculation moves it only
         // after the tags below it are written, so every tag checked here
         // was read after it was recomputed.
+        let run = self.running()?;
         let checked_below = self.checked_below();
-        let journaled = self.read_current(offset, buf, &mut tags)?;
+        let journaled = self.read_current(&run, offset, buf, &mut tags)?;
+        drop(run);
         let Some(a) = self.alg.as_ref().filter(|_| self.p.mode != Mode::Recovery) else {
             return Ok(());
         };
@@ -784,7 +933,8 @@ impl BlockDevice for Integrity {
         }
         let data = data.as_slice();
         self.check_range(offset, data.len())?;
-        if let Some(j) = &self.journal {
+        let run = self.running()?;
+        if let Some(j) = &run.journal {
             // The journal hashes each block as it copies it in: no buffer
             // of tags per write.
             let tags = match &self.alg {
@@ -796,6 +946,7 @@ impl BlockDevice for Integrity {
             };
             return j.write(offset / 512, data, tags, fua);
         }
+        drop(run);
         let mut tags = vec![0u8; data.len() / self.g.block_bytes() * self.g.tag_size as usize];
         self.compute_tags(offset / 512, data, &mut tags);
         self.write_blocks(offset, data, &tags, fua)
@@ -820,7 +971,8 @@ impl BlockDevice for Integrity {
                 l.sector_size
             )));
         }
-        self.read_current(offset, buf, tags).map(|_| ())
+        let run = self.running()?;
+        self.read_current(&run, offset, buf, tags).map(|_| ())
     }
     fn write_tagged(&self, offset: u64, data: &[u8], tags: &[u8], fua: bool) -> DevResult<()> {
         let l = self.tag_layout().ok_or(DevError::NotSupported(
@@ -845,7 +997,13 @@ impl BlockDevice for Integrity {
         if self.p.mode == Mode::Recovery {
             return Ok(());
         }
-        if let Some(j) = &self.journal {
+        // A suspended instance made everything durable at postsuspend
+        // (the flush of `dmsetup suspend` comes after it).
+        if matches!(self.run_read().phase, Phase::Suspended) {
+            return Ok(());
+        }
+        let run = self.running()?;
+        if let Some(j) = &run.journal {
             return j.flush();
         }
         let mut st = self.lock();
@@ -863,15 +1021,16 @@ impl BlockDevice for Integrity {
 impl Drop for Integrity {
     fn drop(&mut self) {
         self.end_recalc();
-        if let Err(e) = self.close_bitmap() {
-            tracing::warn!("integrity {}: cannot mark the bitmap clean at close ({e}); its regions are recomputed at the next open", self.p.dev);
-        }
-        let Some(j) = self.journal.take() else {
-            return;
-        };
-        if let Err(e) = j.close() {
-            tracing::warn!("integrity {}: cannot empty the journal at close ({e}); it is replayed at the next open", self.p.dev);
-        }
+        // A table that never ran (loaded, then replaced or cleared)
+        // leaves the disk as it found it.
+        let mut r = std::mem::replace(
+            self.run.get_mut().unwrap_or_else(|e| e.into_inner()),
+            Run {
+                phase: Phase::Loaded,
+                journal: None,
+            },
+        );
+        self.quiesce(&mut r);
     }
 }
 
@@ -899,8 +1058,16 @@ impl Target for Integrity {
     }
     fn postsuspend(&self) {
         self.stop_recalc();
+        let mut r = self.run.write().unwrap_or_else(|e| e.into_inner());
+        self.quiesce(&mut r);
     }
+    /// Replay, bitmap recovery and the resize happen here, after the old
+    /// table's postsuspend, then the background jobs start; a failure
+    /// fails this device (see [`Integrity::ensure_running`]).
     fn resume(&self) {
+        if self.ensure_running().is_err() {
+            return;
+        }
         if let Some(me) = self.me.upgrade() {
             Integrity::start_recalc(&me);
         }
@@ -910,6 +1077,8 @@ impl Target for Integrity {
 /// The superblock area's size in bytes.
 pub const SB_BYTES: u64 = SB_SECTORS * 512;
 
+#[cfg(test)]
+mod lifecycle_tests;
 #[cfg(test)]
 mod meta_tests;
 #[cfg(test)]

@@ -128,6 +128,12 @@ impl Integrity {
     /// One background step: the next chunk's tags, durable, then the
     /// superblock's position. `false` once the end is reached.
     fn recalc_step(&self) -> DevResult<bool> {
+        // Lock order: the lifecycle before the state. A step never starts
+        // the instance: the job runs only between resume and postsuspend.
+        let run = self.run_read();
+        if !matches!(run.phase, super::Phase::Running) {
+            return Ok(false);
+        }
         let mut st = self.lock();
         let end = self.g.provided_data_sectors;
         let pos = st.sb.recalc_sector;
@@ -137,7 +143,7 @@ impl Integrity {
         let next = (pos + CHUNK_SECTORS).min(end);
         // In J mode the writer thread does not place entries meanwhile:
         // its read-modify-write of a tag block would undo these tags.
-        self.around_journal(false, || self.recompute_tags(pos, next))?;
+        self.around_journal(&run, false, || self.recompute_tags(pos, next))?;
         self.meta.flush()?;
         let mut sb = st.sb.clone();
         sb.recalc_sector = next;

@@ -78,6 +78,8 @@ pub struct Snapshot {
     store_arg: &'static str,
     len: u64,
     merge: bool,
+    /// For the merge thread `resume` starts.
+    options: super::TargetOptions,
 }
 
 /// The store type word: `P`, `N` or `PO`, in either case, as the kernel.
@@ -202,6 +204,7 @@ fn build(a: &mut TargetArgs<'_>, merge: bool) -> Result<Snapshot, TargetError> {
         store_arg,
         len: a.len,
         merge,
+        options: a.options.clone(),
     })
 }
 
@@ -209,12 +212,12 @@ pub fn new_snapshot(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetErro
     Ok(Arc::new(build(&mut a, false)?))
 }
 
+/// The merge starts at the table's `resume`, as the kernel's
+/// `snapshot_merge_resume` starts it: a `snapshot-merge` table loaded while
+/// the snapshot and its origin are live must not move chunks into the
+/// origin under them, nor stop the live snapshot's copy-outs.
 pub fn new_merge(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
-    let t = build(&mut a, true)?;
-    if !unopened(t.snap.cow.as_ref()) {
-        merge::start(&t.snap, a.options).map_err(TargetError::line)?;
-    }
-    Ok(Arc::new(t))
+    Ok(Arc::new(build(&mut a, true)?))
 }
 
 pub fn new_origin(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
@@ -307,8 +310,16 @@ impl Target for Snapshot {
         }
     }
     fn resume(&self) {
-        if self.merge {
-            self.snap.merge_paused.store(false, Ordering::Release);
+        if !self.merge {
+            return;
+        }
+        self.snap.merge_paused.store(false, Ordering::Release);
+        if unopened(self.snap.cow.as_ref()) {
+            return;
+        }
+        if let Err(e) = merge::start(&self.snap, &self.options) {
+            tracing::error!("snapshot on {}: {e}", self.snap.cow_key);
+            self.snap.merge_failed.store(true, Ordering::Release);
         }
     }
 }

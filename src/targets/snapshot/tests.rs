@@ -197,6 +197,7 @@ fn merge_puts_the_snapshots_view_into_the_origin_and_empties_the_cow() {
     let view = read(snap.as_ref(), 0, 1 << 20);
     drop((snap, origin));
     let merged = build("snapshot-merge", &args, &mut m);
+    merged.resume();
     // Reads during the merge already see the snapshot.
     assert_eq!(read(merged.as_ref(), 0, 1 << 20), view);
     let t0 = Instant::now();
@@ -303,6 +304,59 @@ fn a_suspended_merge_waits_and_goes_on_at_resume() {
         assert!(t0.elapsed() < Duration::from_secs(20), "{}", again.status());
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// `dmsetup reload` of the origin's device with `snapshot-merge` while
+/// the snapshot and its origin are live: nothing merges before the
+/// table's resume (before, the merge ran from the load, moving chunks
+/// into the live origin and failing the live snapshot's writes).
+#[test]
+fn a_loaded_snapshot_merge_waits_for_its_resume() {
+    let t = "loadmerge";
+    let mut m = devices(t, 1 << 20);
+    let args = format!("@{t}-o @{t}-c P 8");
+    let snap = build("snapshot", &args, &mut m);
+    let origin = build("snapshot-origin", &format!("@{t}-o"), &mut m);
+    for i in 0..30u64 {
+        write(origin.as_ref(), i * 12288, 0xa0, 1024);
+        write(snap.as_ref(), i * 8192 + 512, i as u8, 512);
+    }
+    let merged = build("snapshot-merge", &args, &mut m);
+    let loaded = merged.status();
+    // The live tables go on: the snapshot takes writes, an origin write
+    // still copies its chunk out first.
+    write(snap.as_ref(), 600 * 512, 0x77, 512);
+    write(origin.as_ref(), 250 * 4096, 0x66, 512);
+    let before = merged.status();
+    assert_ne!(before, loaded, "the origin write copied nothing out");
+    let view = read(snap.as_ref(), 0, 1 << 20);
+    let live = read(origin.as_ref(), 0, 1 << 20);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(merged.status(), before, "merged before its resume");
+    assert!(
+        read(origin.as_ref(), 0, 1 << 20) == live,
+        "the live origin changed"
+    );
+    assert!(
+        read(snap.as_ref(), 0, 1 << 20) == view,
+        "the live snapshot changed"
+    );
+    // The swap: the old tables suspended, the merge table resumed.
+    snap.postsuspend();
+    origin.postsuspend();
+    drop((snap, origin));
+    merged.resume();
+    let t0 = Instant::now();
+    loop {
+        let st = merged.status();
+        let (a, rest) = st.split_once('/').unwrap();
+        if a == rest.split(' ').nth(1).unwrap() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "merge stuck: {st}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(read(m.0[&format!("@{t}-o")].as_ref(), 0, 1 << 20) == view);
 }
 
 /// Exceptions a persistent snapshot's status line counts: the first free
