@@ -116,6 +116,18 @@ impl DevInfo {
     pub fn failed(&self) -> Option<String> {
         self.device.fault().reason().map(str::to_string)
     }
+
+    /// Which device under this one has failed, and why: this one's
+    /// requests get EIO though its own code did not fail.
+    pub fn lower_failed(&self) -> Option<String> {
+        let routes = self.device.routes();
+        let l = routes.failed_lower()?;
+        Some(format!(
+            "device '{}' under it has failed ({})",
+            l.name,
+            l.fault.reason().unwrap_or("unknown reason")
+        ))
+    }
 }
 
 /// One segment of a table, for `table` and `status`.
@@ -277,6 +289,11 @@ impl Lookup for LiveLookup<'_> {
                 "device '{name}' has no live table yet: load and resume one first"
             )),
         }
+    }
+
+    fn fault_of(&mut self, name: &str) -> Option<Arc<crate::core::Fault>> {
+        let d = self.devs.iter().find(|d| d.name == name)?;
+        Some(d.device.fault().clone())
     }
 }
 
