@@ -460,6 +460,43 @@ mod tests {
         assert_eq!(d.stats().snapshot().in_flight, 0);
     }
 
+    /// Routes compiled over a device that has since failed answer every
+    /// request, submitted or not, with an error naming it, and nothing
+    /// reaches the device below; this device is not failed by it.
+    #[test]
+    fn requests_over_a_failed_lower_device_fail_without_reaching_it() {
+        let inner = Arc::new(AtOnce {
+            submitted: AtomicUsize::new(0),
+        });
+        let low = Arc::new(Fault::new());
+        let d = LiveDevice::new(false, false);
+        let route = Route {
+            start: 0,
+            len: 1 << 20,
+            dev: inner.clone(),
+            shift: 0,
+        };
+        let lower = vec![crate::dm::route::Lower {
+            name: "low".into(),
+            fault: low.clone(),
+        }];
+        d.swap(Arc::new(
+            Routes::new(vec![route], Limits::default()).over(lower),
+        ));
+        let mut buf = vec![0u8; 4096];
+        assert!(matches!(submit(&d, false, &mut buf), Some(Ok(()))));
+        low.fail("a test");
+        let r = submit(&d, true, &mut buf);
+        assert!(
+            matches!(&r, Some(Err(e)) if e.to_string().contains("device 'low' under this one")),
+            "{r:?}"
+        );
+        assert_eq!(inner.submitted.load(Ordering::SeqCst), 1);
+        assert_eq!(d.read(0, &mut buf).unwrap_err().nbd_errno(false), 5);
+        assert!(!d.fault().is_failed());
+        assert_eq!(d.stats().snapshot().in_flight, 0);
+    }
+
     fn submit(d: &LiveDevice, write: bool, buf: &mut [u8]) -> Option<DevResult<()>> {
         crate::core::device::submit_and_wait(d, write, 0, buf, None)
     }
