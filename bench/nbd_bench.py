@@ -143,11 +143,17 @@ def setup(d, size_mib, udm, no_crypt=False):
         f.write(f"0 {sectors} linear {img} 0\n")
     with open(os.path.join(d, "striped.table"), "w") as f:
         f.write(f"0 {sectors} striped 2 128 {legs[0]} 0 {legs[1]} 0\n")
+    with open(os.path.join(d, "stacked.table"), "w") as f:
+        f.write(f"0 {sectors} linear @low 0\n")
     configs = {
         "nbdkit-file": ["nbdkit", "-f", "-U", sock, "file", img],
         "udm-file": [udm, "serve", "--socket", sock, "--file", f"bench={img}"],
         "udm-linear": [udm, "serve", "--socket", sock, "--table", f"bench={d}/linear.table"],
         "udm-striped": [udm, "serve", "--socket", sock, "--table", f"bench={d}/striped.table"],
+        # A linear device over another (`low`): compiled to udm-linear's
+        # one route, plus the check of the device under it.
+        "udm-stacked": [udm, "serve", "--socket", sock, "--table", f"low={d}/linear.table",
+                        "--table", f"bench={d}/stacked.table"],
         # Plain reads of tmpfs files go through udm's mapping; this is the
         # ablation (pread).
         "udm-linear-nomap": [udm, "serve", "--no-mmap", "--socket", sock, "--table", f"bench={d}/linear.table"],

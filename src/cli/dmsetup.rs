@@ -1099,6 +1099,10 @@ fn info(o: &Opts, args: &[String]) -> Result<(), Failure> {
         if let Some(why) = &d.failed {
             println!("Failed:            {why}");
         }
+        // And for one whose requests fail because a device under it did.
+        if let Some(why) = &d.lower_failed {
+            println!("Lower failed:      {why}");
+        }
         println!("Read Ahead:        {}", report::READ_AHEAD);
         if !d.live_table && !d.inactive_table {
             println!("Tables present:    None");
@@ -1486,6 +1490,7 @@ mod tests {
             file: None,
             nbd_uri: None,
             failed: None,
+            lower_failed: None,
             suspended: false,
             live_table: true,
             inactive_table: false,

@@ -62,6 +62,11 @@ pub struct DeviceInfo {
     /// status lines read `Fail`, as dm-thin's do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// Which device this one is built on has failed, and why: its
+    /// requests get EIO (a dm device over a failed one gets its errors)
+    /// though this device itself has not failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_failed: Option<String>,
 }
 
 /// One segment's status line.
@@ -104,6 +109,11 @@ pub struct DeviceStatus {
     /// status lines read `Fail`, as dm-thin's do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// Which device this one is built on has failed, and why: its
+    /// requests get EIO (a dm device over a failed one gets its errors)
+    /// though this device itself has not failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_failed: Option<String>,
 }
 
 /// One device of a `table` reply; its lines are in the payload, in the

@@ -282,6 +282,7 @@ impl Service {
         let at = self.locations.read().unwrap_or_else(|p| p.into_inner());
         DeviceInfo {
             failed: d.failed(),
+            lower_failed: d.lower_failed(),
             allow,
             file: at.file(&d.name).filter(|_| exported),
             nbd_uri: at.nbd_uri(&d.name).filter(|_| exported),
@@ -520,6 +521,7 @@ impl Service {
                 .unwrap_or_default();
             out.push(DeviceStatus {
                 failed: d.failed(),
+                lower_failed: d.lower_failed(),
                 name: d.name.clone(),
                 major: MAJOR,
                 minor: d.minor,

@@ -13,7 +13,10 @@
 //! It is also the fault boundary of the request path (`core::fault`): the
 //! targets under it run inside [`Fault::contain`], so a panic in one fails
 //! this device (its requests get EIO from then on, `status` says why) and
-//! never the event loop or worker that carried the request.
+//! never the event loop or worker that carried the request. A device it
+//! was compiled over that has failed fails its requests too (EIO naming
+//! that device, [`Routes::check_lower`]), without failing this one: its
+//! own code did not.
 
 use std::sync::Arc;
 
@@ -146,9 +149,11 @@ impl BlockDevice for LiveDevice {
         self.fault.check()?;
         let t = self.stats.start();
         let n = buf.len() as u64;
-        let r = self
-            .fault
-            .contain("a read", || self.routes.load().read(offset, buf));
+        let r = self.fault.contain("a read", || {
+            let routes = self.routes.load();
+            routes.check_lower()?;
+            routes.read(offset, buf)
+        });
         self.stats.done_at(t, StatOp::Read, offset, n, r.is_ok());
         r
     }
@@ -161,9 +166,11 @@ impl BlockDevice for LiveDevice {
         self.fault.check()?;
         let t = self.stats.start();
         let n = data.len() as u64;
-        let r = self
-            .fault
-            .contain("a write", || self.routes.load().write(offset, data, fua));
+        let r = self.fault.contain("a write", || {
+            let routes = self.routes.load();
+            routes.check_lower()?;
+            routes.write(offset, data, fua)
+        });
         self.stats.done_at(t, StatOp::Write, offset, n, r.is_ok());
         r
     }
@@ -172,7 +179,7 @@ impl BlockDevice for LiveDevice {
     /// the borrower does with the bytes is its own business).
     fn lend(&self, offset: u64, len: usize, f: &mut dyn FnMut(&dyn Lent)) -> bool {
         let routes = self.routes.load();
-        if !routes.lends() || self.fault.is_failed() {
+        if !routes.lends() || self.fault.is_failed() || routes.check_lower().is_err() {
             return false;
         }
         let t = self.stats.start();
@@ -225,6 +232,9 @@ impl BlockDevice for LiveDevice {
             return (io.done)(Some(Err(e)));
         }
         let routes = self.routes.load_full();
+        if let Err(e) = routes.check_lower() {
+            return (io.done)(Some(Err(e)));
+        }
         let t = self.stats.start();
         let (op, n) = if io.write {
             (StatOp::Write, io.len as u64)
@@ -266,7 +276,11 @@ impl BlockDevice for LiveDevice {
     fn flush(&self) -> DevResult<()> {
         let t = self.stats.start();
         self.fault.check()?;
-        let r = self.fault.contain("a flush", || self.routes.load().flush());
+        let r = self.fault.contain("a flush", || {
+            let routes = self.routes.load();
+            routes.check_lower()?;
+            routes.flush()
+        });
         self.stats.done(t, StatOp::Flush, 0, r.is_ok());
         r
     }
@@ -277,9 +291,11 @@ impl BlockDevice for LiveDevice {
         }
         let t = self.stats.start();
         self.fault.check()?;
-        let r = self
-            .fault
-            .contain("a discard", || self.routes.load().discard(offset, len));
+        let r = self.fault.contain("a discard", || {
+            let routes = self.routes.load();
+            routes.check_lower()?;
+            routes.discard(offset, len)
+        });
         self.stats.done(t, StatOp::Discard, len, r.is_ok());
         r
     }
@@ -291,7 +307,9 @@ impl BlockDevice for LiveDevice {
         let t = self.stats.start();
         self.fault.check()?;
         let r = self.fault.contain("a zeroing write", || {
-            self.routes.load().write_zeroes(offset, len, fua)
+            let routes = self.routes.load();
+            routes.check_lower()?;
+            routes.write_zeroes(offset, len, fua)
         });
         self.stats.done_at(t, StatOp::Write, offset, len, r.is_ok());
         r
@@ -306,7 +324,9 @@ impl BlockDevice for LiveDevice {
     ) -> DevResult<()> {
         self.fault.check()?;
         self.fault.contain("a block status query", || {
-            self.routes.load().extents(offset, len, out)
+            let routes = self.routes.load();
+            routes.check_lower()?;
+            routes.extents(offset, len, out)
         })
     }
 }
@@ -437,6 +457,43 @@ mod tests {
         assert!(d.fault().is_failed());
         // The next one is refused at the door.
         assert!(matches!(submit(&d, true, &mut buf), Some(Err(_))));
+        assert_eq!(d.stats().snapshot().in_flight, 0);
+    }
+
+    /// Routes compiled over a device that has since failed answer every
+    /// request, submitted or not, with an error naming it, and nothing
+    /// reaches the device below; this device is not failed by it.
+    #[test]
+    fn requests_over_a_failed_lower_device_fail_without_reaching_it() {
+        let inner = Arc::new(AtOnce {
+            submitted: AtomicUsize::new(0),
+        });
+        let low = Arc::new(Fault::new());
+        let d = LiveDevice::new(false, false);
+        let route = Route {
+            start: 0,
+            len: 1 << 20,
+            dev: inner.clone(),
+            shift: 0,
+        };
+        let lower = vec![crate::dm::route::Lower {
+            name: "low".into(),
+            fault: low.clone(),
+        }];
+        d.swap(Arc::new(
+            Routes::new(vec![route], Limits::default()).over(lower),
+        ));
+        let mut buf = vec![0u8; 4096];
+        assert!(matches!(submit(&d, false, &mut buf), Some(Ok(()))));
+        low.fail("a test");
+        let r = submit(&d, true, &mut buf);
+        assert!(
+            matches!(&r, Some(Err(e)) if e.to_string().contains("device 'low' under this one")),
+            "{r:?}"
+        );
+        assert_eq!(inner.submitted.load(Ordering::SeqCst), 1);
+        assert_eq!(d.read(0, &mut buf).unwrap_err().nbd_errno(false), 5);
+        assert!(!d.fault().is_failed());
         assert_eq!(d.stats().snapshot().in_flight, 0);
     }
 

@@ -18,5 +18,5 @@ pub mod route;
 pub mod stats;
 
 pub use live::LiveDevice;
-pub use route::{Route, Routes};
+pub use route::{Lower, Route, Routes};
 pub use stats::{Snapshot, StatOp, Stats};

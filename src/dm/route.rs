@@ -18,11 +18,18 @@
 //! case, and the only one where forwarding is free); a request that must be
 //! cut takes the generic path, because a boundary need not fall on a whole
 //! unit of the transform.
+//!
+//! Because a compiled stack skips the devices it folds, their failure
+//! (`core::fault`) cannot stop a request on its way through them: the
+//! routes carry the [`Fault`] of every device they were compiled over
+//! instead ([`Routes::lower`]), and the live device checks them before
+//! routing, as a kernel dm device over an errored dm device gets its
+//! errors.
 
 use std::sync::Arc;
 
 use crate::core::device::{read_transformed_by_reading, write_transformed_by_writing, Transform};
-use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Lent, Limits, WriteBuf};
+use crate::core::{AsyncIo, BlockDevice, DevError, DevResult, Fault, Lent, Limits, WriteBuf};
 
 /// `[start, start+len)` of the mapped device is `[shift, shift+len)` of `dev`.
 #[derive(Clone)]
@@ -33,9 +40,20 @@ pub struct Route {
     pub shift: u64,
 }
 
+/// A udm device these routes were compiled over (named in the table, or
+/// under one that is), by the name it had then.
+#[derive(Clone)]
+pub struct Lower {
+    pub name: Arc<str>,
+    pub fault: Arc<Fault>,
+}
+
 /// Contiguous routes from 0, with the limits of the device they form.
 pub struct Routes {
     routes: Vec<Route>,
+    /// The devices compiled into these routes, transitively, once each:
+    /// usually none, a handful for a deep stack.
+    lower: Box<[Lower]>,
     /// Each route's device's [`Limits::io_boundary`] (0: none), read once
     /// here so a request does not ask its device.
     bounds: Vec<u64>,
@@ -67,6 +85,7 @@ impl Routes {
         let bounds = routes.iter().map(|r| r.dev.limits().io_boundary).collect();
         Routes {
             routes,
+            lower: Box::default(),
             bounds,
             size,
             limits,
@@ -77,11 +96,56 @@ impl Routes {
         }
     }
 
+    /// The same routes, failing while any device of `lower` has failed.
+    pub fn over(mut self, lower: Vec<Lower>) -> Routes {
+        self.lower = lower.into_boxed_slice();
+        self
+    }
+
+    /// The devices these routes were compiled over.
+    pub fn lower(&self) -> &[Lower] {
+        &self.lower
+    }
+
+    /// The first device under these routes that has failed.
+    pub fn failed_lower(&self) -> Option<&Lower> {
+        self.lower.iter().find(|l| l.fault.is_failed())
+    }
+
+    /// `Ok` while every device under these routes works: one load of a
+    /// flag written once per device, so nothing here is written by the
+    /// cores that read it.
+    #[inline]
+    pub fn check_lower(&self) -> DevResult<()> {
+        match self.lower.iter().any(|l| l.fault.is_failed()) {
+            false => Ok(()),
+            true => Err(self.lower_error()),
+        }
+    }
+
+    /// The error (EIO) of a request over a failed device: it names the
+    /// device and its reason, so the cause is found from the device the
+    /// client uses.
+    #[cold]
+    fn lower_error(&self) -> DevError {
+        let Some(l) = self.failed_lower() else {
+            return DevError::Target("a device under this one has failed".into());
+        };
+        DevError::Target(format!(
+            "device '{}' under this one has failed ({}); remove this device and '{}', fix the \
+             cause and create them again",
+            l.name,
+            l.fault.reason().unwrap_or("unknown reason"),
+            l.name
+        ))
+    }
+
     /// A device of `size` bytes on which every request fails: the table
     /// of a device removed with `--force`, as dm swaps in an error table.
     pub fn failing(size: u64, limits: Limits) -> Routes {
         Routes {
             routes: Vec::new(),
+            lower: Box::default(),
             bounds: Vec::new(),
             size,
             limits,

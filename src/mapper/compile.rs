@@ -22,6 +22,11 @@
 //! striped device's bytes) stays one call deeper, through the lower
 //! device's own target objects, which are shared: a leg failing under a
 //! stack is counted in the lower device's status, where dm shows it too.
+//!
+//! Folding skips the lower devices' own doors, so the routes keep the
+//! failure state of each device they were compiled over, transitively
+//! ([`Routes::lower`]): a request over a failed device fails however
+//! flat its stack.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,8 +36,8 @@ use zeroize::Zeroizing;
 
 use super::mapped::MappedDevice;
 use crate::core::table;
-use crate::core::BlockDevice;
-use crate::dm::route::{Route, Routes};
+use crate::core::{BlockDevice, Fault};
+use crate::dm::route::{Lower, Route, Routes};
 use crate::store::{Location, OpenFlags};
 use crate::targets::{DeviceResolver, TargetOptions};
 
@@ -106,6 +111,13 @@ fn resized(path: &Path, store: &dyn BlockDevice) -> bool {
 pub trait Lookup {
     /// The live routes of udm device `name`, or why it cannot be used.
     fn routes_of(&mut self, name: &str) -> Result<Arc<Routes>, String>;
+
+    /// The failure state of udm device `name`, which a table over it
+    /// checks on every request; `None` where devices cannot fail (a table
+    /// checked offline).
+    fn fault_of(&mut self, _name: &str) -> Option<Arc<Fault>> {
+        None
+    }
 }
 
 struct Resolver<'a> {
@@ -115,6 +127,8 @@ struct Resolver<'a> {
     /// The routes handed out for device names, to recognise them again.
     views: Vec<Arc<Routes>>,
     deps: Vec<Dep>,
+    /// The devices reached, transitively, once each.
+    lower: Vec<Lower>,
     /// Fold stacks (off only for the benchmark's ablation).
     flatten: bool,
 }
@@ -130,12 +144,27 @@ impl Resolver<'_> {
             self.deps.push(d);
         }
     }
+
+    fn reach(&mut self, l: Lower) {
+        if !self.lower.iter().any(|x| Arc::ptr_eq(&x.fault, &l.fault)) {
+            self.lower.push(l);
+        }
+    }
 }
 
 impl DeviceResolver for Resolver<'_> {
     fn resolve(&mut self, spec: &str) -> Result<Arc<dyn BlockDevice>, String> {
         if let Some(name) = device_name(spec) {
             let r = self.lookup.routes_of(name)?;
+            if let Some(fault) = self.lookup.fault_of(name) {
+                self.reach(Lower {
+                    name: name.into(),
+                    fault,
+                });
+            }
+            for l in r.lower() {
+                self.reach(l.clone());
+            }
             self.note(Dep::Device(name.to_string()));
             if !self.views.iter().any(|v| Arc::ptr_eq(v, &r)) {
                 self.views.push(r.clone());
@@ -203,6 +232,7 @@ pub fn compile(
         flags,
         views: Vec::new(),
         deps: Vec::new(),
+        lower: Vec::new(),
         flatten,
     };
     let built = super::build(&lines, &mut res, options);
@@ -235,7 +265,7 @@ pub fn compile(
             }),
         }
     }
-    let routes = Arc::new(Routes::new(merge(routes), mapped.limits()));
+    let routes = Arc::new(Routes::new(merge(routes), mapped.limits()).over(res.lower));
     Ok(Compiled {
         mapped,
         routes,

@@ -116,6 +116,18 @@ impl DevInfo {
     pub fn failed(&self) -> Option<String> {
         self.device.fault().reason().map(str::to_string)
     }
+
+    /// Which device under this one has failed, and why: this one's
+    /// requests get EIO though its own code did not fail.
+    pub fn lower_failed(&self) -> Option<String> {
+        let routes = self.device.routes();
+        let l = routes.failed_lower()?;
+        Some(format!(
+            "device '{}' under it has failed ({})",
+            l.name,
+            l.fault.reason().unwrap_or("unknown reason")
+        ))
+    }
 }
 
 /// One segment of a table, for `table` and `status`.
@@ -277,6 +289,11 @@ impl Lookup for LiveLookup<'_> {
                 "device '{name}' has no live table yet: load and resume one first"
             )),
         }
+    }
+
+    fn fault_of(&mut self, name: &str) -> Option<Arc<crate::core::Fault>> {
+        let d = self.devs.iter().find(|d| d.name == name)?;
+        Some(d.device.fault().clone())
     }
 }
 
@@ -939,6 +956,52 @@ mod tests {
         d.load("l1", z(&format!("0 8 linear {a} 0\n"))).unwrap();
         let e = d.prepare_resume("l1").err().unwrap();
         assert!(e.contains("'s'"), "{e}");
+    }
+
+    /// A device's failure reaches every device compiled over it, however
+    /// deep and however flat: their requests fail naming it, they are not
+    /// failed themselves, and a device beside it goes on.
+    #[test]
+    fn a_failed_device_fails_the_requests_of_the_stack_over_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = |n: &str| {
+            let p = dir.path().join(n);
+            std::fs::File::create(&p).unwrap().set_len(4 << 20).unwrap();
+            p.display().to_string()
+        };
+        let (a, b) = (f("a"), f("b"));
+        for flatten in [true, false] {
+            let d = Devices::new(BuildOptions::default(), flatten, false);
+            up(&d, "l1", &format!("0 4096 linear {a} 0\n"));
+            up(&d, "l2", &format!("0 4096 linear {b} 0\n"));
+            up(&d, "s", "0 8192 striped 2 8 @l1 0 @l2 0\n");
+            up(&d, "top", "0 8192 linear @s 0\n");
+            up(&d, "beside", "0 4096 linear @l2 0\n");
+            let top = d.info("top").unwrap().device;
+            let names: Vec<_> = top
+                .routes()
+                .lower()
+                .iter()
+                .map(|l| l.name.to_string())
+                .collect();
+            assert_eq!(names, ["s", "l1", "l2"], "flatten {flatten}");
+            let mut buf = vec![0u8; 8192];
+            top.read(0, &mut buf).unwrap();
+            d.info("l1").unwrap().device.fault().fail("a test");
+            let e = top.read(0, &mut buf).unwrap_err();
+            assert!(e.to_string().contains("device 'l1' under this one"), "{e}");
+            assert_eq!(e.nbd_errno(false), 5);
+            let w = top.write(0, WriteBuf::Borrowed(&buf), false);
+            assert!(w.is_err(), "flatten {flatten}");
+            assert!(top.flush().is_err() && top.discard(0, 4096).is_err());
+            assert!(top.write_zeroes(0, 4096, false).is_err());
+            assert!(!top.fault().is_failed(), "top's own code did not fail");
+            let why = d.info("top").unwrap().lower_failed().unwrap();
+            assert!(why.contains("'l1'") && why.contains("a test"), "{why}");
+            assert!(d.info("beside").unwrap().lower_failed().is_none());
+            let beside = d.info("beside").unwrap().device;
+            beside.read(0, &mut buf[..4096]).unwrap();
+        }
     }
 
     /// What the registry of start-time devices refused, the one path
