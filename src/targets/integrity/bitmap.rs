@@ -163,7 +163,13 @@ impl Integrity {
     pub(super) fn recover(&self) -> DevResult<(u64, u8, bool)> {
         let grown = self.resize_superblock()?;
         if self.lock().sb.has(flags::DIRTY_BITMAP) {
-            self.recover_bitmap(grown)?;
+            let ranges = self.dirty_ranges(grown)?;
+            let n: u64 = ranges.iter().map(|&(s, e)| e - s).sum();
+            if n <= SYNC_RECOVERY_MAX {
+                self.recover_now(&ranges)?;
+            } else {
+                self.recover_later(ranges)?;
+            }
             self.write_empty_journal(0)?;
             self.meta.flush()?;
             let mut st = self.lock();
@@ -216,30 +222,33 @@ impl Integrity {
         Ok(())
     }
 
-    /// Recomputes the tags of the regions the on-disk bitmap marks dirty
-    /// (all of the device when it was written with another bit size), and
-    /// of the sectors from `grown` on, which a device that grew added (the
-    /// kernel sets their bits at resume).
-    fn recover_bitmap(&self, grown: Option<u64>) -> DevResult<()> {
+    /// The regions the on-disk bitmap marks dirty (all of the device when
+    /// it was written with another bit size), and the sectors from `grown`
+    /// on, which a device that grew added (the kernel sets their bits at
+    /// resume).
+    fn dirty_ranges(&self, grown: Option<u64>) -> DevResult<Vec<(u64, u64)>> {
         // Only a bitmap of the bit size this line computes is read: that
         // one fits the journal area; the superblock's own value may be
         // anything (a corrupt one is a shift past 63 bits).
         let sb_l2 = self.lock().sb.log2_blocks_per_bitmap_bit;
         let end = self.g.provided_data_sectors;
-        let ranges = if sb_l2 == self.wanted_log2_bpb() {
-            let mut b = Bitmap::new(&self.g, sb_l2, None);
-            let at = self.g.journal_sector(0, 0) * 512;
-            self.meta.read(at, b.bytes_mut())?;
-            let mut r = b.dirty();
-            if let Some(old) = grown {
-                r.push((old, end));
-            }
-            r
-        } else {
-            vec![(0, end)]
-        };
+        if sb_l2 != self.wanted_log2_bpb() {
+            return Ok(vec![(0, end)]);
+        }
+        let mut b = Bitmap::new(&self.g, sb_l2, None);
+        let at = self.g.journal_sector(0, 0) * 512;
+        self.meta.read(at, b.bytes_mut())?;
+        let mut r = b.dirty();
+        if let Some(old) = grown {
+            r.push((old, end));
+        }
+        Ok(merged(r))
+    }
+
+    /// A few dirty regions are recomputed at once, as part of the resume.
+    fn recover_now(&self, ranges: &[(u64, u64)]) -> DevResult<()> {
         let mut n = 0;
-        for &(s, e) in &ranges {
+        for &(s, e) in ranges {
             self.recompute_tags(s, e)?;
             n += e - s;
         }
@@ -250,6 +259,43 @@ impl Integrity {
             );
         }
         self.flush_both()
+    }
+
+    /// Many are left to the background recalculation, as the kernel does
+    /// (`dm_integrity_resume` turns a dirty bitmap into `RECALCULATING`
+    /// from the start): a resume that recomputed a large device's tags
+    /// would hold every control verb behind it for minutes. The superblock
+    /// says `RECALCULATING` from the first dirty region before
+    /// `DIRTY_BITMAP` is cleared, so a crash meanwhile recomputes
+    /// everything from the position (more than needed, never less); reads
+    /// past the position are not checked until the job passes them.
+    fn recover_later(&self, ranges: Vec<(u64, u64)>) -> DevResult<()> {
+        let o = &self.p.opts;
+        let mut st = self.lock();
+        let mut sb = st.sb.clone();
+        let mut set = ranges;
+        if sb.has(flags::RECALCULATING) && sb.recalc_sector < self.g.provided_data_sectors {
+            set.push((sb.recalc_sector, self.g.provided_data_sectors));
+        }
+        let set = merged(set);
+        let Some(&(first, _)) = set.first() else {
+            return Ok(());
+        };
+        // A line asking for a recalculation of everything gets it (as the
+        // options would give it: from the start unless one runs).
+        let all = o.reset_recalculate || (o.recalculate && !sb.has(flags::RECALCULATING));
+        sb.flags |= flags::RECALCULATING;
+        sb.recalc_sector = if all { 0 } else { first };
+        self.write_live_superblock(&mut sb)?;
+        tracing::info!(
+            "integrity {}: the bitmap marks {} sectors dirty; their tags are recomputed in the \
+             background from sector {first}",
+            self.p.dev,
+            set.iter().map(|&(s, e)| e - s).sum::<u64>()
+        );
+        st.sb = sb;
+        st.recover = (!all).then_some(set);
+        Ok(())
     }
 
     /// A `D` or `B` write: in bitmap mode its regions are marked dirty
@@ -451,6 +497,50 @@ mod target_tests {
         );
     }
 
+    /// A dirty bitmap covering more than a resume should recompute (here
+    /// one of another bit size: the whole device) goes to the background
+    /// recalculation, as the kernel's: the resume returns with the
+    /// superblock saying `RECALCULATING` from the first dirty sector, and
+    /// the job brings every tag back. Before, the resume recomputed the
+    /// whole device while every control verb waited.
+    #[test]
+    fn a_large_dirty_bitmap_is_recovered_in_the_background() {
+        const BIG: u64 = 512 << 20;
+        let m = Arc::new(MemStore::new(BIG));
+        let t = open(&m, B, 1 << 20).unwrap();
+        t.write(0, WriteBuf::Borrowed(&[7u8; 4096]), false).unwrap();
+        std::mem::forget(t);
+        let other = B.replace("sectors_per_bit:8", "sectors_per_bit:16");
+        let t = crate::targets::integrity::tests::load(&m, &other, 1 << 20).unwrap();
+        t.resume();
+        t.postsuspend();
+        let s = sb(&m);
+        assert!(!s.has(flags::DIRTY_BITMAP), "{s:?}");
+        assert!(s.has(flags::RECALCULATING), "{s:?}");
+        assert!(
+            s.recalc_sector < s.provided_data_sectors,
+            "the resume recomputed all {} sectors itself",
+            s.provided_data_sectors
+        );
+        t.resume();
+        let t0 = std::time::Instant::now();
+        while sb(&m).recalc_sector < s.provided_data_sectors {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(120));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let mut b = [0u8; 4096];
+        t.read(0, &mut b).unwrap();
+        assert_eq!(b, [7u8; 4096]);
+    }
+
+    #[test]
+    fn merged_joins_touching_and_overlapping_regions() {
+        assert_eq!(
+            super::merged(vec![(8, 16), (0, 8), (20, 24), (22, 30), (40, 40)]),
+            vec![(0, 16), (20, 30)]
+        );
+    }
+
     #[test]
     fn a_due_flush_clears_the_bitmap() {
         let m = Arc::new(MemStore::new(DEV));
@@ -526,4 +616,22 @@ mod target_tests {
         t.read(8192, &mut b).unwrap();
         assert_eq!(b, [6u8; 4096]);
     }
+}
+
+/// Dirty regions recomputed within the resume; more go to the background
+/// recalculation (64 MiB of data: well under a second of hashing).
+const SYNC_RECOVERY_MAX: u64 = 1 << 17;
+
+/// `r` sorted, with overlapping or touching regions joined.
+fn merged(mut r: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    r.retain(|&(s, e)| e > s);
+    r.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(r.len());
+    for (s, e) in r {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
 }

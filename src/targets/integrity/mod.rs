@@ -104,6 +104,10 @@ struct State {
     sb: Superblock,
     /// Bitmap mode's dirty bitmap.
     bitmap: Option<bitmap::Bitmap>,
+    /// The regions a dirty bitmap left for the background recalculation
+    /// (sorted, disjoint; see [`bitmap`]): it recomputes only these, and
+    /// after a restart everything from its position.
+    recover: Option<Vec<(u64, u64)>>,
 }
 
 pub struct Integrity {
@@ -471,6 +475,7 @@ pub fn new(mut a: TargetArgs<'_>) -> Result<Arc<dyn Target>, TargetError> {
         state: Mutex::new(State {
             sb: sb.clone(),
             bitmap: None,
+            recover: None,
         }),
         seal,
         run: RwLock::new(Run {

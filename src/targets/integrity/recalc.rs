@@ -140,15 +140,39 @@ impl Integrity {
         if !st.sb.has(flags::RECALCULATING) || pos >= end {
             return Ok(false);
         }
-        let next = (pos + CHUNK_SECTORS).min(end);
-        // In J mode the writer thread does not place entries meanwhile:
-        // its read-modify-write of a tag block would undo these tags.
-        self.around_journal(&run, false, || self.recompute_tags(pos, next))?;
-        self.meta.flush()?;
+        let mut next = (pos + CHUNK_SECTORS).min(end);
+        // A dirty bitmap's recovery recomputes its regions only: a clean
+        // stretch is passed over in one step.
+        let skip = match &st.recover {
+            Some(set) => match set.iter().find(|&&(_, e)| e > pos) {
+                Some(&(s, _)) if s > pos => {
+                    next = s.min(end);
+                    true
+                }
+                Some(&(_, e)) => {
+                    next = next.min(e);
+                    false
+                }
+                None => {
+                    next = end;
+                    true
+                }
+            },
+            None => false,
+        };
+        if !skip {
+            // In J mode the writer thread does not place entries meanwhile:
+            // its read-modify-write of a tag block would undo these tags.
+            self.around_journal(&run, false, || self.recompute_tags(pos, next))?;
+            self.meta.flush()?;
+        }
         let mut sb = st.sb.clone();
         sb.recalc_sector = next;
         self.write_live_superblock(&mut sb)?;
         st.sb = sb;
+        if next >= end {
+            st.recover = None;
+        }
         self.recalc_at
             .store(if next >= end { u64::MAX } else { next }, Ordering::Release);
         Ok(next < end)
