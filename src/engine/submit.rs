@@ -21,9 +21,12 @@ impl Engine {
     }
 
     /// Like [`Engine::submit`], but a small read or write whose turn has
-    /// already come runs right here on the calling thread (a connection's
-    /// reader), which saves the hand-off to a worker ([`INLINE_MAX`]). Each
-    /// connection has its own reader, so this delays only its own client.
+    /// already come runs right here on the calling thread (the event loop
+    /// or FUSE thread that read it), which saves the hand-off to a worker
+    /// ([`INLINE_MAX`]). That thread serves other clients too, so only
+    /// work bounded by the request's size may run here: a device whose
+    /// request can cost more (a verity repair, a chunk copy) declares a
+    /// queue depth or declines the submission, and runs on workers.
     pub fn submit_or_run(&self, t: Ticket, q: &Arc<Queue>, req: Request) {
         self.submit_with(t, q, req, true)
     }

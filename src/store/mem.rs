@@ -23,9 +23,9 @@
 //! the cipher runs, so regions must be small enough that the parts of one
 //! split request (a 1 MiB request on two threads: two 512 KiB halves) take
 //! different locks; and large enough that the per-region cost (a lock and a
-//! cipher call, whose setup is fixed) stays small: with 64 KiB regions the
-//! crypt target reached 0.85-0.89 of the bare cipher on 4096-byte sectors,
-//! with 256 KiB 0.92 (benches/crypto_target.rs, same machine and hour).
+//! cipher call, whose setup is fixed) stays small: 256 KiB regions brought
+//! the crypt target closer to the bare cipher than 64 KiB ones
+//! (benches/crypto_target.rs; docs/BENCHMARKS.md).
 
 use std::sync::RwLock;
 
